@@ -1,0 +1,82 @@
+// Package v1alpha1 is the opaque device configuration of the gpu.tessera.dev DRA
+// driver: kind GpuConfig. Scheduling never reads it; it carries only what the node
+// does when it prepares a claim (isolation backend, limits, NVLink requirement).
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// GroupName is the API group of GpuConfig; it equals the driver name.
+const GroupName = "gpu.tessera.dev"
+
+// Version is this API version.
+const Version = "v1alpha1"
+
+// GpuConfigKind is the kind of the only type in this group.
+const GpuConfigKind = "GpuConfig"
+
+// SchemeGroupVersion is group and version of this API.
+var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
+
+// GpuConfig is the opaque configuration users put into a ResourceClaim (or admins
+// into a DeviceClass) for devices of driver gpu.tessera.dev.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type GpuConfig struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// Sharing applies to shares (devices gpu-N-shared); it is ignored for whole GPUs.
+	Sharing *SharingConfig `json:"sharing,omitempty"`
+	// Topology applies to claims with more than one GPU.
+	Topology *TopologyConfig `json:"topology,omitempty"`
+}
+
+// Isolation names how a share's limits are enforced inside the container.
+type Isolation string
+
+const (
+	// IsolationAdvisory sets the limit environment only; frameworks that read it
+	// (and TF_FORCE_GPU_ALLOW_GROWTH) cooperate, nothing enforces it.
+	IsolationAdvisory Isolation = "Advisory"
+	// IsolationMPS runs an MPS control daemon per shared GPU and sets the MPS
+	// memory and active-thread limits for the client.
+	IsolationMPS Isolation = "MPS"
+	// IsolationHAMiCore preloads HAMi-core's libvgpu.so, which enforces memory and
+	// SM limits by intercepting the CUDA driver API.
+	IsolationHAMiCore Isolation = "HAMiCore"
+)
+
+// SharingConfig is how a share's fraction is enforced.
+type SharingConfig struct {
+	// Isolation backend. Default: the class's config, else Advisory.
+	Isolation Isolation `json:"isolation,omitempty"`
+	// ComputeLimit caps the share's compute, in percent (1..100). It must be at
+	// least the cores the share was allocated (its guarantee). Default: the
+	// allocated cores, or 100 when the share consumed no cores (KubeShare's
+	// request/limit: guarantee what was requested, allow bursting to the limit).
+	ComputeLimit *int32 `json:"computeLimit,omitempty"`
+	// MemoryLimit caps the share's memory; at most the memory it was allocated.
+	// Default: the allocated memory.
+	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
+}
+
+// NVLinkPolicy says what a multi-GPU claim needs from NVLink.
+type NVLinkPolicy string
+
+const (
+	// NVLinkRequired fails preparation unless all GPUs of the claim share an NVLink domain.
+	NVLinkRequired NVLinkPolicy = "Required"
+	// NVLinkPreferred prepares anyway and records a condition when they do not.
+	NVLinkPreferred NVLinkPolicy = "Preferred"
+	// NVLinkIgnore does not check.
+	NVLinkIgnore NVLinkPolicy = "Ignore"
+)
+
+// TopologyConfig is what a multi-GPU claim needs between its GPUs.
+type TopologyConfig struct {
+	// NVLink policy; default Ignore.
+	NVLink NVLinkPolicy `json:"nvlink,omitempty"`
+}

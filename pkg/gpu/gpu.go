@@ -1,0 +1,42 @@
+// Package gpu discovers the NVIDIA GPUs of a node through go-nvml's nvml.Interface
+// and reduces their NVLink connectivity to one NVLink domain per GPU.
+//
+// The same code runs over the real NVML library on GPU nodes and over the built-in
+// mock node profiles (mocks of the same interface) on laptops, in CI and in the demo.
+package gpu
+
+// GPU is what the rest of Tessera knows about one physical GPU. It is filled in by
+// discovery and is otherwise plain data: the model, the plugin and the CLI only read it.
+type GPU struct {
+	// UUID is NVML's stable identifier ("GPU-…"); it is what containers see in
+	// NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES.
+	UUID string `json:"uuid"`
+	// Minor is the device minor number (/dev/nvidia<Minor>); device names use it.
+	Minor int `json:"minor"`
+	// Index is NVML's enumeration index.
+	Index int `json:"index"`
+	// ProductName, e.g. "NVIDIA H100 80GB HBM3".
+	ProductName string `json:"productName"`
+	// Architecture in lower case, e.g. "hopper", "ampere", "ada".
+	Architecture string `json:"architecture"`
+	// CUDAComputeCapability as "major.minor", e.g. "9.0".
+	CUDAComputeCapability string `json:"cudaComputeCapability"`
+	// DriverVersion as NVML reports it, e.g. "550.54.15".
+	DriverVersion string `json:"driverVersion"`
+	// CUDADriverVersion as "major.minor", e.g. "12.4".
+	CUDADriverVersion string `json:"cudaDriverVersion"`
+	// MemoryBytes is the total framebuffer memory.
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// MultiprocessorCount is the number of SMs.
+	MultiprocessorCount int `json:"multiprocessorCount"`
+	// PCIBusID in the canonical lower-case sysfs form "0000:07:00.0".
+	PCIBusID string `json:"pciBusID"`
+	// NUMANode is the GPU's NUMA node, nil when unknown.
+	NUMANode *int `json:"numaNode,omitempty"`
+	// MIGEnabled is true when MIG mode is on (such GPUs are not shared by Tessera).
+	MIGEnabled bool `json:"migEnabled"`
+	// NVLinkDomain identifies the set of GPUs connected to this one by NVLink
+	// (connected components of the NVLink graph, or the NVLink fabric clique).
+	// GPUs with the same value can talk over NVLink. Stable across restarts.
+	NVLinkDomain string `json:"nvlinkDomain"`
+}
