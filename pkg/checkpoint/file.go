@@ -1,0 +1,303 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+)
+
+// File is the [Store] on disk: the claims live in memory and every Put and
+// Delete rewrites the whole file atomically before it changes memory.
+//
+// Get and List never wait for disk I/O. Writes are serialized; each one
+// writes a temporary file next to the checkpoint, fsyncs it, renames it over
+// the checkpoint and fsyncs the directory. A full disk or any other write
+// error is returned naming the path, the temporary file is removed and both
+// the old file and the in-memory state stay as they were.
+type File struct {
+	path   string
+	bootID string
+	fsys   fileSystem
+	logger klog.Logger
+
+	// writeMu serializes writers for the whole write, so that the file
+	// always reflects the sequence of successful calls.
+	writeMu sync.Mutex
+	// mu guards claims. Writers replace the map (never mutate it) under mu,
+	// so readers hold it only for a map lookup or copy.
+	mu     sync.RWMutex
+	claims map[types.UID]Claim
+}
+
+var _ Store = (*File)(nil)
+
+// Open loads the checkpoint at path, or creates it, and returns the store
+// with a [Recovery] saying what it found. bootID is the current boot id
+// ([BootID]); an empty bootID disables reboot detection, and so does a file
+// without one.
+//
+// Open returns an error, and changes nothing on disk, when the file cannot
+// be read (permissions, I/O) or was written by a newer Tessera (the error
+// wraps [ErrNewerVersion]). It also returns an error when it cannot write:
+// the plugin must not prepare anything it cannot record. Every other problem
+// is recovered from as the package documentation describes. Open logs with
+// klog.FromContext(ctx).
+func Open(ctx context.Context, path string, bootID string) (*File, Recovery, error) {
+	return open(ctx, path, bootID, osFS{}, time.Now)
+}
+
+func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() time.Time) (*File, Recovery, error) {
+	if path == "" {
+		return nil, Recovery{}, errors.New("checkpoint: empty path")
+	}
+	path = filepath.Clean(path)
+	logger := klog.FromContext(ctx).WithValues("checkpoint", path)
+	f := &File{
+		path:   path,
+		bootID: bootID,
+		fsys:   fsys,
+		logger: logger,
+		claims: map[types.UID]Claim{},
+	}
+	dir, base := filepath.Split(path)
+	dir = filepath.Clean(dir)
+	if err := fsys.MkdirAll(dir, 0o750); err != nil {
+		return nil, Recovery{}, fmt.Errorf("checkpoint %s: create directory: %w", path, err)
+	}
+	f.removeStaleTemps(dir, base)
+
+	data, err := fsys.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := f.write(f.claims); err != nil {
+			return nil, Recovery{}, err
+		}
+		rec := Recovery{Kind: RecoveryMissing, Message: fmt.Sprintf("checkpoint %s did not exist, starting empty", path)}
+		logger.Info("Created empty checkpoint")
+		return f, rec, nil
+	}
+	if err != nil {
+		return nil, Recovery{}, fmt.Errorf("checkpoint %s: read: %w", path, err)
+	}
+
+	c, err := decode(data)
+	var newer *newerError
+	if errors.As(err, &newer) {
+		return nil, Recovery{}, fmt.Errorf("checkpoint %s: %w (%w); refusing to start rather than forget claims that may still be in use: run the newer Tessera again, or move the file away to start empty", path, ErrNewerVersion, newer)
+	}
+	if err != nil {
+		backup, rerr := f.moveAside(dir, base, corruptSuffix, now)
+		if rerr != nil {
+			return nil, Recovery{}, fmt.Errorf("checkpoint %s is unreadable (%v) and could not be moved aside: %w", path, err, rerr)
+		}
+		rec := Recovery{
+			Kind:       RecoveryCorrupt,
+			Message:    fmt.Sprintf("checkpoint %s is unreadable (%v); moved it to %s and started empty", path, err, backup),
+			BackupPath: backup,
+		}
+		logger.Error(err, "Checkpoint is unreadable, moved it aside and started empty", "backup", backup)
+		if werr := f.write(f.claims); werr != nil {
+			return nil, Recovery{}, werr
+		}
+		return f, rec, nil
+	}
+
+	if bootID != "" && c.BootID != "" && c.BootID != bootID {
+		rec := Recovery{
+			Kind:    RecoveryRebooted,
+			Version: c.Version,
+			Dropped: sortedClaims(c.Claims),
+		}
+		if len(c.Claims) > 0 {
+			backup, err := f.moveAside(dir, base, prevBootSuffix, now)
+			if err != nil {
+				return nil, Recovery{}, fmt.Errorf("checkpoint %s: node rebooted, moving the previous boot's checkpoint aside: %w", path, err)
+			}
+			rec.BackupPath = backup
+			rec.Message = fmt.Sprintf("node rebooted (boot id %s, checkpoint from boot %s): nothing prepared survives a reboot, dropped %d claims from %s, moved it to %s", bootID, c.BootID, len(c.Claims), path, backup)
+		} else {
+			rec.Message = fmt.Sprintf("node rebooted (boot id %s, checkpoint from boot %s): checkpoint %s held no claims", bootID, c.BootID, path)
+		}
+		if err := f.write(f.claims); err != nil {
+			return nil, Recovery{}, err
+		}
+		logger.Info("Node rebooted since the checkpoint was written, starting empty", "previousBootID", c.BootID, "bootID", bootID, "droppedClaims", len(c.Claims), "backup", rec.BackupPath)
+		return f, rec, nil
+	}
+
+	if c.Version != CurrentVersion {
+		if err := f.write(c.Claims); err != nil {
+			return nil, Recovery{}, fmt.Errorf("checkpoint %s: rewriting version %s as %s: %w", path, c.Version, CurrentVersion, err)
+		}
+		f.claims = c.Claims
+		logger.Info("Upgraded checkpoint format", "from", c.Version, "to", CurrentVersion, "claims", len(c.Claims))
+		return f, Recovery{
+			Kind:    RecoveryOlderVersion,
+			Version: c.Version,
+			Message: fmt.Sprintf("checkpoint %s was in format %s, rewrote it as %s with all %d claims", path, c.Version, CurrentVersion, len(c.Claims)),
+		}, nil
+	}
+
+	f.claims = c.Claims
+	logger.V(2).Info("Loaded checkpoint", "claims", len(c.Claims))
+	return f, Recovery{
+		Kind:    RecoveryNone,
+		Version: c.Version,
+		Message: fmt.Sprintf("loaded %d claims from checkpoint %s", len(c.Claims), path),
+	}, nil
+}
+
+// Path returns the checkpoint file's path.
+func (f *File) Path() string { return f.path }
+
+// Get implements [Store].
+func (f *File) Get(uid types.UID) (Claim, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	c, ok := f.claims[uid]
+	if !ok {
+		return Claim{}, false
+	}
+	return clone(c), true
+}
+
+// List implements [Store].
+func (f *File) List() []Claim {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return sortedClaims(f.claims)
+}
+
+// Put implements [Store]. c must have a UID and a known State; Config, if
+// set, must be valid JSON.
+func (f *File) Put(c Claim) error {
+	n, err := normalize(c)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: put: %w", f.path, err)
+	}
+	f.writeMu.Lock()
+	defer f.writeMu.Unlock()
+	// Only writers replace f.claims and writeMu is held, so reading it
+	// without mu cannot race with a change.
+	next := maps.Clone(f.claims)
+	next[n.UID] = n
+	if err := f.write(next); err != nil {
+		return fmt.Errorf("put claim %s: %w", n, err)
+	}
+	f.swap(next)
+	return nil
+}
+
+// Delete implements [Store].
+func (f *File) Delete(uid types.UID) error {
+	f.writeMu.Lock()
+	defer f.writeMu.Unlock()
+	old, ok := f.claims[uid]
+	if !ok {
+		return nil
+	}
+	next := maps.Clone(f.claims)
+	delete(next, uid)
+	if err := f.write(next); err != nil {
+		return fmt.Errorf("delete claim %s: %w", old, err)
+	}
+	f.swap(next)
+	return nil
+}
+
+func (f *File) swap(next map[types.UID]Claim) {
+	f.mu.Lock()
+	f.claims = next
+	f.mu.Unlock()
+}
+
+// write replaces the file with claims, atomically and durably. On error the
+// temporary file is gone and the previous file is in place (unless only the
+// final directory sync failed, see the package documentation).
+func (f *File) write(claims map[types.UID]Claim) (err error) {
+	data, err := encode(f.bootID, claims)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+	}
+	dir, base := filepath.Split(f.path)
+	dir = filepath.Clean(dir)
+	tmp, err := f.fsys.CreateTemp(dir, tempPrefix(base)+"*")
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: create temporary file: %w", f.path, err)
+	}
+	tmpName := tmp.Name()
+	defer func() {
+		if err == nil {
+			return
+		}
+		_ = tmp.Close() // may be the second Close; the error is already on its way
+		if rerr := f.fsys.Remove(tmpName); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			f.logger.Error(rerr, "Removing temporary checkpoint file failed", "path", tmpName)
+		}
+	}()
+	if _, err := tmp.Write(data); err != nil {
+		return fmt.Errorf("checkpoint %s: write temporary file: %w", f.path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("checkpoint %s: fsync temporary file: %w", f.path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("checkpoint %s: close temporary file: %w", f.path, err)
+	}
+	if err := f.fsys.Rename(tmpName, f.path); err != nil {
+		return fmt.Errorf("checkpoint %s: replace with temporary file: %w", f.path, err)
+	}
+	if err := f.fsys.SyncDir(dir); err != nil {
+		// The rename is done: the new content is visible but not known to
+		// be durable. There is no temporary file left to remove.
+		return fmt.Errorf("checkpoint %s: fsync directory: %w", f.path, err)
+	}
+	f.logger.V(5).Info("Wrote checkpoint", "claims", len(claims), "bytes", len(data))
+	return nil
+}
+
+// tempPrefix names temporary files so that Open can find leftovers.
+func tempPrefix(base string) string { return "." + base + ".tmp-" }
+
+// removeStaleTemps removes temporary files a crash mid-write left behind.
+func (f *File) removeStaleTemps(dir, base string) {
+	names, err := f.fsys.ReadDirNames(dir)
+	if err != nil {
+		f.logger.Error(err, "Listing checkpoint directory failed", "dir", dir)
+		return
+	}
+	for _, name := range names {
+		if !strings.HasPrefix(name, tempPrefix(base)) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if err := f.fsys.Remove(p); err != nil {
+			f.logger.Error(err, "Removing stale temporary checkpoint file failed", "path", p)
+			continue
+		}
+		f.logger.Info("Removed temporary checkpoint file left by an interrupted write", "path", p)
+	}
+}
+
+// moveAside renames the checkpoint to <path><suffix><unix nanos>, makes the
+// rename durable and prunes old backups of that kind.
+func (f *File) moveAside(dir, base, suffix string, now func() time.Time) (string, error) {
+	backup := f.path + suffix + strconv.FormatInt(now().UnixNano(), 10)
+	if err := f.fsys.Rename(f.path, backup); err != nil {
+		return "", fmt.Errorf("rename %s to %s: %w", f.path, backup, err)
+	}
+	if err := f.fsys.SyncDir(dir); err != nil {
+		return "", fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	pruneBackups(f.logger, f.fsys, dir, base, suffix)
+	return backup, nil
+}

@@ -1,0 +1,224 @@
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// CurrentVersion is the format version this Tessera writes.
+const CurrentVersion = "v1"
+
+// currentMajor is the major number of CurrentVersion.
+const currentMajor = 1
+
+const checksumPrefix = "sha256:"
+
+// ErrNewerVersion is wrapped by the error [Open] returns for a checkpoint
+// written by a newer Tessera. The file is left untouched.
+var ErrNewerVersion = errors.New("checkpoint written by a newer Tessera")
+
+// content is a decoded checkpoint, whatever version it was read from.
+type content struct {
+	Version string // the version found in the file
+	BootID  string
+	Claims  map[types.UID]Claim
+}
+
+// reader decodes the top-level members of a file of one version; it also
+// verifies that version's checksum.
+type reader func(top map[string]json.RawMessage) (content, error)
+
+// readers has one entry for every version any Tessera release wrote. Never
+// remove one: that is the upgrade guarantee (see testdata/).
+var readers = map[string]reader{
+	"v1": readV1,
+}
+
+// corruptError says why a file could not be read; Open moves such a file aside.
+type corruptError struct{ reason string }
+
+func (e *corruptError) Error() string { return e.reason }
+
+func corrupt(format string, args ...any) error {
+	return &corruptError{reason: fmt.Sprintf(format, args...)}
+}
+
+// newerError is a version from the future.
+type newerError struct{ version string }
+
+func (e *newerError) Error() string {
+	return fmt.Sprintf("format version %s, this Tessera reads up to %s", e.version, CurrentVersion)
+}
+
+func (e *newerError) Unwrap() error { return ErrNewerVersion }
+
+// decode reads a checkpoint of any known version. Errors are *corruptError
+// or *newerError.
+func decode(data []byte) (content, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil {
+		return content{}, corrupt("not a valid JSON object (truncated?): %v", err)
+	}
+	rawVersion, ok := top["version"]
+	if !ok {
+		return content{}, corrupt("no \"version\" member")
+	}
+	var version string
+	if err := json.Unmarshal(rawVersion, &version); err != nil {
+		return content{}, corrupt("\"version\" is not a string: %v", err)
+	}
+	read, ok := readers[version]
+	if !ok {
+		if major, ok := parseMajor(version); ok && major > currentMajor {
+			return content{}, &newerError{version: version}
+		}
+		return content{}, corrupt("unknown format version %q", version)
+	}
+	c, err := read(top)
+	if err != nil {
+		return content{}, err
+	}
+	c.Version = version
+	return c, nil
+}
+
+// parseMajor returns N for "vN" or "vN<suffix>" (v2, v2beta1).
+func parseMajor(version string) (int, bool) {
+	rest, ok := strings.CutPrefix(version, "v")
+	if !ok {
+		return 0, false
+	}
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
+	}
+	n, err := strconv.Atoi(rest[:end])
+	if err != nil {
+		return 0, false
+	}
+	return n, true
+}
+
+// checksumOf computes the checksum over every member of top except
+// "checksum": compact JSON, members sorted by name (as encoding/json writes
+// a map), so whitespace in the file does not matter.
+func checksumOf(top map[string]json.RawMessage) (string, error) {
+	rest := make(map[string]json.RawMessage, len(top))
+	for k, v := range top {
+		if k != "checksum" {
+			rest[k] = v
+		}
+	}
+	canonical, err := json.Marshal(rest)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canonical)
+	return checksumPrefix + hex.EncodeToString(sum[:]), nil
+}
+
+func readV1(top map[string]json.RawMessage) (content, error) {
+	rawSum, ok := top["checksum"]
+	if !ok {
+		return content{}, corrupt("no \"checksum\" member")
+	}
+	var sum string
+	if err := json.Unmarshal(rawSum, &sum); err != nil {
+		return content{}, corrupt("\"checksum\" is not a string: %v", err)
+	}
+	want, err := checksumOf(top)
+	if err != nil {
+		return content{}, corrupt("computing checksum: %v", err)
+	}
+	if sum != want {
+		return content{}, corrupt("checksum mismatch: file says %q, content hashes to %q", sum, want)
+	}
+
+	var c content
+	if raw, ok := top["bootID"]; ok {
+		if err := json.Unmarshal(raw, &c.BootID); err != nil {
+			return content{}, corrupt("\"bootID\": %v", err)
+		}
+	}
+	// Unknown fields inside claims are ignored: the checksum already proves
+	// the file is what a Tessera wrote.
+	var claims map[types.UID]Claim
+	if raw, ok := top["claims"]; ok {
+		if err := json.Unmarshal(raw, &claims); err != nil {
+			return content{}, corrupt("\"claims\": %v", err)
+		}
+	}
+	c.Claims = make(map[types.UID]Claim, len(claims))
+	for uid, claim := range claims {
+		if claim.UID != uid {
+			return content{}, corrupt("claim under key %q has uid %q", uid, claim.UID)
+		}
+		cfg, err := compactConfig(claim.Config)
+		if err != nil {
+			return content{}, corrupt("claim %s: config: %v", claim, err)
+		}
+		claim.Config = cfg
+		c.Claims[uid] = claim
+	}
+	return c, nil
+}
+
+// encode writes claims in the current version. It writes the
+// members in the order version, bootID, checksum, claims, indented, and builds the checksum input and the
+// file from the claims encoding directly: json.Marshal output is already
+// compact and escaped, so re-encoding it (twice) would only cost time.
+func encode(bootID string, claims map[types.UID]Claim) ([]byte, error) {
+	if claims == nil {
+		claims = map[types.UID]Claim{}
+	}
+	claimsJSON, err := json.Marshal(claims)
+	if err != nil {
+		return nil, fmt.Errorf("encode claims: %w", err)
+	}
+	versionJSON, err := json.Marshal(CurrentVersion)
+	if err != nil {
+		return nil, err
+	}
+	bootJSON, err := json.Marshal(bootID)
+	if err != nil {
+		return nil, err
+	}
+
+	// The canonical form checksumOf computes: members sorted by name, compact.
+	h := sha256.New()
+	for _, part := range [][]byte{
+		[]byte(`{"bootID":`), bootJSON,
+		[]byte(`,"claims":`), claimsJSON,
+		[]byte(`,"version":`), versionJSON,
+		[]byte(`}`),
+	} {
+		h.Write(part)
+	}
+	sumJSON, err := json.Marshal(checksumPrefix + hex.EncodeToString(h.Sum(nil)))
+	if err != nil {
+		return nil, err
+	}
+
+	var buf bytes.Buffer
+	buf.Grow(len(claimsJSON)*2 + 256)
+	buf.WriteString("{\n  \"version\": ")
+	buf.Write(versionJSON)
+	buf.WriteString(",\n  \"bootID\": ")
+	buf.Write(bootJSON)
+	buf.WriteString(",\n  \"checksum\": ")
+	buf.Write(sumJSON)
+	buf.WriteString(",\n  \"claims\": ")
+	if err := json.Indent(&buf, claimsJSON, "  ", "  "); err != nil {
+		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	}
+	buf.WriteString("\n}\n")
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,131 @@
+package checkpoint
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ClaimState is how far preparing a claim got.
+type ClaimState string
+
+const (
+	// PrepareStarted is written before any side effect (CDI spec, MPS
+	// daemon). Found after a restart, it means side effects may be half done.
+	PrepareStarted ClaimState = "PrepareStarted"
+	// PrepareCompleted is written after all side effects succeeded.
+	PrepareCompleted ClaimState = "PrepareCompleted"
+)
+
+// Device is one prepared device of a claim.
+type Device struct {
+	Request      string   `json:"request"` // request name from the allocation result ("gpus" or "gpus/nvlink")
+	Pool         string   `json:"pool"`
+	Device       string   `json:"device"` // gpu-3 or gpu-3-shared
+	ShareID      string   `json:"shareID,omitempty"`
+	UUID         string   `json:"uuid"`
+	Minor        int      `json:"minor"`
+	Isolation    string   `json:"isolation,omitempty"`   // Advisory|MPS|HAMiCore for shares
+	MemoryLimit  int64    `json:"memoryLimit,omitempty"` // bytes; 0 = whole GPU/no limit
+	CoresLimit   int64    `json:"coresLimit,omitempty"`  // percent; 0 = whole GPU/no limit
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+// Claim is the checkpointed record of one prepared (or being prepared) claim.
+type Claim struct {
+	UID       types.UID  `json:"uid"`
+	Namespace string     `json:"namespace"`
+	Name      string     `json:"name"`
+	State     ClaimState `json:"state"`
+	Devices   []Device   `json:"devices,omitempty"`
+	// Config is the merged GpuConfig as written by the plugin. The store keeps
+	// it as compact JSON (Put compacts it), so what Get returns is byte-equal
+	// before and after a restart; the plugin reads it back leniently.
+	Config json.RawMessage `json:"config,omitempty"`
+}
+
+// String names the claim the way errors and logs do: "default/train-0 (uid …)".
+func (c Claim) String() string {
+	return fmt.Sprintf("%s/%s (uid %s)", c.Namespace, c.Name, c.UID)
+}
+
+// Store is the plugin's view of the checkpoint. [File] is the durable one,
+// [Memory] an in-memory one for tests of other packages. All methods are safe
+// for concurrent use. Returned claims are copies: mutating them does not
+// change the store.
+type Store interface {
+	// Get returns the claim with this uid, if present.
+	Get(uid types.UID) (Claim, bool)
+	// List returns all claims sorted by UID.
+	List() []Claim
+	// Put inserts or replaces the claim with c.UID. It is durable when it
+	// returns nil; on error the previous content is intact (see the package
+	// documentation for the one exception on disk).
+	Put(c Claim) error
+	// Delete removes the claim. Deleting an unknown uid is not an error and
+	// does not write.
+	Delete(uid types.UID) error
+}
+
+// normalize validates c and returns a deep copy with Config compacted, so
+// that the stored value never aliases the caller's slices.
+func normalize(c Claim) (Claim, error) {
+	if c.UID == "" {
+		return Claim{}, fmt.Errorf("claim %s/%s: empty uid", c.Namespace, c.Name)
+	}
+	switch c.State {
+	case PrepareStarted, PrepareCompleted:
+	default:
+		return Claim{}, fmt.Errorf("claim %s: unknown state %q (want %s or %s)", c, c.State, PrepareStarted, PrepareCompleted)
+	}
+	cfg, err := compactConfig(c.Config)
+	if err != nil {
+		return Claim{}, fmt.Errorf("claim %s: config: %w", c, err)
+	}
+	out := clone(c)
+	out.Config = cfg
+	return out, nil
+}
+
+// compactConfig returns raw as encoding/json writes it into the file
+// (compact, HTML-escaped), or nil for empty input.
+func compactConfig(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	// Marshalling a RawMessage validates and compacts it exactly as it
+	// will be compacted when the file is written.
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// clone returns a deep copy of c.
+func clone(c Claim) Claim {
+	out := c
+	if c.Devices != nil {
+		out.Devices = make([]Device, len(c.Devices))
+		for i, d := range c.Devices {
+			d.CDIDeviceIDs = slices.Clone(d.CDIDeviceIDs)
+			out.Devices[i] = d
+		}
+	}
+	out.Config = bytes.Clone(c.Config)
+	return out
+}
+
+// sortedClaims returns deep copies of the claims in m, sorted by UID.
+func sortedClaims(m map[types.UID]Claim) []Claim {
+	out := make([]Claim, 0, len(m))
+	for _, c := range m {
+		out = append(out, clone(c))
+	}
+	slices.SortFunc(out, func(a, b Claim) int { return cmp.Compare(a.UID, b.UID) })
+	return out
+}
