@@ -16,8 +16,19 @@ CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.3.3
 CRANE_VERSION=v0.22.1
 
-# The bin dir is keyed by the tools module, so bumping a pin rebuilds.
-key=$(cat "$here/tools/go.mod" "$here/tools/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)
+# A plain `go build` reports v0.0.0-master; tools (kubectl, helm's kubeVersion checks)
+# read the server's and the node's version, so stamp the real one.
+k8s_version_pkg=k8s.io/component-base/version
+K8S_LDFLAGS="-X $k8s_version_pkg.gitVersion=$KUBERNETES_VERSION -X $k8s_version_pkg.gitTreeState=clean"
+K8S_LDFLAGS+=" -X $k8s_version_pkg.gitMajor=$(echo "$KUBERNETES_VERSION" | cut -d. -f1 | tr -d v)"
+K8S_LDFLAGS+=" -X $k8s_version_pkg.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
+K8S_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+
+# The bin dir is keyed by the tools module and the pins above, so bumping a pin
+# rebuilds; editing the rest of this script (comments, logging) does not.
+key=$( (cat "$here/tools/go.mod" "$here/tools/go.sum"
+        echo "$KUBERNETES_VERSION $CONTAINERD_VERSION $RUNC_VERSION $CRANE_VERSION $K8S_LDFLAGS") |
+      sha256sum | cut -c1-12)
 bin="$cache/bin-$key"
 mkdir -p "$bin" "$cache/src"
 
@@ -42,7 +53,7 @@ fi
 for t in kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl; do
   if [ ! -x "$bin/$t" ]; then
     log "building $t $KUBERNETES_VERSION"
-    (cd "$here/tools" && go build -trimpath -o "$bin/$t.tmp" "k8s.io/kubernetes/cmd/$t") >&2
+    (cd "$here/tools" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$bin/$t.tmp" "k8s.io/kubernetes/cmd/$t") >&2
     mv "$bin/$t.tmp" "$bin/$t"
   fi
 done
