@@ -27,7 +27,8 @@ type GPU struct {
 	CUDADriverVersion string `json:"cudaDriverVersion"`
 	// MemoryBytes is the total framebuffer memory.
 	MemoryBytes uint64 `json:"memoryBytes"`
-	// MultiprocessorCount is the number of SMs.
+	// MultiprocessorCount is the number of SMs; 0 when the driver does not report
+	// it (NVML documents nvmlDeviceGetAttributes for MIG devices only).
 	MultiprocessorCount int `json:"multiprocessorCount"`
 	// PCIBusID in the canonical lower-case sysfs form "0000:07:00.0".
 	PCIBusID string `json:"pciBusID"`

@@ -1,0 +1,262 @@
+package gpu
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Discover lists the GPUs that lib sees, with their facts and NVLink domain,
+// sorted by minor number. The caller has initialised lib (see Open) and shuts it
+// down; Discover only reads.
+//
+// Facts a driver or GPU does not support are left at their zero value instead of
+// failing discovery: NUMANode stays nil, MultiprocessorCount 0, MIGEnabled false,
+// and a GPU without NVLink forms its own domain. Calls that newer drivers added
+// (nvmlDeviceGetNumaNodeId, nvmlDeviceGetGpuFabricInfo,
+// nvmlDeviceGetNvLinkRemoteDeviceType) are made only when the loaded library
+// exports them, because go-nvml binds symbols lazily and calling a missing one
+// kills the process. Any other NVML failure is an error that names the GPU (index,
+// and UUID once known) and the NVML call, and wraps the nvml.Return so callers can
+// use errors.Is(err, nvml.ERROR_GPU_IS_LOST).
+//
+// Calls made: SystemGetDriverVersion, SystemGetCudaDriverVersion, DeviceGetCount,
+// DeviceGetHandleByIndex, Extensions().LookupSymbol, and on each device GetUUID,
+// GetMinorNumber, GetIndex, GetName, GetArchitecture, GetCudaComputeCapability,
+// GetMemoryInfo, GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode,
+// GetNvLinkState, GetNvLinkRemoteDeviceType, GetNvLinkRemotePciInfo and
+// GetGpuFabricInfo. A mock must implement all of them (see NewMockNode).
+func Discover(lib nvml.Interface) ([]GPU, error) {
+	driver, ret := lib.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlError("nvmlSystemGetDriverVersion", ret)
+	}
+	cudaVersion, ret := lib.SystemGetCudaDriverVersion()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlError("nvmlSystemGetCudaDriverVersion", ret)
+	}
+	count, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, nvmlError("nvmlDeviceGetCount", ret)
+	}
+	sym := lookupSymbols(lib)
+
+	gpus := make([]GPU, 0, count)
+	links := make([]NVLinkPeers, 0, count)
+	for i := range count {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("GPU index %d: %w", i, nvmlError("nvmlDeviceGetHandleByIndex", ret))
+		}
+		g, err := describe(dev, sym)
+		if err != nil {
+			if g.UUID != "" {
+				return nil, fmt.Errorf("GPU index %d (%s): %w", i, g.UUID, err)
+			}
+			return nil, fmt.Errorf("GPU index %d: %w", i, err)
+		}
+		g.DriverVersion = driver
+		g.CUDADriverVersion = cudaDriverVersion(cudaVersion)
+		peers, err := probeNVLink(dev, sym, g.UUID, g.PCIBusID)
+		if err != nil {
+			return nil, fmt.Errorf("GPU index %d (%s): %w", i, g.UUID, err)
+		}
+		gpus = append(gpus, g)
+		links = append(links, peers)
+	}
+
+	domains := NVLinkDomains(links)
+	for i := range gpus {
+		gpus[i].NVLinkDomain = domains[gpus[i].UUID]
+	}
+	slices.SortStableFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Minor, b.Minor) })
+	return gpus, nil
+}
+
+// describe reads the per-device facts. On error the returned GPU carries the UUID
+// if it was read, so the caller can name the device.
+func describe(dev nvml.Device, sym symbols) (GPU, error) {
+	var g GPU
+	var ret nvml.Return
+	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetUUID", ret)
+	}
+	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetMinorNumber", ret)
+	}
+	if g.Index, ret = dev.GetIndex(); ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetIndex", ret)
+	}
+	if g.ProductName, ret = dev.GetName(); ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetName", ret)
+	}
+
+	arch, ret := dev.GetArchitecture()
+	switch {
+	case ret == nvml.SUCCESS:
+		g.Architecture = architectureName(arch)
+	case absent(ret):
+		g.Architecture = architectureName(nvml.DEVICE_ARCH_UNKNOWN)
+	default:
+		return g, nvmlError("nvmlDeviceGetArchitecture", ret)
+	}
+
+	major, minor, ret := dev.GetCudaComputeCapability()
+	if ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetCudaComputeCapability", ret)
+	}
+	g.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+
+	mem, ret := dev.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetMemoryInfo", ret)
+	}
+	g.MemoryBytes = mem.Total
+
+	// nvmlDeviceGetAttributes is documented for MIG device handles; drivers that
+	// refuse it for a full GPU leave the SM count unknown rather than failing.
+	attrs, ret := dev.GetAttributes()
+	switch {
+	case ret == nvml.SUCCESS:
+		g.MultiprocessorCount = int(attrs.MultiprocessorCount)
+	case !absent(ret):
+		return g, nvmlError("nvmlDeviceGetAttributes", ret)
+	}
+
+	pci, ret := dev.GetPciInfo()
+	if ret != nvml.SUCCESS {
+		return g, nvmlError("nvmlDeviceGetPciInfo", ret)
+	}
+	busID, err := pciBusID(pci)
+	if err != nil {
+		return g, fmt.Errorf("nvmlDeviceGetPciInfo: %w", err)
+	}
+	g.PCIBusID = busID
+
+	if sym.numaNode {
+		node, ret := dev.GetNumaNodeId()
+		switch {
+		case ret == nvml.SUCCESS:
+			// The driver reports "no NUMA affinity" as (uint32)-1.
+			if node >= 0 && node < 1<<16 {
+				g.NUMANode = &node
+			}
+		case !absent(ret):
+			return g, nvmlError("nvmlDeviceGetNumaNodeId", ret)
+		}
+	}
+
+	current, _, ret := dev.GetMigMode()
+	switch {
+	case ret == nvml.SUCCESS:
+		g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+	case !absent(ret):
+		return g, nvmlError("nvmlDeviceGetMigMode", ret)
+	}
+	return g, nil
+}
+
+// symbols records which optional NVML entry points the loaded library exports.
+type symbols struct {
+	numaNode         bool
+	fabricInfo       bool
+	nvlinkRemoteType bool
+}
+
+func lookupSymbols(lib nvml.Interface) symbols {
+	ext := lib.Extensions()
+	has := func(name string) bool { return ext != nil && ext.LookupSymbol(name) == nil }
+	return symbols{
+		numaNode:         has("nvmlDeviceGetNumaNodeId"),
+		fabricInfo:       has("nvmlDeviceGetGpuFabricInfo"),
+		nvlinkRemoteType: has("nvmlDeviceGetNvLinkRemoteDeviceType"),
+	}
+}
+
+// absent reports whether ret means "this GPU or driver does not have that", as
+// opposed to a failure: NOT_SUPPORTED, and INVALID_ARGUMENT which NVML returns for
+// a link index beyond the GPU's link count.
+func absent(ret nvml.Return) bool {
+	return ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT
+}
+
+// nvmlError names the NVML call and wraps its Return (an error).
+func nvmlError(call string, ret nvml.Return) error {
+	return fmt.Errorf("%s: %w", call, ret)
+}
+
+// architectureName maps NVML's architecture enum to the lower-case name published
+// as the architecture attribute.
+func architectureName(arch nvml.DeviceArchitecture) string {
+	switch arch {
+	case nvml.DEVICE_ARCH_KEPLER:
+		return "kepler"
+	case nvml.DEVICE_ARCH_MAXWELL:
+		return "maxwell"
+	case nvml.DEVICE_ARCH_PASCAL:
+		return "pascal"
+	case nvml.DEVICE_ARCH_VOLTA:
+		return "volta"
+	case nvml.DEVICE_ARCH_TURING:
+		return "turing"
+	case nvml.DEVICE_ARCH_AMPERE:
+		return "ampere"
+	case nvml.DEVICE_ARCH_ADA:
+		return "ada"
+	case nvml.DEVICE_ARCH_HOPPER:
+		return "hopper"
+	case nvml.DEVICE_ARCH_BLACKWELL:
+		return "blackwell"
+	default:
+		return "unknown"
+	}
+}
+
+// cudaDriverVersion turns NVML's 1000*major + 10*minor (12040) into "12.4".
+func cudaDriverVersion(v int) string {
+	return fmt.Sprintf("%d.%d", v/1000, (v%1000)/10)
+}
+
+// pciBusID returns the canonical bus id of a PciInfo, from its BusId string.
+func pciBusID(pci nvml.PciInfo) (string, error) {
+	n := 0
+	for n < len(pci.BusId) && pci.BusId[n] != 0 {
+		n++
+	}
+	return normalizePCIBusID(string(pci.BusId[:n]))
+}
+
+// normalizePCIBusID turns NVML's "00000000:07:00.0" (8-digit upper-case domain)
+// into the sysfs form "0000:07:00.0": lower case, domain with 4 digits (more only
+// when the domain needs them, as sysfs does), 2-digit bus and device, 1-digit
+// function. A missing domain ("07:00.0") means domain 0.
+func normalizePCIBusID(id string) (string, error) {
+	parts := strings.Split(strings.TrimSpace(id), ":")
+	if len(parts) == 2 {
+		parts = append([]string{"0"}, parts...)
+	}
+	if len(parts) != 3 {
+		return "", fmt.Errorf("malformed PCI bus id %q", id)
+	}
+	devFn := strings.Split(parts[2], ".")
+	if len(devFn) != 2 {
+		return "", fmt.Errorf("malformed PCI bus id %q", id)
+	}
+	fields := []struct {
+		s    string
+		bits int
+	}{{parts[0], 32}, {parts[1], 8}, {devFn[0], 5}, {devFn[1], 3}}
+	var v [4]uint64
+	for i, f := range fields {
+		n, err := strconv.ParseUint(f.s, 16, f.bits)
+		if err != nil || f.s == "" {
+			return "", fmt.Errorf("malformed PCI bus id %q", id)
+		}
+		v[i] = n
+	}
+	return fmt.Sprintf("%04x:%02x:%02x.%x", v[0], v[1], v[2], v[3]), nil
+}

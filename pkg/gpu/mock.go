@@ -1,0 +1,292 @@
+package gpu
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+)
+
+// Facts every mock GPU shares.
+const (
+	mockDriverVersion = "580.95.05"
+	mockCUDAVersion   = 13000 // CUDA 13.0
+	mockNVMLVersion   = "13.580.95.05"
+)
+
+// mockProfile describes one mock node. Memory sizes are what NVML reports on the
+// real product (nvidia-smi's "Total" memory), not the marketing size.
+type mockProfile struct {
+	product     string
+	arch        nvml.DeviceArchitecture
+	ccMajor     int
+	ccMinor     int
+	memoryMiB   uint64
+	sms         uint32
+	pciDeviceID uint32
+	// mig is true for GPUs that support MIG; the mocks report it disabled.
+	mig bool
+	// buses are the PCI bus numbers of the GPUs in NVML index order; their count
+	// is the GPU count.
+	buses []uint8
+	// links is the number of NVLinks per GPU; 0 means a PCIe-only GPU.
+	links int
+	// switches are the PCI bus numbers of the NVSwitches; link l of every GPU
+	// ends at switches[l%len(switches)]. Empty: links go to the pair partner
+	// (GPU i^1), as with NVLink bridges.
+	switches []uint8
+	// fabric, when set, returns GPU i's fabric registration. Nil: the GPU does
+	// not support fabric info (pre-Hopper) and NVML says NOT_SUPPORTED.
+	fabric func(i int) nvml.GpuFabricInfo
+}
+
+// hopperStandalone is what a Hopper GPU outside an NVLink network reports.
+func hopperStandalone(int) nvml.GpuFabricInfo {
+	return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
+}
+
+// mockProfiles are the built-in node profiles, by name.
+var mockProfiles = map[string]mockProfile{
+	// DGX A100: 8 SXM4 GPUs, 12 NVLinks each, to 6 NVSwitches.
+	"dgx-a100": {
+		product: "NVIDIA A100-SXM4-40GB", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
+		memoryMiB: 40960, sms: 108, pciDeviceID: 0x20B010DE, mig: true,
+		buses:    []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
+		links:    12,
+		switches: []uint8{0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9},
+	},
+	// HGX H100: 8 SXM5 GPUs, 18 NVLinks each, to 4 NVSwitches; no NVLink network.
+	"hgx-h100": {
+		product: "NVIDIA H100 80GB HBM3", arch: nvml.DEVICE_ARCH_HOPPER, ccMajor: 9, ccMinor: 0,
+		memoryMiB: 81559, sms: 132, pciDeviceID: 0x233010DE, mig: true,
+		buses:    []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
+		links:    18,
+		switches: []uint8{0x05, 0x06, 0x07, 0x08},
+		fabric:   hopperStandalone,
+	},
+	// Four L4 cards, PCIe only.
+	"l4x4": {
+		product: "NVIDIA L4", arch: nvml.DEVICE_ARCH_ADA, ccMajor: 8, ccMinor: 9,
+		memoryMiB: 23034, sms: 58, pciDeviceID: 0x27B810DE,
+		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
+	},
+	// Four A100 PCIe cards, NVLink-bridged in pairs 0-1 and 2-3 (3 bridges, 12 links).
+	"a100-pairs": {
+		product: "NVIDIA A100 80GB PCIe", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
+		memoryMiB: 81920, sms: 108, pciDeviceID: 0x20B510DE, mig: true,
+		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
+		links: 12,
+	},
+}
+
+// Profiles returns the names of the built-in mock node profiles, sorted.
+func Profiles() []string {
+	names := make([]string, 0, len(mockProfiles))
+	for name := range mockProfiles {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// MockNode is a mock NVML (nvml.Interface) for one of the built-in node profiles.
+// Every call Discover makes is implemented; other calls panic, as go-nvml's mocks
+// do. Each mock GPU has a deterministic UUID derived from the profile name and its
+// index, a distinct PCI bus id, NUMA node 0 (first half) or 1 (second half),
+// driver 580.95.05 and CUDA 13.0.
+//
+// The embedded *mock.Interface and the per-GPU Devices are exported so that tests
+// and later features (event injection for health) can replace individual calls.
+// Replace them before the node is shared between goroutines.
+type MockNode struct {
+	*mock.Interface
+	// Profile is the name the node was built from.
+	Profile string
+	// Devices are the mock GPUs in NVML index order; DeviceGetHandleByIndex(i)
+	// returns Devices[i].
+	Devices []*mock.Device
+}
+
+// NewMock returns the mock NVML of a built-in profile (see Profiles). It is
+// NewMockNode for callers that only need the interface.
+func NewMock(profile string) (nvml.Interface, error) {
+	node, err := NewMockNode(profile)
+	if err != nil {
+		return nil, err
+	}
+	return node, nil
+}
+
+// NewMockNode builds a fresh mock node for a built-in profile. Nodes share no
+// state: two nodes of the same profile report the same facts.
+func NewMockNode(profile string) (*MockNode, error) {
+	p, ok := mockProfiles[profile]
+	if !ok {
+		return nil, fmt.Errorf("unknown mock profile %q (valid: %s)", profile, strings.Join(Profiles(), ", "))
+	}
+	return newMockNode(profile, p), nil
+}
+
+// mockSymbols are the optional NVML symbols the mock claims to export.
+var mockSymbols = []string{
+	"nvmlDeviceGetNumaNodeId",
+	"nvmlDeviceGetGpuFabricInfo",
+	"nvmlDeviceGetNvLinkRemoteDeviceType",
+}
+
+func newMockNode(name string, p mockProfile) *MockNode {
+	n := len(p.buses)
+	node := &MockNode{Interface: &mock.Interface{}, Profile: name, Devices: make([]*mock.Device, n)}
+	for i := range n {
+		node.Devices[i] = newMockDevice(name, p, i)
+	}
+
+	extensions := &mock.ExtendedInterface{
+		LookupSymbolFunc: func(symbol string) error {
+			if slices.Contains(mockSymbols, symbol) {
+				return nil
+			}
+			return fmt.Errorf("symbol %q not found in mock NVML", symbol)
+		},
+	}
+	m := node.Interface
+	m.InitFunc = func() nvml.Return { return nvml.SUCCESS }
+	m.ShutdownFunc = func() nvml.Return { return nvml.SUCCESS }
+	m.ExtensionsFunc = func() nvml.ExtendedInterface { return extensions }
+	m.ErrorStringFunc = func(ret nvml.Return) string { return ret.Error() }
+	m.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return mockDriverVersion, nvml.SUCCESS }
+	m.SystemGetNVMLVersionFunc = func() (string, nvml.Return) { return mockNVMLVersion, nvml.SUCCESS }
+	m.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return mockCUDAVersion, nvml.SUCCESS }
+	m.SystemGetCudaDriverVersion_v2Func = m.SystemGetCudaDriverVersionFunc
+	m.DeviceGetCountFunc = func() (int, nvml.Return) { return len(node.Devices), nvml.SUCCESS }
+	m.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if i < 0 || i >= len(node.Devices) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return node.Devices[i], nvml.SUCCESS
+	}
+	m.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
+		for i, d := range node.Devices {
+			if uuid == mockUUID(name, i) {
+				return d, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	m.DeviceGetHandleByPciBusIdFunc = func(busID string) (nvml.Device, nvml.Return) {
+		want, err := normalizePCIBusID(busID)
+		if err != nil {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		for i, d := range node.Devices {
+			if got, _ := normalizePCIBusID(nvmlBusID(p.buses[i])); got == want {
+				return d, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return node
+}
+
+func newMockDevice(name string, p mockProfile, i int) *mock.Device {
+	n := len(p.buses)
+	uuid := mockUUID(name, i)
+	numa := 0
+	if i >= n/2 {
+		numa = 1
+	}
+	pci := pciInfo(p.buses[i])
+	pci.PciDeviceId = p.pciDeviceID
+
+	d := &mock.Device{}
+	d.GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
+	d.GetMinorNumberFunc = func() (int, nvml.Return) { return i, nvml.SUCCESS }
+	d.GetIndexFunc = func() (int, nvml.Return) { return i, nvml.SUCCESS }
+	d.GetNameFunc = func() (string, nvml.Return) { return p.product, nvml.SUCCESS }
+	d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return nvml.BRAND_NVIDIA, nvml.SUCCESS }
+	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return p.arch, nvml.SUCCESS }
+	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return p.ccMajor, p.ccMinor, nvml.SUCCESS }
+	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		return nvml.Memory{Total: p.memoryMiB << 20, Free: p.memoryMiB << 20}, nvml.SUCCESS
+	}
+	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+		return nvml.DeviceAttributes{MultiprocessorCount: p.sms, MemorySizeMB: p.memoryMiB}, nvml.SUCCESS
+	}
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pci, nvml.SUCCESS }
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa, nvml.SUCCESS }
+	d.GetMigModeFunc = func() (int, int, nvml.Return) {
+		if p.mig {
+			return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS
+		}
+		return 0, 0, nvml.ERROR_NOT_SUPPORTED
+	}
+
+	// remote returns the far end of link l: a PCI bus number and what sits there.
+	remote := func(l int) (uint8, nvml.IntNvLinkDeviceType) {
+		if len(p.switches) > 0 {
+			return p.switches[l%len(p.switches)], nvml.NVLINK_DEVICE_TYPE_SWITCH
+		}
+		return p.buses[i^1], nvml.NVLINK_DEVICE_TYPE_GPU
+	}
+	linkRet := func(l int) nvml.Return {
+		switch {
+		case p.links == 0:
+			return nvml.ERROR_NOT_SUPPORTED
+		case l < 0 || l >= p.links:
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		return nvml.SUCCESS
+	}
+	d.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
+		if ret := linkRet(l); ret != nvml.SUCCESS {
+			return nvml.FEATURE_DISABLED, ret
+		}
+		return nvml.FEATURE_ENABLED, nvml.SUCCESS
+	}
+	d.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+		if ret := linkRet(l); ret != nvml.SUCCESS {
+			return nvml.NVLINK_DEVICE_TYPE_UNKNOWN, ret
+		}
+		_, kind := remote(l)
+		return kind, nvml.SUCCESS
+	}
+	d.GetNvLinkRemotePciInfoFunc = func(l int) (nvml.PciInfo, nvml.Return) {
+		if ret := linkRet(l); ret != nvml.SUCCESS {
+			return nvml.PciInfo{}, ret
+		}
+		bus, _ := remote(l)
+		return pciInfo(bus), nvml.SUCCESS
+	}
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		if p.fabric == nil {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		}
+		return p.fabric(i), nvml.SUCCESS
+	}
+	return d
+}
+
+// mockUUID is GPU i's UUID on a mock node of the named profile: a name-based
+// (version 5 style) UUID, so it never changes between runs.
+func mockUUID(profile string, i int) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "tessera-mock/%s/%d", profile, i))
+	b := sum[:16]
+	b[6] = b[6]&0x0f | 0x50
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// nvmlBusID is how NVML spells a domain-0 bus id: 8-digit domain, upper case.
+func nvmlBusID(bus uint8) string {
+	return fmt.Sprintf("%08X:%02X:00.0", 0, bus)
+}
+
+func pciInfo(bus uint8) nvml.PciInfo {
+	pci := nvml.PciInfo{Bus: uint32(bus)}
+	copy(pci.BusId[:], nvmlBusID(bus))
+	copy(pci.BusIdLegacy[:], fmt.Sprintf("%04X:%02X:00.0", 0, bus))
+	return pci
+}

@@ -1,0 +1,73 @@
+package gpu
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+func TestProfiles(t *testing.T) {
+	want := []string{"a100-pairs", "dgx-a100", "hgx-h100", "l4x4"}
+	if got := Profiles(); !slices.Equal(got, want) {
+		t.Errorf("Profiles() = %v, want %v", got, want)
+	}
+}
+
+func TestNewMockUnknownProfile(t *testing.T) {
+	lib, err := NewMock("x")
+	if lib != nil || err == nil {
+		t.Fatalf("NewMock(x) = %v, %v; want an error", lib, err)
+	}
+	const want = `unknown mock profile "x" (valid: a100-pairs, dgx-a100, hgx-h100, l4x4)`
+	if err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+}
+
+func TestMockUUIDsAreDeterministicAndDistinct(t *testing.T) {
+	seen := map[string]string{}
+	for _, profile := range Profiles() {
+		a, b := mustMockNode(t, profile), mustMockNode(t, profile)
+		for i := range a.Devices {
+			ua, _ := a.Devices[i].GetUUID()
+			ub, _ := b.Devices[i].GetUUID()
+			if ua != ub {
+				t.Errorf("%s GPU %d: UUID %s, then %s", profile, i, ua, ub)
+			}
+			if other, dup := seen[ua]; dup {
+				t.Errorf("%s GPU %d has the UUID of %s", profile, i, other)
+			}
+			seen[ua] = profile
+		}
+	}
+}
+
+// The handle look-ups other packages use (by UUID, by PCI bus id in NVML's or
+// the canonical spelling) find the same device as the index.
+func TestMockHandleLookups(t *testing.T) {
+	node := mustMockNode(t, "hgx-h100")
+	for i, d := range node.Devices {
+		uuid, _ := d.GetUUID()
+		if got, ret := node.DeviceGetHandleByUUID(uuid); ret != nvml.SUCCESS || got != d {
+			t.Errorf("GPU %d: DeviceGetHandleByUUID = %v, %v", i, got, ret)
+		}
+		pci, _ := d.GetPciInfo()
+		canonical, err := pciBusID(pci)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw := string(pci.BusId[:slices.Index(pci.BusId[:], 0)])
+		for _, id := range []string{raw, canonical} {
+			if got, ret := node.DeviceGetHandleByPciBusId(id); ret != nvml.SUCCESS || got != d {
+				t.Errorf("GPU %d: DeviceGetHandleByPciBusId(%s) = %v, %v", i, id, got, ret)
+			}
+		}
+	}
+	if _, ret := node.DeviceGetHandleByIndex(8); ret != nvml.ERROR_INVALID_ARGUMENT {
+		t.Errorf("DeviceGetHandleByIndex(8) = %v, want ERROR_INVALID_ARGUMENT", ret)
+	}
+	if _, ret := node.DeviceGetHandleByUUID("GPU-nope"); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("DeviceGetHandleByUUID(GPU-nope) = %v, want ERROR_NOT_FOUND", ret)
+	}
+}
