@@ -1,0 +1,565 @@
+//go:build e2e
+
+// Package e2e runs Tessera against a real cluster: pods are created through the
+// API, the kubelet and containerd run them, and the tests read what the
+// containers print. See README.md in this directory for how to run it.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Driver is the DRA driver name the tests look for in ResourceSlices.
+const Driver = "gpu.tessera.dev"
+
+// EnvDoneMarker is the line the demo specs' containers print after their env.
+const EnvDoneMarker = "tessera-env-done"
+
+// Timeouts for one wait each. A busy two-core machine needs tens of seconds for a
+// pod; nothing here waits without a bound.
+var (
+	PodTimeout   = 2 * time.Minute
+	LogTimeout   = time.Minute
+	PollInterval = 500 * time.Millisecond
+)
+
+// Cluster is the cluster under test and clients for it.
+type Cluster struct {
+	Config  *rest.Config
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	Mapper  *restmapper.DeferredDiscoveryRESTMapper
+}
+
+// NewCluster connects to the cluster in the kubeconfig file.
+func NewCluster(kubeconfig string) (*Cluster, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
+	return &Cluster{Config: cfg, Client: client, Dynamic: dyn, Mapper: mapper}, nil
+}
+
+// Poll calls cond every PollInterval until it returns true, an error, or timeout
+// passes. The error on timeout says what was waited for and, when cond returned
+// one, its last complaint.
+func Poll(ctx context.Context, what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, PollInterval, timeout, true, func(ctx context.Context) (bool, error) {
+		done, err := cond(ctx)
+		if err != nil && !errors.Is(err, errRetry) {
+			return false, err
+		}
+		last = err
+		return done, nil
+	})
+	if err != nil && wait.Interrupted(err) {
+		if last != nil {
+			return fmt.Errorf("timed out after %v waiting for %s: %w", timeout, what, last)
+		}
+		return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
+	}
+	return err
+}
+
+// errRetry marks a condition's error as "not yet": Poll keeps polling and reports
+// it only on timeout.
+var errRetry = errors.New("not yet")
+
+func retry(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errRetry, fmt.Sprintf(format, args...))
+}
+
+// Namespace creates a namespace for one test and deletes it when the test ends.
+func (c *Cluster) Namespace(t testing.TB, prefix string) string {
+	t.Helper()
+	ns, err := c.Client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-", Labels: map[string]string{"tessera.dev/e2e": "true"}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	t.Cleanup(func() { c.deleteNamespace(t, ns.Name) })
+	return ns.Name
+}
+
+// deleteNamespace deletes ns and waits (bounded) for it to go, so claims are
+// released before the next test allocates.
+func (c *Cluster) deleteNamespace(t testing.TB, ns string) {
+	ctx := context.Background()
+	zero := int64(0)
+	err := c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("delete namespace %s: %v", ns, err)
+		return
+	}
+	err = Poll(ctx, "namespace "+ns+" to be deleted", PodTimeout, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+	}
+}
+
+// ApplyFile server-side-applies every object in a (multi-document) YAML file and
+// returns them as applied. A namespaced object is put into namespace when that is
+// not empty. Objects that did not exist before are deleted when the test ends, in
+// reverse order.
+func (c *Cluster) ApplyFile(t testing.TB, namespace, path string) []*unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := DecodeYAML(data)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return c.Apply(t, namespace, objs...)
+}
+
+// Apply is ApplyFile for objects already decoded.
+func (c *Cluster) Apply(t testing.TB, namespace string, objs ...*unstructured.Unstructured) []*unstructured.Unstructured {
+	t.Helper()
+	ctx := context.Background()
+	var applied []*unstructured.Unstructured
+	for _, obj := range objs {
+		obj = obj.DeepCopy()
+		gvk := obj.GroupVersionKind()
+		mapping, err := c.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if meta.IsNoMatchError(err) {
+			c.Mapper.Reset()
+			mapping, err = c.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		}
+		if err != nil {
+			t.Fatalf("%s %s: %v", gvk, obj.GetName(), err)
+		}
+		var ri dynamic.ResourceInterface = c.Dynamic.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			if namespace != "" {
+				obj.SetNamespace(namespace)
+			}
+			if obj.GetNamespace() == "" {
+				obj.SetNamespace("default")
+			}
+			ri = c.Dynamic.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+		}
+		_, getErr := ri.Get(ctx, obj.GetName(), metav1.GetOptions{})
+		existed := getErr == nil
+		body, err := obj.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		force := true
+		out, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, body,
+			metav1.PatchOptions{FieldManager: "tessera-e2e", Force: &force})
+		if err != nil {
+			t.Fatalf("apply %s %s/%s: %v", gvk.Kind, obj.GetNamespace(), obj.GetName(), err)
+		}
+		applied = append(applied, out)
+		if !existed {
+			name, kind := out.GetName(), gvk.Kind
+			t.Cleanup(func() {
+				zero := int64(0)
+				err := ri.Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				if err != nil && !apierrors.IsNotFound(err) {
+					t.Errorf("cleanup: delete %s %s: %v", kind, name, err)
+				}
+			})
+		}
+	}
+	return applied
+}
+
+// DecodeYAML splits a multi-document YAML (or JSON) stream into objects,
+// skipping empty documents.
+func DecodeYAML(data []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return objs, nil
+			}
+			return nil, fmt.Errorf("document %d: %w", len(objs)+1, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+}
+
+// WaitForPod waits until cond holds for the pod. It gives up early when the pod
+// can no longer get there (failed, or a container cannot start), and its error
+// then carries the pod's status and events.
+func (c *Cluster) WaitForPod(ctx context.Context, ns, name, what string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := Poll(ctx, fmt.Sprintf("pod %s/%s %s", ns, name, what), PodTimeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		pod = p
+		if cond(p) {
+			return true, nil
+		}
+		if reason := stuck(p); reason != "" {
+			return false, errors.New(reason)
+		}
+		return false, retry("phase %s", p.Status.Phase)
+	})
+	if err != nil {
+		return pod, fmt.Errorf("%w\n%s", err, c.describePod(ctx, ns, name))
+	}
+	return pod, nil
+}
+
+// WaitForPodRunning waits for the pod's phase Running with every container started.
+func (c *Cluster) WaitForPodRunning(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	return c.WaitForPod(ctx, ns, name, "to run", func(p *corev1.Pod) bool {
+		if p.Status.Phase != corev1.PodRunning {
+			return p.Status.Phase == corev1.PodSucceeded
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Running == nil && cs.State.Terminated == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// WaitForPodSucceeded waits for the pod's phase Succeeded.
+func (c *Cluster) WaitForPodSucceeded(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	return c.WaitForPod(ctx, ns, name, "to succeed", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodSucceeded
+	})
+}
+
+// stuck says why a pod will not get to run, or "" while it still may.
+func stuck(p *corev1.Pod) string {
+	if p.Status.Phase == corev1.PodFailed {
+		return fmt.Sprintf("pod failed: %s %s", p.Status.Reason, p.Status.Message)
+	}
+	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil {
+			switch w.Reason {
+			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+				"CreateContainerError", "RunContainerError", "CrashLoopBackOff":
+				return fmt.Sprintf("container %s: %s: %s", cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return ""
+}
+
+// describePod is a short `kubectl describe`: phase, conditions, container states
+// and the pod's events, for failure messages.
+func (c *Cluster) describePod(ctx context.Context, ns, name string) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("pod %s/%s: %v", ns, name, err)
+	}
+	fmt.Fprintf(&b, "pod %s/%s: phase %s on node %q\n", ns, name, p.Status.Phase, p.Spec.NodeName)
+	for _, cond := range p.Status.Conditions {
+		fmt.Fprintf(&b, "  condition %s=%s %s %s\n", cond.Type, cond.Status, cond.Reason, cond.Message)
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		fmt.Fprintf(&b, "  container %s: %+v\n", cs.Name, cs.State)
+	}
+	events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + name,
+	})
+	if err == nil {
+		sort.Slice(events.Items, func(i, j int) bool {
+			return events.Items[i].LastTimestamp.Before(&events.Items[j].LastTimestamp)
+		})
+		for _, e := range events.Items {
+			fmt.Fprintf(&b, "  event %s %s: %s\n", e.Type, e.Reason, e.Message)
+		}
+	}
+	return b.String()
+}
+
+// PodLog returns a container's log. It asks the API (the kubelet) first and falls
+// back to the kubelet's files under /var/log/pods when the test runs on the node
+// and the API cannot reach the kubelet.
+func (c *Cluster) PodLog(ctx context.Context, ns, name, container string) (string, error) {
+	raw, apiErr := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
+	if apiErr == nil {
+		return string(raw), nil
+	}
+	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("log of %s/%s: %w", ns, name, apiErr)
+	}
+	log, err := NodeLog(PodLogsDir, ns, name, string(pod.UID), container)
+	if err != nil {
+		return "", fmt.Errorf("log of %s/%s: API: %v; node: %w", ns, name, apiErr, err)
+	}
+	return log, nil
+}
+
+// PodLogsDir is where the kubelet writes container logs.
+var PodLogsDir = "/var/log/pods"
+
+// NodeLog reads a container's log from the kubelet's files
+// (<dir>/<ns>_<pod>_<uid>/<container>/<restart>.log, CRI format) and returns the
+// text, latest restart last.
+func NodeLog(dir, ns, pod, uid, container string) (string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, fmt.Sprintf("%s_%s_%s", ns, pod, uid), container, "*.log"))
+	if err != nil {
+		return "", err
+	}
+	if len(files) == 0 {
+		return "", fmt.Errorf("no log files for container %s of %s/%s under %s", container, ns, pod, dir)
+	}
+	sort.Strings(files)
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(ParseCRILog(string(data)))
+	}
+	return b.String(), nil
+}
+
+// ParseCRILog turns CRI log lines ("<time> stdout|stderr F|P <text>") back into
+// the text the container wrote; P marks a partial line continued by the next.
+func ParseCRILog(data string) string {
+	var b strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		fields := strings.SplitN(sc.Text(), " ", 4)
+		if len(fields) < 3 {
+			continue
+		}
+		text := ""
+		if len(fields) == 4 {
+			text = fields[3]
+		}
+		b.WriteString(text)
+		if fields[2] != "P" {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// WaitForLog waits until the container's log contains marker and returns the log.
+func (c *Cluster) WaitForLog(ctx context.Context, ns, name, container, marker string) (string, error) {
+	var log string
+	err := Poll(ctx, fmt.Sprintf("%q in the log of %s/%s", marker, ns, name), LogTimeout, func(ctx context.Context) (bool, error) {
+		l, err := c.PodLog(ctx, ns, name, container)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		log = l
+		return strings.Contains(l, marker), nil
+	})
+	return log, err
+}
+
+// ParseEnv reads `env` output (KEY=VALUE lines) up to EnvDoneMarker, if present.
+// Lines without '=' are ignored.
+func ParseEnv(log string) map[string]string {
+	env := map[string]string{}
+	for _, line := range strings.Split(log, "\n") {
+		if line == EnvDoneMarker {
+			break
+		}
+		if k, v, ok := strings.Cut(line, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// SpecPod is what one pod of an applied spec printed.
+type SpecPod struct {
+	Pod *corev1.Pod
+	Env map[string]string
+}
+
+// RunSpec applies a demo spec (demo/specs/*.yaml), waits for each of its pods to
+// run and print EnvDoneMarker, and returns each pod's env by pod name. The spec's
+// objects are deleted when the test ends.
+func (c *Cluster) RunSpec(t testing.TB, namespace, path string) map[string]SpecPod {
+	t.Helper()
+	ctx := context.Background()
+	objs := c.ApplyFile(t, namespace, path)
+	out := map[string]SpecPod{}
+	for _, obj := range objs {
+		if obj.GetKind() != "Pod" || obj.GetAPIVersion() != "v1" {
+			continue
+		}
+		pod, err := c.WaitForPodRunning(ctx, obj.GetNamespace(), obj.GetName())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctr := pod.Spec.Containers[0].Name
+		log, err := c.WaitForLog(ctx, pod.Namespace, pod.Name, ctr, EnvDoneMarker)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, log)
+		}
+		out[pod.Name] = SpecPod{Pod: pod, Env: ParseEnv(log)}
+	}
+	return out
+}
+
+// Allocated is one device allocated to a claim, with the device as published.
+type Allocated struct {
+	Result resourceapi.DeviceRequestAllocationResult
+	Device resourceapi.Device
+	Slice  *resourceapi.ResourceSlice
+}
+
+// Attribute returns the device's attribute by its name in the driver's domain
+// ("uuid") or its qualified name, as a string.
+func (a Allocated) Attribute(name string) string {
+	attr, ok := a.Device.Attributes[resourceapi.QualifiedName(name)]
+	if !ok {
+		attr, ok = a.Device.Attributes[resourceapi.QualifiedName(a.Result.Driver+"/"+name)]
+	}
+	switch {
+	case !ok:
+		return ""
+	case attr.StringValue != nil:
+		return *attr.StringValue
+	case attr.VersionValue != nil:
+		return *attr.VersionValue
+	case attr.IntValue != nil:
+		return fmt.Sprint(*attr.IntValue)
+	case attr.BoolValue != nil:
+		return fmt.Sprint(*attr.BoolValue)
+	}
+	return ""
+}
+
+// PodClaimName returns the name of the ResourceClaim behind a pod's claim entry
+// (the generated one, for a claim from a template).
+func PodClaimName(pod *corev1.Pod, podClaim string) (string, error) {
+	for _, pc := range pod.Spec.ResourceClaims {
+		if pc.Name == podClaim && pc.ResourceClaimName != nil {
+			return *pc.ResourceClaimName, nil
+		}
+	}
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.Name == podClaim && s.ResourceClaimName != nil {
+			return *s.ResourceClaimName, nil
+		}
+	}
+	return "", fmt.Errorf("pod %s/%s has no claim %q", pod.Namespace, pod.Name, podClaim)
+}
+
+// AllocatedDevices returns a claim's allocation with each device looked up in the
+// published ResourceSlices.
+func (c *Cluster) AllocatedDevices(ctx context.Context, ns, claimName string) ([]Allocated, error) {
+	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim %s/%s is not allocated", ns, claimName)
+	}
+	slices, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []Allocated
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		a := Allocated{Result: r}
+		for i := range slices.Items {
+			s := &slices.Items[i]
+			if s.Spec.Driver != r.Driver || s.Spec.Pool.Name != r.Pool {
+				continue
+			}
+			for _, d := range s.Spec.Devices {
+				if d.Name == r.Device {
+					a.Device, a.Slice = d, s
+				}
+			}
+		}
+		if a.Slice == nil {
+			return nil, fmt.Errorf("claim %s/%s: device %s/%s/%s is in no ResourceSlice", ns, claimName, r.Driver, r.Pool, r.Device)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// DriverSlices lists the ResourceSlices Tessera published.
+func (c *Cluster) DriverSlices(ctx context.Context) ([]resourceapi.ResourceSlice, error) {
+	list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+		FieldSelector: "spec.driver=" + Driver,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// RequireDriver skips the test when Tessera is not installed (no DeviceClass or
+// no ResourceSlice), so the cluster tests run before the plugin exists.
+func (c *Cluster) RequireDriver(t testing.TB, deviceClasses ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, dc := range deviceClasses {
+		if _, err := c.Client.ResourceV1().DeviceClasses().Get(ctx, dc, metav1.GetOptions{}); err != nil {
+			t.Skipf("DeviceClass %s: %v (install Tessera: demo/clusters/local/install.sh)", dc, err)
+		}
+	}
+	slices, err := c.DriverSlices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slices) == 0 {
+		t.Skipf("no ResourceSlice of %s (install Tessera: demo/clusters/local/install.sh)", Driver)
+	}
+}

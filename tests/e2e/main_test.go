@@ -1,0 +1,100 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// cluster is the cluster every test uses; TestMain sets it. Tests get it from
+// needCluster.
+var cluster *Cluster
+
+// needCluster returns the cluster under test, or fails the test saying how to
+// give it one.
+func needCluster(t testing.TB) *Cluster {
+	t.Helper()
+	if cluster == nil {
+		t.Fatal("no cluster: set KUBECONFIG, or TESSERA_E2E_START=1 to start the local one (see tests/e2e/README.md)")
+	}
+	return cluster
+}
+
+// repoRoot is the repository's root, from this file's location.
+var repoRoot = func() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}()
+
+// TestMain finds the cluster:
+//   - KUBECONFIG set: that cluster (Tessera installed or not; tests that need the
+//     driver skip without it);
+//   - TESSERA_E2E_START=1: demo/clusters/local/cluster.sh up (and install.sh when
+//     TESSERA_E2E_INSTALL=1), and cluster.sh down after the tests unless
+//     TESSERA_E2E_KEEP=1.
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	kubeconfig := os.Getenv("KUBECONFIG")
+	if os.Getenv("TESSERA_E2E_START") == "1" {
+		local := filepath.Join(repoRoot, "demo", "clusters", "local")
+		if err := script(filepath.Join(local, "cluster.sh"), "up"); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+		if os.Getenv("TESSERA_E2E_KEEP") != "1" {
+			defer func() {
+				if err := script(filepath.Join(local, "cluster.sh"), "down"); err != nil {
+					fmt.Fprintln(os.Stderr, "e2e:", err)
+				}
+			}()
+		}
+		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
+			if err := script(filepath.Join(local, "install.sh")); err != nil {
+				fmt.Fprintln(os.Stderr, "e2e:", err)
+				return 1
+			}
+		}
+		out, err := exec.Command(filepath.Join(local, "cluster.sh"), "kubeconfig").Output()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: cluster.sh kubeconfig:", err)
+			return 1
+		}
+		kubeconfig = strings.TrimSpace(string(out))
+	}
+	if kubeconfig == "" {
+		// The harness's own tests still run; the cluster tests fail in needCluster.
+		return m.Run()
+	}
+	c, err := NewCluster(kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	cluster = c
+	return m.Run()
+}
+
+// script runs one of the cluster scripts, its output going to stderr.
+func script(path string, args ...string) error {
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", path, strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// testdata returns the path of a file in testdata/.
+func testdata(t testing.TB, name string) string {
+	t.Helper()
+	return filepath.Join(repoRoot, "tests", "e2e", "testdata", name)
+}
