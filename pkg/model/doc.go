@@ -1,0 +1,24 @@
+// Package model turns a node's GPU inventory into what Tessera publishes to
+// Kubernetes: the ResourceSlices of the node's pool (Resources, ResourceSlices) and
+// the DeviceClasses users claim from (DeviceClasses).
+//
+// Everything here is pure: no NVML, no sysfs, no API server. Facts that need I/O
+// (the PCIe root complex of a GPU) come in already resolved, through PCIeRoots.
+//
+// # The published shape
+//
+// Per physical GPU with minor number N (MIG-enabled GPUs are skipped, see Resources):
+//
+//   - counter set gpu-N with counters memory (bytes) and cores (100);
+//   - device gpu-N, the whole GPU: capacity memory and cores, consuming all of gpu-N;
+//   - device gpu-N-shared, fractions of the GPU: allowMultipleAllocations, capacity
+//     memory (request policy: default all, min 1Mi, step 1Mi) and cores (request
+//     policy: default 0, 0..100 in steps of 1), also consuming all of gpu-N.
+//
+// Because both devices consume the whole counter set and the scheduler charges a
+// shared device's counters once while it holds any share, a GPU is either held
+// whole by one claim or shared by many, never both; the sum of the shares of a GPU
+// never exceeds its memory or cores. Counter sets sit in their own slices (the API
+// requires it), at most ResourceSliceMaxCounterSets per slice, ahead of the device
+// slices (at most ResourceSliceMaxDevicesWithAdvancedFeatures devices each).
+package model

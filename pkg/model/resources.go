@@ -1,0 +1,309 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+)
+
+// Capacity and counter names. They are also the names HAMi and Volcano quota
+// tooling read, and what users put under capacity.requests.
+const (
+	// Memory is framebuffer memory in bytes.
+	Memory resourceapi.QualifiedName = "memory"
+	// Cores is the percentage (0–100) of the GPU's compute.
+	Cores resourceapi.QualifiedName = "cores"
+)
+
+// CoresPerGPU is the value of the cores capacity and counter of every GPU.
+const CoresPerGPU = 100
+
+// Driver-local attribute names. In CEL and in matchAttribute constraints they are
+// qualified by the driver name: device.attributes["gpu.tessera.dev"].uuid,
+// gpu.tessera.dev/nvlinkDomain.
+const (
+	AttrType                  resourceapi.QualifiedName = "type"
+	AttrUUID                  resourceapi.QualifiedName = "uuid"
+	AttrProductName           resourceapi.QualifiedName = "productName"
+	AttrArchitecture          resourceapi.QualifiedName = "architecture"
+	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
+	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
+	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
+	AttrIndex                 resourceapi.QualifiedName = "index"
+	AttrMinor                 resourceapi.QualifiedName = "minor"
+	AttrNVLinkDomain          resourceapi.QualifiedName = "nvlinkDomain"
+)
+
+// Values of the type attribute.
+const (
+	// TypeWhole marks gpu-N, the exclusive whole GPU.
+	TypeWhole = "gpu"
+	// TypeShared marks gpu-N-shared, the device that hands out fractions.
+	TypeShared = "shared"
+)
+
+// Request policy of the shared device's memory capacity: shares are whole MiB.
+var memoryStep = resource.MustParse("1Mi")
+
+// PCIeRoots resolves the PCIe root complex of a GPU, the value of the standard
+// attribute resource.kubernetes.io/pcieRoot. Implementations may read sysfs; the
+// model only calls them, so Resources stays free of I/O. On a real node the kubelet
+// plugin wraps deviceattribute.GetPCIeRootAttributeByPCIBusID.
+type PCIeRoots interface {
+	// PCIeRoot returns the root complex ("pci0000:00") of the PCI device with this
+	// bus id ("0000:07:00.0"), or ok=false when it is not known. Unknown roots are
+	// left out of the published attributes; they never fail the model.
+	PCIeRoot(pciBusID string) (root string, ok bool)
+}
+
+// PCIeRootMap is a PCIeRoots resolved up front: bus id → root complex.
+type PCIeRootMap map[string]string
+
+// PCIeRoot implements PCIeRoots.
+func (m PCIeRootMap) PCIeRoot(pciBusID string) (string, bool) {
+	root, ok := m[pciBusID]
+	return root, ok && root != ""
+}
+
+// Option adjusts Resources.
+type Option func(*options)
+
+type options struct {
+	pcieRoots PCIeRoots
+}
+
+// WithPCIeRoots makes Resources publish resource.kubernetes.io/pcieRoot for the GPUs
+// whose root r knows. Without it (mock nodes, tests) the attribute is left out.
+func WithPCIeRoots(r PCIeRoots) Option {
+	return func(o *options) { o.pcieRoots = r }
+}
+
+// Resources is what the kubelet plugin of node nodeName publishes for these GPUs:
+// one pool named after the node, holding the counter slices first and then the
+// device slices, in the shape described in the package documentation.
+//
+// The caller may assume:
+//
+//   - The result depends only on the arguments (no I/O, no clock, no randomness)
+//     and not on the order of gpus: publishing it twice changes nothing.
+//   - Counter sets are grouped ResourceSliceMaxCounterSets per slice by ascending
+//     minor; device slices hold at most ResourceSliceMaxDevicesWithAdvancedFeatures
+//     devices. An 8-GPU node publishes 1 counter slice + 1 device slice; a 16-GPU
+//     node 2 + 1. The result passes Validate.
+//   - Device order is the allocator's preference, because kube-scheduler's
+//     allocator walks slices by name and devices in slice order and takes the
+//     first that fits. Shared devices come first, by ascending minor, so shares
+//     pack first-fit onto gpu-0-shared, then gpu-1-shared, …; whole devices follow
+//     by descending minor, so whole-GPU claims take the highest free GPU. Shares and
+//     whole GPUs thus fill the node from opposite ends, which keeps GPUs free of
+//     shares for whole claims for as long as possible.
+//   - MIG-enabled GPUs are not published at all (neither devices nor counters):
+//     their memory and compute belong to MIG instances Tessera does not manage, so
+//     handing them out whole or in fractions would double-book them.
+//   - Version attributes are semantic versions: "9.0" → "9.0.0" and driver
+//     "580.95.05" → "580.95.5" (semver allows no leading zeros). A version that is
+//     not one to three dot-separated numbers is left out rather than guessed.
+//     numaNode is published as a scalar int (the form that needs no feature gate)
+//     when NUMANode is known and not negative.
+//
+// It returns an error, naming the GPU, for input that cannot be published: an
+// invalid node name, a duplicate minor or UUID, a negative minor, no memory,
+// memory beyond int64, or a string attribute longer than the API allows.
+func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.DriverResources, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
+		return resourceslice.DriverResources{}, fmt.Errorf("node name %q is not a valid pool name: %v", nodeName, errs)
+	}
+
+	published := make([]gpu.GPU, 0, len(gpus))
+	minors := make(map[int]string, len(gpus))
+	uuids := make(map[string]int, len(gpus))
+	for _, g := range gpus {
+		if err := checkGPU(g); err != nil {
+			return resourceslice.DriverResources{}, err
+		}
+		if other, dup := minors[g.Minor]; dup {
+			return resourceslice.DriverResources{}, fmt.Errorf("GPU %s: minor %d already used by GPU %s", g.UUID, g.Minor, other)
+		}
+		if other, dup := uuids[g.UUID]; dup {
+			return resourceslice.DriverResources{}, fmt.Errorf("GPU minor %d: UUID %s already used by GPU minor %d", g.Minor, g.UUID, other)
+		}
+		minors[g.Minor], uuids[g.UUID] = g.UUID, g.Minor
+		if g.MIGEnabled {
+			continue
+		}
+		published = append(published, g)
+	}
+	slices.SortFunc(published, func(a, b gpu.GPU) int { return cmp.Compare(a.Minor, b.Minor) })
+
+	var pool resourceslice.Pool
+	for chunk := range slices.Chunk(published, resourceapi.ResourceSliceMaxCounterSets) {
+		counterSets := make([]resourceapi.CounterSet, 0, len(chunk))
+		for _, g := range chunk {
+			counterSets = append(counterSets, resourceapi.CounterSet{
+				Name:     CounterSetName(g.Minor),
+				Counters: counters(g),
+			})
+		}
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counterSets})
+	}
+
+	devices := make([]resourceapi.Device, 0, 2*len(published))
+	for _, g := range published {
+		devices = append(devices, sharedDevice(g, o))
+	}
+	for _, g := range slices.Backward(published) {
+		devices = append(devices, wholeDevice(g, o))
+	}
+	for chunk := range slices.Chunk(devices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
+	}
+	if len(pool.Slices) == 0 {
+		// A node without publishable GPUs still publishes its (empty) pool, so that
+		// the scheduler sees "no devices" rather than "pool not published yet".
+		pool.Slices = []resourceslice.Slice{{}}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: pool}}, nil
+}
+
+// checkGPU rejects a GPU that cannot become valid API objects.
+func checkGPU(g gpu.GPU) error {
+	name := g.UUID
+	if name == "" {
+		name = fmt.Sprintf("minor %d", g.Minor)
+	}
+	switch {
+	case g.UUID == "":
+		return fmt.Errorf("GPU %s: no UUID", name)
+	case g.Minor < 0:
+		return fmt.Errorf("GPU %s: negative minor %d", name, g.Minor)
+	case g.MIGEnabled:
+		return nil // not published; its other facts do not matter
+	case g.MemoryBytes == 0:
+		return fmt.Errorf("GPU %s: memory size is 0", name)
+	case g.MemoryBytes > math.MaxInt64:
+		return fmt.Errorf("GPU %s: memory size %d bytes does not fit a quantity", name, g.MemoryBytes)
+	}
+	for attr, v := range map[resourceapi.QualifiedName]string{
+		AttrUUID: g.UUID, AttrProductName: g.ProductName, AttrArchitecture: g.Architecture, AttrNVLinkDomain: g.NVLinkDomain,
+	} {
+		if len(v) > resourceapi.DeviceAttributeMaxValueLength {
+			return fmt.Errorf("GPU %s: attribute %s: %q is longer than %d characters", name, attr, v, resourceapi.DeviceAttributeMaxValueLength)
+		}
+	}
+	return nil
+}
+
+func memoryOf(g gpu.GPU) resource.Quantity {
+	return *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI)
+}
+
+func coresOf() resource.Quantity {
+	return *resource.NewQuantity(CoresPerGPU, resource.DecimalSI)
+}
+
+// counters is the full counter set of a GPU; both of its devices consume all of it.
+func counters(g gpu.GPU) map[string]resourceapi.Counter {
+	return map[string]resourceapi.Counter{
+		string(Memory): {Value: memoryOf(g)},
+		string(Cores):  {Value: coresOf()},
+	}
+}
+
+func consumesAll(g gpu.GPU) []resourceapi.DeviceCounterConsumption {
+	return []resourceapi.DeviceCounterConsumption{{CounterSet: CounterSetName(g.Minor), Counters: counters(g)}}
+}
+
+func wholeDevice(g gpu.GPU, o options) resourceapi.Device {
+	return resourceapi.Device{
+		Name:       WholeDeviceName(g.Minor),
+		Attributes: attributes(g, TypeWhole, o),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			Memory: {Value: memoryOf(g)},
+			Cores:  {Value: coresOf()},
+		},
+		ConsumesCounters: consumesAll(g),
+	}
+}
+
+func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
+	memory, cores := memoryOf(g), coresOf()
+	return resourceapi.Device{
+		Name:                     SharedDeviceName(g.Minor),
+		AllowMultipleAllocations: ptr.To(true),
+		Attributes:               attributes(g, TypeShared, o),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			// A share that names no memory is charged all of it: a workload that
+			// did not say how much it needs may use everything, so nothing else
+			// may be promised memory on that GPU.
+			Memory: {Value: memory, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: ptr.To(memory.DeepCopy()),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  ptr.To(memoryStep.DeepCopy()),
+					Step: ptr.To(memoryStep.DeepCopy()),
+				},
+			}},
+			// A share that names no cores gets no guaranteed compute (best effort).
+			Cores: {Value: cores, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: ptr.To(resource.MustParse("0")),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  ptr.To(resource.MustParse("0")),
+					Max:  ptr.To(cores.DeepCopy()),
+					Step: ptr.To(resource.MustParse("1")),
+				},
+			}},
+		},
+		ConsumesCounters: consumesAll(g),
+	}
+}
+
+// attributes are the same on both devices of a GPU except for type, so that
+// selectors and matchAttribute constraints work the same for whole GPUs and shares.
+func attributes(g gpu.GPU, typ string, o options) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:  {StringValue: ptr.To(typ)},
+		AttrUUID:  {StringValue: ptr.To(g.UUID)},
+		AttrIndex: {IntValue: ptr.To(int64(g.Index))},
+		AttrMinor: {IntValue: ptr.To(int64(g.Minor))},
+	}
+	for name, v := range map[resourceapi.QualifiedName]string{
+		AttrProductName:  g.ProductName,
+		AttrArchitecture: g.Architecture,
+		AttrNVLinkDomain: g.NVLinkDomain,
+	} {
+		if v != "" {
+			attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}
+		}
+	}
+	for name, v := range map[resourceapi.QualifiedName]string{
+		AttrCUDAComputeCapability: g.CUDAComputeCapability,
+		AttrDriverVersion:         g.DriverVersion,
+		AttrCUDADriverVersion:     g.CUDADriverVersion,
+	} {
+		if sv, ok := semver(v); ok {
+			attrs[name] = resourceapi.DeviceAttribute{VersionValue: ptr.To(sv)}
+		}
+	}
+	if g.NUMANode != nil && *g.NUMANode >= 0 {
+		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(*g.NUMANode))}
+	}
+	if o.pcieRoots != nil && g.PCIBusID != "" {
+		if root, ok := o.pcieRoots.PCIeRoot(g.PCIBusID); ok && len(root) <= resourceapi.DeviceAttributeMaxValueLength {
+			attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(root)}
+		}
+	}
+	return attrs
+}
