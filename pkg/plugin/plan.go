@@ -1,0 +1,241 @@
+package plugin
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// Capacity names in consumedCapacity (see the resource model).
+const (
+	capacityMemory resourceapi.QualifiedName = "memory"
+	capacityCores  resourceapi.QualifiedName = "cores"
+)
+
+// plannedDevice is one device result of this driver, checked and with its
+// limits computed.
+type plannedDevice struct {
+	request     string
+	pool        string
+	device      string
+	shareID     types.UID
+	adminAccess bool
+	gpu         gpu.GPU
+	shared      bool
+	isolation   configapi.Isolation // shares only
+	memoryLimit int64               // shares only, bytes
+	coresLimit  int64               // shares only, percent
+}
+
+// plan is everything prepare decided before it changes anything.
+type plan struct {
+	devices []plannedDevice // in device order (NVLink domain, then PCI bus id)
+	// isolation is the one backend of the claim's shares ("" without shares).
+	isolation configapi.Isolation
+	// nvlinkWarning is set when topology.nvlink is Preferred and the GPUs do
+	// not share an NVLink domain; it becomes a condition in the claim status.
+	nvlinkWarning string
+	// config is the merged config per request, for the checkpoint.
+	config json.RawMessage
+}
+
+// deviceError names the device in an error, as in
+// "device gpu-3-shared: …".
+func deviceError(device string, format string, args ...any) error {
+	return fmt.Errorf("device %s: %s", device, fmt.Sprintf(format, args...))
+}
+
+// planClaim checks the claim's allocation results of this driver and
+// computes limits and order. It reads no files and changes nothing, so every
+// error it returns leaves nothing behind.
+func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("not allocated")
+	}
+	alloc := claim.Status.Allocation.Devices
+	configs := map[string]*configapi.GpuConfig{}
+	configFor := func(request string) (*configapi.GpuConfig, error) {
+		if c, ok := configs[request]; ok {
+			return c, nil
+		}
+		c, err := configapi.ConfigForRequest(alloc.Config, request)
+		if err != nil {
+			return nil, fmt.Errorf("request %q: %w", request, err)
+		}
+		if !isolationSet(alloc.Config, request) && p.opts.DefaultIsolation != "" {
+			c.Sharing.Isolation = p.opts.DefaultIsolation
+		}
+		configs[request] = c
+		return c, nil
+	}
+
+	pl := &plan{}
+	var nvlinkPolicy configapi.NVLinkPolicy = configapi.NVLinkIgnore
+	for _, r := range alloc.Results {
+		if r.Driver != model.DriverName {
+			continue
+		}
+		if r.Pool != p.opts.NodeName {
+			return nil, deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
+		}
+		minor, shared, err := model.ParseDeviceName(r.Device)
+		if err != nil {
+			return nil, deviceError(r.Device, "%v", err)
+		}
+		g, ok := p.gpus[minor]
+		if !ok {
+			return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
+		}
+		cfg, err := configFor(r.Request)
+		if err != nil {
+			return nil, deviceError(r.Device, "%v", err)
+		}
+		d := plannedDevice{
+			request:     r.Request,
+			pool:        r.Pool,
+			device:      r.Device,
+			gpu:         g,
+			shared:      shared,
+			adminAccess: r.AdminAccess != nil && *r.AdminAccess,
+		}
+		if r.ShareID != nil {
+			d.shareID = *r.ShareID
+		}
+		if shared && !d.adminAccess {
+			if d.shareID == "" {
+				return nil, deviceError(r.Device, "share without a shareID in the allocation result")
+			}
+			mem, ok := r.ConsumedCapacity[capacityMemory]
+			if !ok {
+				return nil, deviceError(r.Device, "share %s has no consumedCapacity %q in the allocation result; cannot compute its limits", d.shareID, capacityMemory)
+			}
+			cores := r.ConsumedCapacity[capacityCores] // absent: 0, a best-effort share
+			d.memoryLimit, d.coresLimit, err = cfg.ShareLimits(mem.Value(), cores.Value())
+			if err != nil {
+				return nil, deviceError(r.Device, "request %q: %v", r.Request, err)
+			}
+			if d.memoryLimit <= 0 {
+				return nil, deviceError(r.Device, "share %s has a memory limit of %d bytes", d.shareID, d.memoryLimit)
+			}
+			d.isolation = cfg.Sharing.Isolation
+			if pl.isolation != "" && pl.isolation != d.isolation {
+				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other shares; a claim uses one isolation backend", d.isolation, pl.isolation)
+			}
+			pl.isolation = d.isolation
+		}
+		if cfg.Topology != nil && stricter(cfg.Topology.NVLink, nvlinkPolicy) {
+			nvlinkPolicy = cfg.Topology.NVLink
+		}
+		pl.devices = append(pl.devices, d)
+	}
+
+	sortDevices(pl.devices)
+	if err := checkNVLink(pl, nvlinkPolicy); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(configs)
+	if err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	pl.config = raw
+	return pl, nil
+}
+
+// isolationSet reports whether any config entry that applies to request sets
+// sharing.isolation, so that the node's --default-isolation fills only what
+// neither class nor claim chose. Entries were validated by ConfigForRequest.
+func isolationSet(configs []resourceapi.DeviceAllocationConfiguration, request string) bool {
+	parent, _, _ := strings.Cut(request, "/")
+	for _, c := range configs {
+		if c.Opaque == nil || c.Opaque.Driver != model.DriverName {
+			continue
+		}
+		if len(c.Requests) > 0 && !slices.Contains(c.Requests, request) && !slices.Contains(c.Requests, parent) {
+			continue
+		}
+		cfg, err := configapi.DecodeLenient(c.Opaque.Parameters.Raw)
+		if err == nil && cfg.Sharing != nil && cfg.Sharing.Isolation != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// stricter orders NVLink policies Required > Preferred > Ignore.
+func stricter(a, b configapi.NVLinkPolicy) bool {
+	rank := map[configapi.NVLinkPolicy]int{configapi.NVLinkIgnore: 0, configapi.NVLinkPreferred: 1, configapi.NVLinkRequired: 2}
+	return rank[a] > rank[b]
+}
+
+// sortDevices puts devices in the order containers see them: by NVLink domain,
+// then PCI bus id, so that GPUs talking over NVLink get adjacent CUDA indices
+// and the order is the same on every prepare.
+func sortDevices(devs []plannedDevice) {
+	slices.SortStableFunc(devs, func(a, b plannedDevice) int {
+		return cmp.Or(
+			cmp.Compare(a.gpu.NVLinkDomain, b.gpu.NVLinkDomain),
+			cmp.Compare(a.gpu.PCIBusID, b.gpu.PCIBusID),
+			cmp.Compare(a.device, b.device),
+			cmp.Compare(a.shareID, b.shareID))
+	})
+}
+
+// checkNVLink applies the claim's NVLink policy to its distinct GPUs.
+func checkNVLink(pl *plan, policy configapi.NVLinkPolicy) error {
+	if policy == configapi.NVLinkIgnore {
+		return nil
+	}
+	var names []string
+	domains := map[string]bool{}
+	seen := map[int]bool{}
+	connected := true
+	for _, d := range pl.devices {
+		if seen[d.gpu.Minor] {
+			continue
+		}
+		seen[d.gpu.Minor] = true
+		domain := d.gpu.NVLinkDomain
+		names = append(names, fmt.Sprintf("%s (nvlinkDomain %q)", model.WholeDeviceName(d.gpu.Minor), domain))
+		if domain == "" {
+			connected = false
+		}
+		domains[domain] = true
+	}
+	if len(seen) < 2 {
+		return nil
+	}
+	if connected && len(domains) == 1 {
+		return nil
+	}
+	msg := "GPUs " + strings.Join(names, ", ") + " do not share an NVLink domain"
+	if policy == configapi.NVLinkRequired {
+		return fmt.Errorf("topology.nvlink is Required: %s", msg)
+	}
+	pl.nvlinkWarning = msg
+	return nil
+}
+
+func (p *Plugin) knownDevices() string {
+	minors := make([]int, 0, len(p.gpus))
+	for m := range p.gpus {
+		minors = append(minors, m)
+	}
+	slices.Sort(minors)
+	names := make([]string, len(minors))
+	for i, m := range minors {
+		names[i] = model.WholeDeviceName(m)
+	}
+	if len(names) == 0 {
+		return "no GPUs"
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,138 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdi"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+)
+
+// Specs is where the plugin writes one CDI spec per claim; [cdi.Dir] is the
+// real one.
+type Specs interface {
+	// Write replaces the claim's spec and returns one CDI device ID per device.
+	Write(claimUID types.UID, devices []cdi.Device) ([]string, error)
+	// Remove deletes the claim's spec; a missing spec is not an error.
+	Remove(claimUID types.UID) error
+	// List returns the UIDs of the claims that have a spec.
+	List() ([]types.UID, error)
+}
+
+// Toolkit finds the NVIDIA container toolkit's CDI device of a GPU;
+// [cdi.ToolkitSpecs] is the real one, [cdi.StaticToolkit] a fake.
+type Toolkit interface {
+	DeviceID(uuid string) (id string, ok bool, err error)
+}
+
+// EventRecorder emits events on this node's Node object.
+type EventRecorder interface {
+	// Event records an event of type corev1.EventTypeNormal or Warning.
+	Event(eventType, reason, message string)
+}
+
+// Options wires the plugin. NodeName, GPUs, Store and Specs are required.
+type Options struct {
+	// NodeName is this node; it is also the name of the driver's pool.
+	NodeName string
+	// GPUs is the node's inventory as discovered.
+	GPUs []gpu.GPU
+	// Store is the checkpoint, Recovery what opening it found.
+	Store    checkpoint.Store
+	Recovery checkpoint.Recovery
+	// Specs is the CDI root for the per-claim specs.
+	Specs Specs
+	// Mock is true on nodes whose GPUs come from a mock profile: containers
+	// get environment only, no device nodes.
+	Mock bool
+	// Toolkit, when set (and not Mock), provides nvidia.com/gpu=<uuid>
+	// devices; GPUs without one get DevNodes' nodes.
+	Toolkit Toolkit
+	// DevNodes describes the host's /dev/nvidia* nodes (required unless Mock).
+	DevNodes isolation.DevNodes
+	// MPS runs the MPS control daemons; required for MPS shares.
+	MPS *isolation.MPS
+	// HAMiCore is the node's HAMi-core installation, if any.
+	HAMiCore isolation.HAMiCore
+	// DefaultIsolation is used for shares whose class and claim configs
+	// leave sharing.isolation unset; empty means Advisory.
+	DefaultIsolation configapi.Isolation
+	// Client writes ResourceClaim status; nil skips status.
+	Client kubernetes.Interface
+	// Events records events on the Node; nil records none.
+	Events EventRecorder
+}
+
+// Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.
+type Plugin struct {
+	opts Options
+	gpus map[int]gpu.GPU // by minor
+
+	// claimLocks serialize work on one claim (striped by UID hash).
+	claimLocks [64]sync.Mutex
+
+	// grants is the double-grant index, guarded by its own mutex.
+	grants grants
+}
+
+var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
+
+// New checks opts, recovers from what the checkpoint says (see the package
+// documentation) and returns the plugin. Recovery problems are logged and
+// reported as events but do not fail New; only missing options do.
+func New(ctx context.Context, opts Options) (*Plugin, error) {
+	switch {
+	case opts.NodeName == "":
+		return nil, errors.New("plugin: node name is required")
+	case opts.Store == nil:
+		return nil, errors.New("plugin: checkpoint store is required")
+	case opts.Specs == nil:
+		return nil, errors.New("plugin: CDI spec directory is required")
+	case !opts.Mock && opts.DevNodes == nil:
+		return nil, errors.New("plugin: device nodes are required on real GPUs")
+	}
+	switch opts.DefaultIsolation {
+	case "", configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore:
+	default:
+		return nil, fmt.Errorf("plugin: unknown default isolation %q (want %s, %s or %s)", opts.DefaultIsolation,
+			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
+	}
+	p := &Plugin{opts: opts, gpus: map[int]gpu.GPU{}, grants: newGrants()}
+	for _, g := range opts.GPUs {
+		p.gpus[g.Minor] = g
+	}
+	p.recover(ctx)
+	return p, nil
+}
+
+func (p *Plugin) lockClaim(uid types.UID) func() {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(uid))
+	m := &p.claimLocks[h.Sum32()%uint32(len(p.claimLocks))]
+	m.Lock()
+	return m.Unlock
+}
+
+// HandleError implements kubeletplugin.DRAPlugin: background errors (such as
+// ResourceSlice publishing) are logged; all of them are recoverable for us,
+// since publishing is retried by the helper's controller.
+func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
+	runtime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin. Device health is not
+// reported yet.
+func (p *Plugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

@@ -1,0 +1,309 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdi"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+)
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin; see the package
+// documentation for the contract. It never returns an overall error: every
+// problem is reported for the claim it belongs to.
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, claim := range claims {
+		devices, err := p.prepareClaim(ctx, claim)
+		if err != nil {
+			err = fmt.Errorf("claim %s/%s (uid %s): %w", claim.Namespace, claim.Name, claim.UID, err)
+			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
+			result[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+			continue
+		}
+		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices}
+	}
+	return result, nil
+}
+
+func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	unlock := p.lockClaim(claim.UID)
+	defer unlock()
+	logger := klog.FromContext(ctx)
+
+	if prev, ok := p.opts.Store.Get(claim.UID); ok {
+		if prev.State == checkpoint.PrepareCompleted {
+			return resultDevices(prev), nil
+		}
+		// A prepare that failed half way and could not be rolled back
+		// then, or one from before a crash: start over.
+		if err := p.rollback(ctx, prev); err != nil {
+			return nil, fmt.Errorf("roll back earlier unfinished prepare: %w", err)
+		}
+	}
+
+	pl, err := p.planClaim(claim)
+	if err != nil {
+		return nil, err
+	}
+	if len(pl.devices) == 0 {
+		return []kubeletplugin.Device{}, nil
+	}
+	specDevices, err := p.containerEdits(pl)
+	if err != nil {
+		return nil, err
+	}
+
+	name := fmt.Sprintf("%s/%s (uid %s)", claim.Namespace, claim.Name, claim.UID)
+	var reqs []grantRequest
+	for _, d := range pl.devices {
+		if !d.adminAccess {
+			reqs = append(reqs, grantRequest{minor: d.gpu.Minor, shared: d.shared})
+		}
+	}
+	if err := p.grants.reserve(claim.UID, name, reqs); err != nil {
+		return nil, err
+	}
+
+	record := checkpoint.Claim{
+		UID:       claim.UID,
+		Namespace: claim.Namespace,
+		Name:      claim.Name,
+		State:     checkpoint.PrepareStarted,
+		Devices:   checkpointDevices(pl),
+		Config:    pl.config,
+	}
+	if err := p.opts.Store.Put(record); err != nil {
+		p.grants.release(claim.UID)
+		return nil, fmt.Errorf("record prepare start in checkpoint: %w", err)
+	}
+
+	ids, err := p.applyEffects(ctx, claim.UID, pl, specDevices)
+	if err == nil {
+		for i := range record.Devices {
+			record.Devices[i].CDIDeviceIDs = ids[i]
+		}
+		record.State = checkpoint.PrepareCompleted
+		if err = p.opts.Store.Put(record); err != nil {
+			err = fmt.Errorf("record prepare completion in checkpoint: %w", err)
+		}
+	}
+	if err != nil {
+		if rbErr := p.rollback(ctx, record); rbErr != nil {
+			// The PrepareStarted entry stays; the next prepare or start retries.
+			logger.Error(rbErr, "Rolling back failed prepare failed", "claim", klog.KObj(claim))
+		}
+		return nil, err
+	}
+
+	p.writeStatus(ctx, claim, pl)
+	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "devices", len(pl.devices))
+	return resultDevices(record), nil
+}
+
+// specDevice is one planned device with its CDI edits and the toolkit
+// device the runtime gets before it.
+type specDevice struct {
+	cdi     cdi.Device
+	toolkit string
+}
+
+// containerEdits computes the edits of every device without side effects.
+func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
+	in := isolation.Claim{Isolation: pl.isolation}
+	for _, d := range pl.devices {
+		g := isolation.GPU{UUID: d.gpu.UUID, Shared: d.shared && !d.adminAccess, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
+		// Two shares of one GPU in one claim (two requests) are one GPU to
+		// the container, with the sum of their limits.
+		i := slices.IndexFunc(in.GPUs, func(x isolation.GPU) bool { return x.UUID == g.UUID })
+		if i < 0 {
+			in.GPUs = append(in.GPUs, g)
+			continue
+		}
+		if in.GPUs[i].Shared && g.Shared {
+			in.GPUs[i].MemoryLimit += g.MemoryLimit
+			in.GPUs[i].CoresLimit = min(in.GPUs[i].CoresLimit+g.CoresLimit, configapi.MaxCores)
+		}
+	}
+	switch pl.isolation {
+	case configapi.IsolationMPS:
+		if p.opts.MPS == nil {
+			return nil, deviceError(pl.devices[0].device, "isolation MPS is not available on this node (no MPS root configured)")
+		}
+		// The daemon's paths are known before it runs; it is acquired later.
+		in.MPS = p.opts.MPS.Daemon(pl.devices[0].gpu.UUID)
+	case configapi.IsolationHAMiCore:
+		if err := p.opts.HAMiCore.Check(); err != nil {
+			return nil, deviceError(firstShare(pl).device, "%v", err)
+		}
+		in.HAMiCore = p.opts.HAMiCore
+	}
+	shared, err := isolation.ClaimEdits(in)
+	if err != nil {
+		return nil, deviceError(firstShare(pl).device, "%v", err)
+	}
+
+	out := make([]specDevice, 0, len(pl.devices))
+	for _, d := range pl.devices {
+		edits := cloneEdits(shared)
+		var toolkitID string
+		if !p.opts.Mock {
+			if p.opts.Toolkit != nil {
+				id, ok, err := p.opts.Toolkit.DeviceID(d.gpu.UUID)
+				if err != nil {
+					return nil, deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
+				}
+				if ok {
+					toolkitID = id
+				}
+			}
+			if toolkitID == "" {
+				nodes, err := p.opts.DevNodes.Nodes(d.gpu.Minor)
+				if err != nil {
+					return nil, deviceError(d.device, "%v", err)
+				}
+				edits.DeviceNodes = nodes
+			}
+		}
+		out = append(out, specDevice{cdi: cdi.Device{Name: cdi.DeviceName(d.device, d.shareID), Edits: edits}, toolkit: toolkitID})
+	}
+	return out, nil
+}
+
+func firstShare(pl *plan) plannedDevice {
+	for _, d := range pl.devices {
+		if d.shared {
+			return d
+		}
+	}
+	return pl.devices[0]
+}
+
+func cloneEdits(e cdispec.ContainerEdits) cdispec.ContainerEdits {
+	out := e
+	out.Env = slices.Clone(e.Env)
+	out.Mounts = slices.Clone(e.Mounts)
+	out.DeviceNodes = slices.Clone(e.DeviceNodes)
+	return out
+}
+
+// applyEffects acquires the MPS daemon (if any) and writes the CDI spec; it
+// returns the CDI device IDs per planned device. On error it may have done
+// part of the work; the caller rolls back.
+func (p *Plugin) applyEffects(ctx context.Context, uid types.UID, pl *plan, devs []specDevice) ([][]string, error) {
+	if pl.isolation == configapi.IsolationMPS {
+		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, uid); err != nil {
+			return nil, deviceError(pl.devices[0].device, "%v", err)
+		}
+	}
+	cdiDevices := make([]cdi.Device, len(devs))
+	for i, d := range devs {
+		cdiDevices[i] = d.cdi
+	}
+	written, err := p.opts.Specs.Write(uid, cdiDevices)
+	if err != nil {
+		return nil, err
+	}
+	if len(written) != len(devs) {
+		return nil, errors.New("CDI spec writer returned the wrong number of device IDs")
+	}
+	ids := make([][]string, len(devs))
+	for i, d := range devs {
+		// The toolkit's device first: its spec sets NVIDIA_VISIBLE_DEVICES
+		// (to "void"), and the runtime applies edits in order, so ours win.
+		if d.toolkit != "" {
+			ids[i] = append(ids[i], d.toolkit)
+		}
+		ids[i] = append(ids[i], written[i])
+	}
+	return ids, nil
+}
+
+// rollback undoes every effect of a (possibly partial) prepare recorded in c:
+// MPS holds, the CDI spec, the checkpoint entry and the grants. Each step is
+// idempotent, so rolling back twice, or something that never happened, is
+// fine. The checkpoint entry is deleted last, and only if everything else
+// succeeded, so that a failed rollback is retried from it.
+func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
+	var errs []error
+	for _, uuid := range mpsGPUs(c) {
+		if p.opts.MPS == nil {
+			continue
+		}
+		if err := p.opts.MPS.Release(ctx, uuid, c.UID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := p.opts.Specs.Remove(c.UID); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		if err := p.opts.Store.Delete(c.UID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	p.grants.release(c.UID)
+	return nil
+}
+
+// mpsGPUs are the GPUs whose MPS daemon the claim holds (or may hold).
+func mpsGPUs(c checkpoint.Claim) []string {
+	var out []string
+	for _, d := range c.Devices {
+		if d.Isolation == string(configapi.IsolationMPS) && !slices.Contains(out, d.UUID) {
+			out = append(out, d.UUID)
+		}
+	}
+	return out
+}
+
+func checkpointDevices(pl *plan) []checkpoint.Device {
+	out := make([]checkpoint.Device, len(pl.devices))
+	for i, d := range pl.devices {
+		out[i] = checkpoint.Device{
+			Request:     d.request,
+			Pool:        d.pool,
+			Device:      d.device,
+			ShareID:     string(d.shareID),
+			UUID:        d.gpu.UUID,
+			Minor:       d.gpu.Minor,
+			Isolation:   string(d.isolation),
+			MemoryLimit: d.memoryLimit,
+			CoresLimit:  d.coresLimit,
+		}
+	}
+	return out
+}
+
+// resultDevices is what the kubelet gets for a prepared claim, built from the
+// checkpoint so that a repeated prepare answers exactly the same.
+func resultDevices(c checkpoint.Claim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(c.Devices))
+	for _, d := range c.Devices {
+		dev := kubeletplugin.Device{
+			Requests:     []string{d.Request},
+			PoolName:     d.Pool,
+			DeviceName:   d.Device,
+			CDIDeviceIDs: slices.Clone(d.CDIDeviceIDs),
+		}
+		if d.ShareID != "" {
+			id := types.UID(d.ShareID)
+			dev.ShareID = &id
+		}
+		out = append(out, dev)
+	}
+	return out
+}
