@@ -11,6 +11,7 @@
 #   install.sh uninstall  delete what install.sh applied
 #
 # Environment: TESSERA_MOCK_PROFILE [hgx-h100], TESSERA_INSTALL_TIMEOUT [180],
+# TESSERA_PLUGIN_BINARY (a prebuilt plugin binary instead of building cmd/),
 # and cluster.sh's TESSERA_STATE_DIR, TESSERA_REGISTRY_PORT, TESSERA_APISERVER_PORT.
 set -euo pipefail
 
@@ -68,10 +69,15 @@ if [ "${1:-}" = uninstall ]; then
   exit 0
 fi
 
-[ -d "$repo/cmd/tessera-kubelet-plugin" ] || die "no $repo/cmd/tessera-kubelet-plugin to build"
-log "building tessera-kubelet-plugin"
-# cgo stays on: go-nvml dlopens libnvidia-ml on real nodes.
-(cd "$repo" && go build -trimpath -o "$work/tessera-kubelet-plugin" ./cmd/tessera-kubelet-plugin)
+if [ -n "${TESSERA_PLUGIN_BINARY:-}" ]; then
+  log "using $TESSERA_PLUGIN_BINARY"
+  cp "$TESSERA_PLUGIN_BINARY" "$work/tessera-kubelet-plugin"
+else
+  [ -d "$repo/cmd/tessera-kubelet-plugin" ] || die "no $repo/cmd/tessera-kubelet-plugin to build"
+  log "building tessera-kubelet-plugin"
+  # cgo stays on: go-nvml dlopens libnvidia-ml on real nodes.
+  (cd "$repo" && go build -trimpath -o "$work/tessera-kubelet-plugin" ./cmd/tessera-kubelet-plugin)
+fi
 (cd "$repo" && go build -trimpath -o "$work/imagebuild" ./demo/clusters/local/imagebuild)
 
 tag=$(sha256sum "$work/tessera-kubelet-plugin" | cut -c1-12)
