@@ -1,6 +1,3 @@
-// Package v1alpha1 is the opaque device configuration of the gpu.tessera.dev DRA
-// driver: kind GpuConfig. Scheduling never reads it; it carries only what the node
-// does when it prepares a claim (isolation backend, limits, NVLink requirement).
 package v1alpha1
 
 import (
@@ -23,6 +20,14 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
 
 // GpuConfig is the opaque configuration users put into a ResourceClaim (or admins
 // into a DeviceClass) for devices of driver gpu.tessera.dev.
+//
+// Every field is optional. A nil section or an empty value means "not set here":
+// when configs are merged (ConfigForRequest) an unset field keeps what an earlier
+// config set, and Default fills what is still unset.
+//
+// The type holds plain typed values only: nothing in it names an environment
+// variable, a mount, a hook or a host path, so a config cannot make the driver inject
+// arbitrary edits into a container. New fields must keep it that way.
 //
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type GpuConfig struct {
@@ -49,17 +54,24 @@ const (
 	IsolationHAMiCore Isolation = "HAMiCore"
 )
 
+// SupportedIsolations lists the valid Isolation values, in the order error
+// messages name them.
+var SupportedIsolations = []Isolation{IsolationAdvisory, IsolationMPS, IsolationHAMiCore}
+
 // SharingConfig is how a share's fraction is enforced.
 type SharingConfig struct {
-	// Isolation backend. Default: the class's config, else Advisory.
+	// Isolation backend, one of SupportedIsolations (case-sensitive).
+	// Default: the class's config, else Advisory.
 	Isolation Isolation `json:"isolation,omitempty"`
-	// ComputeLimit caps the share's compute, in percent (1..100). It must be at
-	// least the cores the share was allocated (its guarantee). Default: the
-	// allocated cores, or 100 when the share consumed no cores (KubeShare's
-	// request/limit: guarantee what was requested, allow bursting to the limit).
+	// ComputeLimit caps the share's compute, in percent of the GPU (1..100). It
+	// must be at least the cores the share was allocated, which are its guarantee
+	// (KubeShare's request/limit: guarantee what was requested, allow bursting up
+	// to the limit). Default: the allocated cores, or 100 when the share was
+	// allocated no cores.
 	ComputeLimit *int32 `json:"computeLimit,omitempty"`
-	// MemoryLimit caps the share's memory; at most the memory it was allocated.
-	// Default: the allocated memory.
+	// MemoryLimit caps the share's GPU memory: a whole number of bytes, at least
+	// 1Mi, and at most the memory the share was allocated (memory is never
+	// overcommitted). Default: the allocated memory.
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 }
 
@@ -75,8 +87,12 @@ const (
 	NVLinkIgnore NVLinkPolicy = "Ignore"
 )
 
+// SupportedNVLinkPolicies lists the valid NVLinkPolicy values, in the order error
+// messages name them.
+var SupportedNVLinkPolicies = []NVLinkPolicy{NVLinkRequired, NVLinkPreferred, NVLinkIgnore}
+
 // TopologyConfig is what a multi-GPU claim needs between its GPUs.
 type TopologyConfig struct {
-	// NVLink policy; default Ignore.
+	// NVLink policy, one of SupportedNVLinkPolicies (case-sensitive). Default: Ignore.
 	NVLink NVLinkPolicy `json:"nvlink,omitempty"`
 }

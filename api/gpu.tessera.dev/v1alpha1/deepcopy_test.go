@@ -1,0 +1,89 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+func fullConfig() *GpuConfig {
+	return &GpuConfig{
+		TypeMeta: metav1.TypeMeta{APIVersion: "gpu.tessera.dev/v1alpha1", Kind: "GpuConfig"},
+		Sharing: &SharingConfig{
+			Isolation:    IsolationMPS,
+			ComputeLimit: ptr.To[int32](50),
+			MemoryLimit:  ptr.To(resource.MustParse("16Gi")),
+		},
+		Topology: &TopologyConfig{NVLink: NVLinkRequired},
+	}
+}
+
+func TestDeepCopyDoesNotAlias(t *testing.T) {
+	original := fullConfig()
+	copied := original.DeepCopy()
+	if diff := cmp.Diff(original, copied); diff != "" {
+		t.Fatalf("copy differs (-original +copy):\n%s", diff)
+	}
+	if copied.Sharing == original.Sharing || copied.Topology == original.Topology ||
+		copied.Sharing.ComputeLimit == original.Sharing.ComputeLimit ||
+		copied.Sharing.MemoryLimit == original.Sharing.MemoryLimit {
+		t.Fatal("copy shares a pointer with the original")
+	}
+
+	// Change every field of the copy; the original must not move.
+	copied.Kind = "Other"
+	copied.Sharing.Isolation = IsolationHAMiCore
+	*copied.Sharing.ComputeLimit = 99
+	copied.Sharing.MemoryLimit.Add(resource.MustParse("1Gi"))
+	copied.Topology.NVLink = NVLinkIgnore
+	if diff := cmp.Diff(fullConfig(), original); diff != "" {
+		t.Errorf("changing the copy changed the original (-want +got):\n%s", diff)
+	}
+
+	obj := original.DeepCopyObject()
+	if diff := cmp.Diff(runtime.Object(fullConfig()), obj); diff != "" {
+		t.Errorf("DeepCopyObject (-want +got):\n%s", diff)
+	}
+}
+
+func TestDeepCopyNil(t *testing.T) {
+	var c *GpuConfig
+	if c.DeepCopy() != nil || c.DeepCopyObject() != nil {
+		t.Error("copy of nil GpuConfig is not nil")
+	}
+	var s *SharingConfig
+	var tc *TopologyConfig
+	if s.DeepCopy() != nil || tc.DeepCopy() != nil {
+		t.Error("copy of nil section is not nil")
+	}
+	partial := &GpuConfig{Sharing: &SharingConfig{Isolation: IsolationMPS}}
+	if diff := cmp.Diff(partial, partial.DeepCopy()); diff != "" {
+		t.Errorf("copy of a partial config (-want +got):\n%s", diff)
+	}
+}
+
+func TestAddToScheme(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	gvks, _, err := s.ObjectKinds(&GpuConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SchemeGroupVersion.WithKind(GpuConfigKind)
+	if len(gvks) != 1 || gvks[0] != want {
+		t.Errorf("GpuConfig registered as %v, want %v", gvks, want)
+	}
+	obj, err := s.New(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := obj.(*GpuConfig); !ok {
+		t.Errorf("scheme creates %T for %v", obj, want)
+	}
+}

@@ -1,0 +1,298 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+func opaque(source resourceapi.AllocationConfigSource, driver, params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
+	return resourceapi.DeviceAllocationConfiguration{
+		Source:   source,
+		Requests: requests,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver:     driver,
+				Parameters: runtime.RawExtension{Raw: []byte(params)},
+			},
+		},
+	}
+}
+
+func fromClass(params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
+	return opaque(resourceapi.AllocationConfigSourceClass, GroupName, params, requests...)
+}
+
+func fromClaim(params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
+	return opaque(resourceapi.AllocationConfigSourceClaim, GroupName, params, requests...)
+}
+
+// cfg builds the JSON of a GpuConfig from the fields after apiVersion and kind.
+func cfg(fields string) string {
+	if fields == "" {
+		return `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig"}`
+	}
+	return `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig",` + fields + `}`
+}
+
+func merged(isolation Isolation, computeLimit *int32, memoryLimit string, nvlink NVLinkPolicy) *GpuConfig {
+	c := &GpuConfig{
+		TypeMeta: metav1.TypeMeta{APIVersion: "gpu.tessera.dev/v1alpha1", Kind: "GpuConfig"},
+		Sharing:  &SharingConfig{Isolation: isolation, ComputeLimit: computeLimit},
+		Topology: &TopologyConfig{NVLink: nvlink},
+	}
+	if memoryLimit != "" {
+		c.Sharing.MemoryLimit = ptr.To(resource.MustParse(memoryLimit))
+	}
+	return c
+}
+
+func TestConfigForRequest(t *testing.T) {
+	tests := []struct {
+		name    string
+		configs []resourceapi.DeviceAllocationConfiguration
+		request string
+		want    *GpuConfig
+		wantErr string
+	}{
+		{
+			name:    "no configs: defaults",
+			request: "gpus",
+			want:    merged(IsolationAdvisory, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "class config applies",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS"}`), "gpus"),
+			},
+			request: "gpus",
+			want:    merged(IsolationMPS, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "claim wins over class, even when the claim entry comes first in the list",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"isolation":"HAMiCore"}`)),
+				fromClass(cfg(`"sharing":{"isolation":"MPS"}`), "gpus"),
+			},
+			request: "gpus",
+			want:    merged(IsolationHAMiCore, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "later claim entry wins",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"isolation":"MPS"}`)),
+				fromClaim(cfg(`"sharing":{"isolation":"HAMiCore"}`)),
+			},
+			request: "gpus",
+			want:    merged(IsolationHAMiCore, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "later class entry wins among classes",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"topology":{"nvlink":"Required"}`), "gpus"),
+				fromClass(cfg(`"topology":{"nvlink":"Preferred"}`), "gpus"),
+			},
+			request: "gpus",
+			want:    merged(IsolationAdvisory, nil, "", NVLinkPreferred),
+		},
+		{
+			name: "field by field: a later entry that sets only computeLimit keeps isolation",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS","memoryLimit":"8Gi"},"topology":{"nvlink":"Required"}`), "gpus"),
+				fromClaim(cfg(`"sharing":{"computeLimit":40}`)),
+				fromClaim(cfg(`"sharing":{"memoryLimit":"4Gi"}`), "gpus"),
+			},
+			request: "gpus",
+			want:    merged(IsolationMPS, ptr.To[int32](40), "4Gi", NVLinkRequired),
+		},
+		{
+			name: "an empty later entry changes nothing",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"isolation":"MPS","computeLimit":30}`)),
+				fromClaim(cfg(`"sharing":{}`)),
+				fromClaim(cfg(``)),
+			},
+			request: "gpus",
+			want:    merged(IsolationMPS, ptr.To[int32](30), "", NVLinkIgnore),
+		},
+		{
+			name: "entries for other requests do not apply",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"isolation":"MPS"}`), "notebook"),
+				fromClaim(cfg(`"sharing":{"computeLimit":20}`), "trainer", "gpus"),
+				fromClaim(cfg(`"topology":{"nvlink":"Required"}`), "gpu"),
+			},
+			request: "gpus",
+			want:    merged(IsolationAdvisory, ptr.To[int32](20), "", NVLinkIgnore),
+		},
+		{
+			name: "subrequest result: entries for the parent and for the subrequest apply",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS"}`), "gpus/nvlink"),
+				fromClaim(cfg(`"topology":{"nvlink":"Preferred"}`), "gpus"),
+				fromClaim(cfg(`"topology":{"nvlink":"Required"}`), "gpus/nvlink"),
+				fromClaim(cfg(`"sharing":{"isolation":"HAMiCore"}`), "gpus/any"),
+			},
+			request: "gpus/nvlink",
+			want:    merged(IsolationMPS, nil, "", NVLinkRequired),
+		},
+		{
+			name: "other subrequest of the same parent",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"topology":{"nvlink":"Preferred"}`), "gpus"),
+				fromClaim(cfg(`"topology":{"nvlink":"Required"}`), "gpus/nvlink"),
+			},
+			request: "gpus/any",
+			want:    merged(IsolationAdvisory, nil, "", NVLinkPreferred),
+		},
+		{
+			name: "an entry naming a subrequest does not apply to the plain request",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"topology":{"nvlink":"Required"}`), "gpus/nvlink"),
+			},
+			request: "gpus",
+			want:    merged(IsolationAdvisory, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "configs of other drivers are ignored, even when they are not GpuConfigs",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				opaque(resourceapi.AllocationConfigSourceClaim, "gpu.nvidia.com", `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`),
+				opaque(resourceapi.AllocationConfigSourceClass, "net.example.com", `not even JSON`, "gpus"),
+				fromClaim(cfg(`"sharing":{"isolation":"MPS"}`)),
+			},
+			request: "gpus",
+			want:    merged(IsolationMPS, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "non-opaque configs are ignored",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				{Source: resourceapi.AllocationConfigSourceClaim},
+				fromClaim(cfg(`"sharing":{"computeLimit":70}`)),
+			},
+			request: "gpus",
+			want:    merged(IsolationAdvisory, ptr.To[int32](70), "", NVLinkIgnore),
+		},
+		{
+			name: "a bad entry for another request is not read",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"isolaton":"MPS"}`), "other"),
+			},
+			request: "gpus",
+			want:    merged(IsolationAdvisory, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "parameters given as an object by Go callers",
+			configs: []resourceapi.DeviceAllocationConfiguration{{
+				Source: resourceapi.AllocationConfigSourceClaim,
+				DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+					Driver: GroupName,
+					Parameters: runtime.RawExtension{Object: &GpuConfig{
+						TypeMeta: metav1.TypeMeta{APIVersion: "gpu.tessera.dev/v1alpha1", Kind: "GpuConfig"},
+						Sharing:  &SharingConfig{Isolation: IsolationHAMiCore},
+					}},
+				}},
+			}},
+			request: "gpus",
+			want:    merged(IsolationHAMiCore, nil, "", NVLinkIgnore),
+		},
+		{
+			name: "bad class entry is named",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolaton":"MPS"}`), "gpus", "gpus/nvlink"),
+			},
+			request: "gpus",
+			wantErr: `config 0 (FromClass, requests "gpus", "gpus/nvlink"): invalid GpuConfig: sharing.isolaton: unknown field`,
+		},
+		{
+			name: "bad claim entry is named by its index in the allocation",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS"}`), "gpus"),
+				opaque(resourceapi.AllocationConfigSourceClaim, "gpu.nvidia.com", `{}`),
+				fromClaim(`{"apiVersion":"gpu.tessera.dev/v1","kind":"GpuConfig"}`),
+			},
+			request: "gpus",
+			wantErr: `config 2 (FromClaim, all requests): invalid GpuConfig: apiVersion "gpu.tessera.dev/v1" is not supported (supported: gpu.tessera.dev/v1alpha1)`,
+		},
+		{
+			name: "invalid value in an entry is named, even if a later entry overrides it",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(cfg(`"sharing":{"computeLimit":0,"isolation":"mps"}`), "gpus"),
+				fromClaim(cfg(`"sharing":{"computeLimit":50,"isolation":"MPS"}`), "gpus"),
+			},
+			request: "gpus",
+			wantErr: `config 0 (FromClaim, requests "gpus"): invalid GpuConfig: ` +
+				`sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"; ` +
+				`sharing.computeLimit: Invalid value: 0: must be between 1 and 100`,
+		},
+		{
+			name: "empty parameters",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClaim(``),
+			},
+			request: "gpus",
+			wantErr: `config 0 (FromClaim, all requests): invalid GpuConfig: the input is empty; expected an object with apiVersion gpu.tessera.dev/v1alpha1 and kind GpuConfig`,
+		},
+		{
+			name: "unknown source",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				opaque("FromNamespace", GroupName, cfg(``)),
+			},
+			request: "gpus",
+			wantErr: `config 0 (FromNamespace, all requests): unknown source "FromNamespace"; expected FromClass or FromClaim`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := make([]resourceapi.DeviceAllocationConfiguration, len(tc.configs))
+			for i := range tc.configs {
+				tc.configs[i].DeepCopyInto(&before[i])
+			}
+			got, err := ConfigForRequest(tc.configs, tc.request)
+			if tc.wantErr != "" {
+				if err == nil {
+					t.Fatalf("got config %+v, want error %q", got, tc.wantErr)
+				}
+				if err.Error() != tc.wantErr {
+					t.Fatalf("wrong error\n got: %s\nwant: %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("merged config (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(before, tc.configs, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("ConfigForRequest modified its input (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The merged config must not alias the entries it came from, so a caller may
+// change it (or the checkpoint may keep it) without touching another request.
+func TestConfigForRequestResultsAreIndependent(t *testing.T) {
+	configs := []resourceapi.DeviceAllocationConfiguration{
+		fromClaim(cfg(`"sharing":{"computeLimit":40,"memoryLimit":"4Gi"}`)),
+	}
+	a, err := ConfigForRequest(configs, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ConfigForRequest(configs, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	*a.Sharing.ComputeLimit = 90
+	a.Sharing.MemoryLimit.Set(1)
+	if *b.Sharing.ComputeLimit != 40 || b.Sharing.MemoryLimit.String() != "4Gi" {
+		t.Errorf("results share memory: b = %+v", b.Sharing)
+	}
+}

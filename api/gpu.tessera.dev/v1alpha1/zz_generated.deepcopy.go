@@ -1,0 +1,84 @@
+// Code written by hand in the style of deepcopy-gen. Keep it in step with types.go:
+// TestDeepCopyDoesNotAlias fails when a pointer field is shared between copies.
+
+package v1alpha1
+
+import (
+	runtime "k8s.io/apimachinery/pkg/runtime"
+)
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *GpuConfig) DeepCopyInto(out *GpuConfig) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	if in.Sharing != nil {
+		in, out := &in.Sharing, &out.Sharing
+		*out = new(SharingConfig)
+		(*in).DeepCopyInto(*out)
+	}
+	if in.Topology != nil {
+		in, out := &in.Topology, &out.Topology
+		*out = new(TopologyConfig)
+		**out = **in
+	}
+}
+
+// DeepCopy returns a copy of the receiver that shares no memory with it, or nil
+// for a nil receiver.
+func (in *GpuConfig) DeepCopy() *GpuConfig {
+	if in == nil {
+		return nil
+	}
+	out := new(GpuConfig)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (in *GpuConfig) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *SharingConfig) DeepCopyInto(out *SharingConfig) {
+	*out = *in
+	if in.ComputeLimit != nil {
+		in, out := &in.ComputeLimit, &out.ComputeLimit
+		*out = new(int32)
+		**out = **in
+	}
+	if in.MemoryLimit != nil {
+		in, out := &in.MemoryLimit, &out.MemoryLimit
+		x := (*in).DeepCopy()
+		*out = &x
+	}
+}
+
+// DeepCopy returns a copy of the receiver that shares no memory with it, or nil
+// for a nil receiver.
+func (in *SharingConfig) DeepCopy() *SharingConfig {
+	if in == nil {
+		return nil
+	}
+	out := new(SharingConfig)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *TopologyConfig) DeepCopyInto(out *TopologyConfig) {
+	*out = *in
+}
+
+// DeepCopy returns a copy of the receiver, or nil for a nil receiver.
+func (in *TopologyConfig) DeepCopy() *TopologyConfig {
+	if in == nil {
+		return nil
+	}
+	out := new(TopologyConfig)
+	in.DeepCopyInto(out)
+	return out
+}
