@@ -18,7 +18,7 @@ func specPath(name string) string {
 
 // TestDemoQuarterShares runs demo/specs/10-quarter-gpu-shares.yaml: four pods
 // with a quarter of a GPU each share one GPU (first-fit), and each sees that
-// GPU's UUID and a 20Gi memory limit.
+// GPU's UUID and a 19Gi memory limit.
 func TestDemoQuarterShares(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
@@ -28,7 +28,7 @@ func TestDemoQuarterShares(t *testing.T) {
 	if len(pods) != 4 {
 		t.Fatalf("%d pods ran, want 4", len(pods))
 	}
-	q := resource.MustParse("20Gi")
+	q := resource.MustParse("19Gi")
 	wantMemory := fmt.Sprint(q.Value())
 	devices := map[string]bool{}
 	for name, p := range pods {
