@@ -106,7 +106,10 @@ func WithPCIeRoots(r PCIeRoots) Option {
 //     pack first-fit onto gpu-0-shared, then gpu-1-shared, …; whole devices follow
 //     by descending minor, so whole-GPU claims take the highest free GPU. Shares and
 //     whole GPUs thus fill the node from opposite ends, which keeps GPUs free of
-//     shares for whole claims for as long as possible.
+//     shares for whole claims for as long as possible. Shares, the common request,
+//     come first so that they find their device without the allocator evaluating
+//     the class selector on every whole device (BenchmarkAllocate: a share costs
+//     ~170–440 allocations per node, a whole GPU ~680, on 8 GPUs).
 //   - MIG-enabled GPUs are not published at all (neither devices nor counters):
 //     their memory and compute belong to MIG instances Tessera does not manage, so
 //     handing them out whole or in fractions would double-book them.
