@@ -18,6 +18,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
@@ -52,7 +53,7 @@ func uuidOf(minor int) string { return testGPUs()[minor].UUID }
 // env is one node's state that survives a plugin restart: the directories
 // and the (fake) MPS daemons, which are processes outside the plugin.
 type env struct {
-	t          *testing.T
+	t          testing.TB
 	cdiRoot    string
 	checkpoint string
 	mpsRoot    string
@@ -60,9 +61,10 @@ type env struct {
 	preload    string
 	runner     *isolation.FakeRunner
 	events     *fakeEvents
+	bootID     string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	dir := t.TempDir()
 	e := &env{
@@ -73,6 +75,7 @@ func newEnv(t *testing.T) *env {
 		hamiLib:    filepath.Join(dir, "hami", "libvgpu.so"),
 		runner:     isolation.NewFakeRunner(),
 		events:     &fakeEvents{},
+		bootID:     "boot-1",
 	}
 	if err := os.MkdirAll(filepath.Dir(e.hamiLib), 0o755); err != nil {
 		t.Fatal(err)
@@ -123,7 +126,7 @@ func ctxFor(t testing.TB) context.Context {
 func (e *env) start(mutate func(*Options)) *instance {
 	e.t.Helper()
 	ctx := ctxFor(e.t)
-	store, rec, err := checkpoint.Open(ctx, e.checkpoint, "boot-1")
+	store, rec, err := checkpoint.Open(ctx, e.checkpoint, e.bootID)
 	if err != nil {
 		e.t.Fatalf("open checkpoint: %v", err)
 	}
@@ -315,3 +318,5 @@ func inject(t testing.TB, ids []string, dirs ...string) *oci.Spec {
 	}
 	return spec
 }
+
+func cdiEnv(env ...string) cdispec.ContainerEdits { return cdispec.ContainerEdits{Env: env} }
