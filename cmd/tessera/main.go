@@ -4,6 +4,7 @@
 //
 //	tessera slices --profile hgx-h100 [--node NAME] [-o yaml|json]
 //	tessera deviceclasses [-o yaml|json]
+//	tessera claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT] [--nvlink prefer|require]
 package main
 
 import (
@@ -30,6 +31,7 @@ func newRootCommand() *cobra.Command {
 	root.AddCommand(
 		newSlicesCommand(),
 		newDeviceClassesCommand(),
+		newClaimTemplateCommand(),
 	)
 	return root
 }

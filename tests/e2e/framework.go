@@ -547,12 +547,20 @@ func (c *Cluster) DriverSlices(ctx context.Context) ([]resourceapi.ResourceSlice
 
 // RequireDriver skips the test when Tessera is not installed (no DeviceClass or
 // no ResourceSlice), so the cluster tests run before the plugin exists.
+//
+// When the suite installed Tessera itself (TESSERA_E2E_INSTALL=1, as `make e2e`
+// does), a missing driver is a failure, not a skip: a broken install must not pass
+// as a run with nothing tested.
 func (c *Cluster) RequireDriver(t testing.TB, deviceClasses ...string) {
 	t.Helper()
 	ctx := context.Background()
+	skip := t.Skipf
+	if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
+		skip = t.Fatalf
+	}
 	for _, dc := range deviceClasses {
 		if _, err := c.Client.ResourceV1().DeviceClasses().Get(ctx, dc, metav1.GetOptions{}); err != nil {
-			t.Skipf("DeviceClass %s: %v (install Tessera: demo/clusters/local/install.sh)", dc, err)
+			skip("DeviceClass %s: %v (install Tessera: demo/clusters/local/install.sh)", dc, err)
 		}
 	}
 	slices, err := c.DriverSlices(ctx)
@@ -560,6 +568,6 @@ func (c *Cluster) RequireDriver(t testing.TB, deviceClasses ...string) {
 		t.Fatal(err)
 	}
 	if len(slices) == 0 {
-		t.Skipf("no ResourceSlice of %s (install Tessera: demo/clusters/local/install.sh)", Driver)
+		skip("no ResourceSlice of %s (install Tessera: demo/clusters/local/install.sh)", Driver)
 	}
 }

@@ -1,0 +1,170 @@
+// Package claimtemplate builds the ResourceClaimTemplates users would otherwise
+// write by hand: whole GPUs or shares, NVLink required or preferred (firstAvailable
+// with a constrained subrequest first), and the GpuConfig for the node.
+//
+// Build is pure: it returns the object or an error saying which option is wrong.
+package claimtemplate
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// RequestName is the name of the single request in every generated template;
+// containers refer to the claim, not the request, so one name is enough.
+const RequestName = "gpu"
+
+// NVLink is what a multi-GPU template asks of NVLink.
+type NVLink string
+
+const (
+	// NVLinkNone puts no NVLink constraint on the GPUs.
+	NVLinkNone NVLink = ""
+	// NVLinkPrefer tries an NVLink-connected set first and falls back to any GPUs.
+	NVLinkPrefer NVLink = "prefer"
+	// NVLinkRequire allocates only an NVLink-connected set.
+	NVLinkRequire NVLink = "require"
+)
+
+// Options describe the template. The zero value (plus a Name) is one whole GPU.
+type Options struct {
+	Name      string
+	Namespace string
+	// GPUs is the number of GPUs (whole) or of shares on distinct GPUs; 0 means 1.
+	GPUs int
+	// Memory and Cores, when either is set, make the request a share of each GPU.
+	Memory string
+	Cores  int
+	// NVLink policy for GPUs > 1.
+	NVLink NVLink
+	// Isolation backend for shares: Advisory, MPS or HAMiCore; empty leaves the default.
+	Isolation string
+	// ComputeLimit caps a share's compute above its guaranteed Cores (percent).
+	ComputeLimit int
+}
+
+// Build returns the ResourceClaimTemplate for opts.
+func Build(opts Options) (*resourceapi.ResourceClaimTemplate, error) {
+	var errs []error
+	if msgs := validation.IsDNS1123Subdomain(opts.Name); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--name %q: %s", opts.Name, strings.Join(msgs, "; ")))
+	}
+	gpus := opts.GPUs
+	if gpus == 0 {
+		gpus = 1
+	}
+	if gpus < 0 || gpus > resourceapi.AllocationResultsMaxSize {
+		errs = append(errs, fmt.Errorf("--gpus %d: must be between 1 and %d", opts.GPUs, resourceapi.AllocationResultsMaxSize))
+	}
+	shared := opts.Memory != "" || opts.Cores != 0
+	var memory resource.Quantity
+	if opts.Memory != "" {
+		q, err := resource.ParseQuantity(opts.Memory)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--memory %q: not a quantity (for example 10Gi or 512Mi)", opts.Memory))
+		case q.Sign() <= 0:
+			errs = append(errs, fmt.Errorf("--memory %q: must be positive", opts.Memory))
+		default:
+			memory = q
+		}
+	}
+	if opts.Cores < 0 || opts.Cores > 100 {
+		errs = append(errs, fmt.Errorf("--cores %d: must be between 0 and 100 (percent of the GPU)", opts.Cores))
+	}
+	switch opts.NVLink {
+	case NVLinkNone, NVLinkPrefer, NVLinkRequire:
+	default:
+		errs = append(errs, fmt.Errorf("--nvlink %q: must be prefer or require", opts.NVLink))
+	}
+	if opts.NVLink != NVLinkNone && gpus < 2 {
+		errs = append(errs, fmt.Errorf("--nvlink %s: needs --gpus 2 or more", opts.NVLink))
+	}
+	if !shared && (opts.Isolation != "" || opts.ComputeLimit != 0) {
+		errs = append(errs, errors.New("--isolation and --compute-limit apply to shares: add --memory and/or --cores"))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+
+	cfg := &configapi.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GpuConfigKind}}
+	if opts.Isolation != "" || opts.ComputeLimit != 0 {
+		cfg.Sharing = &configapi.SharingConfig{Isolation: configapi.Isolation(opts.Isolation)}
+		if opts.ComputeLimit != 0 {
+			limit := int32(opts.ComputeLimit)
+			cfg.Sharing.ComputeLimit = &limit
+		}
+	}
+	if opts.NVLink == NVLinkRequire {
+		cfg.Topology = &configapi.TopologyConfig{NVLink: configapi.NVLinkRequired}
+	} else if opts.NVLink == NVLinkPrefer {
+		cfg.Topology = &configapi.TopologyConfig{NVLink: configapi.NVLinkPreferred}
+	}
+
+	class := model.WholeClassName
+	var capacity *resourceapi.CapacityRequirements
+	if shared {
+		class = model.SharedClassName
+		capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+		if opts.Memory != "" {
+			capacity.Requests["memory"] = memory
+		}
+		if opts.Cores != 0 {
+			capacity.Requests["cores"] = *resource.NewQuantity(int64(opts.Cores), resource.DecimalSI)
+		}
+	}
+	sub := func(name string) resourceapi.DeviceSubRequest {
+		return resourceapi.DeviceSubRequest{Name: name, DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(gpus), Capacity: capacity}
+	}
+
+	devices := resourceapi.DeviceClaim{}
+	nvlinkDomain := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrNVLinkDomain))
+	uuid := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrUUID))
+	switch opts.NVLink {
+	case NVLinkPrefer:
+		devices.Requests = []resourceapi.DeviceRequest{{Name: RequestName, FirstAvailable: []resourceapi.DeviceSubRequest{sub("nvlink"), sub("any")}}}
+		devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{RequestName + "/nvlink"}, MatchAttribute: &nvlinkDomain}}
+	default:
+		s := sub("")
+		devices.Requests = []resourceapi.DeviceRequest{{Name: RequestName, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: s.DeviceClassName, AllocationMode: s.AllocationMode, Count: s.Count, Capacity: s.Capacity,
+		}}}
+		if opts.NVLink == NVLinkRequire {
+			devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{RequestName}, MatchAttribute: &nvlinkDomain}}
+		}
+	}
+	// Several shares in one claim must sit on distinct GPUs: two shares of the same
+	// GPU are one bigger share, not more GPUs.
+	if shared && gpus > 1 {
+		devices.Constraints = append(devices.Constraints, resourceapi.DeviceConstraint{Requests: []string{RequestName}, DistinctAttribute: &uuid})
+	}
+	if cfg.Sharing != nil || cfg.Topology != nil {
+		raw, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("encode GpuConfig: %w", err)
+		}
+		devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{RequestName},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: model.DriverName, Parameters: runtime.RawExtension{Raw: raw},
+			}},
+		}}
+	}
+
+	return &resourceapi.ResourceClaimTemplate{
+		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
+		ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Namespace: opts.Namespace},
+		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: devices}},
+	}, nil
+}
