@@ -15,6 +15,9 @@ KUBERNETES_VERSION=v1.37.0
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.3.3
 CRANE_VERSION=v0.22.1
+# Not part of the bin dir's key (adding it would rebuild Kubernetes); a helm whose
+# version differs from the pin is rebuilt in place instead.
+HELM_VERSION=v3.22.0
 
 # A plain `go build` reports v0.0.0-master; tools (kubectl, helm's kubeVersion checks)
 # read the server's and the node's version, so stamp the real one.
@@ -86,6 +89,15 @@ fi
 if [ ! -x "$bin/crane" ]; then
   log "building crane $CRANE_VERSION"
   GOBIN="$bin" go install "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION" >&2
+fi
+
+# helm: the chart's install path (install.sh) and its lint/golden tests.
+if [ "$("$bin/helm" version --template '{{.Version}}' 2>/dev/null)" != "$HELM_VERSION" ]; then
+  log "building helm $HELM_VERSION"
+  # `go install` leaves helm's version at "v3.22"; stamp the full one, which the
+  # check above and `helm version` read.
+  GOBIN="$bin" go install -ldflags "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >&2
 fi
 
 echo "$bin"

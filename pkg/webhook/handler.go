@@ -1,0 +1,69 @@
+package webhook
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/klog/v2"
+)
+
+// maxReviewBytes bounds the body Handler reads. The API server's own request
+// limit is 3 MiB; a review holds the object (and, on UPDATE, the old object).
+const maxReviewBytes = 7 << 20
+
+// Handler serves AdmissionReview v1 requests (POST, application/json) with
+// [Review]'s decision. Malformed requests get HTTP 400 and no review; the API
+// server then applies the webhook's failurePolicy.
+type Handler struct{}
+
+var _ http.Handler = Handler{}
+
+func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	logger := klog.FromContext(r.Context())
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "only POST is served", http.StatusMethodNotAllowed)
+		return
+	}
+	if mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mediaType != "application/json" {
+		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("read the request: %v", err), http.StatusBadRequest)
+		return
+	}
+	if len(body) > maxReviewBytes {
+		http.Error(w, fmt.Sprintf("the request is larger than %d bytes", maxReviewBytes), http.StatusRequestEntityTooLarge)
+		return
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil {
+		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
+		return
+	}
+	if gvk := review.GroupVersionKind(); gvk != admissionv1.SchemeGroupVersion.WithKind("AdmissionReview") || review.Request == nil {
+		http.Error(w, "expected an admission.k8s.io/v1 AdmissionReview with a request", http.StatusBadRequest)
+		return
+	}
+	req := review.Request
+	resp := Review(req)
+	if !resp.Allowed {
+		logger.V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
+			"operation", req.Operation, "uid", req.UID, "reason", resp.Result.Message)
+	} else {
+		logger.V(5).Info("Allowed", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "uid", req.UID)
+	}
+	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp})
+	if err != nil {
+		http.Error(w, fmt.Sprintf("encode the review: %v", err), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}

@@ -1,0 +1,174 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Paths the Server serves.
+const (
+	// ValidatePath is where the API server sends AdmissionReviews.
+	ValidatePath = "/validate"
+	// HealthzPath answers 200 while the process serves.
+	HealthzPath = "/healthz"
+	// ReadyzPath answers 200 until shutdown begins, then 503.
+	ReadyzPath = "/readyz"
+)
+
+// Server serves Handler over TLS. The zero value is not usable: Addr, CertFile
+// and KeyFile are required.
+type Server struct {
+	// Addr is the address to listen on, for example ":9443" or "127.0.0.1:9443".
+	Addr string
+	// CertFile and KeyFile hold the serving certificate (PEM). They are read
+	// again when their modification time or size changes, so a rotated
+	// certificate (cert-manager, a re-rendered Secret) is used without a restart.
+	CertFile, KeyFile string
+	// DrainDelay is how long the server keeps serving after shutdown begins
+	// with /readyz failing, so that the Service's endpoints drop the pod before
+	// it stops accepting connections. Zero means no delay.
+	DrainDelay time.Duration
+	// ShutdownTimeout bounds the wait for requests in flight after the drain.
+	// Zero means 10s.
+	ShutdownTimeout time.Duration
+
+	// listening, when set, receives the bound address once the listener is up
+	// (tests listen on port 0).
+	listening chan<- net.Addr
+}
+
+// Run serves until ctx is cancelled, then shuts down gracefully: /readyz fails
+// at once, new connections are still accepted for DrainDelay, then the
+// listener closes and requests in flight get up to ShutdownTimeout. It returns
+// nil after a clean shutdown, or the error that stopped it.
+func (s *Server) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if s.Addr == "" || s.CertFile == "" || s.KeyFile == "" {
+		return errors.New("webhook server: address, certificate file and key file are required")
+	}
+	certs := &certificateFiles{certFile: s.CertFile, keyFile: s.KeyFile}
+	if _, err := certs.GetCertificate(nil); err != nil {
+		return err
+	}
+
+	var shuttingDown atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle(ValidatePath, Handler{})
+	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
+		if shuttingDown.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+
+	listener, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return fmt.Errorf("webhook server: %w", err)
+	}
+	server := &http.Server{
+		Handler: mux,
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: certs.GetCertificate,
+		},
+		ReadHeaderTimeout: 10 * time.Second,
+		// The API server's webhook timeout is at most 30s; nothing needs longer.
+		ReadTimeout:  30 * time.Second,
+		WriteTimeout: 30 * time.Second,
+		IdleTimeout:  90 * time.Second,
+		// Requests keep the logger but not the cancellation: they must finish
+		// during the drain.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	logger.Info("Serving", "address", listener.Addr().String(), "certificate", s.CertFile)
+	if s.listening != nil {
+		s.listening <- listener.Addr()
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- server.ServeTLS(listener, "", "") }()
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("webhook server: %w", err)
+	case <-ctx.Done():
+	}
+	shuttingDown.Store(true)
+	logger.Info("Shutting down", "drainDelay", s.DrainDelay)
+	if s.DrainDelay > 0 {
+		select {
+		case err := <-served:
+			return fmt.Errorf("webhook server: %w", err)
+		case <-time.After(s.DrainDelay):
+		}
+	}
+	timeout := s.ShutdownTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	// ctx is done; the shutdown needs a context of its own.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := server.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("webhook server: shutdown: %w", err)
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("webhook server: %w", err)
+	}
+	logger.Info("Stopped")
+	return nil
+}
+
+// certificateFiles loads a key pair from files and loads it again when either
+// file changes. A failed reload keeps the last good pair (a rotation writes the
+// two files one after the other; the next handshake sees both).
+type certificateFiles struct {
+	certFile, keyFile string
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	version string
+}
+
+func (c *certificateFiles) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	version, err := fileVersion(c.certFile, c.keyFile)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && version == c.version && c.cert != nil {
+		return c.cert, nil
+	}
+	cert, loadErr := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if loadErr != nil {
+		if c.cert != nil {
+			return c.cert, nil
+		}
+		return nil, fmt.Errorf("webhook server: load the serving certificate: %w", loadErr)
+	}
+	c.cert, c.version = &cert, version
+	return c.cert, nil
+}
+
+// fileVersion identifies the files' contents cheaply by size and mtime.
+func fileVersion(paths ...string) (string, error) {
+	version := ""
+	for _, p := range paths {
+		info, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		version += fmt.Sprintf("%s:%d:%d;", p, info.Size(), info.ModTime().UnixNano())
+	}
+	return version, nil
+}

@@ -1,0 +1,169 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// writeCert writes a self-signed serving certificate for 127.0.0.1 with the
+// given common name and returns it parsed.
+func writeCert(t *testing.T, dir, cn string, mtime time.Time) *x509.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]*pem.Block{
+		"tls.crt": {Type: "CERTIFICATE", Bytes: der},
+		"tls.key": {Type: "PRIVATE KEY", Bytes: keyDER},
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
+}
+
+func TestServer(t *testing.T) {
+	dir := t.TempDir()
+	first := writeCert(t, dir, "first", time.Now().Add(-time.Minute))
+	listening := make(chan net.Addr, 1)
+	s := &Server{
+		Addr:       "127.0.0.1:0",
+		CertFile:   filepath.Join(dir, "tls.crt"),
+		KeyFile:    filepath.Join(dir, "tls.key"),
+		DrainDelay: 300 * time.Millisecond,
+		listening:  listening,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var addr net.Addr
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not listening after 10s")
+	}
+	base := "https://" + addr.String()
+
+	clientFor := func(cert *x509.Certificate) *http.Client {
+		pool := x509.NewCertPool()
+		pool.AddCert(cert)
+		return &http.Client{
+			Timeout:   5 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true},
+		}
+	}
+	get := func(client *http.Client, path string) (int, error) {
+		resp, err := client.Get(base + path)
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = resp.Body.Close() }()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
+
+	client := clientFor(first)
+	for _, path := range []string{HealthzPath, ReadyzPath} {
+		if code, err := get(client, path); err != nil || code != 200 {
+			t.Fatalf("GET %s = %d, %v; want 200", path, code, err)
+		}
+	}
+	review, err := os.ReadFile(filepath.Join("testdata", "template-v1-typo.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Post(base+ValidatePath, "application/json", bytes.NewReader(review))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("sharing.isolaton: unknown field")) {
+		t.Fatalf("POST %s = %d %s", ValidatePath, resp.StatusCode, body)
+	}
+
+	// A rotated certificate is served without a restart.
+	second := writeCert(t, dir, "second", time.Now())
+	if code, err := get(clientFor(second), HealthzPath); err != nil || code != 200 {
+		t.Fatalf("after rotation: GET %s = %d, %v; want 200 with the new certificate", HealthzPath, code, err)
+	}
+	// A half-written rotation keeps the last good certificate.
+	if err := os.WriteFile(filepath.Join(dir, "tls.key"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := get(clientFor(second), HealthzPath); err != nil || code != 200 {
+		t.Fatalf("with a broken key file: GET %s = %d, %v; want the last good certificate", HealthzPath, code, err)
+	}
+
+	// Shutdown: readyz fails during the drain, then Run returns nil.
+	cancel()
+	time.Sleep(100 * time.Millisecond)
+	if code, err := get(clientFor(second), ReadyzPath); err != nil || code != http.StatusServiceUnavailable {
+		t.Errorf("during the drain: GET %s = %d, %v; want 503", ReadyzPath, code, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run returned %v after shutdown, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after shutdown")
+	}
+	if _, err := get(clientFor(second), HealthzPath); err == nil {
+		t.Error("still serving after Run returned")
+	}
+}
+
+func TestServerRefusesMissingCertificate(t *testing.T) {
+	s := &Server{Addr: "127.0.0.1:0", CertFile: "/nonexistent/tls.crt", KeyFile: "/nonexistent/tls.key"}
+	if err := s.Run(context.Background()); err == nil {
+		t.Fatal("Run without a certificate succeeded")
+	}
+}
