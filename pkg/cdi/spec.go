@@ -17,6 +17,9 @@ const (
 	Class = "claim"
 	// Kind is the CDI kind ("vendor/class") of Tessera's transient specs.
 	Kind = Vendor + "/" + Class
+	// DefaultRoot is where transient specs go by default (a tmpfs, which
+	// is right: nothing prepared survives a reboot).
+	DefaultRoot = cdiapi.DefaultDynamicDir
 )
 
 // Device is one CDI device of a claim's spec: the edits the runtime applies to

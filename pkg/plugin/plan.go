@@ -91,7 +91,7 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		if err != nil {
 			return nil, deviceError(r.Device, "%v", err)
 		}
-		g, ok := p.gpus[minor]
+		g, ok := p.gpuByMinor(minor)
 		if !ok {
 			return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
 		}
@@ -225,6 +225,8 @@ func checkNVLink(pl *plan, policy configapi.NVLinkPolicy) error {
 }
 
 func (p *Plugin) knownDevices() string {
+	p.gpusMu.RLock()
+	defer p.gpusMu.RUnlock()
 	minors := make([]int, 0, len(p.gpus))
 	for m := range p.gpus {
 		minors = append(minors, m)

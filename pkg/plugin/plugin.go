@@ -77,7 +77,9 @@ type Options struct {
 // Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.
 type Plugin struct {
 	opts Options
-	gpus map[int]gpu.GPU // by minor
+
+	gpusMu sync.RWMutex
+	gpus   map[int]gpu.GPU // by minor; replaced by SetGPUs
 
 	// claimLocks serialize work on one claim (striped by UID hash).
 	claimLocks [64]sync.Mutex
@@ -108,12 +110,30 @@ func New(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, fmt.Errorf("plugin: unknown default isolation %q (want %s, %s or %s)", opts.DefaultIsolation,
 			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
 	}
-	p := &Plugin{opts: opts, gpus: map[int]gpu.GPU{}, grants: newGrants()}
-	for _, g := range opts.GPUs {
-		p.gpus[g.Minor] = g
-	}
+	p := &Plugin{opts: opts, grants: newGrants()}
+	p.SetGPUs(opts.GPUs)
 	p.recover(ctx)
 	return p, nil
+}
+
+// SetGPUs replaces the inventory that prepare checks devices against (after a
+// rediscovery). Claims prepared before keep working: unprepare needs only the
+// checkpoint.
+func (p *Plugin) SetGPUs(gpus []gpu.GPU) {
+	m := make(map[int]gpu.GPU, len(gpus))
+	for _, g := range gpus {
+		m[g.Minor] = g
+	}
+	p.gpusMu.Lock()
+	defer p.gpusMu.Unlock()
+	p.gpus = m
+}
+
+func (p *Plugin) gpuByMinor(minor int) (gpu.GPU, bool) {
+	p.gpusMu.RLock()
+	defer p.gpusMu.RUnlock()
+	g, ok := p.gpus[minor]
+	return g, ok
 }
 
 func (p *Plugin) lockClaim(uid types.UID) func() {

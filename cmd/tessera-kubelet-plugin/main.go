@@ -1,0 +1,227 @@
+// Command tessera-kubelet-plugin is the node daemon of the gpu.tessera.dev DRA
+// driver: it discovers the node's GPUs, publishes them as ResourceSlices and
+// prepares and unprepares resource claims for the kubelet. It only parses
+// flags and wires packages; the logic lives in pkg/plugin and below.
+package main
+
+import (
+	"context"
+	goflag "flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdi"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/plugin"
+)
+
+type flags struct {
+	nodeName          string
+	kubeconfig        string
+	pluginDataDir     string
+	registrarDir      string
+	cdiRoot           string
+	driverRoot        string
+	mockProfile       string
+	defaultIsolation  string
+	hamiCoreLibrary   string
+	mpsRoot           string
+	nvidiaCDISpecDirs []string
+	rediscoverEvery   time.Duration
+}
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		// cobra has printed the error already.
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	f := flags{}
+	cmd := &cobra.Command{
+		Use:           "tessera-kubelet-plugin",
+		Short:         "Kubelet plugin of the gpu.tessera.dev DRA driver",
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, f)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node (env NODE_NAME)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: in-cluster configuration")
+	fs.StringVar(&f.pluginDataDir, "plugin-data-dir", filepath.Join(kubeletplugin.KubeletPluginsDir, model.DriverName), "plugin data directory (DRA socket, checkpoint); created if missing")
+	fs.StringVar(&f.registrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "directory the kubelet watches for plugin registration sockets")
+	fs.StringVar(&f.cdiRoot, "cdi-root", cdi.DefaultRoot, "directory for the per-claim CDI specs (must be one the container runtime reads)")
+	fs.StringVar(&f.driverRoot, "driver-root", "/", "root of the NVIDIA driver installation (libnvidia-ml.so.1, /dev/nvidia*)")
+	fs.StringVar(&f.mockProfile, "mock-profile", "", "use this mock node profile instead of real GPUs (one of: "+strings.Join(gpu.Profiles(), ", ")+"); never chosen implicitly")
+	fs.StringVar(&f.defaultIsolation, "default-isolation", string(configapi.IsolationAdvisory), "isolation of shares whose class and claim configs do not set one: Advisory, MPS or HAMiCore")
+	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so; empty: HAMiCore shares fail to prepare")
+	fs.StringVar(&f.mpsRoot, "mps-root", "", "host directory for the MPS daemons' pipe and log directories (default <plugin-data-dir>/mps)")
+	fs.StringSliceVar(&f.nvidiaCDISpecDirs, "nvidia-cdi-spec-dirs", []string{"/etc/cdi", "/var/run/cdi"}, "where to look for the NVIDIA container toolkit's CDI spec (nvidia.com/gpu)")
+	fs.DurationVar(&f.rediscoverEvery, "rediscover-interval", time.Minute, "how often to rediscover GPUs and republish when the inventory changed")
+	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	return cmd
+}
+
+func run(ctx context.Context, f flags) error {
+	logger := klog.FromContext(ctx)
+	if f.nodeName == "" {
+		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	iso := configapi.Isolation(f.defaultIsolation)
+	switch iso {
+	case configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore:
+	default:
+		return fmt.Errorf("--default-isolation %q: want Advisory, MPS or HAMiCore", f.defaultIsolation)
+	}
+	if err := os.MkdirAll(f.pluginDataDir, 0o750); err != nil {
+		return fmt.Errorf("create --plugin-data-dir: %w", err)
+	}
+	if f.mpsRoot == "" {
+		f.mpsRoot = filepath.Join(f.pluginDataDir, "mps")
+	}
+
+	// GPUs: a mock profile only when asked for; a missing NVML fails here
+	// with pkg/gpu's message.
+	mock := f.mockProfile != ""
+	nvmlLib, err := openNVML(f)
+	if err != nil {
+		return err
+	}
+	defer nvmlLib.Shutdown()
+	discover := func() ([]gpu.GPU, error) { return gpu.Discover(nvmlLib) }
+	gpus, err := discover()
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	logger.Info("Discovered GPUs", "count", len(gpus), "mock", mock, "profile", f.mockProfile)
+
+	config, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+
+	bootID, err := checkpoint.BootID()
+	if err != nil {
+		logger.Error(err, "Reading the boot id failed; reboot detection is off")
+	}
+	store, recovery, err := checkpoint.Open(ctx, filepath.Join(f.pluginDataDir, "checkpoint.json"), bootID)
+	if err != nil {
+		return err
+	}
+	specs, err := cdi.NewDir(f.cdiRoot)
+	if err != nil {
+		return err
+	}
+
+	opts := plugin.Options{
+		NodeName:         f.nodeName,
+		GPUs:             gpus,
+		Store:            store,
+		Recovery:         recovery,
+		Specs:            specs,
+		Mock:             mock,
+		DefaultIsolation: iso,
+		Client:           client,
+	}
+	if mock {
+		// No GPU, so no MPS daemon can run: the fake keeps the bookkeeping.
+		opts.MPS = isolation.NewMPS(f.mpsRoot, isolation.NewFakeRunner())
+	} else {
+		opts.MPS = isolation.NewMPS(f.mpsRoot, isolation.ExecRunner{Root: f.mpsRoot})
+		opts.DevNodes = isolation.HostDevNodes{DriverRoot: f.driverRoot}
+		if opts.Toolkit, err = cdi.NewToolkitSpecs(f.nvidiaCDISpecDirs...); err != nil {
+			return err
+		}
+	}
+	if f.hamiCoreLibrary != "" {
+		preload, err := isolation.WritePreloadFile(filepath.Join(f.pluginDataDir, "hami"))
+		if err != nil {
+			return err
+		}
+		opts.HAMiCore = isolation.HAMiCore{Library: f.hamiCoreLibrary, PreloadFile: preload}
+		if err := opts.HAMiCore.Check(); err != nil {
+			logger.Error(err, "HAMiCore shares will fail to prepare until this is fixed")
+		}
+	}
+	events := plugin.NewNodeEvents(ctx, client, f.nodeName)
+	defer events.Shutdown()
+	opts.Events = events
+
+	p, err := plugin.New(ctx, opts)
+	if err != nil {
+		return err
+	}
+	helperOpts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(model.DriverName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.NodeName(f.nodeName),
+		kubeletplugin.PluginDataDirectoryPath(f.pluginDataDir),
+		kubeletplugin.RegistrarDirectoryPath(f.registrarDir),
+	}
+	if uid := os.Getenv("POD_UID"); uid != "" {
+		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(types.UID(uid)))
+	}
+	helper, err := kubeletplugin.Start(ctx, p, helperOpts...)
+	if err != nil {
+		return fmt.Errorf("start kubelet plugin: %w", err)
+	}
+	defer helper.Stop()
+
+	inv := &plugin.Inventory{NodeName: f.nodeName, Discover: discover, Publisher: helper, OnChange: p.SetGPUs}
+	if _, err := inv.Sync(ctx); err != nil {
+		return err
+	}
+	go inv.Run(ctx, f.rediscoverEvery)
+
+	logger.Info("Kubelet plugin running", "node", f.nodeName, "driver", model.DriverName)
+	<-ctx.Done()
+	logger.Info("Shutting down")
+	return nil
+}
+
+// openNVML returns the initialised NVML of the real driver, or of the mock
+// profile when --mock-profile is set.
+func openNVML(f flags) (nvml.Interface, error) {
+	var lib nvml.Interface
+	var err error
+	if f.mockProfile != "" {
+		lib, err = gpu.NewMock(f.mockProfile)
+	} else {
+		lib, err = gpu.NewNVML(f.driverRoot)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := gpu.Open(lib); err != nil {
+		return nil, err
+	}
+	return lib, nil
+}
