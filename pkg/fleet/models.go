@@ -1,0 +1,312 @@
+package fleet
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// GPUsPerNode is the size of the hgx-h100 node profile every simulated node has.
+const GPUsPerNode = 8
+
+// gpuMemory is the framebuffer of one H100 80GB, as the model publishes it.
+var gpuMemory = resource.MustParse("80Gi")
+
+// Driver is the driver name on every simulated device (the real one, so the
+// DeviceClass selectors are the ones users get).
+const Driver = model.DriverName
+
+// Class names used by the simulated claims. The first two are the classes the chart
+// installs; the partition classes exist only in this package (scenario (b)).
+const (
+	WholeClass  = "gpu.tessera.dev"
+	SharedClass = "shared.gpu.tessera.dev"
+)
+
+// partitionSizes are the fixed partitions of scenario (b), in eighths of a GPU.
+var partitionSizes = []int{1, 2, 4, 8}
+
+func partitionClass(eighths int) string {
+	return "eighths-" + strconv.Itoa(eighths) + ".partition.fleet.tessera.dev"
+}
+
+// Kind names one of the allocation models the simulation compares.
+type Kind string
+
+const (
+	// Whole is today's Kubernetes: one device per GPU, one job per GPU.
+	Whole Kind = "whole"
+	// Partition is fixed partitions published with the partitionable-devices API:
+	// per GPU one device of each of 1/1, 2×1/2, 4×1/4, 8×1/8, consuming slot counters
+	// so that overlapping partitions exclude each other (the MIG way).
+	Partition Kind = "partition"
+	// Tessera is the driver's model: gpu-N (exclusive) and gpu-N-shared
+	// (allowMultipleAllocations, consumable memory/cores) over counter set gpu-N.
+	Tessera Kind = "tessera"
+	// TesseraBestFit is Tessera's capacities packed best-fit by an oracle instead of
+	// the allocator's first-fit; it shows what first-fit costs. Not the scheduler.
+	TesseraBestFit Kind = "tessera-bestfit"
+	// Fluid is the ideal bound: a job runs iff the fleet's total free capacity
+	// covers its demand (no GPU boundaries, no fragmentation).
+	Fluid Kind = "fluid"
+)
+
+// AllKinds is the report order.
+var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Fluid}
+
+// deviceModel is an allocation model whose devices the real allocator hands out.
+type deviceModel interface {
+	kind() Kind
+	// resources is what the kubelet plugin of node would publish.
+	resources(node string) resourceslice.DriverResources
+	classes() []*resourceapi.DeviceClass
+	// claim is the ResourceClaim a job with this demand creates.
+	claim(j *Job) *resourceapi.ResourceClaim
+	// sizeKey orders claims by size: if a claim of size k fails on an unchanged node,
+	// every claim of size >= k fails there too. The simulation relies on this to
+	// skip allocator calls it knows the answer of.
+	sizeKey(j *Job) float64
+	// use maps one allocated device to its GPU (0..7) on the node and what it takes
+	// of that GPU.
+	use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error)
+}
+
+func newDeviceModel(k Kind) (deviceModel, error) {
+	switch k {
+	case Whole:
+		return wholeModel{}, nil
+	case Partition:
+		return partitionModel{}, nil
+	case Tessera:
+		return tesseraModel{}, nil
+	}
+	return nil, fmt.Errorf("model %q has no devices", k)
+}
+
+func class(name, cel string) *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: cel}}},
+		},
+	}
+}
+
+func typeSelector(t string) string {
+	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].type == %q`, Driver, Driver, t)
+}
+
+func claimFor(j *Job, className string, capacity map[resourceapi.QualifiedName]resource.Quantity) *resourceapi.ResourceClaim {
+	req := &resourceapi.ExactDeviceRequest{
+		DeviceClassName: className,
+		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
+		Count:           1,
+	}
+	if capacity != nil {
+		req.Capacity = &resourceapi.CapacityRequirements{Requests: capacity}
+	}
+	name := "job-" + strconv.Itoa(j.ID)
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "fleet", UID: types.UID("uid-" + name)},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}},
+		}},
+	}
+}
+
+func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+func integer(i int) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
+}
+
+// --- (a) whole GPUs only ---------------------------------------------------------
+
+type wholeModel struct{}
+
+func (wholeModel) kind() Kind { return Whole }
+
+func (wholeModel) resources(node string) resourceslice.DriverResources {
+	devices := make([]resourceapi.Device, GPUsPerNode)
+	for i := range devices {
+		devices[i] = resourceapi.Device{
+			Name:       model.WholeDeviceName(i),
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu"), "index": integer(i)},
+			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: gpuMemory}},
+		}
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devices}}}}}
+}
+
+func (wholeModel) classes() []*resourceapi.DeviceClass {
+	return []*resourceapi.DeviceClass{class(WholeClass, typeSelector("gpu"))}
+}
+
+func (wholeModel) claim(j *Job) *resourceapi.ResourceClaim { return claimFor(j, WholeClass, nil) }
+func (wholeModel) sizeKey(*Job) float64                    { return 1 }
+func (wholeModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+	minor, _, err := model.ParseDeviceName(r.Device)
+	return minor, gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100, slots: 0xff}, err
+}
+
+// --- (b) fixed partitions over counters --------------------------------------------
+
+type partitionModel struct{}
+
+func (partitionModel) kind() Kind { return Partition }
+
+// partitionEighths is the smallest fixed partition, in eighths, that covers demand.
+func partitionEighths(demand float64) int {
+	for _, s := range partitionSizes {
+		if demand <= float64(s)/8+1e-12 {
+			return s
+		}
+	}
+	return 8
+}
+
+func partitionDeviceName(gpu, eighths, k int) string {
+	return fmt.Sprintf("gpu-%d-p%d-%d", gpu, eighths, k)
+}
+
+func (partitionModel) resources(node string) resourceslice.DriverResources {
+	// Slot counters slot0..slot7 encode where in the GPU a partition sits, so two
+	// partitions that overlap (a half and a quarter inside it) exclude each other,
+	// as MIG's memory-slice counters do. memory/cores are charged alongside.
+	counters := make([]resourceapi.CounterSet, GPUsPerNode)
+	out := []resourceslice.Slice{{SharedCounters: counters}}
+	for g := range GPUsPerNode {
+		cs := resourceapi.CounterSet{Name: model.CounterSetName(g), Counters: map[string]resourceapi.Counter{
+			"memory": {Value: gpuMemory}, "cores": {Value: resource.MustParse("100")},
+		}}
+		for s := range 8 {
+			cs.Counters["slot"+strconv.Itoa(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
+		}
+		counters[g] = cs
+		var devices []resourceapi.Device
+		for _, eighths := range partitionSizes {
+			mem := resource.NewQuantity(gpuMemory.Value()*int64(eighths)/8, resource.BinarySI)
+			cores := resource.NewQuantity(int64(100*eighths/8), resource.DecimalSI)
+			for k := range 8 / eighths {
+				consumed := map[string]resourceapi.Counter{"memory": {Value: *mem}, "cores": {Value: *cores}}
+				for s := k * eighths; s < (k+1)*eighths; s++ {
+					consumed["slot"+strconv.Itoa(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
+				}
+				devices = append(devices, resourceapi.Device{
+					Name: partitionDeviceName(g, eighths, k),
+					Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+						"type": str("partition"), "index": integer(g), "eighths": integer(eighths),
+					},
+					Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+						"memory": {Value: *mem}, "cores": {Value: *cores},
+					},
+					ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: cs.Name, Counters: consumed}},
+				})
+			}
+		}
+		out = append(out, resourceslice.Slice{Devices: devices})
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}
+}
+
+func (partitionModel) classes() []*resourceapi.DeviceClass {
+	var out []*resourceapi.DeviceClass
+	for _, s := range partitionSizes {
+		out = append(out, class(partitionClass(s),
+			typeSelector("partition")+fmt.Sprintf(` && device.attributes[%q].eighths == %d`, Driver, s)))
+	}
+	return out
+}
+
+func (partitionModel) claim(j *Job) *resourceapi.ResourceClaim {
+	return claimFor(j, partitionClass(partitionEighths(j.Demand)), nil)
+}
+
+func (partitionModel) sizeKey(j *Job) float64 { return float64(partitionEighths(j.Demand)) }
+
+func (partitionModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+	var g, eighths, k int
+	if n, err := fmt.Sscanf(r.Device, "gpu-%d-p%d-%d", &g, &eighths, &k); n != 3 || err != nil || r.Device != partitionDeviceName(g, eighths, k) {
+		return 0, gpuUse{}, fmt.Errorf("device %q: not a partition device", r.Device)
+	}
+	mask := uint8((1<<eighths - 1) << (k * eighths))
+	return g, gpuUse{memory: gpuMemory.Value() * int64(eighths) / 8, cores: int64(100 * eighths / 8), slots: mask}, nil
+}
+
+// --- (c) Tessera -------------------------------------------------------------------
+
+type tesseraModel struct{}
+
+func (tesseraModel) kind() Kind { return Tessera }
+
+func (tesseraModel) resources(node string) resourceslice.DriverResources {
+	return tesseraResources(node)
+}
+
+func (tesseraModel) classes() []*resourceapi.DeviceClass { return tesseraClasses() }
+
+// ShareRequest is the capacity a job of this demand asks for: memory = demand×80Gi
+// rounded up to 1Mi, cores = ceil(demand×100).
+func ShareRequest(demand float64) (memory, cores resource.Quantity) {
+	const mi = 1 << 20
+	mib := int64(math.Ceil(demand * float64(gpuMemory.Value()) / mi))
+	c := int64(math.Ceil(demand*100 - 1e-9))
+	return *resource.NewQuantity(mib*mi, resource.BinarySI), *resource.NewQuantity(c, resource.DecimalSI)
+}
+
+func (tesseraModel) claim(j *Job) *resourceapi.ResourceClaim {
+	mem, cores := ShareRequest(j.Demand)
+	return claimFor(j, SharedClass, map[resourceapi.QualifiedName]resource.Quantity{"memory": mem, "cores": cores})
+}
+
+func (tesseraModel) sizeKey(j *Job) float64 { return j.Demand }
+
+func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+	minor, shared, err := model.ParseDeviceName(r.Device)
+	if err != nil {
+		return 0, gpuUse{}, err
+	}
+	if !shared {
+		return minor, gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100}, nil
+	}
+	if r.ShareID == nil {
+		return 0, gpuUse{}, fmt.Errorf("device %q: allocated without a shareID", r.Device)
+	}
+	mem, cores := r.ConsumedCapacity["memory"], r.ConsumedCapacity["cores"]
+	return minor, gpuUse{memory: mem.Value(), cores: cores.Value()}, nil
+}
+
+// --- conversion ----------------------------------------------------------------------
+
+// slicesOf turns what a kubelet plugin publishes for one node into the ResourceSlices
+// the resourceslice controller would write: one per Slice, all in the node's pool,
+// with the pool's slice count set so the allocator sees a complete pool.
+func slicesOf(node string, dr resourceslice.DriverResources) []*resourceapi.ResourceSlice {
+	var out []*resourceapi.ResourceSlice
+	for _, poolName := range slices.Sorted(maps.Keys(dr.Pools)) {
+		pool := dr.Pools[poolName]
+		for i, s := range pool.Slices {
+			out = append(out, &resourceapi.ResourceSlice{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", node, poolName, i)},
+				Spec: resourceapi.ResourceSliceSpec{
+					Driver:         Driver,
+					Pool:           resourceapi.ResourcePool{Name: poolName, Generation: pool.Generation, ResourceSliceCount: int64(len(pool.Slices))},
+					NodeName:       ptr.To(node),
+					Devices:        s.Devices,
+					SharedCounters: s.SharedCounters,
+				},
+			})
+		}
+	}
+	return out
+}
