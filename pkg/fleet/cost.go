@@ -69,7 +69,11 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 	eighth := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("12")}
 	for i := range nodes {
 		name := fmt.Sprintf("node-%03d", i)
-		s.slices = append(s.slices, slicesOf(name, m.resources(name))...)
+		sl, err := m.slices(name)
+		if err != nil {
+			return nil, err
+		}
+		s.slices = append(s.slices, sl...)
 		var results []resourceapi.DeviceRequestAllocationResult
 		for k := range shares {
 			g := k / GPUsPerNode

@@ -2,9 +2,7 @@ package fleet
 
 import (
 	"fmt"
-	"maps"
 	"math"
-	"slices"
 	"strconv"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,8 +18,9 @@ import (
 // GPUsPerNode is the size of the hgx-h100 node profile every simulated node has.
 const GPUsPerNode = 8
 
-// gpuMemory is the framebuffer of one H100 80GB, as the model publishes it.
-var gpuMemory = resource.MustParse("80Gi")
+// gpuMemory is the framebuffer of one H100 80GB as NVML reports it (and the mock
+// profile hgx-h100, which a test checks); the model publishes it as is.
+var gpuMemory = resource.MustParse("81559Mi")
 
 // Driver is the driver name on every simulated device (the real one, so the
 // DeviceClass selectors are the ones users get).
@@ -30,8 +29,8 @@ const Driver = model.DriverName
 // Class names used by the simulated claims. The first two are the classes the chart
 // installs; the partition classes exist only in this package (scenario (b)).
 const (
-	WholeClass  = "gpu.tessera.dev"
-	SharedClass = "shared.gpu.tessera.dev"
+	WholeClass  = model.WholeClassName
+	SharedClass = model.SharedClassName
 )
 
 // partitionSizes are the fixed partitions of scenario (b), in eighths of a GPU.
@@ -68,8 +67,8 @@ var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Fluid}
 // deviceModel is an allocation model whose devices the real allocator hands out.
 type deviceModel interface {
 	kind() Kind
-	// resources is what the kubelet plugin of node would publish.
-	resources(node string) resourceslice.DriverResources
+	// slices is what the kubelet plugin of node would publish.
+	slices(node string) ([]*resourceapi.ResourceSlice, error)
 	classes() []*resourceapi.DeviceClass
 	// claim is the ResourceClaim a job with this demand creates.
 	claim(j *Job) *resourceapi.ResourceClaim
@@ -136,7 +135,7 @@ type wholeModel struct{}
 
 func (wholeModel) kind() Kind { return Whole }
 
-func (wholeModel) resources(node string) resourceslice.DriverResources {
+func (wholeModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
 	devices := make([]resourceapi.Device, GPUsPerNode)
 	for i := range devices {
 		devices[i] = resourceapi.Device{
@@ -145,7 +144,7 @@ func (wholeModel) resources(node string) resourceslice.DriverResources {
 			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: gpuMemory}},
 		}
 	}
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devices}}}}}
+	return own(node, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devices}}}}})
 }
 
 func (wholeModel) classes() []*resourceapi.DeviceClass {
@@ -179,7 +178,7 @@ func partitionDeviceName(gpu, eighths, k int) string {
 	return fmt.Sprintf("gpu-%d-p%d-%d", gpu, eighths, k)
 }
 
-func (partitionModel) resources(node string) resourceslice.DriverResources {
+func (partitionModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
 	// Slot counters slot0..slot7 encode where in the GPU a partition sits, so two
 	// partitions that overlap (a half and a quarter inside it) exclude each other,
 	// as MIG's memory-slice counters do. memory/cores are charged alongside.
@@ -216,7 +215,7 @@ func (partitionModel) resources(node string) resourceslice.DriverResources {
 		}
 		out = append(out, resourceslice.Slice{Devices: devices})
 	}
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}}
+	return own(node, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: out}}})
 }
 
 func (partitionModel) classes() []*resourceapi.DeviceClass {
@@ -249,13 +248,13 @@ type tesseraModel struct{}
 
 func (tesseraModel) kind() Kind { return Tessera }
 
-func (tesseraModel) resources(node string) resourceslice.DriverResources {
-	return tesseraResources(node)
+func (tesseraModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
+	return tesseraSlices(node)
 }
 
 func (tesseraModel) classes() []*resourceapi.DeviceClass { return tesseraClasses() }
 
-// ShareRequest is the capacity a job of this demand asks for: memory = demand×80Gi
+// ShareRequest is the capacity a job of this demand asks for: memory = demand×GPU memory
 // rounded up to 1Mi, cores = ceil(demand×100).
 func ShareRequest(demand float64) (memory, cores resource.Quantity) {
 	const mi = 1 << 20
@@ -284,29 +283,4 @@ func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuU
 	}
 	mem, cores := r.ConsumedCapacity["memory"], r.ConsumedCapacity["cores"]
 	return minor, gpuUse{memory: mem.Value(), cores: cores.Value()}, nil
-}
-
-// --- conversion ----------------------------------------------------------------------
-
-// slicesOf turns what a kubelet plugin publishes for one node into the ResourceSlices
-// the resourceslice controller would write: one per Slice, all in the node's pool,
-// with the pool's slice count set so the allocator sees a complete pool.
-func slicesOf(node string, dr resourceslice.DriverResources) []*resourceapi.ResourceSlice {
-	var out []*resourceapi.ResourceSlice
-	for _, poolName := range slices.Sorted(maps.Keys(dr.Pools)) {
-		pool := dr.Pools[poolName]
-		for i, s := range pool.Slices {
-			out = append(out, &resourceapi.ResourceSlice{
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", node, poolName, i)},
-				Spec: resourceapi.ResourceSliceSpec{
-					Driver:         Driver,
-					Pool:           resourceapi.ResourcePool{Name: poolName, Generation: pool.Generation, ResourceSliceCount: int64(len(pool.Slices))},
-					NodeName:       ptr.To(node),
-					Devices:        s.Devices,
-					SharedCounters: s.SharedCounters,
-				},
-			})
-		}
-	}
-	return out
 }

@@ -104,7 +104,7 @@ func (r *Report) Markdown() string {
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("# Tessera fleet benchmark\n\n")
 	p("Reproduce: `%s` (deterministic for the seed; wall times vary).\n\n", r.Command)
-	p("Fleet: %d nodes × %d GPUs (hgx-h100, 80Gi each), %d GPUs. Stream per mean demand m: %d jobs, Poisson arrivals at %.2f× the fluid capacity "+
+	p("Fleet: %d nodes × %d GPUs (mock profile hgx-h100: H100 80GB, 81559Mi each, published by pkg/model), %d GPUs. Stream per mean demand m: %d jobs, Poisson arrivals at %.2f× the fluid capacity "+
 		"(rate = %.2f × GPUs / (m × mean run time)), demand ~ Normal(m, %.2f) clipped to [%.2f, 1], memory and cores ∝ demand, "+
 		"run time ~ Exp(mean %.0f s), seed %d. Simulation %.1fs, scheduler cost %.1fs wall.\n\n",
 		r.Nodes, GPUsPerNode, r.Nodes*GPUsPerNode, w.Jobs, w.Load, w.Load, w.SDDemand, MinDemand, w.MeanRuntime, w.Seed,
@@ -124,7 +124,7 @@ func (r *Report) Markdown() string {
 	}
 	p("\n![throughput vs mean demand](%s)\n", "fleet"+map[bool]string{true: "-quick", false: ""}[strings.Contains(r.Command, "-quick")]+".png")
 
-	p("\n## Per model\n\nActive GPUs run at least one job; memory utilisation is the memory the jobs use (demand × 80Gi) over the memory of the active GPUs, " +
+	p("\n## Per model\n\nActive GPUs run at least one job; memory utilisation is the memory the jobs use (demand × GPU memory) over the memory of the active GPUs, " +
 		"both time-averaged over the window. Waits are from submission to start, over all jobs, in minutes.\n\n")
 	p("| m | model | jobs/h | mean active GPUs | mem util of active | wait p50 (min) | wait p99 (min) | max jobs on one GPU | allocator calls |\n|---|---|---|---|---|---|---|---|---|\n")
 	for i, m := range r.Means {
@@ -156,7 +156,7 @@ var methodNotes = []string{
 	"Discrete-event simulation on a simulated clock (events: arrivals, completions). Every placement attempt for (a), (b), (c) is a real `structured.NewAllocator(...).Allocate` call (feature set of kube-scheduler 1.37: PartitionableDevices, ConsumableCapacity, PrioritizedList, DeviceTaints, AdminAccess, binding conditions) on one node with that node's AllocatedState; results are fed back as the scheduler does (AllocatedDevices for whole devices, AllocatedSharedDeviceIDs + AggregatedCapacity for shares).",
 	"Queue: FIFO with head-of-line blocking. When the head job fits nowhere, nothing is retried until a job completes; nothing overtakes the head (the default scheduler with equal priorities, no backfill). A job goes to the first node, in node order, whose allocation succeeds (the scheduler with equal node scores). Within a node the allocator takes the first fitting device in slice order, i.e. first-fit by GPU index.",
 	"A node that refused a claim is not asked again for a claim at least as large until something on it changes (the answer is known; a test checks the results are identical with and without this shortcut).",
-	"Claims: (a) one whole GPU regardless of demand; (b) the smallest fixed partition ≥ demand among 1/8, 1/4, 1/2, 1/1 — per GPU 15 devices consuming memory, cores and slot counters slot0..7 so overlapping partitions exclude each other (buddy layout, the MIG way); (c) a share on gpu-N-shared with memory = demand × 80Gi rounded up to 1Mi and cores = ceil(demand × 100); (c') the same requests packed best-fit across the fleet by an oracle (not the scheduler) to show what first-fit costs; (d) fluid: a job starts iff the fleet's total free capacity ≥ its demand (no GPU boundaries) — an upper bound, not reachable by any placement once demands exceed 1/2.",
+	"Claims: (a) one whole GPU regardless of demand; (b) the smallest fixed partition ≥ demand among 1/8, 1/4, 1/2, 1/1 — per GPU 15 devices consuming memory, cores and slot counters slot0..7 so overlapping partitions exclude each other (buddy layout, the MIG way); (c) a share on gpu-N-shared with memory = demand × 81559Mi rounded up to 1Mi and cores = ceil(demand × 100); (c') the same requests packed best-fit across the fleet by an oracle (not the scheduler) to show what first-fit costs; (d) fluid: a job starts iff the fleet's total free capacity ≥ its demand (no GPU boundaries) — an upper bound, not reachable by any placement once demands exceed 1/2.",
 	"Load: the arrival rate is above the fluid capacity, so every model is saturated and throughput is the service capacity under FIFO (as in KubeShare §5.3, where differences appear when jobs queue). Waits therefore grow with the length of the stream; compare them between models, not as absolute numbers.",
 	"Run time is independent of sharing (the paper's inference jobs are served at their requested rate; isolation overhead is not modelled).",
 	"Measurement window: from the arrival of the first 10% of jobs (warm-up) to the last arrival; all jobs then run to completion so every wait is known.",

@@ -123,7 +123,11 @@ func Run(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Options) (R
 		}
 		p, calls = ap, &ap.calls
 	}
+	return simulate(ctx, kind, w, jobs, opt, p, calls)
+}
 
+func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Options, p placer, calls *int) (Result, error) {
+	gpus := opt.Nodes * GPUsPerNode
 	r := Result{Kind: kind, MeanDemand: w.MeanDemand, Jobs: len(jobs), Starts: make([]float64, len(jobs))}
 	if len(jobs) == 0 {
 		return r, nil
@@ -388,9 +392,13 @@ func newAllocatorPlacer(m deviceModel, opt Options) (*allocatorPlacer, error) {
 	p := &allocatorPlacer{model: m, classes: newClassLister(m.classes()), cel: newCELCache(), opt: opt}
 	for i := range opt.Nodes {
 		name := fmt.Sprintf("node-%03d", i)
+		sl, err := m.slices(name)
+		if err != nil {
+			return nil, err
+		}
 		p.nodes = append(p.nodes, &simNode{
 			node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}},
-			slices:  slicesOf(name, m.resources(name)),
+			slices:  sl,
 			state:   newAllocatedState(),
 			refused: math.Inf(1),
 		})

@@ -1,66 +1,81 @@
 package fleet
 
 import (
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
-	"k8s.io/utils/ptr"
+	"fmt"
+	"sync"
 
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
-// tesseraResources is the driver's model for one hgx-h100 node.
-//
-// TODO(fleet): pkg/model.Resources has not landed yet; this mirrors the model in
-// ARCHITECTURE.md (counters in their own slice, gpu-N + gpu-N-shared per GPU) and is
-// to be replaced by model.Resources(node, gpu.Discover(gpu.NewMock("hgx-h100"))).
-func tesseraResources(node string) resourceslice.DriverResources {
-	cores := resource.MustParse("100")
-	counters := make([]resourceapi.CounterSet, GPUsPerNode)
-	var devices []resourceapi.Device
-	for g := range GPUsPerNode {
-		counters[g] = resourceapi.CounterSet{Name: model.CounterSetName(g), Counters: map[string]resourceapi.Counter{
-			"memory": {Value: gpuMemory}, "cores": {Value: cores},
-		}}
-		consumes := []resourceapi.DeviceCounterConsumption{{CounterSet: model.CounterSetName(g), Counters: map[string]resourceapi.Counter{
-			"memory": {Value: gpuMemory}, "cores": {Value: cores},
-		}}}
-		devices = append(devices,
-			resourceapi.Device{
-				Name:             model.WholeDeviceName(g),
-				Attributes:       map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu"), "index": integer(g), "minor": integer(g)},
-				Capacity:         map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: gpuMemory}, "cores": {Value: cores}},
-				ConsumesCounters: consumes,
-			},
-			resourceapi.Device{
-				Name:                     model.SharedDeviceName(g),
-				AllowMultipleAllocations: ptr.To(true),
-				Attributes:               map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("shared"), "index": integer(g), "minor": integer(g)},
-				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-					"memory": {Value: gpuMemory, RequestPolicy: &resourceapi.CapacityRequestPolicy{
-						Default:    ptr.To(gpuMemory),
-						ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("1Mi")), Step: ptr.To(resource.MustParse("1Mi"))},
-					}},
-					"cores": {Value: cores, RequestPolicy: &resourceapi.CapacityRequestPolicy{
-						Default:    ptr.To(resource.MustParse("0")),
-						ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("0")), Max: ptr.To(cores), Step: ptr.To(resource.MustParse("1"))},
-					}},
-				},
-				ConsumesCounters: consumes,
-			})
+// Profile is the mock node profile every simulated node is discovered from.
+const Profile = "hgx-h100"
+
+// hgxGPUs discovers the profile once; every node of the fleet reports the same GPUs.
+var hgxGPUs = sync.OnceValues(func() ([]gpu.GPU, error) {
+	lib, err := gpu.NewMock(Profile)
+	if err != nil {
+		return nil, err
 	}
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{
-		{SharedCounters: counters},
-		{Devices: devices},
-	}}}}
+	gpus, err := gpu.Discover(lib)
+	if err != nil {
+		return nil, fmt.Errorf("mock profile %s: %w", Profile, err)
+	}
+	return gpus, nil
+})
+
+// tesseraSlices is exactly what the kubelet plugin publishes for an hgx-h100 node:
+// model.Resources over the discovered mock GPUs, turned into ResourceSlices by
+// model.ResourceSlices. The API server would name the slices from their
+// generateName; the allocator walks slices by name, so the name is set the same way.
+func tesseraSlices(node string) ([]*resourceapi.ResourceSlice, error) {
+	gpus, err := hgxGPUs()
+	if err != nil {
+		return nil, err
+	}
+	res, err := model.Resources(node, gpus)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	slices, err := model.ResourceSlices(node, res)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
+	out := make([]*resourceapi.ResourceSlice, len(slices))
+	for i := range slices {
+		s := &slices[i]
+		if s.Name == "" {
+			s.Name = s.GenerateName + "sim"
+		}
+		out[i] = s
+	}
+	return out, nil
 }
 
-// tesseraClasses are the two DeviceClasses the chart installs.
-//
-// TODO(fleet): replace by model.DeviceClasses() once it lands.
+// tesseraClasses are the DeviceClasses the chart installs.
 func tesseraClasses() []*resourceapi.DeviceClass {
-	return []*resourceapi.DeviceClass{
-		class(WholeClass, typeSelector("gpu")),
-		class(SharedClass, typeSelector("shared")),
+	classes := model.DeviceClasses()
+	out := make([]*resourceapi.DeviceClass, len(classes))
+	for i := range classes {
+		out[i] = &classes[i]
 	}
+	return out
+}
+
+// own names the slices of the models this package defines (a) and (b) the way
+// model.ResourceSlices names Tessera's, so all three go through the same path.
+func own(node string, res resourceslice.DriverResources) ([]*resourceapi.ResourceSlice, error) {
+	slices, err := model.ResourceSlices(node, res)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*resourceapi.ResourceSlice, len(slices))
+	for i := range slices {
+		slices[i].Name = slices[i].GenerateName + "sim"
+		out[i] = &slices[i]
+	}
+	return out, nil
 }

@@ -1,0 +1,37 @@
+// Package fleet simulates a fleet of hgx-h100 nodes under four ways of handing out
+// GPUs, on the workload of the KubeShare paper (HPDC '20, §5.3), and measures what
+// kube-scheduler's DRA allocator costs per node for each. It backs `make bench`
+// through cmd/tessera-bench.
+//
+// The models compared on the same job stream (Run, AllKinds):
+//
+//   - (a) Whole: one device per GPU, one job per GPU (today's Kubernetes).
+//   - (b) Partition: fixed partitions of 1/8, 1/4, 1/2 and 1/1 GPU published as
+//     partitionable devices over per-GPU counter sets (this package's own slices).
+//   - (c) Tessera: the driver's real model (pkg/model over the hgx-h100 mock GPUs of
+//     pkg/gpu), each job a share of gpu-N-shared with memory and cores ∝ demand.
+//   - (c') TesseraBestFit: the same requests packed best-fit by an oracle, to show
+//     what the allocator's first-fit costs.
+//   - (d) Fluid: the capacity bound without GPU boundaries.
+//
+// What the caller may assume:
+//
+//   - Run is pure apart from CPU: a discrete-event simulation on a simulated clock;
+//     the same Workload and Options give the same Result (wall-clock timing appears
+//     only in MeasureCost and Bench's informative durations).
+//   - Every placement for (a), (b), (c) is a real structured.Allocator call with the
+//     feature set kube-scheduler 1.37 enables (SchedulerFeatures) against the node's
+//     current AllocatedState, which is updated from the results the way the
+//     scheduler does. The allocator is rebuilt after every change of a node's state
+//     because it caches the counters left in each pool.
+//   - Queueing is FIFO with head-of-line blocking; a job goes to the first node
+//     whose allocation succeeds. See Run.
+//
+// Node side (prepare/unprepare latency, plugin RSS, API writes) is not measured
+// here yet; the report has a TODO(node-side) section. It needs from pkg/plugin a
+// constructor for a mock-mode driver with injected fakes (mock NVML profile, CDI
+// root and checkpoint in a temp dir, no kubelet registration), its
+// PrepareResourceClaims/UnprepareResourceClaims callable in-process with claims
+// carrying an AllocationResult, and a resourceslice publisher behind an interface
+// (or a fake clientset) so that API writes can be counted.
+package fleet

@@ -1,0 +1,233 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// small is a stream that keeps -race runs short: 2 nodes (16 GPUs), 300 jobs.
+func small(m float64) (Workload, []Job) {
+	w := Workload{Seed: 7, Jobs: 300, MeanDemand: m, SDDemand: 0.1, MeanRuntime: 600, GPUs: 16, Load: 1.25}
+	return w, w.Generate()
+}
+
+func run(t *testing.T, k Kind, w Workload, jobs []Job, opt Options) Result {
+	t.Helper()
+	if opt.Nodes == 0 {
+		opt.Nodes = 2
+	}
+	opt.Check = true
+	r, err := Run(context.Background(), k, w, jobs, opt)
+	if err != nil {
+		t.Fatalf("%s at m=%.1f: %v", k, w.MeanDemand, err)
+	}
+	return r
+}
+
+func TestDeterministicForSeed(t *testing.T) {
+	w, jobs := small(0.3)
+	if diff := cmp.Diff(jobs, w.Generate()); diff != "" {
+		t.Fatalf("same seed, different stream (-first +second):\n%s", diff)
+	}
+	other := w
+	other.Seed++
+	if cmp.Equal(jobs, other.Generate()) {
+		t.Fatal("different seeds gave the same stream")
+	}
+	for _, k := range []Kind{Tessera, Partition} {
+		a, b := run(t, k, w, jobs, Options{}), run(t, k, w, jobs, Options{})
+		if diff := cmp.Diff(a, b); diff != "" {
+			t.Errorf("%s: two runs of one stream differ (-first +second):\n%s", k, diff)
+		}
+	}
+}
+
+func TestFluidIsUpperBound(t *testing.T) {
+	for _, m := range []float64{0.2, 0.5} {
+		w, jobs := small(m)
+		fluid := run(t, Fluid, w, jobs, Options{})
+		for _, k := range []Kind{Whole, Partition, Tessera, TesseraBestFit} {
+			r := run(t, k, w, jobs, Options{})
+			if r.JobsPerHour > fluid.JobsPerHour {
+				t.Errorf("m=%.1f: %s completes %.0f jobs/h, more than the fluid bound %.0f", m, k, r.JobsPerHour, fluid.JobsPerHour)
+			}
+			if r.Makespan < fluid.Makespan {
+				t.Errorf("m=%.1f: %s finishes the stream at %.0fs, before the fluid bound (%.0fs)", m, k, r.Makespan, fluid.Makespan)
+			}
+		}
+	}
+}
+
+func TestWholeGPUModelNeverShares(t *testing.T) {
+	w, jobs := small(0.1)
+	if r := run(t, Whole, w, jobs, Options{}); r.MaxJobsPerGPU != 1 {
+		t.Errorf("whole-GPU model ran %d jobs on one GPU, want 1", r.MaxJobsPerGPU)
+	}
+	if r := run(t, Tessera, w, jobs, Options{}); r.MaxJobsPerGPU < 2 {
+		t.Errorf("Tessera at m=0.1 never shared a GPU (max %d jobs per GPU)", r.MaxJobsPerGPU)
+	}
+}
+
+// TestNoGPUOverCapacity runs every model with the conservation check on (run sets
+// Options.Check), with demands large enough that GPUs fill up.
+func TestNoGPUOverCapacity(t *testing.T) {
+	for _, m := range []float64{0.1, 0.4} {
+		w, jobs := small(m)
+		for _, k := range AllKinds {
+			run(t, k, w, jobs, Options{})
+		}
+	}
+}
+
+func TestConservationCheckCatchesViolations(t *testing.T) {
+	half := gpuMemory.Value() / 2
+	for name, uses := range map[string][]gpuUse{
+		"whole shared":        {{whole: true, memory: gpuMemory.Value(), cores: 100}, {memory: 1, cores: 1}},
+		"memory over":         {{memory: half, cores: 10}, {memory: half + 1, cores: 10}},
+		"cores over":          {{memory: 1, cores: 60}, {memory: 1, cores: 41}},
+		"partitions overlap":  {{memory: 1, slots: 0x0f}, {memory: 1, slots: 0x0c}},
+		"whole GPU partition": {{whole: true, slots: 0xff}, {slots: 0x01}},
+	} {
+		if err := checkGPU(uses); err == nil {
+			t.Errorf("%s: check passed", name)
+		}
+	}
+	if err := checkGPU([]gpuUse{{memory: half, cores: 50, slots: 0x0f}, {memory: half, cores: 50, slots: 0xf0}}); err != nil {
+		t.Errorf("exactly full GPU: %v", err)
+	}
+}
+
+// TestSkippingKnownRefusalsChangesNothing: not asking a node that refused a smaller
+// claim since it last changed gives the same placements as asking every time.
+func TestSkippingKnownRefusalsChangesNothing(t *testing.T) {
+	w, jobs := small(0.3)
+	for _, k := range []Kind{Whole, Partition, Tessera} {
+		fast, slow := run(t, k, w, jobs, Options{}), run(t, k, w, jobs, Options{AlwaysAsk: true})
+		if diff := cmp.Diff(fast.Starts, slow.Starts); diff != "" {
+			t.Errorf("%s: start times differ (-skipping +asking):\n%s", k, diff)
+		}
+		if fast.AllocatorCalls >= slow.AllocatorCalls {
+			t.Errorf("%s: skipping made %d calls, asking %d", k, fast.AllocatorCalls, slow.AllocatorCalls)
+		}
+	}
+}
+
+// TestAllocatorPacksFirstFit: the scheduler's allocator over Tessera's slices places
+// exactly like first-fit by node, then GPU minor.
+func TestAllocatorPacksFirstFit(t *testing.T) {
+	w, jobs := small(0.2)
+	real := run(t, Tessera, w, jobs, Options{})
+	starts := replay(t, newOraclePlacer(2*GPUsPerNode, false), jobs)
+	if diff := cmp.Diff(starts, real.Starts); diff != "" {
+		t.Errorf("allocator vs first-fit (-first-fit +allocator):\n%s", diff)
+	}
+}
+
+// replay runs the simulation loop with a given placer.
+func replay(t *testing.T, p placer, jobs []Job) []float64 {
+	t.Helper()
+	w, _ := small(0.2)
+	r, err := simulate(context.Background(), TesseraBestFit, w, jobs, Options{Nodes: 2, Check: true}, p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Starts
+}
+
+func TestGPUMemoryMatchesProfile(t *testing.T) {
+	gpus, err := hgxGPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gpus) != GPUsPerNode {
+		t.Fatalf("%s has %d GPUs, want %d", Profile, len(gpus), GPUsPerNode)
+	}
+	for _, g := range gpus {
+		if int64(g.MemoryBytes) != gpuMemory.Value() {
+			t.Errorf("GPU %d: %d bytes, the simulation assumes %d", g.Minor, g.MemoryBytes, gpuMemory.Value())
+		}
+	}
+}
+
+func TestClaimSizes(t *testing.T) {
+	for _, tc := range []struct {
+		demand  float64
+		eighths int
+		cores   int64
+	}{{0.01, 1, 1}, {0.125, 1, 13}, {0.13, 2, 13}, {0.25, 2, 25}, {0.3, 4, 30}, {0.51, 8, 51}, {1, 8, 100}} {
+		if got := partitionEighths(tc.demand); got != tc.eighths {
+			t.Errorf("demand %.3f: partition of %d eighths, want %d", tc.demand, got, tc.eighths)
+		}
+		mem, cores := ShareRequest(tc.demand)
+		if cores.Value() != tc.cores {
+			t.Errorf("demand %.3f: %d cores, want %d", tc.demand, cores.Value(), tc.cores)
+		}
+		if mem.Value()%(1<<20) != 0 || float64(mem.Value()) < tc.demand*float64(gpuMemory.Value()) || mem.Value() > gpuMemory.Value() {
+			t.Errorf("demand %.3f: memory %s is not demand × GPU memory rounded up to 1Mi", tc.demand, mem.String())
+		}
+	}
+}
+
+func TestReport(t *testing.T) {
+	cfg := QuickConfig(3)
+	cfg.Nodes, cfg.Workload.Jobs, cfg.Means = 1, 100, []float64{0.2, 0.3}
+	cfg.CostNodes, cfg.CostShares, cfg.CostMinTime = []int{1}, []int{0, 63}, 0
+	cfg.Command = "go run ./cmd/tessera-bench -quick"
+	rep, err := Bench(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := rep.Markdown()
+	for _, want := range []string{"| 0.2 | ", "(c)/(a) throughput at m=0.2", "tessera-shared | 1 |", "(no fit)", "TODO(node-side)", "fleet-quick.png"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	var buf bytes.Buffer
+	if err := rep.WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 400 || b.Dy() < 300 {
+		t.Errorf("plot is %v", b)
+	}
+}
+
+// BenchmarkAllocate is part 2 of the fleet benchmark: one Allocate call for one
+// claim on one node of a cluster whose nodes each hold `shares` 1/8-GPU allocations.
+// Each iteration builds a fresh allocator (untimed) as the scheduler does per pod.
+func BenchmarkAllocate(b *testing.B) {
+	ctx := context.Background()
+	for _, k := range AllCostKinds {
+		for _, nodes := range []int{1, 16, 64} {
+			for _, shares := range []int{0, 8, 32, 56, 63} {
+				b.Run(fmt.Sprintf("%s/nodes=%d/shares=%d", k, nodes, shares), func(b *testing.B) {
+					s, err := NewCostScenario(k, nodes, shares)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for b.Loop() {
+						b.StopTimer()
+						a, err := s.NewAllocator(ctx)
+						if err != nil {
+							b.Fatal(err)
+						}
+						b.StartTimer()
+						if _, err := s.AllocateOnce(ctx, a); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
