@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -37,6 +38,9 @@ type File struct {
 	// so readers hold it only for a map lookup or copy.
 	mu     sync.RWMutex
 	claims map[types.UID]Claim
+	// sum is the SHA-256 of the file content this File last read or wrote,
+	// so Refresh can tell whether another process replaced the file.
+	sum [sha256.Size]byte
 }
 
 var _ Store = (*File)(nil)
@@ -89,6 +93,7 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 		return nil, Recovery{}, fmt.Errorf("checkpoint %s: read: %w", path, err)
 	}
 
+	f.sum = sha256.Sum256(data)
 	c, err := decode(data)
 	var newer *newerError
 	if errors.As(err, &newer) {
@@ -214,6 +219,36 @@ func (f *File) Delete(uid types.UID) error {
 	return nil
 }
 
+// Refresh implements [Store]. It costs one read of the file; it decodes only
+// when the content differs from what this File last read or wrote. A file
+// that vanished is written again from memory. A file another process left
+// unreadable, or one from a newer Tessera, is an error and changes nothing:
+// unlike at Open, a running plugin must not discard claims it may be serving.
+func (f *File) Refresh() (bool, error) {
+	f.writeMu.Lock()
+	defer f.writeMu.Unlock()
+	data, err := f.fsys.ReadFile(f.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		f.logger.Info("Checkpoint file vanished, writing it again from memory")
+		return false, f.write(f.claims)
+	}
+	if err != nil {
+		return false, fmt.Errorf("checkpoint %s: refresh: %w", f.path, err)
+	}
+	sum := sha256.Sum256(data)
+	if sum == f.sum {
+		return false, nil
+	}
+	c, err := decode(data)
+	if err != nil {
+		return false, fmt.Errorf("checkpoint %s: refresh: another writer left it unreadable: %w", f.path, err)
+	}
+	f.swap(c.Claims)
+	f.sum = sum
+	f.logger.V(2).Info("Reloaded checkpoint written by another instance", "claims", len(c.Claims))
+	return true, nil
+}
+
 func (f *File) swap(next map[types.UID]Claim) {
 	f.mu.Lock()
 	f.claims = next
@@ -261,6 +296,7 @@ func (f *File) write(claims map[types.UID]Claim) (err error) {
 		// be durable. There is no temporary file left to remove.
 		return fmt.Errorf("checkpoint %s: fsync directory: %w", f.path, err)
 	}
+	f.sum = sha256.Sum256(data)
 	f.logger.V(5).Info("Wrote checkpoint", "claims", len(claims), "bytes", len(data))
 	return nil
 }

@@ -80,3 +80,6 @@ func (m *Memory) Delete(uid types.UID) error {
 	delete(m.claims, uid)
 	return nil
 }
+
+// Refresh implements [Store]; memory has no other writer.
+func (m *Memory) Refresh() (bool, error) { return false, nil }

@@ -69,6 +69,13 @@ type Store interface {
 	// Delete removes the claim. Deleting an unknown uid is not an error and
 	// does not write.
 	Delete(uid types.UID) error
+	// Refresh picks up what another process wrote since this store last read
+	// or wrote, and reports whether the claims changed. During a rolling update
+	// two plugin instances share the file; the kubelet plugin helper serializes
+	// their calls with a file lock, and each call refreshes first, so neither
+	// instance overwrites an entry the other wrote. On error (an unreadable
+	// file) the store keeps what it had.
+	Refresh() (changed bool, err error)
 }
 
 // normalize validates c and returns a deep copy with Config compacted, so

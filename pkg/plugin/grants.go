@@ -30,6 +30,14 @@ func newGrants() grants {
 	return grants{byGPU: map[int][]grant{}, claims: map[types.UID][]int{}}
 }
 
+// reset forgets every hold.
+func (g *grants) reset() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.byGPU = map[int][]grant{}
+	g.claims = map[types.UID][]int{}
+}
+
 // grantRequest is one GPU a claim wants.
 type grantRequest struct {
 	minor  int

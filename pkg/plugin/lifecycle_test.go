@@ -423,3 +423,37 @@ func TestRecoveryAtStart(t *testing.T) {
 		}
 	})
 }
+
+// TestRollingUpdateInstancesShareTheCheckpoint runs two instances over the same
+// dirs, as the old and new pod of a surge rolling update do. The kubelet plugin
+// helper serializes their calls; each sees what the other prepared, so the new
+// one refuses to double-grant the old one's GPU and can unprepare its claims.
+func TestRollingUpdateInstancesShareTheCheckpoint(t *testing.T) {
+	e := newEnv(t)
+	old := e.start(nil)
+	surge := e.start(nil) // opened before the old pod's last prepare
+
+	x := newClaim("uid-x", []result{whole("gpu", "gpu-0")})
+	y := newClaim("uid-y", []result{whole("gpu", "gpu-0")})
+	z := newClaim("uid-z", []result{share("gpu", "gpu-1-shared", "s-z", "4Gi", "10")}, claimConfig(isolationConfig(configapi.IsolationMPS)))
+	mustPrepare(t, old.Plugin, x)
+	mustPrepare(t, old.Plugin, z)
+
+	res := prepare(t, surge.Plugin, y)
+	if res.Err == nil || !strings.Contains(res.Err.Error(), "already prepared for claim default/claim-uid-x") {
+		t.Fatalf("the new instance gave gpu-0 to uid-y while uid-x holds it: err = %v", res.Err)
+	}
+	// The kubelet now talks to the new instance only: it unprepares the old
+	// instance's claims from the shared checkpoint, MPS daemon included.
+	mustUnprepare(t, surge.Plugin, x.UID)
+	mustUnprepare(t, surge.Plugin, z.UID)
+	if got := old.store.List(); len(got) != 2 {
+		t.Fatalf("sanity: the old instance's own view still has %d claims before refreshing, want 2", len(got))
+	}
+	mustPrepare(t, surge.Plugin, y)
+	mustUnprepare(t, surge.Plugin, y.UID)
+	e.assertClean(surge)
+	if starts, stops := e.runner.Counts(); starts != 1 || stops != 1 {
+		t.Errorf("MPS daemon starts/stops = %d/%d, want 1/1", starts, stops)
+	}
+}

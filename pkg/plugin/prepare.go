@@ -23,6 +23,11 @@ import (
 // problem is reported for the claim it belongs to.
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if err := p.refresh(ctx); err != nil {
+		// Preparing on a stale view could hand out a GPU another instance
+		// just gave away; the kubelet retries.
+		return nil, fmt.Errorf("prepare: %w", err)
+	}
 	for _, claim := range claims {
 		devices, err := p.prepareClaim(ctx, claim)
 		if err != nil {

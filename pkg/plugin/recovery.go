@@ -33,29 +33,8 @@ func (p *Plugin) recover(ctx context.Context) {
 		logger.Info("Checkpoint recovered", "kind", r.Kind, "message", r.Message)
 	}
 
+	p.rebuildHolds(ctx)
 	claims := p.opts.Store.List()
-	holders := map[string][]types.UID{}
-	for _, c := range claims {
-		var reqs []grantRequest
-		for _, d := range c.Devices {
-			reqs = append(reqs, grantRequest{minor: d.Minor, shared: d.ShareID != ""})
-		}
-		if err := p.grants.reserve(c.UID, c.String(), reqs); err != nil {
-			// Two checkpointed claims on one GPU: keep both prepared (their
-			// containers may run) but say so loudly.
-			logger.Error(err, "Checkpoint holds conflicting claims", "claim", c.String())
-			p.event(corev1.EventTypeWarning, "DoubleGrant", err.Error())
-		}
-		for _, uuid := range mpsGPUs(c) {
-			holders[uuid] = append(holders[uuid], c.UID)
-		}
-	}
-	if p.opts.MPS != nil {
-		if err := p.opts.MPS.Restore(ctx, holders); err != nil {
-			logger.Error(err, "Restoring MPS daemons failed")
-			p.event(corev1.EventTypeWarning, "MPSRestoreFailed", err.Error())
-		}
-	}
 
 	for _, c := range claims {
 		if c.State != checkpoint.PrepareStarted {
@@ -84,6 +63,55 @@ func (p *Plugin) recover(ctx context.Context) {
 		}
 		logger.Info("Removed CDI spec of a claim not in the checkpoint", "claimUID", uid)
 	}
+}
+
+// rebuildHolds makes the double-grant index and the MPS holder sets mirror the
+// checkpoint: at start, and when another plugin instance (a rolling update's
+// other pod) changed the checkpoint. Daemons of GPUs with holders are
+// (re)started, orphaned ones stopped.
+func (p *Plugin) rebuildHolds(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	p.grants.reset()
+	claims := p.opts.Store.List()
+	holders := map[string][]types.UID{}
+	for _, c := range claims {
+		var reqs []grantRequest
+		for _, d := range c.Devices {
+			reqs = append(reqs, grantRequest{minor: d.Minor, shared: d.ShareID != ""})
+		}
+		if err := p.grants.reserve(c.UID, c.String(), reqs); err != nil {
+			// Two checkpointed claims on one GPU: keep both prepared (their
+			// containers may run) but say so loudly.
+			logger.Error(err, "Checkpoint holds conflicting claims", "claim", c.String())
+			p.event(corev1.EventTypeWarning, "DoubleGrant", err.Error())
+		}
+		for _, uuid := range mpsGPUs(c) {
+			holders[uuid] = append(holders[uuid], c.UID)
+		}
+	}
+	if p.opts.MPS != nil {
+		if err := p.opts.MPS.Restore(ctx, holders); err != nil {
+			logger.Error(err, "Restoring MPS daemons failed")
+			p.event(corev1.EventTypeWarning, "MPSRestoreFailed", err.Error())
+		}
+	}
+}
+
+// refresh picks up what another plugin instance wrote to the checkpoint since
+// this one last looked. The kubelet plugin helper serializes prepare and
+// unprepare calls across instances with a file lock, so refreshing at the start
+// of each call is enough for the two pods of a rolling update to never undo
+// each other's work.
+func (p *Plugin) refresh(ctx context.Context) error {
+	changed, err := p.opts.Store.Refresh()
+	if err != nil {
+		return err
+	}
+	if changed {
+		klog.FromContext(ctx).Info("Checkpoint changed by another plugin instance, rebuilding holds")
+		p.rebuildHolds(ctx)
+	}
+	return nil
 }
 
 func (p *Plugin) event(eventType, reason, message string) {

@@ -14,6 +14,9 @@ import (
 // it does not know are already unprepared.
 func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	result := make(map[types.UID]error, len(claims))
+	if err := p.refresh(ctx); err != nil {
+		return nil, fmt.Errorf("unprepare: %w", err)
+	}
 	for _, claim := range claims {
 		if err := p.unprepareClaim(ctx, claim.UID); err != nil {
 			err = fmt.Errorf("claim %s/%s (uid %s): unprepare: %w", claim.Namespace, claim.Name, claim.UID, err)
