@@ -23,7 +23,7 @@ const (
 	CostWhole         CostKind = "whole"          // (a): whole-GPU claim, whole-only slices
 	CostPartition     CostKind = "partition"      // (b): 1/8 partition claim
 	CostTesseraWhole  CostKind = "tessera-whole"  // (c): gpu.tessera.dev claim on Tessera's slices
-	CostTesseraShared CostKind = "tessera-shared" // (c): 1/8 share {memory: 10Gi, cores: 12}
+	CostTesseraShared CostKind = "tessera-shared" // (c): 1/8 share {memory: 10194Mi, cores: 12}
 )
 
 // AllCostKinds is the report order.
@@ -66,7 +66,12 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 		return nil, fmt.Errorf("cost scenario: unknown kind %q", kind)
 	}
 	s := &CostScenario{Kind: kind, Nodes: nodes, Shares: shares, classes: newClassLister(m.classes()), cel: newCELCache(), state: newAllocatedState()}
-	eighth := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("12")}
+	// An eighth of the GPU in whole MiB (81559Mi/8 rounded down) and 12 cores, so
+	// that eight fit on one GPU.
+	eighth := map[resourceapi.QualifiedName]resource.Quantity{
+		"memory": *resource.NewQuantity(gpuMemory.Value()/8>>20<<20, resource.BinarySI),
+		"cores":  resource.MustParse("12"),
+	}
 	for i := range nodes {
 		name := fmt.Sprintf("node-%03d", i)
 		sl, err := m.slices(name)

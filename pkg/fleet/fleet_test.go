@@ -231,3 +231,29 @@ func BenchmarkAllocate(b *testing.B) {
 		}
 	}
 }
+
+// TestCostScenarioFits: the cost grid measures what it says — a claim that fits
+// where there is room and is refused where there is none.
+func TestCostScenarioFits(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		kind   CostKind
+		shares int
+		fits   bool
+	}{
+		{CostWhole, 63, true}, {CostPartition, 63, true}, {CostTesseraShared, 63, true},
+		{CostTesseraWhole, 56, true}, {CostTesseraWhole, 63, false}, {CostPartition, 64, false}, {CostTesseraShared, 64, false},
+	} {
+		s, err := NewCostScenario(tc.kind, 2, tc.shares)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := s.NewAllocator(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fits, err := s.AllocateOnce(ctx, a); err != nil || fits != tc.fits {
+			t.Errorf("%s with %d existing: fits=%v, err=%v; want fits=%v", tc.kind, tc.shares, fits, err, tc.fits)
+		}
+	}
+}
