@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,7 +118,12 @@ type instance struct {
 	rec   checkpoint.Recovery
 }
 
+// ctxFor logs through t in tests; benchmarks discard logs, as production runs
+// at a verbosity where the per-write lines cost nothing.
 func ctxFor(t testing.TB) context.Context {
+	if _, ok := t.(*testing.B); ok {
+		return klog.NewContext(context.Background(), logr.Discard())
+	}
 	_, ctx := ktesting.NewTestContext(t)
 	return ctx
 }
