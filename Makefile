@@ -8,7 +8,7 @@ LOCAL := demo/clusters/local
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
 LOCKED := flock -w 3600 $(CLUSTER_LOCK)
 
-.PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint fmt vet bench clean
+.PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint fmt vet bench bench-full clean
 
 all: build
 
@@ -62,9 +62,15 @@ lint: vet
 	@command -v shellcheck >/dev/null || { echo "shellcheck missing: apt-get install -y shellcheck"; exit 1; }
 	@scripts=$$(git ls-files '*.sh' .ci/run); for s in $$scripts; do bash -n "$$s" || exit 1; done; shellcheck $$scripts
 
-## bench: allocator cost, prepare latency, checkpoint writes, the fleet simulation
+## bench: Go benchmarks (allocator cost, prepare latency, checkpoint writes) and the
+## quick fleet simulation (results/fleet-quick.md, .png; under a minute)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) run ./cmd/tessera-bench -quick -out results
+
+## bench-full: the 128-GPU fleet simulation (results/fleet.md, .png; a few minutes)
+bench-full:
+	$(GO) run ./cmd/tessera-bench -out results
 
 clean:
 	rm -rf $(BIN)
