@@ -17,6 +17,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,6 +28,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/plugin"
@@ -45,6 +47,12 @@ type flags struct {
 	mpsRoot           string
 	nvidiaCDISpecDirs []string
 	rediscoverEvery   time.Duration
+
+	health               bool
+	healthIgnoredXIDs    []uint
+	healthFatalXIDs      []uint
+	healthFatalEffect    string
+	healthRecoveryPeriod time.Duration
 }
 
 func main() {
@@ -80,6 +88,11 @@ func newCommand() *cobra.Command {
 	fs.StringVar(&f.mpsRoot, "mps-root", "", "host directory for the MPS daemons' pipe and log directories (default <plugin-data-dir>/mps)")
 	fs.StringSliceVar(&f.nvidiaCDISpecDirs, "nvidia-cdi-spec-dirs", []string{"/etc/cdi", "/var/run/cdi"}, "where to look for the NVIDIA container toolkit's CDI spec (nvidia.com/gpu)")
 	fs.DurationVar(&f.rediscoverEvery, "rediscover-interval", time.Minute, "how often to rediscover GPUs and republish when the inventory changed")
+	fs.BoolVar(&f.health, "health", true, "watch NVML error events: taint unhealthy GPUs' devices ("+health.TaintKey+") and report device health to the kubelet")
+	fs.UintSliceVar(&f.healthIgnoredXIDs, "health-ignored-xids", toUint(health.DefaultIgnoredXIDs), "XIDs that never make a GPU unhealthy (application faults)")
+	fs.UintSliceVar(&f.healthFatalXIDs, "health-fatal-xids", toUint(health.DefaultFatalXIDs), "XIDs that taint with --health-fatal-effect; other critical XIDs taint NoSchedule")
+	fs.StringVar(&f.healthFatalEffect, "health-fatal-effect", string(resourceapi.DeviceTaintEffectNoExecute), "taint effect of fatal XIDs, double-bit ECC errors and lost GPUs: NoExecute (evict), NoSchedule or None")
+	fs.DurationVar(&f.healthRecoveryPeriod, "health-recovery-period", health.DefaultRecoveryPeriod, "how long an unhealthy GPU must go without a counted error before its taint is removed")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -175,6 +188,21 @@ func run(ctx context.Context, f flags) error {
 	defer events.Shutdown()
 	opts.Events = events
 
+	var tracker *health.Tracker
+	if f.health {
+		policy := health.Policy{
+			IgnoredXIDs:    toUint64(f.healthIgnoredXIDs),
+			FatalXIDs:      toUint64(f.healthFatalXIDs),
+			FatalEffect:    resourceapi.DeviceTaintEffect(f.healthFatalEffect),
+			RecoveryPeriod: f.healthRecoveryPeriod,
+		}
+		if err := policy.Validate(); err != nil {
+			return fmt.Errorf("--health-*: %w", err)
+		}
+		tracker = health.NewTracker(policy, nil)
+		opts.Health = tracker
+	}
+
 	p, err := plugin.New(ctx, opts)
 	if err != nil {
 		return err
@@ -196,15 +224,48 @@ func run(ctx context.Context, f flags) error {
 	defer helper.Stop()
 
 	inv := &plugin.Inventory{NodeName: f.nodeName, Discover: discover, Publisher: helper, OnChange: p.SetGPUs}
+	if tracker != nil {
+		inv.Taints = tracker.Taints
+	}
 	if _, err := inv.Sync(ctx); err != nil {
 		return err
 	}
 	go inv.Run(ctx, f.rediscoverEvery)
+	if tracker != nil {
+		go plugin.FollowHealth(ctx, tracker, inv)
+		watcherDone := make(chan struct{})
+		// NVML is shut down after the watcher's last wait.
+		defer func() { <-watcherDone }()
+		go func() {
+			defer close(watcherDone)
+			w := &health.Watcher{Lib: nvmlLib, Tracker: tracker}
+			if err := w.Run(ctx); err != nil {
+				// Health stays "healthy" for every GPU; the plugin keeps serving.
+				logger.Error(err, "GPU error events cannot be watched; device health is not monitored")
+			}
+		}()
+	}
 
 	logger.Info("Kubelet plugin running", "node", f.nodeName, "driver", model.DriverName)
 	<-ctx.Done()
 	logger.Info("Shutting down")
 	return nil
+}
+
+func toUint(in []uint64) []uint {
+	out := make([]uint, len(in))
+	for i, v := range in {
+		out[i] = uint(v)
+	}
+	return out
+}
+
+func toUint64(in []uint) []uint64 {
+	out := make([]uint64, len(in))
+	for i, v := range in {
+		out[i] = uint64(v)
+	}
+	return out
 }
 
 // openNVML returns the initialised NVML of the real driver, or of the mock

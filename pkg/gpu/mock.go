@@ -108,6 +108,9 @@ type MockNode struct {
 	// Devices are the mock GPUs in NVML index order; DeviceGetHandleByIndex(i)
 	// returns Devices[i].
 	Devices []*mock.Device
+
+	// state backs the test knobs (InjectEvent, SetLost, SetProcesses).
+	state *mockState
 }
 
 // NewMock returns the mock NVML of a built-in profile (see Profiles). It is
@@ -188,6 +191,7 @@ func newMockNode(name string, p mockProfile) *MockNode {
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
+	node.installEvents()
 	return node
 }
 

@@ -83,10 +83,10 @@ type testNode struct {
 
 // newTestNode publishes gpus as node "node-1" would (Resources, then the objects
 // the resourceslice controller creates, named as the API server would name them).
-func newTestNode(t testing.TB, gpus []gpu.GPU) *testNode {
+func newTestNode(t testing.TB, gpus []gpu.GPU, opts ...Option) *testNode {
 	t.Helper()
 	const nodeName = "node-1"
-	res, err := Resources(nodeName, gpus)
+	res, err := Resources(nodeName, gpus, opts...)
 	if err != nil {
 		t.Fatalf("Resources: %v", err)
 	}

@@ -80,12 +80,22 @@ type Option func(*options)
 
 type options struct {
 	pcieRoots PCIeRoots
+	taints    map[string][]resourceapi.DeviceTaint
 }
 
 // WithPCIeRoots makes Resources publish resource.kubernetes.io/pcieRoot for the GPUs
 // whose root r knows. Without it (mock nodes, tests) the attribute is left out.
 func WithPCIeRoots(r PCIeRoots) Option {
 	return func(o *options) { o.pcieRoots = r }
+}
+
+// WithTaints puts device taints on both devices (gpu-N and gpu-N-shared) of
+// the GPUs named by UUID; the health monitor taints unhealthy GPUs this way.
+// The taints are copied. GPUs not in the map, and UUIDs of no published GPU,
+// change nothing; more than resourceapi.DeviceTaintsMaxLength taints for one
+// GPU make Resources fail.
+func WithTaints(taints map[string][]resourceapi.DeviceTaint) Option {
+	return func(o *options) { o.taints = taints }
 }
 
 // Resources is what the kubelet plugin of node nodeName publishes for these GPUs:
@@ -135,7 +145,7 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 	minors := make(map[int]string, len(gpus))
 	uuids := make(map[string]int, len(gpus))
 	for _, g := range gpus {
-		if err := checkGPU(g); err != nil {
+		if err := checkGPU(g, o); err != nil {
 			return resourceslice.DriverResources{}, err
 		}
 		if other, dup := minors[g.Minor]; dup {
@@ -183,7 +193,7 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 }
 
 // checkGPU rejects a GPU that cannot become valid API objects.
-func checkGPU(g gpu.GPU) error {
+func checkGPU(g gpu.GPU, o options) error {
 	name := g.UUID
 	if name == "" {
 		name = fmt.Sprintf("minor %d", g.Minor)
@@ -199,6 +209,9 @@ func checkGPU(g gpu.GPU) error {
 		return fmt.Errorf("GPU %s: memory size is 0", name)
 	case g.MemoryBytes > math.MaxInt64:
 		return fmt.Errorf("GPU %s: memory size %d bytes does not fit a quantity", name, g.MemoryBytes)
+	}
+	if n := len(o.taints[g.UUID]); n > resourceapi.DeviceTaintsMaxLength {
+		return fmt.Errorf("GPU %s: %d taints, at most %d allowed", name, n, resourceapi.DeviceTaintsMaxLength)
 	}
 	for attr, v := range map[resourceapi.QualifiedName]string{
 		AttrUUID: g.UUID, AttrProductName: g.ProductName, AttrArchitecture: g.Architecture, AttrNVLinkDomain: g.NVLinkDomain,
@@ -239,7 +252,21 @@ func wholeDevice(g gpu.GPU, o options) resourceapi.Device {
 			Cores:  {Value: coresOf()},
 		},
 		ConsumesCounters: consumesAll(g),
+		Taints:           taintsOf(g, o),
 	}
+}
+
+// taintsOf is a copy of the GPU's taints, nil without any.
+func taintsOf(g gpu.GPU, o options) []resourceapi.DeviceTaint {
+	in := o.taints[g.UUID]
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]resourceapi.DeviceTaint, len(in))
+	for i := range in {
+		in[i].DeepCopyInto(&out[i])
+	}
+	return out
 }
 
 func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
@@ -270,6 +297,7 @@ func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
 			}},
 		},
 		ConsumesCounters: consumesAll(g),
+		Taints:           taintsOf(g, o),
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
@@ -72,6 +74,12 @@ type Options struct {
 	Client kubernetes.Interface
 	// Events records events on the Node; nil records none.
 	Events EventRecorder
+	// Health is the GPUs' health; nil turns health reporting to the kubelet
+	// off (WatchHealthStatus returns ErrHealthNotSupported).
+	Health *health.Tracker
+	// HealthResend is how often WatchHealthStatus re-sends an unchanged
+	// report; zero means DefaultHealthResend.
+	HealthResend time.Duration
 }
 
 // Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.
@@ -149,10 +157,4 @@ func (p *Plugin) lockClaim(uid types.UID) func() {
 // since publishing is retried by the helper's controller.
 func (p *Plugin) HandleError(ctx context.Context, err error, msg string) {
 	runtime.HandleErrorWithContext(ctx, err, msg)
-}
-
-// WatchHealthStatus implements kubeletplugin.DRAPlugin. Device health is not
-// reported yet.
-func (p *Plugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
 }

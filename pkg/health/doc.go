@@ -1,0 +1,34 @@
+// Package health turns NVML's error events into per-GPU health, the input of
+// the device taints Tessera publishes and of the health stream the kubelet
+// shows as a pod's allocatedResourcesStatus.
+//
+// It has two halves:
+//
+//   - [Tracker] is a pure state machine: [Event]s in, one [Status] per GPU out.
+//     A [Policy] classifies each event (ignored, NoSchedule, NoExecute); a GPU
+//     becomes healthy again once it has seen no counting event for
+//     Policy.RecoveryPeriod, measured on an injectable clock. No I/O.
+//   - [Watcher] reads the events from an nvml.Interface (EventSetCreate,
+//     RegisterEvents, EventSetWait): the real NVML on GPU nodes, and the mock
+//     node profiles of pkg/gpu, which can inject events, everywhere else.
+//
+// # Classification
+//
+// The default policy follows the resolution buckets of NVIDIA's Xid catalog:
+//
+//   - XIDs that report an application's own fault (13, 31, 43, 45, 68, 109:
+//     graphics exception, MMU fault, channel stopped/torn down, video
+//     processor exception, context switch timeout) are ignored. The GPU is
+//     fine; the process that caused them is not ours to judge.
+//   - XIDs after which the GPU needs a reset or the node a reboot, and whose
+//     running work is lost or its results suspect (48 double-bit ECC, 64 row
+//     remap failure, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP
+//     errors, 140 unrecovered ECC), a double-bit ECC event, and a lost GPU
+//     are fatal: NoExecute, so pods using the GPU are evicted.
+//   - Every other critical XID (for example 94, a contained ECC error: the
+//     affected process was killed, others keep running, and 74, an NVLink
+//     error) taints NoSchedule: running pods stay, new ones go elsewhere.
+//
+// Every list and the fatal effect are configurable (Policy), and so are the
+// flags of the kubelet plugin that fill it.
+package health

@@ -1,0 +1,114 @@
+package plugin
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// DefaultHealthResend is how often WatchHealthStatus re-sends the full
+// report when nothing changed: a third of the kubelet's 30 s default
+// HealthCheckTimeout, so that one lost or late report does not turn the
+// devices Unknown.
+const DefaultHealthResend = 10 * time.Second
+
+// WatchHealthStatus implements kubeletplugin.DRAPlugin. Without a health
+// tracker (Options.Health) it returns ErrHealthNotSupported at once.
+//
+// Otherwise it sends a report covering every published device (gpu-N and
+// gpu-N-shared of each GPU not in MIG mode) at once, again after every health
+// change, and re-sends it every Options.HealthResend (DefaultHealthResend)
+// so the kubelet's lease never runs out. A device of an unhealthy GPU is
+// Unhealthy with a message naming the events and the taint effect; all
+// others are Healthy. It returns nil when ctx is done; the kubelet may call
+// it again (one subscription per call).
+func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	tracker := p.opts.Health
+	if tracker == nil {
+		return kubeletplugin.ErrHealthNotSupported
+	}
+	changes, stop := tracker.Subscribe()
+	defer stop()
+	resend := p.opts.HealthResend
+	if resend <= 0 {
+		resend = DefaultHealthResend
+	}
+	ticker := time.NewTicker(resend)
+	defer ticker.Stop()
+	logger := klog.FromContext(ctx)
+	logger.V(2).Info("Kubelet watches device health")
+	for {
+		report := p.HealthReport()
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+			logger.V(2).Info("Sending device health after a change")
+		case <-ticker.C:
+		}
+	}
+}
+
+// HealthReport is the current health of every published device.
+func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
+	p.gpusMu.RLock()
+	gpus := make([]int, 0, len(p.gpus))
+	uuids := make(map[int]string, len(p.gpus))
+	for minor, g := range p.gpus {
+		if g.MIGEnabled {
+			continue
+		}
+		gpus = append(gpus, minor)
+		uuids[minor] = g.UUID
+	}
+	p.gpusMu.RUnlock()
+	slices.Sort(gpus)
+
+	now := time.Now()
+	report := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, 2*len(gpus))}
+	for _, minor := range gpus {
+		st := p.opts.Health.Status(uuids[minor])
+		h := kubeletplugin.DeviceHealth{PoolName: p.opts.NodeName, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
+		if !st.Healthy {
+			h.Health = kubeletplugin.HealthStatusUnhealthy
+			h.Message = healthMessage(st)
+		}
+		for _, name := range []string{model.WholeDeviceName(minor), model.SharedDeviceName(minor)} {
+			h.DeviceName = name
+			report.Devices = append(report.Devices, h)
+		}
+	}
+	return report
+}
+
+func healthMessage(st health.Status) string {
+	return st.Reason + " since " + st.Since.UTC().Format(time.RFC3339) + " (taint " + health.TaintKey + ":" + string(st.Effect) +
+		"; healthy again after " + st.RecoversAt.UTC().Format(time.RFC3339) + " without further errors)"
+}
+
+// FollowHealth makes inv sync after every change of the tracker's health, so
+// taints appear in and vanish from the published ResourceSlices as GPUs turn
+// unhealthy and recover. It returns when ctx is done.
+func FollowHealth(ctx context.Context, tracker *health.Tracker, inv *Inventory) {
+	changes, stop := tracker.Subscribe()
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+			inv.Trigger()
+		}
+	}
+}
