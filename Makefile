@@ -18,8 +18,9 @@ build:
 ## test: unit tests + the end-to-end suite on a local cluster (what CI runs)
 test: unit e2e
 
-## unit: everything that needs no cluster; -race on
-unit:
+## unit: everything that needs no cluster; -race on. Needs the pinned helm for the
+## chart's golden test, hence tools (a no-op once cached).
+unit: tools
 	$(GO) test -race -count=1 ./...
 
 ## e2e: start the local cluster, install Tessera, run tests/e2e, stop the cluster
