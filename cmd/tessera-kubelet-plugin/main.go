@@ -6,8 +6,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	goflag "flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -30,6 +32,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
@@ -53,6 +56,10 @@ type flags struct {
 	healthFatalXIDs      []uint
 	healthFatalEffect    string
 	healthRecoveryPeriod time.Duration
+
+	metricsAddress     string
+	procRoot           string
+	mockFaultInjection bool
 }
 
 func main() {
@@ -93,6 +100,9 @@ func newCommand() *cobra.Command {
 	fs.UintSliceVar(&f.healthFatalXIDs, "health-fatal-xids", toUint(health.DefaultFatalXIDs), "XIDs that taint with --health-fatal-effect; other critical XIDs taint NoSchedule")
 	fs.StringVar(&f.healthFatalEffect, "health-fatal-effect", string(resourceapi.DeviceTaintEffectNoExecute), "taint effect of fatal XIDs, double-bit ECC errors and lost GPUs: NoExecute (evict), NoSchedule or None")
 	fs.DurationVar(&f.healthRecoveryPeriod, "health-recovery-period", health.DefaultRecoveryPeriod, "how long an unhealthy GPU must go without a counted error before its taint is removed")
+	fs.StringVar(&f.metricsAddress, "metrics-address", ":9477", "address of the HTTP server for /metrics (Prometheus) and /healthz; empty: no server")
+	fs.StringVar(&f.procRoot, "proc-root", "/proc", "where /proc of the host's PID namespace is (NVML reports host PIDs; per-pod GPU memory reads <proc-root>/<pid>/cgroup)")
+	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe and /mock/lost on the metrics server to inject NVML events")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -120,6 +130,9 @@ func run(ctx context.Context, f flags) error {
 	// GPUs: a mock profile only when asked for; a missing NVML fails here
 	// with pkg/gpu's message.
 	mock := f.mockProfile != ""
+	if f.mockFaultInjection && !mock {
+		return fmt.Errorf("--mock-fault-injection needs --mock-profile: it is a test knob for mock GPUs")
+	}
 	nvmlLib, err := openNVML(f)
 	if err != nil {
 		return err
@@ -203,9 +216,23 @@ func run(ctx context.Context, f flags) error {
 		opts.Health = tracker
 	}
 
+	m := metrics.New(f.nodeName)
+	opts.Metrics = m
+
 	p, err := plugin.New(ctx, opts)
 	if err != nil {
 		return err
+	}
+	m.AddState(p, &metrics.Usage{Lib: nvmlLib, ProcRoot: f.procRoot, Pods: p})
+	if f.metricsAddress != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", m.Handler())
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		if node, ok := nvmlLib.(*gpu.MockNode); ok && f.mockFaultInjection {
+			logger.Info("TEST KNOB: NVML fault injection served on the metrics address", "paths", "/mock/xid, /mock/dbe, /mock/lost")
+			mux.Handle("/mock/", node.FaultHandler())
+		}
+		go serveMetrics(ctx, f.metricsAddress, mux)
 	}
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(model.DriverName),
@@ -252,6 +279,33 @@ func run(ctx context.Context, f flags) error {
 	return nil
 }
 
+// serveMetrics serves mux on addr until ctx is done. A busy address (the
+// other pod of a surge rolling update on the host network still holds it) is
+// retried every few seconds instead of failing the plugin.
+func serveMetrics(ctx context.Context, addr string, mux *http.ServeMux) {
+	logger := klog.FromContext(ctx)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	for {
+		logger.Info("Serving metrics", "address", addr)
+		err := srv.ListenAndServe()
+		if errors.Is(err, http.ErrServerClosed) || ctx.Err() != nil {
+			return
+		}
+		logger.Error(err, "Metrics server failed; retrying", "address", addr)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
 func toUint(in []uint64) []uint {
 	out := make([]uint, len(in))
 	for i, v := range in {
@@ -274,7 +328,7 @@ func openNVML(f flags) (nvml.Interface, error) {
 	var lib nvml.Interface
 	var err error
 	if f.mockProfile != "" {
-		lib, err = gpu.NewMock(f.mockProfile)
+		lib, err = gpu.NewMockNode(f.mockProfile)
 	} else {
 		lib, err = gpu.NewNVML(f.driverRoot)
 	}

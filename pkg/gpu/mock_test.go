@@ -1,6 +1,8 @@
 package gpu
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 
@@ -69,5 +71,37 @@ func TestMockHandleLookups(t *testing.T) {
 	}
 	if _, ret := node.DeviceGetHandleByUUID("GPU-nope"); ret != nvml.ERROR_NOT_FOUND {
 		t.Errorf("DeviceGetHandleByUUID(GPU-nope) = %v, want ERROR_NOT_FOUND", ret)
+	}
+}
+
+// The HTTP knob reaches the event sets.
+func TestMockFaultHandler(t *testing.T) {
+	node := mustMockNode(t, "l4x4")
+	set, _ := node.EventSetCreate()
+	if ret := node.Devices[2].RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	h := node.FaultHandler()
+	for _, tc := range []struct {
+		target string
+		code   int
+	}{
+		{"/mock/xid?gpu=2&xid=79", http.StatusOK},
+		{"/mock/xid?gpu=9&xid=79", http.StatusBadRequest},
+		{"/mock/xid?gpu=2", http.StatusBadRequest},
+		{"/mock/lost?gpu=1&lost=maybe", http.StatusBadRequest},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, tc.target, nil))
+		if rec.Code != tc.code {
+			t.Errorf("%s: %d %s, want %d", tc.target, rec.Code, rec.Body, tc.code)
+		}
+	}
+	data, ret := node.EventSetWait(set, 1000)
+	if ret != nvml.SUCCESS || data.EventData != 79 || data.Device != node.Devices[2] {
+		t.Errorf("wait: %+v %v", data, ret)
+	}
+	if _, ret := node.EventSetWait(set, 1); ret != nvml.ERROR_TIMEOUT {
+		t.Errorf("second wait: %v, want a timeout", ret)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/metrics"
 )
 
 // Specs is where the plugin writes one CDI spec per claim; [cdi.Dir] is the
@@ -80,6 +81,8 @@ type Options struct {
 	// HealthResend is how often WatchHealthStatus re-sends an unchanged
 	// report; zero means DefaultHealthResend.
 	HealthResend time.Duration
+	// Metrics records prepare/unprepare latency and errors; nil records none.
+	Metrics *metrics.Metrics
 }
 
 // Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.
@@ -94,6 +97,9 @@ type Plugin struct {
 
 	// grants is the double-grant index, guarded by its own mutex.
 	grants grants
+
+	// facts are the allocations and pods of prepared claims, for metrics.
+	facts facts
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,7 +30,9 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		return nil, fmt.Errorf("prepare: %w", err)
 	}
 	for _, claim := range claims {
+		start := time.Now()
 		devices, err := p.prepareClaim(ctx, claim)
+		p.opts.Metrics.ObservePrepare(time.Since(start), err)
 		if err != nil {
 			err = fmt.Errorf("claim %s/%s (uid %s): %w", claim.Namespace, claim.Name, claim.UID, err)
 			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
@@ -48,6 +51,7 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 
 	if prev, ok := p.opts.Store.Get(claim.UID); ok {
 		if prev.State == checkpoint.PrepareCompleted {
+			p.rememberClaim(claim)
 			return resultDevices(prev), nil
 		}
 		// A prepare that failed half way and could not be rolled back
@@ -111,6 +115,7 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 
+	p.rememberClaim(claim)
 	p.writeStatus(ctx, claim, pl)
 	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "devices", len(pl.devices))
 	return resultDevices(record), nil

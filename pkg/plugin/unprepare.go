@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -18,7 +19,10 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		return nil, fmt.Errorf("unprepare: %w", err)
 	}
 	for _, claim := range claims {
-		if err := p.unprepareClaim(ctx, claim.UID); err != nil {
+		start := time.Now()
+		err := p.unprepareClaim(ctx, claim.UID)
+		p.opts.Metrics.ObserveUnprepare(time.Since(start), err)
+		if err != nil {
 			err = fmt.Errorf("claim %s/%s (uid %s): unprepare: %w", claim.Namespace, claim.Name, claim.UID, err)
 			klog.FromContext(ctx).Error(err, "Unprepare failed")
 			result[claim.UID] = err
@@ -33,6 +37,7 @@ func (p *Plugin) unprepareClaim(ctx context.Context, uid types.UID) error {
 	unlock := p.lockClaim(uid)
 	defer unlock()
 	c, ok := p.opts.Store.Get(uid)
+	p.forgetClaim(uid)
 	if !ok {
 		// Not prepared, or unprepared before; a stray spec (from a crash
 		// before the first checkpoint write) goes too.

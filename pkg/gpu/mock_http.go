@@ -1,0 +1,62 @@
+package gpu
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// FaultHandler is an HTTP test knob over the node's event injection, for
+// end-to-end tests of a running plugin with a mock profile. It must never be
+// served on a real node. Requests (POST, query parameters):
+//
+//	/mock/xid?gpu=<index>&xid=<code>      a critical XID error
+//	/mock/dbe?gpu=<index>                 a double-bit ECC error
+//	/mock/lost?gpu=<index>&lost=true|false the GPU falls off the bus / returns
+//
+// The answer says how many event sets received the event.
+func (n *MockNode) FaultHandler() http.Handler {
+	mux := http.NewServeMux()
+	gpuIndex := func(r *http.Request) (int, error) {
+		i, err := strconv.Atoi(r.URL.Query().Get("gpu"))
+		if err != nil {
+			return 0, fmt.Errorf("gpu=%q: want a GPU index", r.URL.Query().Get("gpu"))
+		}
+		return i, nil
+	}
+	handle := func(path string, do func(i int, r *http.Request) (string, error)) {
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+			i, err := gpuIndex(r)
+			if err == nil {
+				var msg string
+				if msg, err = do(i, r); err == nil {
+					fmt.Fprintln(w, msg)
+					return
+				}
+			}
+			http.Error(w, err.Error(), http.StatusBadRequest)
+		})
+	}
+	handle("/mock/xid", func(i int, r *http.Request) (string, error) {
+		xid, err := strconv.ParseUint(r.URL.Query().Get("xid"), 10, 64)
+		if err != nil {
+			return "", fmt.Errorf("xid=%q: want an XID code", r.URL.Query().Get("xid"))
+		}
+		sets, err := n.InjectXID(i, xid)
+		return fmt.Sprintf("XID %d on GPU %d delivered to %d event sets", xid, i, sets), err
+	})
+	handle("/mock/dbe", func(i int, _ *http.Request) (string, error) {
+		sets, err := n.InjectEvent(i, nvml.EventTypeDoubleBitEccError, 0)
+		return fmt.Sprintf("double-bit ECC error on GPU %d delivered to %d event sets", i, sets), err
+	})
+	handle("/mock/lost", func(i int, r *http.Request) (string, error) {
+		lost, err := strconv.ParseBool(r.URL.Query().Get("lost"))
+		if err != nil {
+			return "", fmt.Errorf("lost=%q: want true or false", r.URL.Query().Get("lost"))
+		}
+		return fmt.Sprintf("GPU %d lost=%v", i, lost), n.SetLost(i, lost)
+	})
+	return mux
+}

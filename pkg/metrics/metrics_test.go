@@ -1,0 +1,183 @@
+package metrics
+
+import (
+	"errors"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+)
+
+type fixedSource Snapshot
+
+func (s fixedSource) MetricsSnapshot() Snapshot { return Snapshot(s) }
+
+type podMap map[types.UID]PodRef
+
+func (m podMap) Pod(uid types.UID) (PodRef, bool) { r, ok := m[uid]; return r, ok }
+
+const (
+	podA = "0f1e2d3c-4b5a-6978-8a9b-acbdcedf0011"
+	podB = "11111111-2222-3333-4444-555555555555"
+)
+
+func TestPodUIDFromCgroup(t *testing.T) {
+	for _, tc := range []struct{ name, content, want string }{
+		{"cgroup v2, systemd", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_acbdcedf0011.slice/cri-containerd-abc.scope\n", podA},
+		{"cgroup v2, cgroupfs", "0::/kubepods/besteffort/pod0f1e2d3c-4b5a-6978-8a9b-acbdcedf0011/0123abcd\n", podA},
+		{"cgroup v1, cgroupfs", "12:pids:/kubepods/pod11111111-2222-3333-4444-555555555555/abc\n11:memory:/kubepods/pod11111111-2222-3333-4444-555555555555/abc\n", podB},
+		{"guaranteed, systemd", "0::/kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice/cri-containerd-1.scope", podB},
+		{"not a pod", "0::/system.slice/nvidia-persistenced.service\n", ""},
+		{"empty", "", ""},
+	} {
+		got, ok := PodUIDFromCgroup(tc.content)
+		if string(got) != tc.want || ok != (tc.want != "") {
+			t.Errorf("%s: %q %v, want %q", tc.name, got, ok, tc.want)
+		}
+	}
+}
+
+// scrape returns the text exposition of m.
+func scrape(t *testing.T, m *Metrics) string {
+	t.Helper()
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func mustContain(t *testing.T, text string, lines ...string) {
+	t.Helper()
+	for _, l := range lines {
+		if !strings.Contains(text, l+"\n") {
+			t.Errorf("missing line %q", l)
+		}
+	}
+}
+
+// The GPU and claim gauges add up what the source says; latency and errors
+// are counted; per-pod memory is mapped through /proc/<pid>/cgroup.
+func TestMetrics(t *testing.T) {
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid0, _ := node.Devices[0].GetUUID()
+	uuid1, _ := node.Devices[1].GetUUID()
+	src := fixedSource{
+		GPUs: []GPU{
+			{UUID: uuid0, Minor: 0, ProductName: "NVIDIA L4", MemoryBytes: 23034 << 20, Healthy: true},
+			{UUID: uuid1, Minor: 1, ProductName: "NVIDIA L4", MemoryBytes: 23034 << 20, Healthy: false, Taint: "NoExecute"},
+		},
+		Claims: []Claim{
+			{UID: "c1", Namespace: "ml", Name: "a", Devices: []Device{{Device: "gpu-0-shared", UUID: uuid0, Minor: 0, Shared: true,
+				MemoryBytes: 4 << 30, Cores: 25, MemoryLimit: 4 << 30, CoresLimit: 50, Isolation: "MPS"}}},
+			{UID: "c2", Namespace: "ml", Name: "b", Devices: []Device{{Device: "gpu-0-shared", UUID: uuid0, Minor: 0, Shared: true,
+				MemoryBytes: 6 << 30, Cores: 30, MemoryLimit: 6 << 30, CoresLimit: 30, Isolation: "Advisory"}}},
+			{UID: "c3", Namespace: "ml", Name: "w", Devices: []Device{{Device: "gpu-1", UUID: uuid1, Minor: 1, MemoryBytes: 23034 << 20, Cores: 100}}},
+		},
+	}
+
+	proc := t.TempDir()
+	writeCgroup := func(pid, content string) {
+		if err := os.MkdirAll(filepath.Join(proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(proc, pid, "cgroup"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCgroup("100", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_acbdcedf0011.slice/cri-containerd-a.scope\n")
+	writeCgroup("101", "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_4b5a_6978_8a9b_acbdcedf0011.slice/cri-containerd-b.scope\n")
+	writeCgroup("200", "0::/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555/c\n")
+	writeCgroup("300", "0::/system.slice/some-daemon.service\n")
+	if err := node.SetProcesses(0, []nvml.ProcessInfo{
+		{Pid: 100, UsedGpuMemory: 1 << 30}, {Pid: 101, UsedGpuMemory: 512 << 20}, // two processes of pod A
+		{Pid: 200, UsedGpuMemory: 2 << 30}, // pod B, which holds no Tessera claim
+		{Pid: 300, UsedGpuMemory: 100 << 20},
+		{Pid: 999, UsedGpuMemory: 1 << 30}, // exited: no /proc entry
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	m := New("node-a")
+	m.AddState(src, &Usage{Lib: node, ProcRoot: proc, Pods: podMap{podA: {UID: podA, Namespace: "ml", Name: "train-0"}}})
+	m.ObservePrepare(3*time.Millisecond, nil)
+	m.ObservePrepare(7*time.Millisecond, errors.New("boom"))
+	m.ObserveUnprepare(time.Millisecond, nil)
+
+	text := scrape(t, m)
+	g0 := `gpu="gpu-0",node="node-a",uuid="` + uuid0 + `"`
+	g1 := `gpu="gpu-1",node="node-a",uuid="` + uuid1 + `"`
+	mustContain(t, text,
+		`tessera_gpu_info{gpu="gpu-0",node="node-a",product="NVIDIA L4",uuid="`+uuid0+`"} 1`,
+		`tessera_gpu_memory_bytes{`+g0+`} 2.4152899584e+10`,
+		`tessera_gpu_cores{`+g0+`} 100`,
+		`tessera_gpu_allocated_memory_bytes{`+g0+`} 1.073741824e+10`,
+		`tessera_gpu_allocated_cores{`+g0+`} 55`,
+		`tessera_gpu_shares{`+g0+`} 2`,
+		`tessera_gpu_allocated_memory_bytes{`+g1+`} 2.4152899584e+10`,
+		`tessera_gpu_allocated_cores{`+g1+`} 100`,
+		`tessera_gpu_shares{`+g1+`} 0`,
+		`tessera_gpu_healthy{effect="",`+g0+`} 1`,
+		`tessera_gpu_healthy{effect="NoExecute",`+g1+`} 0`,
+		`tessera_claim_memory_limit_bytes{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 4.294967296e+09`,
+		`tessera_claim_cores_limit{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 50`,
+		`tessera_claim_cores{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 25`,
+		`tessera_prepare_duration_seconds_count{node="node-a"} 2`,
+		`tessera_prepare_errors_total{node="node-a"} 1`,
+		`tessera_unprepare_duration_seconds_count{node="node-a"} 1`,
+		`tessera_unprepare_errors_total{node="node-a"} 0`,
+		`tessera_pod_gpu_memory_used_bytes{gpu="gpu-0",namespace="ml",node="node-a",pod="train-0",pod_uid="`+podA+`",uuid="`+uuid0+`"} 1.610612736e+09`,
+		`tessera_pod_gpu_memory_used_bytes{gpu="gpu-0",namespace="",node="node-a",pod="",pod_uid="`+podB+`",uuid="`+uuid0+`"} 2.147483648e+09`,
+		`tessera_pod_gpu_memory_used_bytes{gpu="gpu-0",namespace="",node="node-a",pod="",pod_uid="",uuid="`+uuid0+`"} 1.048576e+08`,
+	)
+	if strings.Contains(text, `tessera_claim_memory_limit_bytes{claim="w"`) {
+		t.Error("a whole GPU has a limit series")
+	}
+	if t.Failed() {
+		t.Log(text)
+	}
+}
+
+// A lost GPU's processes cannot be read; the others still are.
+func TestUsageLostGPU(t *testing.T) {
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid0, _ := node.Devices[0].GetUUID()
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "5"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "5", "cgroup"), []byte("0::/kubepods/pod"+podB+"/x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = node.SetProcesses(0, []nvml.ProcessInfo{{Pid: 5, UsedGpuMemory: 7}})
+	_ = node.SetLost(0, true)
+	u := &Usage{Lib: node, ProcRoot: proc}
+	if got := u.Collect([]GPU{{UUID: uuid0}}); len(got) != 0 {
+		t.Errorf("lost GPU reported %v", got)
+	}
+	_ = node.SetLost(0, false)
+	if got := u.Collect([]GPU{{UUID: uuid0}}); len(got) != 1 || got[0].UsedBytes != 7 || got[0].PodUID != podB {
+		t.Errorf("got %+v", got)
+	}
+}
