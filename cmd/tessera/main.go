@@ -32,6 +32,7 @@ func newRootCommand() *cobra.Command {
 		newSlicesCommand(),
 		newDeviceClassesCommand(),
 		newClaimTemplateCommand(),
+		newStatusCommand(),
 	)
 	return root
 }

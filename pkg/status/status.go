@@ -1,0 +1,245 @@
+// Package status builds the cluster-wide view behind `tessera status`: per
+// node and GPU, what the GPU is, how much of its memory and compute claims
+// hold, who holds it (pod and claim) and whether it is healthy. It reads only
+// the API (ResourceSlices and ResourceClaims), so it needs no access to the
+// nodes, and shows exactly what the scheduler sees.
+package status
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// Report is the status of every GPU Tessera publishes, by node.
+type Report struct {
+	Nodes []Node `json:"nodes"`
+}
+
+// Node is one node's GPUs, by ascending minor.
+type Node struct {
+	Name string `json:"name"`
+	GPUs []GPU  `json:"gpus"`
+}
+
+// Mode is how a GPU is allocated.
+type Mode string
+
+const (
+	ModeFree   Mode = "free"
+	ModeWhole  Mode = "whole"
+	ModeShared Mode = "shared"
+)
+
+// GPU is one GPU and what holds it.
+type GPU struct {
+	// Device is the whole device's name (gpu-<minor>).
+	Device      string `json:"device"`
+	Minor       int    `json:"minor"`
+	UUID        string `json:"uuid,omitempty"`
+	ProductName string `json:"productName,omitempty"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Cores       int64  `json:"cores"`
+	// AllocatedMemoryBytes and AllocatedCores are held by claims: all of it
+	// for a whole GPU, the sum of the shares' consumedCapacity otherwise.
+	AllocatedMemoryBytes int64 `json:"allocatedMemoryBytes"`
+	AllocatedCores       int64 `json:"allocatedCores"`
+	Mode                 Mode  `json:"mode"`
+	// Healthy is false while a device of the GPU carries the
+	// gpu.tessera.dev/unhealthy taint; Taints are all taints of its devices.
+	Healthy bool                      `json:"healthy"`
+	Taints  []resourceapi.DeviceTaint `json:"taints,omitempty"`
+	Holders []Holder                  `json:"holders"`
+}
+
+// Holder is one allocation on the GPU: a claim and the pods it is reserved for.
+type Holder struct {
+	Namespace string   `json:"namespace"`
+	Claim     string   `json:"claim"`
+	Pods      []string `json:"pods"`
+	// Device is gpu-N (whole) or gpu-N-shared (a share).
+	Device      string `json:"device"`
+	ShareID     string `json:"shareID,omitempty"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Cores       int64  `json:"cores"`
+	AdminAccess bool   `json:"adminAccess,omitempty"`
+}
+
+// unhealthyTaint is pkg/health's TaintKey (not imported: status runs on
+// laptops and must not pull in NVML).
+const unhealthyTaint = "gpu.tessera.dev/unhealthy"
+
+// Get reads the ResourceSlices of driver gpu.tessera.dev and every
+// ResourceClaim and builds the report. node, when not empty, restricts it to
+// that node.
+func Get(ctx context.Context, client kubernetes.Interface, node string) (Report, error) {
+	sliceList, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
+	if err != nil {
+		return Report{}, fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	claimList, err := client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return Report{}, fmt.Errorf("list ResourceClaims: %w", err)
+	}
+	r := Build(sliceList.Items, claimList.Items)
+	if node != "" {
+		r.Nodes = slices.DeleteFunc(r.Nodes, func(n Node) bool { return n.Name != node })
+	}
+	return r, nil
+}
+
+// Build is Get without the API: the report for these slices and claims.
+// Slices of other drivers are ignored, and of each pool only those of its
+// newest generation count (older ones are being replaced).
+func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim) Report {
+	newest := map[string]int64{}
+	for _, s := range resourceSlices {
+		if s.Spec.Driver == model.DriverName {
+			newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
+		}
+	}
+	type key struct {
+		pool  string
+		minor int
+	}
+	gpus := map[key]*GPU{}
+	nodeOf := map[string]string{} // pool → node
+	get := func(pool string, minor int) *GPU {
+		k := key{pool, minor}
+		if gpus[k] == nil {
+			gpus[k] = &GPU{Device: model.WholeDeviceName(minor), Minor: minor, Healthy: true, Mode: ModeFree, Holders: []Holder{}}
+		}
+		return gpus[k]
+	}
+	for _, s := range resourceSlices {
+		if s.Spec.Driver != model.DriverName || s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
+			continue
+		}
+		node := s.Spec.Pool.Name
+		if s.Spec.NodeName != nil && *s.Spec.NodeName != "" {
+			node = *s.Spec.NodeName
+		}
+		nodeOf[s.Spec.Pool.Name] = node
+		for _, d := range s.Spec.Devices {
+			minor, shared, err := model.ParseDeviceName(d.Name)
+			if err != nil {
+				continue
+			}
+			g := get(s.Spec.Pool.Name, minor)
+			if !shared {
+				g.UUID = stringAttr(d, model.AttrUUID)
+				g.ProductName = stringAttr(d, model.AttrProductName)
+				if c, ok := d.Capacity[model.Memory]; ok {
+					g.MemoryBytes = c.Value.Value()
+				}
+				if c, ok := d.Capacity[model.Cores]; ok {
+					g.Cores = c.Value.Value()
+				}
+			}
+			for _, t := range d.Taints {
+				if t.Key == unhealthyTaint {
+					g.Healthy = false
+				}
+				if !slices.ContainsFunc(g.Taints, func(x resourceapi.DeviceTaint) bool {
+					return x.Key == t.Key && x.Value == t.Value && x.Effect == t.Effect
+				}) {
+					t.TimeAdded = nil
+					g.Taints = append(g.Taints, t)
+				}
+			}
+		}
+	}
+
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		var pods []string
+		for _, ref := range c.Status.ReservedFor {
+			if ref.Resource == "pods" && ref.APIGroup == "" {
+				pods = append(pods, ref.Name)
+			}
+		}
+		slices.Sort(pods)
+		for _, res := range c.Status.Allocation.Devices.Results {
+			if res.Driver != model.DriverName {
+				continue
+			}
+			minor, shared, err := model.ParseDeviceName(res.Device)
+			if err != nil {
+				continue
+			}
+			g, ok := gpus[key{res.Pool, minor}]
+			if !ok {
+				continue // a device no longer published
+			}
+			h := Holder{Namespace: c.Namespace, Claim: c.Name, Pods: pods, Device: res.Device,
+				AdminAccess: res.AdminAccess != nil && *res.AdminAccess}
+			if pods == nil {
+				h.Pods = []string{}
+			}
+			if res.ShareID != nil {
+				h.ShareID = string(*res.ShareID)
+			}
+			switch {
+			case h.AdminAccess:
+			case shared:
+				h.MemoryBytes = quantity(res.ConsumedCapacity, model.Memory)
+				h.Cores = quantity(res.ConsumedCapacity, model.Cores)
+				g.Mode = ModeShared
+			default:
+				h.MemoryBytes, h.Cores = g.MemoryBytes, g.Cores
+				g.Mode = ModeWhole
+			}
+			g.AllocatedMemoryBytes += h.MemoryBytes
+			g.AllocatedCores += h.Cores
+			g.Holders = append(g.Holders, h)
+		}
+	}
+
+	byNode := map[string]*Node{}
+	for k, g := range gpus {
+		name := nodeOf[k.pool]
+		if byNode[name] == nil {
+			byNode[name] = &Node{Name: name}
+		}
+		slices.SortFunc(g.Holders, func(a, b Holder) int {
+			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(strings.Join(a.Pods, ","), strings.Join(b.Pods, ",")),
+				cmp.Compare(a.Claim, b.Claim), cmp.Compare(a.ShareID, b.ShareID))
+		})
+		byNode[name].GPUs = append(byNode[name].GPUs, *g)
+	}
+	var r Report
+	for _, n := range byNode {
+		slices.SortFunc(n.GPUs, func(a, b GPU) int { return cmp.Compare(a.Minor, b.Minor) })
+		r.Nodes = append(r.Nodes, *n)
+	}
+	slices.SortFunc(r.Nodes, func(a, b Node) int { return cmp.Compare(a.Name, b.Name) })
+	if r.Nodes == nil {
+		r.Nodes = []Node{}
+	}
+	return r
+}
+
+func stringAttr(d resourceapi.Device, name resourceapi.QualifiedName) string {
+	if a, ok := d.Attributes[name]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+func quantity(m map[resourceapi.QualifiedName]resource.Quantity, name resourceapi.QualifiedName) int64 {
+	if q, ok := m[name]; ok {
+		return q.Value()
+	}
+	return 0
+}

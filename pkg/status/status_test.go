@@ -1,0 +1,150 @@
+package status
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// published returns the ResourceSlices node publishes for a mock profile,
+// with gpu-3 tainted unhealthy.
+func published(t *testing.T, node, profile string) []runtime.Object {
+	t.Helper()
+	lib, err := gpu.NewMock(profile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	gpus, err := gpu.Discover(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := model.Resources(node, gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{
+		gpus[3].UUID: {{Key: unhealthyTaint, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices, err := model.ResourceSlices(node, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []runtime.Object
+	for i := range slices {
+		slices[i].Name = slices[i].GenerateName + "x"
+		out = append(out, &slices[i])
+	}
+	return out
+}
+
+func shareResult(node, device, shareID, memory, cores string) resourceapi.DeviceRequestAllocationResult {
+	return resourceapi.DeviceRequestAllocationResult{
+		Request: "gpu", Driver: model.DriverName, Pool: node, Device: device, ShareID: ptr.To(types.UID(shareID)),
+		ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory), "cores": resource.MustParse(cores)},
+	}
+}
+
+func allocated(ns, name string, pods []string, results ...resourceapi.DeviceRequestAllocationResult) *resourceapi.ResourceClaim {
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(ns + "-" + name)}}
+	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: results}}
+	for _, p := range pods {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID(p)})
+	}
+	return c
+}
+
+func TestStatus(t *testing.T) {
+	objs := published(t, "node-a", "hgx-h100")
+	objs = append(objs, published(t, "node-b", "l4x4")...)
+	objs = append(objs,
+		allocated("demo", "quarter-0-gpu", []string{"quarter-0"}, shareResult("node-a", "gpu-0-shared", "s0", "19Gi", "25")),
+		allocated("demo", "quarter-1-gpu", []string{"quarter-1"}, shareResult("node-a", "gpu-0-shared", "s1", "19Gi", "25")),
+		allocated("demo", "shared", []string{"reader", "writer"}, shareResult("node-a", "gpu-0-shared", "s2", "10Gi", "0")),
+		allocated("ml", "whole", []string{"train"}, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: model.DriverName, Pool: "node-a", Device: "gpu-7"}),
+		allocated("ml", "other-driver", []string{"x"}, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: "example.com", Pool: "node-a", Device: "gpu-1"}),
+		&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "pending"}},
+	)
+	client := fake.NewClientset(objs...)
+
+	r, err := Get(context.Background(), client, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Nodes) != 2 || r.Nodes[0].Name != "node-a" || len(r.Nodes[0].GPUs) != 8 || len(r.Nodes[1].GPUs) != 4 {
+		t.Fatalf("nodes: %+v", r.Nodes)
+	}
+	g0 := r.Nodes[0].GPUs[0]
+	if g0.Device != "gpu-0" || g0.Mode != ModeShared || g0.AllocatedMemoryBytes != 48<<30 || g0.AllocatedCores != 50 || len(g0.Holders) != 3 {
+		t.Errorf("gpu-0: %+v", g0)
+	}
+	if g0.ProductName != "NVIDIA H100 80GB HBM3" || g0.MemoryBytes != 81559<<20 || g0.Cores != 100 || !g0.Healthy {
+		t.Errorf("gpu-0 facts: %+v", g0)
+	}
+	if h := g0.Holders[0]; h.Namespace != "demo" || h.Pods[0] != "quarter-0" || h.Claim != "quarter-0-gpu" || h.MemoryBytes != 19<<30 {
+		t.Errorf("first holder: %+v", h)
+	}
+	g7 := r.Nodes[0].GPUs[7]
+	if g7.Mode != ModeWhole || g7.AllocatedMemoryBytes != g7.MemoryBytes || g7.AllocatedCores != 100 || g7.Holders[0].Pods[0] != "train" {
+		t.Errorf("gpu-7: %+v", g7)
+	}
+	if g1 := r.Nodes[0].GPUs[1]; g1.Mode != ModeFree || len(g1.Holders) != 0 {
+		t.Errorf("gpu-1 (claimed by another driver only): %+v", g1)
+	}
+	if g3 := r.Nodes[0].GPUs[3]; g3.Healthy || len(g3.Taints) != 1 {
+		t.Errorf("gpu-3: %+v", g3)
+	}
+
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	text := squeeze(table.String())
+	for _, want := range []string{
+		"node-a gpu-0 NVIDIA H100 80GB HBM3 48Gi/79.6Gi 50/100 Healthy demo/quarter-0",
+		"demo/quarter-0 (claim quarter-0-gpu: 19Gi, 25 cores)",
+		"demo/reader,writer (claim shared: 10Gi, 0 cores)",
+		"node-a gpu-3 NVIDIA H100 80GB HBM3 0/79.6Gi 0/100 Unhealthy(XID-79:NoExecute) -",
+		"node-a gpu-7 NVIDIA H100 80GB HBM3 79.6Gi/79.6Gi 100/100 Healthy ml/train",
+		"ml/train (claim whole: whole GPU)",
+		"node-b gpu-3 NVIDIA L4",
+	} {
+		if !strings.Contains(text, squeeze(want)) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+
+	only, err := Get(context.Background(), client, "node-b")
+	if err != nil || len(only.Nodes) != 1 || only.Nodes[0].Name != "node-b" {
+		t.Errorf("--node node-b: %+v %v", only, err)
+	}
+	b, err := json.Marshal(only)
+	if err != nil || !strings.Contains(string(b), `"mode":"free"`) {
+		t.Errorf("json: %s %v", b, err)
+	}
+}
+
+func TestBytes(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 512 << 20: "512Mi", 19 << 30: "19Gi", 81559 << 20: "79.6Gi", 1000: "1000"} {
+		if got := Bytes(in); got != want {
+			t.Errorf("Bytes(%d) = %q, want %q", in, got, want)
+		}
+	}
+}

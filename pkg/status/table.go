@@ -1,0 +1,101 @@
+package status
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteTable writes the report as a table: one row per GPU (the first holder
+// on it), one more row per further holder. MEMORY and CORES are "held by
+// claims / total".
+//
+//	NODE    GPU    MODEL                  MEMORY         CORES    HEALTH   HOLDERS
+//	node-1  gpu-0  NVIDIA H100 80GB HBM3  57Gi/79.6Gi    75/100   Healthy  demo/quarter-0 (claim quarter-0-gpu-x7k2p: 19Gi, 25 cores)
+//	                                                                       demo/quarter-1 (claim quarter-1-gpu-9fj3d: 19Gi, 25 cores)
+func (r Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY\tCORES\tHEALTH\tHOLDERS")
+	for _, n := range r.Nodes {
+		for _, g := range n.GPUs {
+			holders := []string{"-"}
+			if len(g.Holders) > 0 {
+				holders = holders[:0]
+				for _, h := range g.Holders {
+					holders = append(holders, h.String())
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%d/%d\t%s\t%s\n", n.Name, g.Device, orDash(g.ProductName),
+				Bytes(g.AllocatedMemoryBytes), Bytes(g.MemoryBytes), g.AllocatedCores, g.Cores, g.health(), holders[0])
+			for _, h := range holders[1:] {
+				fmt.Fprintf(tw, "\t\t\t\t\t\t%s\n", h)
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+// health is "Healthy", "Unhealthy(XID-79:NoExecute)" for Tessera's health
+// taint (value and effect), or "Tainted(key=value:Effect)" for others.
+func (g GPU) health() string {
+	if g.Healthy && len(g.Taints) == 0 {
+		return "Healthy"
+	}
+	var taints []string
+	for _, t := range g.Taints {
+		s := t.Value + ":" + string(t.Effect)
+		if t.Key != unhealthyTaint {
+			s = t.Key + "=" + s
+		}
+		taints = append(taints, s)
+	}
+	state := "Tainted"
+	if !g.Healthy {
+		state = "Unhealthy"
+	}
+	return state + "(" + strings.Join(taints, ",") + ")"
+}
+
+// String is how a holder appears in the table:
+// "ns/pod (claim c: 19Gi, 25 cores)", "ns/pod (claim c: whole GPU)".
+func (h Holder) String() string {
+	pods := "<no pod>"
+	if len(h.Pods) > 0 {
+		pods = strings.Join(h.Pods, ",")
+	}
+	what := "whole GPU"
+	switch {
+	case h.AdminAccess:
+		what = "admin access"
+	case h.ShareID != "":
+		what = Bytes(h.MemoryBytes) + ", " + strconv.FormatInt(h.Cores, 10) + " cores"
+	}
+	return fmt.Sprintf("%s/%s (claim %s: %s)", h.Namespace, pods, h.Claim, what)
+}
+
+// Bytes formats a byte count in binary units with at most one decimal:
+// 0, 512Mi, 19Gi, 79.6Gi.
+func Bytes(b int64) string {
+	if b == 0 {
+		return "0"
+	}
+	units := []string{"", "Ki", "Mi", "Gi", "Ti", "Pi"}
+	v := float64(b)
+	i := 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	s := strconv.FormatFloat(v, 'f', 1, 64)
+	s = strings.TrimSuffix(s, ".0")
+	return s + units[i]
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
