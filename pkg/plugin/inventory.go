@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +38,8 @@ type Inventory struct {
 	// Taints, when set, returns the device taints by GPU UUID (the health
 	// tracker's Taints); they go on both devices of the GPU.
 	Taints func() map[string][]resourceapi.DeviceTaint
+	// Model are more options for model.Resources (model.WithPCIeRoots).
+	Model []model.Option
 
 	mu        sync.Mutex
 	published []gpu.GPU
@@ -74,7 +77,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) {
 		return false, nil
 	}
-	resources, err := model.Resources(i.NodeName, gpus, model.WithTaints(taints))
+	resources, err := model.Resources(i.NodeName, gpus, append(slices.Clone(i.Model), model.WithTaints(taints))...)
 	if err != nil {
 		return false, fmt.Errorf("model of %d GPUs: %w", len(gpus), err)
 	}
