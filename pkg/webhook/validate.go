@@ -26,7 +26,7 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // Review decides one admission request. It is pure: no I/O, no clock, safe for
 // concurrent use.
 //
-// It denies a CREATE or UPDATE of a ResourceClaim or ResourceClaimTemplate (any
+// It denies the CREATE of a ResourceClaim or ResourceClaimTemplate (any
 // of Versions) when an opaque config for driver gpu.tessera.dev in it does not
 // decode with configapi.DecodeStrict, does not pass GpuConfig.Validate, or does
 // not merge with configapi.ConfigForRequest for one of the claim's requests: the
@@ -40,12 +40,14 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 //
 // and its Result carries the same problems as StatusCauses. Opaque configs of
 // other drivers are not read. Every other request (other kinds, other
-// operations, objects without our config) is allowed. A request whose object
+// operations, objects without our config) is allowed. UPDATEs are allowed
+// because the spec of both kinds is immutable: re-checking it could only block
+// metadata updates (finalizers) of a claim created before the webhook existed. A request whose object
 // cannot be parsed at all is denied with a BadRequest status: the API server
 // produced it, so that is a bug worth seeing rather than waving through.
 func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+	if req.Operation != admissionv1.Create {
 		return resp
 	}
 	if req.Kind.Group != ResourceGroup || !supportedVersion(req.Kind.Version) {
@@ -76,7 +78,7 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		return resp
 	}
 	resp.Allowed = false
-	resp.Result = denial(errs)
+	resp.Result = denial(req, errs)
 	return resp
 }
 
@@ -200,9 +202,11 @@ func requestNames(devices *deviceClaim) []string {
 	return names
 }
 
-// denial renders the problems as the Status the API server shows the user,
-// after `admission webhook "…" denied the request: `.
-func denial(errs field.ErrorList) *metav1.Status {
+// denial renders the problems as an Invalid status, like the API server's own
+// validation: API clients read the message, which the API server prefixes with
+// `admission webhook "…" denied the request: `; kubectl prints
+// `The ResourceClaim "x" is invalid: ` and one "field: problem" per cause.
+func denial(req *admissionv1.AdmissionRequest, errs field.ErrorList) *metav1.Status {
 	lines := make([]string, 0, len(errs))
 	causes := make([]metav1.StatusCause, 0, len(errs))
 	for _, e := range errs {
@@ -210,7 +214,7 @@ func denial(errs field.ErrorList) *metav1.Status {
 		lines = append(lines, msg)
 		causes = append(causes, metav1.StatusCause{
 			Type:    metav1.CauseType(e.Type),
-			Message: msg,
+			Message: strings.TrimPrefix(msg, e.Field+": "),
 			Field:   e.Field,
 		})
 	}
@@ -219,7 +223,12 @@ func denial(errs field.ErrorList) *metav1.Status {
 		Code:    422,
 		Reason:  metav1.StatusReasonInvalid,
 		Message: strings.Join(lines, "; "),
-		Details: &metav1.StatusDetails{Causes: causes},
+		Details: &metav1.StatusDetails{
+			Name:   req.Name,
+			Group:  req.Kind.Group,
+			Kind:   req.Kind.Kind,
+			Causes: causes,
+		},
 	}
 }
 
