@@ -1,75 +1,67 @@
 #!/usr/bin/env bash
-# Installs Tessera into the kind cluster: deployments/manifests with the image
-# build-and-load.sh loaded, a mock GPU profile (kind nodes have no GPUs, so the
-# plugin runs unprivileged without /dev or the driver root), and
-# deployments/deviceclasses.yaml; waits for the DaemonSet and the ResourceSlices.
+# Installs Tessera into the kind cluster with the Helm chart
+# (deployments/helm/tessera): the plugin image build-and-load.sh loaded, a mock
+# GPU profile (kind nodes have no GPUs, so the chart runs the plugin
+# unprivileged without /dev or the driver root), the webhook (its image built
+# here with Docker and loaded, unless TESSERA_WEBHOOK_IMAGE names one already
+# loaded), the DeviceClasses. Waits for the DaemonSet, the webhook and the
+# ResourceSlices. kind has kube-proxy and DNS, so the chart's defaults apply:
+# the API server calls the webhook through its Service.
 #   KIND_CLUSTER_NAME [tessera]   TESSERA_IMAGE [ghcr.io/tessera-dev/tessera-kubelet-plugin:dev]
-#   TESSERA_MOCK_PROFILE [hgx-h100]   TESSERA_INSTALL_TIMEOUT [180]
+#   TESSERA_WEBHOOK_IMAGE [build ghcr.io/tessera-dev/tessera-webhook:dev]
+#   TESSERA_MOCK_PROFILE [hgx-h100]   TESSERA_INSTALL_TIMEOUT [180]   HELM [helm]
 #   install.sh uninstall   removes it again
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 name=${KIND_CLUSTER_NAME:-tessera}
 image=${TESSERA_IMAGE:-ghcr.io/tessera-dev/tessera-kubelet-plugin:dev}
+webhook_image=${TESSERA_WEBHOOK_IMAGE:-}
 profile=${TESSERA_MOCK_PROFILE:-hgx-h100}
 timeout=${TESSERA_INSTALL_TIMEOUT:-180}
+helm=${HELM:-helm}
+namespace=tessera
+release=tessera
 kubectl=(kubectl --context "kind-$name")
 
-# kustomize takes only relative paths to other kustomizations.
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-manifests=$(realpath --relative-to="$work" "$repo/deployments/manifests")
-cat >"$work/kustomization.yaml" <<YAML
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-- $manifests
-images:
-- name: ghcr.io/tessera-dev/tessera-kubelet-plugin
-  newName: ${image%:*}
-  newTag: ${image##*:}
-patches:
-- target: {kind: DaemonSet, name: tessera-kubelet-plugin}
-  patch: |-
-    - op: add
-      path: /spec/template/spec/containers/0/args/-
-      value: --mock-profile=$profile
-- path: mock.yaml
-YAML
-cat >"$work/mock.yaml" <<YAML
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: tessera-kubelet-plugin
-  namespace: tessera
-spec:
-  template:
-    spec:
-      containers:
-      - name: plugin
-        securityContext:
-          privileged: false
-        volumeMounts:
-        - mountPath: /dev
-          \$patch: delete
-        - mountPath: /driver-root
-          \$patch: delete
-      volumes:
-      - name: dev
-        \$patch: delete
-      - name: driver-root
-        \$patch: delete
-YAML
-
 if [ "${1:-}" = uninstall ]; then
-  "${kubectl[@]}" delete --ignore-not-found -f "$repo/deployments/deviceclasses.yaml"
-  "${kubectl[@]}" delete --ignore-not-found -k "$work"
+  "$helm" --kube-context "kind-$name" uninstall -n "$namespace" "$release" --wait --timeout "${timeout}s" || true
+  "${kubectl[@]}" delete namespace "$namespace" --ignore-not-found
   exit 0
 fi
 
-"${kubectl[@]}" apply -k "$work"
-"${kubectl[@]}" apply -f "$repo/deployments/deviceclasses.yaml"
-"${kubectl[@]}" -n tessera rollout status daemonset/tessera-kubelet-plugin --timeout="${timeout}s"
+if [ -z "$webhook_image" ]; then
+  webhook_image=ghcr.io/tessera-dev/tessera-webhook:dev
+  # Static, so the image is the binary on distroless/static, as a non-root user.
+  docker build -t "$webhook_image" -f - "$repo" <<'DOCKERFILE'
+ARG GO_VERSION=1.26
+FROM golang:${GO_VERSION}-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY api/ api/
+COPY cmd/ cmd/
+COPY pkg/ pkg/
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/tessera-webhook ./cmd/tessera-webhook
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/tessera-webhook /usr/bin/tessera-webhook
+ENTRYPOINT ["/usr/bin/tessera-webhook"]
+DOCKERFILE
+  kind load docker-image --name "$name" "$webhook_image"
+fi
+
+# Host paths need Pod Security level "privileged"; helm cannot label namespaces.
+"${kubectl[@]}" create namespace "$namespace" --dry-run=client -o yaml |
+  "${kubectl[@]}" label --local -f - pod-security.kubernetes.io/enforce=privileged -o yaml |
+  "${kubectl[@]}" apply -f - >/dev/null
+
+"$helm" --kube-context "kind-$name" upgrade --install "$release" "$repo/deployments/helm/tessera" \
+  --namespace "$namespace" \
+  --set "kubeletPlugin.image.repository=${image%:*}" --set "kubeletPlugin.image.tag=${image##*:}" \
+  --set "webhook.image.repository=${webhook_image%:*}" --set "webhook.image.tag=${webhook_image##*:}" \
+  --set "kubeletPlugin.mockProfile=$profile" \
+  --wait --timeout "${timeout}s"
+
 for ((i = 0; i < timeout; i++)); do
   if [ -n "$("${kubectl[@]}" get resourceslices --field-selector spec.driver=gpu.tessera.dev -o name)" ]; then
     "${kubectl[@]}" get resourceslices --field-selector spec.driver=gpu.tessera.dev
