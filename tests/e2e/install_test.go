@@ -1,0 +1,567 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// What install.sh installs: release "tessera" of deployments/helm/tessera in
+// namespace "tessera".
+const (
+	installNamespace = "tessera"
+	installRelease   = "tessera"
+	pluginDaemonSet  = "tessera-kubelet-plugin"
+	pluginSelector   = "app.kubernetes.io/instance=tessera,app.kubernetes.io/component=kubelet-plugin"
+)
+
+// gpuConfigClaim is a claim for one share with the given GpuConfig (JSON) as
+// its opaque config for gpu.tessera.dev.
+func gpuConfigClaim(name, gpuConfig string) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: gpuConfigDevices(gpuConfig)},
+	}
+}
+
+func gpuConfigDevices(gpuConfig string) resourceapi.DeviceClaim {
+	return resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{{
+			Name:    "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "shared.gpu.tessera.dev"},
+		}},
+		Config: []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{"gpu"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver:     Driver,
+				Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)},
+			}},
+		}},
+	}
+}
+
+// requireWebhook skips (or, when the suite installed Tessera, fails) without
+// the chart's webhook configuration.
+func requireWebhook(t *testing.T, c *Cluster) {
+	t.Helper()
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	_, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(), "tessera-webhook", metav1.GetOptions{})
+	if err != nil {
+		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
+			t.Fatalf("webhook configuration tessera-webhook: %v", err)
+		}
+		t.Skipf("webhook configuration tessera-webhook: %v (install with the chart: demo/clusters/local/install.sh)", err)
+	}
+}
+
+// TestWebhookRejectsBadGpuConfig: a claim or claim template whose GpuConfig
+// would fail at prepare is refused when it is created, and the user reads the
+// field path and the reason; a good one is admitted.
+func TestWebhookRejectsBadGpuConfig(t *testing.T) {
+	c := needCluster(t)
+	requireWebhook(t, c)
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-webhook")
+
+	tests := []struct {
+		name      string
+		gpuConfig string
+		template  bool
+		want      string // "" means admitted
+	}{
+		{
+			name:      "typo",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolaton":"MPS"}}`,
+			want: `admission webhook "resourceclaims.gpu.tessera.dev" denied the request: ` +
+				`spec.devices.config[0].opaque.parameters: invalid GpuConfig: sharing.isolaton: unknown field`,
+		},
+		{
+			name:      "out-of-range",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"MPS","computeLimit":0}}`,
+			want: `admission webhook "resourceclaims.gpu.tessera.dev" denied the request: ` +
+				`spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 0: must be between 1 and 100`,
+		},
+		{
+			name:      "env-injection",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","env":{"LD_PRELOAD":"/host/evil.so"}}`,
+			template:  true,
+			want: `admission webhook "resourceclaimtemplates.gpu.tessera.dev" denied the request: ` +
+				`spec.spec.devices.config[0].opaque.parameters: invalid GpuConfig: env: unknown field`,
+		},
+		{
+			name:      "good",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"MPS","computeLimit":50}}`,
+		},
+		{
+			name:      "good-template",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","topology":{"nvlink":"Preferred"}}`,
+			template:  true,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.template {
+				_, err = c.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
+					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
+					Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: gpuConfigDevices(tc.gpuConfig)}},
+				}, metav1.CreateOptions{})
+			} else {
+				_, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, gpuConfigClaim(tc.name, tc.gpuConfig), metav1.CreateOptions{})
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("a good GpuConfig was refused: %v", err)
+				}
+				t.Logf("admitted: %s", tc.gpuConfig)
+				return
+			}
+			if err == nil {
+				t.Fatalf("created; want it refused with %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refused with\n  %v\nwant the message\n  %s", err, tc.want)
+			}
+			t.Logf("refused at create: %v", err)
+		})
+	}
+}
+
+// pluginPod returns the running kubelet plugin pod (one node).
+func pluginPod(ctx context.Context, c *Cluster) (*corev1.Pod, error) {
+	pods, err := c.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: pluginSelector})
+	if err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no running pod with %s in namespace %s", pluginSelector, installNamespace)
+}
+
+// TestPluginTokenCannotWriteOtherNodesSlices: a token of the plugin's service
+// account, bound to the plugin's pod exactly like the one the pod uses, may
+// write its own node's ResourceSlices but is refused another node's, by the
+// chart's ValidatingAdmissionPolicy.
+func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ctx := context.Background()
+	pod, err := pluginPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expiry := int64(600)
+	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: &expiry,
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token for %s/%s bound to pod %s: %v", installNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
+	}
+	cfg := rest.AnonymousClientConfig(c.Config)
+	cfg.BearerToken = tr.Status.Token
+	plugin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	slice := func(node string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-vap-"},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   Driver,
+				NodeName: &node,
+				Pool:     resourceapi.ResourcePool{Name: "e2e-vap-" + node, ResourceSliceCount: 1},
+			},
+		}
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+
+	// Its own node: admitted (dry run, nothing is stored).
+	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(pod.Spec.NodeName), dryRun); err != nil {
+		t.Fatalf("the plugin's token may not create a slice of its own node %s: %v", pod.Spec.NodeName, err)
+	}
+	t.Logf("own node %s: create admitted (dry run)", pod.Spec.NodeName)
+
+	// Another node: refused on create, and on update and delete of a slice an
+	// admin created.
+	const other = "e2e-other-node"
+	want := fmt.Sprintf("the tessera kubelet plugin on node '%s' may not modify ResourceSlices of node '%s'", pod.Spec.NodeName, other)
+	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(other), dryRun)
+	checkDenied(t, "create", err, want)
+
+	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(other), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("admin: create a slice of %s: %v", other, err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.ResourceV1().ResourceSlices().Delete(context.Background(), existing.Name, metav1.DeleteOptions{})
+	})
+	changed := existing.DeepCopy()
+	changed.Spec.Pool.Generation++
+	_, err = plugin.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})
+	checkDenied(t, "update", err, want)
+	err = plugin.ResourceV1().ResourceSlices().Delete(ctx, existing.Name, metav1.DeleteOptions{})
+	checkDenied(t, "delete", err, want)
+}
+
+func checkDenied(t *testing.T, op string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: the plugin's token was allowed to modify another node's ResourceSlice", op)
+		return
+	}
+	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: refused with %v; want the policy's message %q", op, err, want)
+		return
+	}
+	t.Logf("%s another node's slice: %v", op, err)
+}
+
+// TestAdminAccessNeedsLabelledNamespace: the 1.37 rule. A claim with
+// adminAccess is refused in an ordinary namespace, and admitted, allocated and
+// prepared by Tessera in one labelled resource.kubernetes.io/admin-access=true.
+func TestAdminAccessNeedsLabelledNamespace(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ctx := context.Background()
+	spec := testdata(t, "admin-access.yaml")
+
+	plain := c.Namespace(t, "e2e-admin-denied")
+	data, err := os.ReadFile(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := DecodeYAML(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claim resourceapi.ResourceClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &claim); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Client.ResourceV1().ResourceClaims(plain).Create(ctx, &claim, metav1.CreateOptions{})
+	if err == nil {
+		t.Fatalf("an adminAccess claim was admitted in namespace %s without the admin-access label", plain)
+	}
+	if !strings.Contains(err.Error(), "admin") {
+		t.Fatalf("refused, but not for admin access: %v", err)
+	}
+	t.Logf("unlabelled namespace: %v", err)
+
+	admin := c.Namespace(t, "e2e-admin")
+	nsObj, err := c.Client.CoreV1().Namespaces().Get(ctx, admin, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj.Labels["resource.kubernetes.io/admin-access"] = "true"
+	if _, err := c.Client.CoreV1().Namespaces().Update(ctx, nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := c.RunSpec(t, admin, spec)
+	got := pods["gpu-monitor"]
+	devices, err := c.AllocatedDevices(ctx, admin, "gpu-monitor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devices) != 1 || devices[0].Result.AdminAccess == nil || !*devices[0].Result.AdminAccess {
+		t.Fatalf("allocation %+v: want one device with adminAccess", devices)
+	}
+	if uuid := devices[0].Attribute("uuid"); got.Env["NVIDIA_VISIBLE_DEVICES"] != uuid {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES = %q, want %s's uuid %q", got.Env["NVIDIA_VISIBLE_DEVICES"], devices[0].Result.Device, uuid)
+	}
+	t.Logf("labelled namespace: admin claim got %s, container sees NVIDIA_VISIBLE_DEVICES=%s", devices[0].Result.Device, got.Env["NVIDIA_VISIBLE_DEVICES"])
+}
+
+// TestQuotaRefusesSharesInRestrictedNamespace: the tenant-segregation demo
+// (docs/security.md). A ResourceQuota of 0 devices of the shared class keeps a
+// namespace to whole GPUs: a share is refused with the quota's message, a
+// whole GPU is admitted.
+func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-whole-only")
+	data, err := os.ReadFile(testdata(t, "tenant-whole-gpus-only.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := DecodeYAML(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Apply(t, ns, objs[0]) // the ResourceQuota
+	var share, whole resourceapi.ResourceClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[1].Object, &share); err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[2].Object, &whole); err != nil {
+		t.Fatal(err)
+	}
+
+	// A quota whose status the quota controller has not computed yet does not
+	// stop anything: wait for status.hard, as an admin would before admitting
+	// the tenant.
+	const key = "shared.gpu.tessera.dev.deviceclass.resource.k8s.io/devices"
+	err = Poll(ctx, "quota whole-gpus-only to be computed", PodTimeout, func(ctx context.Context) (bool, error) {
+		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, "whole-gpus-only", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		_, ok := q.Status.Hard[key]
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "exceeded quota: whole-gpus-only, requested: " + key + "=1, used: " + key + "=0, limited: " + key + "=0"
+	_, refusal := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, share.DeepCopy(), metav1.CreateOptions{})
+	if refusal == nil {
+		t.Fatalf("a share was admitted in namespace %s under quota whole-gpus-only", ns)
+	}
+	if !apierrors.IsForbidden(refusal) || !strings.Contains(refusal.Error(), want) {
+		t.Fatalf("share refused with %v; want the quota's message %q", refusal, want)
+	}
+	t.Logf("share refused: %v", refusal)
+	if _, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, whole.DeepCopy(), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("a whole-GPU claim was refused in the restricted namespace: %v", err)
+	}
+	t.Log("whole-GPU claim admitted")
+}
+
+// helmBinary finds the pinned helm the way deployments/helm's tests do:
+// $TESSERA_HELM, the tools cache, PATH.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	candidates := []string{os.Getenv("TESSERA_HELM")}
+	cache := os.Getenv("TESSERA_CACHE_DIR")
+	if cache == "" {
+		if dir, err := os.UserCacheDir(); err == nil {
+			cache = filepath.Join(dir, "tessera")
+		}
+	}
+	matches, _ := filepath.Glob(filepath.Join(cache, "bin-*", "helm"))
+	candidates = append(candidates, matches...)
+	if p, err := exec.LookPath("helm"); err == nil {
+		candidates = append(candidates, p)
+	}
+	for _, c := range candidates {
+		if c == "" {
+			continue
+		}
+		if out, err := exec.Command(c, "version", "--template", "{{.Version}}").Output(); err == nil && strings.HasPrefix(string(out), "v3.") {
+			return c
+		}
+	}
+	t.Fatalf("no helm v3 found ($TESSERA_HELM, %s/bin-*/helm, PATH); demo/clusters/local/build-tools.sh builds it", cache)
+	return ""
+}
+
+// TestHelmUpgradeKeepsPreparedClaims: `helm upgrade` rolls the plugin
+// DaemonSet (maxSurge: the new pod registers beside the old one). A pod whose
+// claim the old plugin prepared keeps running through it, untouched, and a new
+// pod's claim is prepared by the new plugin; deleting the old pod afterwards
+// unprepares its claim through the new plugin (from the checkpoint).
+func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	helm := helmBinary(t)
+	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
+		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
+			t.Fatalf("helm status: %v\n%s", err, out)
+		}
+		t.Skipf("Tessera is not installed with helm as release %s/%s: %s", installNamespace, installRelease, out)
+	}
+
+	ns := c.Namespace(t, "e2e-upgrade")
+	before := c.RunSpec(t, ns, testdata(t, "shared-claim.yaml"))["shared-claim"]
+	oldPlugin, err := pluginPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrID := before.Pod.Status.ContainerStatuses[0].ContainerID
+
+	// Count the plugin pods that run side by side during the rollout.
+	var mu sync.Mutex
+	most := 0
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for watchCtx.Err() == nil {
+			pods, err := c.Client.CoreV1().Pods(installNamespace).List(watchCtx, metav1.ListOptions{LabelSelector: pluginSelector})
+			if err == nil {
+				running := 0
+				for _, p := range pods.Items {
+					if p.Status.Phase == corev1.PodRunning {
+						running++
+					}
+				}
+				mu.Lock()
+				most = max(most, running)
+				mu.Unlock()
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+
+	stamp := time.Now().UTC().Format("20060102T150405Z")
+	start := time.Now()
+	cmd := exec.Command(helm, "upgrade", installRelease, filepath.Join(repoRoot, "deployments", "helm", "tessera"),
+		"--namespace", installNamespace, "--reuse-values",
+		"--set-string", "kubeletPlugin.podAnnotations.tessera\\.dev/e2e-upgrade="+stamp,
+		"--wait", "--timeout", "4m")
+	out, err := cmd.CombinedOutput()
+	stopWatch()
+	<-watched
+	if err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	t.Logf("helm upgrade --wait took %v", time.Since(start).Round(time.Second))
+
+	newPlugin, err := pluginPod(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newPlugin.UID == oldPlugin.UID || newPlugin.Annotations["tessera.dev/e2e-upgrade"] != stamp {
+		t.Fatalf("the plugin pod was not replaced: %s (uid %s) before, %s (uid %s) after", oldPlugin.Name, oldPlugin.UID, newPlugin.Name, newPlugin.UID)
+	}
+	mu.Lock()
+	t.Logf("plugin pod %s replaced by %s; at most %d plugin pods ran at once", oldPlugin.Name, newPlugin.Name, most)
+	mu.Unlock()
+
+	// The old pod runs on, the same container, never restarted.
+	now, err := c.Client.CoreV1().Pods(ns).Get(ctx, "shared-claim", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Status.Phase != corev1.PodRunning || now.Status.ContainerStatuses[0].ContainerID != ctrID ||
+		now.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("pod shared-claim after the upgrade: phase %s, container %s (was %s), restarts %d",
+			now.Status.Phase, now.Status.ContainerStatuses[0].ContainerID, ctrID, now.Status.ContainerStatuses[0].RestartCount)
+	}
+	t.Logf("pod shared-claim still running, container %s, 0 restarts", shortID(ctrID))
+
+	// A new pod is prepared by the new plugin.
+	objs, err := DecodeYAML(mustRead(t, testdata(t, "shared-claim.yaml")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		o.SetName(o.GetName() + "-after")
+		if o.GetKind() == "Pod" {
+			claims, _, _ := unstructuredSlice(o.Object, "spec", "resourceClaims")
+			for _, cl := range claims {
+				cl.(map[string]any)["resourceClaimName"] = "share-after"
+			}
+		}
+	}
+	c.Apply(t, ns, objs...)
+	after, err := c.WaitForPodRunning(ctx, ns, "shared-claim-after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := c.WaitForLog(ctx, ns, after.Name, "ctr", EnvDoneMarker)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	env := ParseEnv(log)
+	if env["NVIDIA_VISIBLE_DEVICES"] == "" || env["TESSERA_MEMORY_LIMIT"] == "" {
+		t.Fatalf("the pod prepared after the upgrade got no GPU env: %v", env)
+	}
+	t.Logf("new pod shared-claim-after prepared after the upgrade: NVIDIA_VISIBLE_DEVICES=%s TESSERA_MEMORY_LIMIT=%s",
+		env["NVIDIA_VISIBLE_DEVICES"], env["TESSERA_MEMORY_LIMIT"])
+
+	// The claim the old plugin prepared is unprepared by the new one: its CDI
+	// spec goes (checked when the test runs on the node).
+	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "share", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := func() []string {
+		m, _ := filepath.Glob(filepath.Join("/var/run/cdi", "*"+string(claim.UID)+"*.json"))
+		return m
+	}
+	onNode := len(specs()) > 0
+	zero := int64(0)
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "shared-claim", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	err = Poll(ctx, "pod shared-claim to be gone and its claim unprepared", PodTimeout, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, "shared-claim", metav1.GetOptions{})
+		if err == nil {
+			return false, retry("pod still there")
+		}
+		if !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		if onNode && len(specs()) > 0 {
+			return false, retry("CDI spec %v still there", specs())
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if onNode {
+		t.Logf("pod shared-claim deleted; the new plugin unprepared claim %s (its CDI spec is gone)", claim.UID)
+	} else {
+		t.Log("pod shared-claim deleted (not on the node: CDI spec not checked)")
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func unstructuredSlice(obj map[string]any, fields ...string) ([]any, bool, error) {
+	var cur any = obj
+	for _, f := range fields {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false, nil
+		}
+		cur = m[f]
+	}
+	s, ok := cur.([]any)
+	return s, ok, nil
+}
+
+func shortID(id string) string {
+	if i := strings.LastIndex(id, "/"); i >= 0 {
+		id = id[i+1:]
+	}
+	if len(id) > 12 {
+		id = id[:12]
+	}
+	return id
+}
