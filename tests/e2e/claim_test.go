@@ -52,3 +52,44 @@ func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 		t.Errorf("TESSERA_MEMORY_LIMIT = %q, want %q; env: %v", v, want, got.Env)
 	}
 }
+
+// TestPluginWritesClaimStatus: after prepare the plugin records, in each
+// claim's status.devices, what it prepared: the GPU's UUID, the share's
+// limits and isolation, and a Ready condition (pkg/plugin, "Claim status").
+// Under 1.37's granular status authorization that needs RBAC for the verb
+// associated-node:patch on resourceclaims/driver (resourceNames: the driver);
+// without it the API server refuses and the plugin only logs the refusal.
+func TestPluginWritesClaimStatus(t *testing.T) {
+	cluster := needCluster(t)
+	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ns := cluster.Namespace(t, "e2e-status")
+	objs := MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: share}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity:
+          requests: {memory: 12Gi, cores: "20"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: whole}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+`)
+	objs = append(objs, EnvPod("share", "share", false), EnvPod("whole", "whole", false))
+	pods := cluster.RunObjects(t, ns, objs...)
+	share := claimOf(t, cluster, pods["share"], "gpu")
+	whole := claimOf(t, cluster, pods["whole"], "gpu")
+	checkStatusData(t, cluster, ns, "share", []Allocated{share}, mustInt64(t, bytesOf("12Gi")), 20, "Advisory")
+	checkStatusData(t, cluster, ns, "whole", []Allocated{whole}, 0, 0, "")
+}

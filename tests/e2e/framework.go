@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -425,32 +426,86 @@ func ParseEnv(log string) map[string]string {
 type SpecPod struct {
 	Pod *corev1.Pod
 	Env map[string]string
+	// Log is the container's log up to and including EnvDoneMarker.
+	Log string
 }
 
 // RunSpec applies a demo spec (demo/specs/*.yaml), waits for each of its pods to
 // run and print EnvDoneMarker, and returns each pod's env by pod name. The spec's
-// objects are deleted when the test ends.
+// objects are deleted when the test ends. Each pod's env is logged (t.Logf), so
+// `go test -v` shows what every container saw.
 func (c *Cluster) RunSpec(t testing.TB, namespace, path string) map[string]SpecPod {
 	t.Helper()
+	return c.WaitForSpecPods(t, c.ApplyFile(t, namespace, path))
+}
+
+// RunObjects is RunSpec for objects already decoded.
+func (c *Cluster) RunObjects(t testing.TB, namespace string, objs ...*unstructured.Unstructured) map[string]SpecPod {
+	t.Helper()
+	return c.WaitForSpecPods(t, c.Apply(t, namespace, objs...))
+}
+
+// WaitForSpecPods waits for each Pod among applied objects to run and print
+// EnvDoneMarker, logs what each printed, and returns the pods by name.
+func (c *Cluster) WaitForSpecPods(t testing.TB, objs []*unstructured.Unstructured) map[string]SpecPod {
+	t.Helper()
 	ctx := context.Background()
-	objs := c.ApplyFile(t, namespace, path)
 	out := map[string]SpecPod{}
 	for _, obj := range objs {
 		if obj.GetKind() != "Pod" || obj.GetAPIVersion() != "v1" {
 			continue
 		}
-		pod, err := c.WaitForPodRunning(ctx, obj.GetNamespace(), obj.GetName())
+		p, err := c.WaitForEnvPod(ctx, obj.GetNamespace(), obj.GetName())
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctr := pod.Spec.Containers[0].Name
-		log, err := c.WaitForLog(ctx, pod.Namespace, pod.Name, ctr, EnvDoneMarker)
-		if err != nil {
-			t.Fatalf("%v\n%s", err, log)
-		}
-		out[pod.Name] = SpecPod{Pod: pod, Env: ParseEnv(log)}
+		LogSpecPod(t, p)
+		out[p.Pod.Name] = p
 	}
 	return out
+}
+
+// WaitForEnvPod waits for one pod to run and its first container to print
+// EnvDoneMarker, and returns the pod (as it was once the marker showed) and
+// its env.
+func (c *Cluster) WaitForEnvPod(ctx context.Context, ns, name string) (SpecPod, error) {
+	pod, err := c.WaitForPodRunning(ctx, ns, name)
+	if err != nil {
+		return SpecPod{}, err
+	}
+	ctr := pod.Spec.Containers[0].Name
+	log, err := c.WaitForLog(ctx, ns, name, ctr, EnvDoneMarker)
+	if err != nil {
+		return SpecPod{}, fmt.Errorf("%w\n%s", err, log)
+	}
+	if i := strings.Index(log, EnvDoneMarker); i >= 0 {
+		log = log[:i+len(EnvDoneMarker)]
+	}
+	// The pod as of now: status.resourceClaimStatuses and container
+	// start times are filled in by then.
+	if p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+		pod = p
+	}
+	return SpecPod{Pod: pod, Env: ParseEnv(log), Log: log}, nil
+}
+
+// LogSpecPod logs a pod, its node and every line of env it printed.
+func LogSpecPod(t testing.TB, p SpecPod) {
+	t.Helper()
+	keys := make([]string, 0, len(p.Env))
+	for k := range p.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	fmt.Fprintf(&b, "pod %s/%s on node %s saw:", p.Pod.Namespace, p.Pod.Name, p.Pod.Spec.NodeName)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n    %s=%s", k, p.Env[k])
+	}
+	if len(keys) == 0 {
+		b.WriteString(" (no env)")
+	}
+	t.Log(b.String())
 }
 
 // Allocated is one device allocated to a claim, with the device as published.
@@ -570,4 +625,144 @@ func (c *Cluster) RequireDriver(t testing.TB, deviceClasses ...string) {
 	if len(slices) == 0 {
 		skip("no ResourceSlice of %s (install Tessera: demo/clusters/local/install.sh)", Driver)
 	}
+}
+
+// WaitForUnschedulable waits until the scheduler has tried the pod and given
+// up (condition PodScheduled=False, reason Unschedulable) and returns that
+// condition. The pod must not be bound meanwhile.
+func (c *Cluster) WaitForUnschedulable(ctx context.Context, ns, name string) (corev1.PodCondition, error) {
+	var cond corev1.PodCondition
+	_, err := c.WaitForPod(ctx, ns, name, "to be unschedulable", func(p *corev1.Pod) bool {
+		for _, pc := range p.Status.Conditions {
+			if pc.Type == corev1.PodScheduled && pc.Status == corev1.ConditionFalse && pc.Reason == corev1.PodReasonUnschedulable {
+				cond = pc
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		return cond, err
+	}
+	return cond, nil
+}
+
+// PodEvents returns the messages of the pod's events with this reason
+// ("FailedScheduling"), oldest first.
+func (c *Cluster) PodEvents(ctx context.Context, ns, name, reason string) ([]string, error) {
+	events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + name + ",reason=" + reason,
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(events.Items, func(i, j int) bool {
+		return events.Items[i].LastTimestamp.Before(&events.Items[j].LastTimestamp)
+	})
+	var out []string
+	for _, e := range events.Items {
+		out = append(out, e.Message)
+	}
+	return out, nil
+}
+
+// DeletePodAndWait deletes a pod (grace period 0) and waits until it is gone.
+// The kubelet removes a pod only after it has unprepared the pod's claims, so
+// a pod that goes also means its claims were unprepared without error.
+func (c *Cluster) DeletePodAndWait(ctx context.Context, ns, name string) error {
+	zero := int64(0)
+	err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return Poll(ctx, fmt.Sprintf("pod %s/%s to be gone", ns, name), PodTimeout, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		return false, retry("still there")
+	})
+}
+
+// ClaimDeviceData is the driver's status.devices[].data of one prepared device
+// (pkg/plugin.DeviceData), with the entry's conditions.
+type ClaimDeviceData struct {
+	Device      string
+	UUID        string `json:"uuid"`
+	MemoryLimit int64  `json:"memoryLimit"`
+	CoresLimit  int64  `json:"coresLimit"`
+	Isolation   string `json:"isolation"`
+	Conditions  []metav1.Condition
+}
+
+// ClaimStatusDevices returns the claim's status.devices entries of Tessera, in
+// the order the plugin wrote them. The plugin writes them inside prepare,
+// before the kubelet starts a container, so once a pod's container has printed
+// its env they are there (or were never written).
+func (c *Cluster) ClaimStatusDevices(ctx context.Context, ns, claimName string) ([]ClaimDeviceData, error) {
+	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []ClaimDeviceData
+	for _, d := range claim.Status.Devices {
+		if d.Driver != Driver {
+			continue
+		}
+		e := ClaimDeviceData{Device: d.Device, Conditions: d.Conditions}
+		if d.Data != nil {
+			if err := json.Unmarshal(d.Data.Raw, &e); err != nil {
+				return nil, fmt.Errorf("claim %s/%s: status.devices[%s].data %s: %w", ns, claimName, d.Device, d.Data.Raw, err)
+			}
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// EnvCommand is what the demo specs' containers run: print the GPU env the
+// driver gave them, then EnvDoneMarker, then sleep.
+const EnvCommand = `env | grep -E "^(NVIDIA_|CUDA_|TESSERA_|TF_FORCE)" | sort; echo ` + EnvDoneMarker + `; exec sleep 2147483647`
+
+// EnvPod returns a pod like the demo specs' that uses one claim as its claim
+// entry "gpu": the named ResourceClaim, or, with template, a claim generated
+// from the named ResourceClaimTemplate.
+func EnvPod(name, claim string, template bool) *unstructured.Unstructured {
+	ref := map[string]any{"name": "gpu"}
+	if template {
+		ref["resourceClaimTemplateName"] = claim
+	} else {
+		ref["resourceClaimName"] = claim
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"tessera.dev/e2e": "true"}},
+		"spec": map[string]any{
+			"terminationGracePeriodSeconds": int64(1),
+			"resourceClaims":                []any{ref},
+			"containers": []any{map[string]any{
+				"name":      "ctr",
+				"image":     "docker.io/library/busybox:1.36",
+				"command":   []any{"sh", "-c", EnvCommand},
+				"resources": map[string]any{"claims": []any{map[string]any{"name": "gpu"}}},
+			}},
+		},
+	}}
+}
+
+// MustDecodeYAML is DecodeYAML for YAML written in a test.
+func MustDecodeYAML(t testing.TB, yaml string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := DecodeYAML([]byte(yaml))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, yaml)
+	}
+	return objs
 }

@@ -1,0 +1,268 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The demo specs other than the quarter shares (specs_test.go), one test each,
+// each in its own namespace: what the scheduler allocated (the claim), what
+// the plugin recorded (the claim's status.devices data) and what the container
+// saw (its env, from its log) must agree, to the byte.
+
+// checkStatusData checks the plugin's status.devices entries of a claim
+// against the allocated devices: one per device, its uuid, limits and
+// isolation, and a Ready=True condition. It returns the entries in the order
+// the plugin wrote them.
+func checkStatusData(t *testing.T, c *Cluster, ns, claim string, devs []Allocated, memory, cores int64, isolation string) []ClaimDeviceData {
+	t.Helper()
+	data, err := c.ClaimStatusDevices(context.Background(), ns, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) != len(devs) {
+		t.Errorf("claim %s: %d status.devices entries of %s, want one per allocated device (%d): %+v", claim, len(data), Driver, len(devs), data)
+	}
+	uuids := map[string]string{}
+	for _, d := range devs {
+		uuids[d.Result.Device] = d.Attribute("uuid")
+	}
+	for _, d := range data {
+		if want, ok := uuids[d.Device]; !ok || d.UUID != want {
+			t.Errorf("claim %s: status.devices %s data uuid %q; allocated devices and uuids %v", claim, d.Device, d.UUID, uuids)
+		}
+		if d.MemoryLimit != memory || d.CoresLimit != cores || d.Isolation != isolation {
+			t.Errorf("claim %s: status.devices %s data memoryLimit %d coresLimit %d isolation %q, want %d %d %q",
+				claim, d.Device, d.MemoryLimit, d.CoresLimit, d.Isolation, memory, cores, isolation)
+		}
+		ready := false
+		for _, cond := range d.Conditions {
+			if cond.Type == "Ready" && cond.Status == metav1.ConditionTrue {
+				ready = true
+			}
+			if cond.Type == "NVLinkConnected" && cond.Status != metav1.ConditionTrue {
+				t.Errorf("claim %s: device %s: condition NVLinkConnected=%s %s: %s", claim, d.Device, cond.Status, cond.Reason, cond.Message)
+			}
+		}
+		if !ready {
+			t.Errorf("claim %s: status.devices %s has no Ready=True condition: %+v", claim, d.Device, d.Conditions)
+		}
+		t.Logf("claim %s: status.devices %s: uuid %s memoryLimit %d coresLimit %d isolation %q", claim, d.Device, d.UUID, d.MemoryLimit, d.CoresLimit, d.Isolation)
+	}
+	return data
+}
+
+// mustInt64 parses a decimal number (a byte count from bytesOf, a minor).
+func mustInt64(t *testing.T, s string) int64 {
+	t.Helper()
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestDemoWholeGPU runs demo/specs/20-whole-gpu.yaml: the pod gets one whole
+// GPU, sees exactly its UUID, and no share limits.
+func TestDemoWholeGPU(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-whole")
+	p := c.RunSpec(t, ns, specPath("20-whole-gpu.yaml"))["whole"]
+	dev := claimOf(t, c, p, "gpu")
+	if dev.Attribute("type") != "gpu" || dev.Result.ShareID != nil || len(dev.Result.ConsumedCapacity) != 0 {
+		t.Errorf("device %s: type %q, shareID %v, consumedCapacity %v; want a whole GPU", dev.Result.Device, dev.Attribute("type"), dev.Result.ShareID, dev.Result.ConsumedCapacity)
+	}
+	uuid := dev.Attribute("uuid")
+	if uuid == "" || !strings.HasPrefix(uuid, "GPU-") {
+		t.Fatalf("device %s advertises uuid %q", dev.Result.Device, uuid)
+	}
+	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
+	noLimitEnv(t, p)
+	claim, _ := PodClaimName(p.Pod, "gpu")
+	checkStatusData(t, c, ns, claim, []Allocated{dev}, 0, 0, "")
+	t.Logf("pod whole: device %s (minor %s), uuid %s", dev.Result.Device, dev.Attribute("minor"), uuid)
+}
+
+// TestDemoNVLinkPair runs demo/specs/30-nvlink-pair.yaml. On hgx-h100 all
+// GPUs share one NVLink domain, so the first subrequest, gpus/nvlink, is
+// satisfied: two distinct whole GPUs of one domain. The container sees both
+// UUIDs, comma-separated, in the plugin's order (NVLink domain, then PCI bus,
+// which on hgx-h100 ascends with the minor), the same order the plugin
+// records in the claim's status.
+func TestDemoNVLinkPair(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-nvlink")
+	p := c.RunSpec(t, ns, specPath("30-nvlink-pair.yaml"))["nvlink-pair"]
+	devs := devicesOf(t, c, p, "gpus")
+	if len(devs) != 2 {
+		t.Fatalf("claim has %d devices, want 2", len(devs))
+	}
+	if devs[0].Result.Device == devs[1].Result.Device {
+		t.Fatalf("both results are device %s", devs[0].Result.Device)
+	}
+	for _, d := range devs {
+		if d.Result.Request != "gpus/nvlink" {
+			t.Errorf("device %s allocated for request %q, want subrequest gpus/nvlink", d.Result.Device, d.Result.Request)
+		}
+		if d.Attribute("type") != "gpu" {
+			t.Errorf("device %s has type %q, want gpu (a whole GPU)", d.Result.Device, d.Attribute("type"))
+		}
+	}
+	if a, b := devs[0].Attribute("nvlinkDomain"), devs[1].Attribute("nvlinkDomain"); a == "" || a != b {
+		t.Errorf("nvlinkDomain %q and %q, want one domain", a, b)
+	}
+
+	// The plugin's order: by NVLink domain, then PCI bus id (= minor here).
+	ordered := slices.Clone(devs)
+	slices.SortFunc(ordered, func(a, b Allocated) int {
+		return cmp.Or(strings.Compare(a.Attribute("nvlinkDomain"), b.Attribute("nvlinkDomain")),
+			cmp.Compare(mustInt64(t, a.Attribute("minor")), mustInt64(t, b.Attribute("minor"))))
+	})
+	want := ordered[0].Attribute("uuid") + "," + ordered[1].Attribute("uuid")
+	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": want, "CUDA_VISIBLE_DEVICES": want})
+	noLimitEnv(t, p)
+
+	claim, _ := PodClaimName(p.Pod, "gpus")
+	var statusOrder []string
+	for _, d := range checkStatusData(t, c, ns, claim, devs, 0, 0, "") {
+		statusOrder = append(statusOrder, d.UUID)
+	}
+	if got := strings.Join(statusOrder, ","); got != want {
+		t.Errorf("claim status.devices in order %s; the container saw %s", got, want)
+	}
+	t.Logf("pod nvlink-pair: allocated %s and %s (request %s), container order %s",
+		devs[0].Result.Device, devs[1].Result.Device, devs[0].Result.Request, want)
+}
+
+// TestDemoSharedClaimTwoPods runs demo/specs/40-shared-claim-two-pods.yaml:
+// one ResourceClaim, one allocation (one share of 10Gi and 10 cores), reserved
+// for both pods; both containers see the same GPU and the same limits.
+func TestDemoSharedClaimTwoPods(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-team")
+	pods := c.RunSpec(t, ns, specPath("40-shared-claim-two-pods.yaml"))
+	a, b := pods["team-a"], pods["team-b"]
+	if a.Pod == nil || b.Pod == nil {
+		t.Fatalf("pods %v, want team-a and team-b", pods)
+	}
+	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "team-share", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
+		t.Fatalf("claim team-share allocation %+v, want one device", claim.Status.Allocation)
+	}
+	var reserved []string
+	for _, r := range claim.Status.ReservedFor {
+		reserved = append(reserved, r.Name)
+	}
+	slices.Sort(reserved)
+	if !slices.Equal(reserved, []string{"team-a", "team-b"}) {
+		t.Errorf("claim team-share reservedFor %v, want [team-a team-b]", reserved)
+	}
+	dev := claimOf(t, c, a, "gpu")
+	if other := claimOf(t, c, b, "gpu"); other.Result.Device != dev.Result.Device || *other.Result.ShareID != *dev.Result.ShareID {
+		t.Errorf("team-b's claim resolves to %s, team-a's to %s", other.Result.Device, dev.Result.Device)
+	}
+	wantConsumed(t, "team-a", dev, map[string]string{"memory": "10Gi", "cores": "10"})
+	uuid := dev.Attribute("uuid")
+	for _, p := range []SpecPod{a, b} {
+		wantEnv(t, p, map[string]string{
+			"NVIDIA_VISIBLE_DEVICES":    uuid,
+			"CUDA_VISIBLE_DEVICES":      uuid,
+			"TESSERA_MEMORY_LIMIT":      bytesOf("10Gi"),
+			"TESSERA_CORES_LIMIT":       "10",
+			"TF_FORCE_GPU_ALLOW_GROWTH": "true",
+		})
+	}
+	checkStatusData(t, c, ns, "team-share", []Allocated{dev}, mustInt64(t, bytesOf("10Gi")), 10, "Advisory")
+	t.Logf("claim team-share: one share %s of %s (uuid %s) reserved for %v", *dev.Result.ShareID, dev.Result.Device, uuid, reserved)
+}
+
+// TestDemoMPSShare runs demo/specs/50-mps-share.yaml: a 16Gi/30-core share
+// with isolation MPS and computeLimit 50. The scheduler accounts the
+// guarantee (30 cores); the container's limit is the computeLimit (50), both
+// as TESSERA_CORES_LIMIT and as MPS's active thread percentage, and its
+// memory limit is MPS's pinned device memory limit in MiB.
+func TestDemoMPSShare(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-mps")
+	p := c.RunSpec(t, ns, specPath("50-mps-share.yaml"))["mps"]
+	dev := claimOf(t, c, p, "gpu")
+	wantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
+	uuid := dev.Attribute("uuid")
+	wantEnv(t, p, map[string]string{
+		"NVIDIA_VISIBLE_DEVICES":            uuid,
+		"CUDA_VISIBLE_DEVICES":              uuid,
+		"TESSERA_MEMORY_LIMIT":              bytesOf("16Gi"),
+		"TESSERA_CORES_LIMIT":               "50",
+		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
+		"TF_FORCE_GPU_ALLOW_GROWTH":         "",
+	})
+	claim, _ := PodClaimName(p.Pod, "gpu")
+	checkStatusData(t, c, ns, claim, []Allocated{dev}, mustInt64(t, bytesOf("16Gi")), 50, "MPS")
+	t.Logf("pod mps: share %s of %s (uuid %s): 30 cores accounted, limit 50", *dev.Result.ShareID, dev.Result.Device, uuid)
+}
+
+// TestDemoExtendedResource runs demo/specs/60-extended-resource.yaml: a pod
+// that asks for tessera.dev/gpu: 1 and no claim. The scheduler (DRA extended
+// resources, GA in 1.37) creates a claim for it from the DeviceClass
+// gpu.tessera.dev, which names that extended resource; the pod gets one whole
+// GPU and sees its UUID.
+func TestDemoExtendedResource(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ctx := context.Background()
+	dc, err := c.Client.ResourceV1().DeviceClasses().Get(ctx, "gpu.tessera.dev", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "tessera.dev/gpu" {
+		t.Fatalf("DeviceClass gpu.tessera.dev extendedResourceName %v, want tessera.dev/gpu", dc.Spec.ExtendedResourceName)
+	}
+	ns := c.Namespace(t, "e2e-extended")
+	p := c.RunSpec(t, ns, specPath("60-extended-resource.yaml"))["extended"]
+	ers := p.Pod.Status.ExtendedResourceClaimStatus
+	if ers == nil || ers.ResourceClaimName == "" {
+		t.Fatalf("pod extended has no status.extendedResourceClaimStatus: %+v", p.Pod.Status)
+	}
+	mapped := false
+	for _, m := range ers.RequestMappings {
+		if m.ContainerName == "ctr" && m.ResourceName == "tessera.dev/gpu" {
+			mapped = true
+		}
+	}
+	if !mapped {
+		t.Errorf("extendedResourceClaimStatus.requestMappings %+v: no mapping for container ctr, tessera.dev/gpu", ers.RequestMappings)
+	}
+	devs, err := c.AllocatedDevices(ctx, ns, ers.ResourceClaimName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 1 || devs[0].Attribute("type") != "gpu" {
+		t.Fatalf("claim %s: devices %+v, want one whole GPU", ers.ResourceClaimName, devs)
+	}
+	uuid := devs[0].Attribute("uuid")
+	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
+	noLimitEnv(t, p)
+	if q := p.Pod.Spec.Containers[0].Resources.Limits[corev1.ResourceName("tessera.dev/gpu")]; q.Value() != 1 {
+		t.Errorf("pod limits %v", p.Pod.Spec.Containers[0].Resources.Limits)
+	}
+	t.Logf("pod extended: tessera.dev/gpu: 1 became claim %s, device %s, uuid %s", ers.ResourceClaimName, devs[0].Result.Device, uuid)
+}

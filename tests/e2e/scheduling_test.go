@@ -1,0 +1,229 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// What the scheduler says about a pod whose claims no node can satisfy (the
+// DynamicResources plugin's "cannot allocate all claims", behind the usual
+// "0/N nodes are available" summary).
+const unschedulableClaims = "cannot allocate all claims"
+
+// TestFifthQuarterLandsOnSecondGPU: the four quarters of
+// 10-quarter-gpu-shares.yaml fill one GPU (4 x 19Gi of 81559Mi, 4 x 25
+// cores), so a fifth pod from the same template gets a share of another GPU,
+// and sees that GPU's UUID.
+func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-fifth")
+	four := c.RunSpec(t, ns, specPath("10-quarter-gpu-shares.yaml"))
+	if len(four) != 4 {
+		t.Fatalf("%d pods ran, want 4", len(four))
+	}
+	first := map[string]string{} // device -> uuid
+	for _, p := range four {
+		d := claimOf(t, c, p, "gpu")
+		first[d.Result.Device] = d.Attribute("uuid")
+	}
+	if len(first) != 1 {
+		t.Fatalf("the four quarters are on %v, want one GPU", first)
+	}
+	var firstDev, firstUUID string
+	for firstDev, firstUUID = range first {
+	}
+
+	fifth := c.RunObjects(t, ns, EnvPod("quarter-4", "quarter-gpu", true))["quarter-4"]
+	d := claimOf(t, c, fifth, "gpu")
+	uuid := d.Attribute("uuid")
+	if d.Result.Device == firstDev || uuid == firstUUID {
+		t.Fatalf("the fifth quarter got %s (uuid %s), the GPU the four fill", d.Result.Device, uuid)
+	}
+	if d.Attribute("type") != "shared" {
+		t.Errorf("the fifth quarter got device %s of type %q, want a share", d.Result.Device, d.Attribute("type"))
+	}
+	wantConsumed(t, "quarter-4", d, map[string]string{"memory": "19Gi", "cores": "25"})
+	wantEnv(t, fifth, map[string]string{
+		"NVIDIA_VISIBLE_DEVICES": uuid,
+		"CUDA_VISIBLE_DEVICES":   uuid,
+		"TESSERA_MEMORY_LIMIT":   bytesOf("19Gi"),
+		"TESSERA_CORES_LIMIT":    "25",
+	})
+	t.Logf("quarters 0-3 on %s (%s); quarter-4 on %s (%s)", firstDev, firstUUID, d.Result.Device, uuid)
+}
+
+// TestOversizedClaimsStayPending: a share larger than any GPU (100Gi of an
+// 81559Mi GPU) and nine whole GPUs on an eight-GPU node can never be
+// allocated. Their pods stay Pending, unbound, their claims unallocated, and
+// the pod's PodScheduled condition and FailedScheduling event carry the
+// scheduler's reason.
+func TestOversizedClaimsStayPending(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-oversized")
+	objs := MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: too-much-memory}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity:
+          requests: {memory: 100Gi, cores: "10"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: nine-gpus}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+        allocationMode: ExactCount
+        count: 9
+`)
+	objs = append(objs, EnvPod("too-much-memory", "too-much-memory", false), EnvPod("nine-gpus", "nine-gpus", false))
+	c.Apply(t, ns, objs...)
+
+	for _, name := range []string{"too-much-memory", "nine-gpus"} {
+		cond, err := c.WaitForUnschedulable(ctx, ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pod %s: PodScheduled=%s reason %s: %s", name, cond.Status, cond.Reason, cond.Message)
+		if !strings.Contains(cond.Message, unschedulableClaims) {
+			t.Errorf("pod %s: PodScheduled message %q, want it to say %q", name, cond.Message, unschedulableClaims)
+		}
+		var events []string
+		err = Poll(ctx, "a FailedScheduling event of pod "+name, LogTimeout, func(ctx context.Context) (bool, error) {
+			events, err = c.PodEvents(ctx, ns, name, "FailedScheduling")
+			if err != nil {
+				return false, retry("%v", err)
+			}
+			return len(events) > 0, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pod %s: event FailedScheduling: %s", name, events[len(events)-1])
+		if !strings.Contains(events[len(events)-1], unschedulableClaims) {
+			t.Errorf("pod %s: FailedScheduling %q, want it to say %q", name, events[len(events)-1], unschedulableClaims)
+		}
+	}
+
+	// Give the scheduler time to retry, then check nothing was bound or
+	// allocated after all.
+	time.Sleep(5 * time.Second)
+	for _, name := range []string{"too-much-memory", "nine-gpus"} {
+		pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pod.Spec.NodeName != "" || pod.Status.Phase != corev1.PodPending {
+			t.Errorf("pod %s: phase %s on node %q, want Pending and unbound", name, pod.Status.Phase, pod.Spec.NodeName)
+		}
+		claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if claim.Status.Allocation != nil {
+			t.Errorf("claim %s was allocated: %+v", name, claim.Status.Allocation.Devices.Results)
+		}
+	}
+}
+
+// TestWholeGPUWaitsForSharesToGo: a GPU with shares on it cannot be handed out
+// whole (the whole and the shared device consume the same counters). A claim
+// for that very GPU (a CEL selector on its minor) stays Pending while the
+// shares run; once the share pods are deleted, its pod starts on that GPU and
+// sees its UUID.
+func TestWholeGPUWaitsForSharesToGo(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-reclaim")
+	objs := MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: quarter}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.tessera.dev
+          capacity:
+            requests: {memory: 19Gi, cores: "25"}
+`)
+	objs = append(objs, EnvPod("share-a", "quarter", true), EnvPod("share-b", "quarter", true))
+	shares := c.RunObjects(t, ns, objs...)
+	a, b := claimOf(t, c, shares["share-a"], "gpu"), claimOf(t, c, shares["share-b"], "gpu")
+	if a.Result.Device != b.Result.Device {
+		t.Fatalf("the two shares went to %s and %s, want one GPU (first-fit)", a.Result.Device, b.Result.Device)
+	}
+	minor, uuid := a.Attribute("minor"), a.Attribute("uuid")
+	if minor == "" {
+		t.Fatalf("device %s has no minor attribute", a.Result.Device)
+	}
+	wholeName := "gpu-" + minor
+
+	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: that-gpu}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+        selectors:
+        - cel:
+            expression: device.attributes["gpu.tessera.dev"].minor == %s
+`, minor))...)
+	c.Apply(t, ns, EnvPod("whole", "that-gpu", false))
+	cond, err := c.WaitForUnschedulable(ctx, ns, "whole")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("while shares of %s run, pod whole (claim for minor %s): %s: %s", a.Result.Device, minor, cond.Reason, cond.Message)
+	if !strings.Contains(cond.Message, unschedulableClaims) {
+		t.Errorf("pod whole: PodScheduled message %q, want %q", cond.Message, unschedulableClaims)
+	}
+
+	deleted := time.Now()
+	for _, name := range []string{"share-a", "share-b"} {
+		if err := c.DeletePodAndWait(ctx, ns, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("deleted share-a and share-b in %v", time.Since(deleted).Round(100*time.Millisecond))
+	whole, err := c.WaitForEnvPod(ctx, ns, "whole")
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSpecPod(t, whole)
+	t.Logf("pod whole running %v after the shares were deleted", time.Since(deleted).Round(100*time.Millisecond))
+	dev := claimOf(t, c, whole, "gpu")
+	if dev.Result.Device != wholeName || dev.Attribute("uuid") != uuid {
+		t.Fatalf("pod whole got %s (uuid %s), want %s (uuid %s), the GPU the shares left", dev.Result.Device, dev.Attribute("uuid"), wholeName, uuid)
+	}
+	wantEnv(t, whole, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
+	noLimitEnv(t, whole)
+	t.Logf("pod whole started on %s (uuid %s) once its shares were gone", dev.Result.Device, uuid)
+}
