@@ -1,8 +1,15 @@
 // Command tessera-bench runs the fleet simulation and the scheduler cost
-// measurement of pkg/fleet and writes a Markdown report and a PNG plot.
+// measurement of pkg/fleet, and the node-side measurement of pkg/nodebench,
+// and writes a Markdown report and a PNG plot.
 //
 //	tessera-bench -quick -out results   # results/fleet-quick.{md,png}, under a minute
 //	tessera-bench -out results          # results/fleet.{md,png}, a few minutes
+//	tessera-bench -node=false ...       # without the node side
+//
+// The node side runs in child processes (this binary re-executed with
+// -node-child as its first argument), one per repetition, so that the
+// plugin's resident memory is not mixed up with the fleet simulation's heap
+// and each repetition starts from a fresh process.
 //
 // It uses the standard flag package rather than cobra so that the single-dash
 // flags of the benchmark's interface (-quick, -seed, -out) work as written.
@@ -18,6 +25,7 @@ import (
 	"strings"
 
 	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/pkg/nodebench"
 )
 
 func main() {
@@ -28,6 +36,11 @@ func main() {
 	jobs := flag.Int("jobs", 0, "override the number of jobs per mean demand")
 	parallel := flag.Int("parallel", 0, "simulations run at once (0: GOMAXPROCS); results do not depend on it")
 	noCost := flag.Bool("no-cost", false, "skip the scheduler cost measurement")
+	node := flag.Bool("node", true, "measure the node side (prepare/unprepare latency, plugin RSS, API writes) in child processes")
+	nodeRuns := flag.Int("node-runs", 3, "child processes for the node side; the report shows the spread over them")
+	if len(os.Args) > 1 && os.Args[1] == nodeChildArg {
+		os.Exit(nodeChild(os.Args[2:]))
+	}
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "tessera-bench: unexpected arguments %q\n", flag.Args())
@@ -49,17 +62,33 @@ func main() {
 	}
 	cfg.Parallel = *parallel
 	cfg.Command = strings.TrimSpace("go run ./cmd/tessera-bench " + strings.Join(os.Args[1:], " "))
-	if err := run(cfg, *out, name); err != nil {
+	var nodeCfg *nodeConfig
+	if *node {
+		nodeCfg = &nodeConfig{runs: *nodeRuns, opts: fullNode}
+		if *quick {
+			nodeCfg.opts = quickNode
+		}
+	}
+	if err := run(cfg, nodeCfg, *out, name); err != nil {
 		fmt.Fprintf(os.Stderr, "tessera-bench: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfg fleet.BenchConfig, out, name string) error {
-	rep, err := fleet.Bench(context.Background(), cfg)
+func run(cfg fleet.BenchConfig, nodeCfg *nodeConfig, out, name string) error {
+	ctx := context.Background()
+	var nodeReports []nodebench.Report
+	if nodeCfg != nil {
+		var err error
+		if nodeReports, err = nodeCfg.measure(ctx); err != nil {
+			return fmt.Errorf("node side: %w", err)
+		}
+	}
+	rep, err := fleet.Bench(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	rep.Node = nodeReports
 	var png bytes.Buffer
 	if err := rep.WritePNG(&png); err != nil {
 		return err

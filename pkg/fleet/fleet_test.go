@@ -5,10 +5,14 @@ import (
 	"context"
 	"fmt"
 	"image/png"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-dev/tessera/pkg/nodebench"
 )
 
 // small is a stream that keeps -race runs short: 2 nodes (16 GPUs), 300 jobs.
@@ -184,7 +188,8 @@ func TestReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := rep.Markdown()
-	for _, want := range []string{"| 0.2 | ", "(c)/(a) throughput at m=0.2", "tessera-shared | 1 |", "(no fit)", "TODO(node-side)", "fleet-quick.png"} {
+	for _, want := range []string{"| 0.2 | ", "(c)/(a) throughput at m=0.2", "tessera-shared | 1 |", "(no fit)", "fleet-quick.png",
+		"## Node side", "Not measured in this run", "| prepare+unprepare p99 per claim in mock mode | < 10 ms | not measured"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -255,5 +260,61 @@ func TestCostScenarioFits(t *testing.T) {
 		if fits, err := s.AllocateOnce(ctx, a); err != nil || fits != tc.fits {
 			t.Errorf("%s with %d existing: fits=%v, err=%v; want fits=%v", tc.kind, tc.shares, fits, err, tc.fits)
 		}
+	}
+}
+
+// TestNodeReport checks how the node-side runs are rendered and judged: the
+// worst p99 over backends and runs decides each target, and the spread over
+// the runs appears as median (min–max).
+func TestNodeReport(t *testing.T) {
+	run := func(seqP99, concP99 time.Duration, idleMiB int64) nodebench.Report {
+		lat := func(p99 time.Duration, claims, perRound int) nodebench.Latency {
+			return nodebench.Latency{Claims: claims, P50: p99 / 4, P99: p99, Max: p99, Wall: p99, ClaimsPerRound: perRound}
+		}
+		return nodebench.Report{
+			Profile: "hgx-h100", GPUs: 8, Procs: 2,
+			Backends: []nodebench.Backend{
+				{Isolation: "Advisory", Sequential: lat(seqP99, 500, 0), Concurrent: lat(concP99, 300, 100)},
+				{Isolation: "MPS", Sequential: lat(seqP99/2, 500, 0), Concurrent: lat(concP99/2, 300, 100)},
+			},
+			Memory: nodebench.Memory{BaseRSS: 60 << 20, BaseAnon: 5 << 20, IdleRSS: idleMiB << 20, IdleAnon: 12 << 20, IdleHWM: idleMiB << 20,
+				LoadPeakRSS: (idleMiB + 2) << 20, LoadPeakAnon: 14 << 20, LoadHWM: (idleMiB + 2) << 20},
+			Writes: nodebench.APIWrites{Slices: 2, Publish: nodebench.Writes{Create: 2}, InventorySkipsUnchanged: true, HealthChange: nodebench.Writes{Update: 1}},
+		}
+	}
+	rep := &Report{Command: "go run ./cmd/tessera-bench", Node: []nodebench.Report{
+		run(4*time.Millisecond, 300*time.Millisecond, 80),
+		run(6*time.Millisecond, 250*time.Millisecond, 82),
+		run(5*time.Millisecond, 400*time.Millisecond, 81),
+	}}
+	var got []Target
+	for _, tg := range rep.Targets() {
+		if strings.HasPrefix(tg.Name, "prepare+unprepare") {
+			got = append(got, tg)
+		}
+	}
+	want := []Target{
+		{"prepare+unprepare p99 per claim in mock mode, 1 claim at a time (worst backend and run)", "< 10 ms", "6.00 ms (Advisory)", true},
+		{"prepare+unprepare p99 per claim in mock mode, 100 claims at once (worst backend and run)", "< 10 ms", "400 ms (Advisory)", false},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("node targets:\n got %+v\nwant %+v", got, want)
+	}
+	md := rep.Markdown()
+	for _, s := range []string{
+		"in 3 separate child processes",
+		"| Advisory | 1.25 (1.00–1.50) | 5.00 (4.00–6.00) | 75 (62–100) | 300 (250–400) |",
+		"| idle: after plugin.New and the first publish | 81 (80–82) | 12 |",
+		"| first publish of the 8-GPU node | 2 | 2 | 0 | 0 |",
+		"| one GPU turns unhealthy (NoSchedule taint on its two devices) | 2 | 0 | 1 | 0 |",
+		"does not call PublishResources at all",
+		"(Advisory backend): 100000 (83333–125000) one at a time, 1000 (750–1200) with 100 at once",
+	} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+	if strings.Contains(md, "TODO(node-side)") {
+		t.Error("report still has the TODO(node-side) placeholder")
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tessera-dev/tessera/pkg/nodebench"
 )
 
 // Report is one run of the whole benchmark: the fleet simulation for every mean
@@ -19,6 +21,10 @@ type Report struct {
 	Costs   []Cost
 	// SimWall and CostWall are how long the two parts took (wall clock, informative).
 	SimWall, CostWall time.Duration
+	// Node holds the node-side measurements, one per repetition (each in a
+	// fresh process, all with the same nodebench.Options); empty when not
+	// measured.
+	Node []nodebench.Report
 }
 
 func (r *Report) result(i int, k Kind) Result {
@@ -93,8 +99,177 @@ func (r *Report) Targets() []Target {
 		out = append(out, Target{"Allocate: shared claim vs whole claim (Tessera model), worst point", "<= 2.0x",
 			fmt.Sprintf("%.2fx (%s)", worst, worstAt), worst <= 2})
 	}
-	out = append(out, Target{"prepare p99 in mock mode", "< 10 ms", "not measured (node side pending, see below)", false})
+	out = append(out, r.nodeTargets()...)
 	return out
+}
+
+// prepareTarget is the issue's bound on prepare latency in mock mode.
+const prepareTarget = 10 * time.Millisecond
+
+// nodeTargets holds the p99 of prepare+unprepare against prepareTarget, for
+// one claim at a time and for the concurrent rounds: the worst backend in the
+// worst run.
+func (r *Report) nodeTargets() []Target {
+	name := "prepare+unprepare p99 per claim in mock mode"
+	if len(r.Node) == 0 || len(r.Node[0].Backends) == 0 {
+		return []Target{{name, "< 10 ms", "not measured (run without -node=false)", false}}
+	}
+	var out []Target
+	for _, mode := range []struct {
+		what string
+		get  func(nodebench.Backend) nodebench.Latency
+	}{
+		{"1 claim at a time", func(b nodebench.Backend) nodebench.Latency { return b.Sequential }},
+		{fmt.Sprintf("%d claims at once", r.Node[0].Backends[0].Concurrent.ClaimsPerRound), func(b nodebench.Backend) nodebench.Latency { return b.Concurrent }},
+	} {
+		var worst time.Duration
+		var at string
+		for _, run := range r.Node {
+			for _, b := range run.Backends {
+				if p := mode.get(b).P99; p > worst {
+					worst, at = p, string(b.Isolation)
+				}
+			}
+		}
+		out = append(out, Target{fmt.Sprintf("%s, %s (worst backend and run)", name, mode.what), "< 10 ms",
+			fmt.Sprintf("%s ms (%s)", millis(worst), at), worst < prepareTarget})
+	}
+	return out
+}
+
+func millis(d time.Duration) string {
+	ms := float64(d) / float64(time.Millisecond)
+	if ms < 10 {
+		return fmt.Sprintf("%.2f", ms)
+	}
+	return fmt.Sprintf("%.0f", ms)
+}
+
+// spread is "median (min–max)" of the values over the runs, or the value
+// alone for one run.
+func spread[T any](runs []nodebench.Report, get func(nodebench.Report) T, format func(T) string, less func(a, b T) bool) string {
+	vals := make([]T, len(runs))
+	for i, run := range runs {
+		vals[i] = get(run)
+	}
+	slices.SortFunc(vals, func(a, b T) int {
+		switch {
+		case less(a, b):
+			return -1
+		case less(b, a):
+			return 1
+		}
+		return 0
+	})
+	med := format(vals[len(vals)/2])
+	if len(vals) == 1 || format(vals[0]) == format(vals[len(vals)-1]) {
+		return med
+	}
+	return fmt.Sprintf("%s (%s–%s)", med, format(vals[0]), format(vals[len(vals)-1]))
+}
+
+func durationSpread(runs []nodebench.Report, get func(nodebench.Report) time.Duration) string {
+	return spread(runs, get, millis, func(a, b time.Duration) bool { return a < b })
+}
+
+func rateSpread(runs []nodebench.Report, get func(nodebench.Report) nodebench.Latency) string {
+	return spread(runs, func(x nodebench.Report) float64 {
+		l := get(x)
+		return ratio(float64(l.Claims), l.Wall.Seconds())
+	}, func(v float64) string { return fmt.Sprintf("%.0f", v) }, func(a, b float64) bool { return a < b })
+}
+
+func mibSpread(runs []nodebench.Report, get func(nodebench.Report) int64) string {
+	return spread(runs, get, func(v int64) string { return fmt.Sprintf("%.0f", float64(v)/(1<<20)) }, func(a, b int64) bool { return a < b })
+}
+
+func (r *Report) nodeMarkdown(b *strings.Builder) {
+	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
+	p("\n## Node side (prepare/unprepare, RSS, API writes)\n\n")
+	if len(r.Node) == 0 || len(r.Node[0].Backends) == 0 {
+		p("Not measured in this run (`-node=false`).\n")
+		return
+	}
+	first := r.Node[0]
+	backends := first.Backends
+	conc := backends[0].Concurrent
+	p("The kubelet plugin of pkg/plugin in mock mode on one %s node (%d GPUs), built through plugin.New as the kubelet plugin wires it, "+
+		"with a real checkpoint file and CDI directory in a temporary directory, logs discarded; measured by pkg/nodebench in %d separate child "+
+		"processes (GOMAXPROCS %d). Figures are the median over the runs with the range (min–max) in brackets.\n\n",
+		first.Profile, first.GPUs, len(r.Node), first.Procs)
+
+	p("### Prepare + unprepare latency per claim (ms)\n\n")
+	p("One claim is a share of gpu-N-shared (4Gi, 5 cores, a ShareID, an opaque GpuConfig choosing the backend), shaped as the allocator writes it; "+
+		"the time is one PrepareResourceClaims plus one UnprepareResourceClaims call, in-process. *1 at a time*: %d claims one after the other. "+
+		"*%d at once*: %d goroutines start together, each preparing and unpreparing its own claim (spread over the 8 GPUs' shared devices), "+
+		"%d rounds; percentiles over all %d claims.\n\n",
+		backends[0].Sequential.Claims, conc.ClaimsPerRound, conc.ClaimsPerRound, conc.Claims/max(conc.ClaimsPerRound, 1), conc.Claims)
+	p("| backend | 1 at a time p50 | 1 at a time p99 | %d at once p50 | %d at once p99 | %d at once: round wall |\n|---|---|---|---|---|---|\n",
+		conc.ClaimsPerRound, conc.ClaimsPerRound, conc.ClaimsPerRound)
+	for i, be := range backends {
+		get := func(f func(nodebench.Backend) time.Duration) func(nodebench.Report) time.Duration {
+			return func(run nodebench.Report) time.Duration { return f(run.Backends[i]) }
+		}
+		p("| %s | %s | %s | %s | %s | %s |\n", be.Isolation,
+			durationSpread(r.Node, get(func(b nodebench.Backend) time.Duration { return b.Sequential.P50 })),
+			durationSpread(r.Node, get(func(b nodebench.Backend) time.Duration { return b.Sequential.P99 })),
+			durationSpread(r.Node, get(func(b nodebench.Backend) time.Duration { return b.Concurrent.P50 })),
+			durationSpread(r.Node, get(func(b nodebench.Backend) time.Duration { return b.Concurrent.P99 })),
+			durationSpread(r.Node, get(func(b nodebench.Backend) time.Duration {
+				return b.Concurrent.Wall / time.Duration(max(b.Concurrent.Claims/max(b.Concurrent.ClaimsPerRound, 1), 1))
+			})))
+	}
+	p("\nA claim of the concurrent rounds waits for the others: the checkpoint serializes its writes (each Put and Delete encodes and " +
+		"checksums every claim in it, writes a temporary file, fsyncs and renames it; the file grows with the claims in flight), and a claim " +
+		"makes three of them, so a claim's latency is close to the round's wall time. " +
+		"In a cluster the kubelet plugin helper serializes prepare calls by default, so the kubelet would see that queueing in front of " +
+		"the plugin rather than inside it.\n\n")
+	p("Throughput, claims prepared and unprepared per second (%s backend): %s one at a time, %s with %d at once.\n\n", backends[0].Isolation,
+		rateSpread(r.Node, func(x nodebench.Report) nodebench.Latency { return x.Backends[0].Sequential }),
+		rateSpread(r.Node, func(x nodebench.Report) nodebench.Latency { return x.Backends[0].Concurrent }), conc.ClaimsPerRound)
+
+	p("### Resident memory of the plugin process (MiB)\n\n")
+	p("From /proc/self/status of the child process, which holds the plugin, the ResourceSlice controller and client-go's fake clientset standing " +
+		"in for the API server (simple object tracker), and nothing of the fleet simulation. VmRSS is dominated by the pages of the ~100 MB " +
+		"tessera-bench binary that happen to be mapped, which varies with the page cache from run to run (and includes code the plugin does " +
+		"not use, such as kube-scheduler's allocator); RssAnon, the anonymous part (heap, stacks), is what the program itself allocates.\n\n")
+	mib := func(get func(nodebench.Memory) int64) string {
+		return mibSpread(r.Node, func(x nodebench.Report) int64 { return get(x.Memory) })
+	}
+	p("| | VmRSS | RssAnon |\n|---|---|---|\n")
+	p("| process at start, before the plugin | %s | %s |\n", mib(func(m nodebench.Memory) int64 { return m.BaseRSS }), mib(func(m nodebench.Memory) int64 { return m.BaseAnon }))
+	p("| idle: after plugin.New and the first publish | %s | %s |\n", mib(func(m nodebench.Memory) int64 { return m.IdleRSS }), mib(func(m nodebench.Memory) int64 { return m.IdleAnon }))
+	p("| idle minus start: what the plugin and its publisher added | %s | %s |\n",
+		mib(func(m nodebench.Memory) int64 { return m.IdleRSS - m.BaseRSS }), mib(func(m nodebench.Memory) int64 { return m.IdleAnon - m.BaseAnon }))
+	p("| under the %d-claim load: peak sampled every 2 ms | %s | %s |\n", conc.ClaimsPerRound,
+		mib(func(m nodebench.Memory) int64 { return m.LoadPeakRSS }), mib(func(m nodebench.Memory) int64 { return m.LoadPeakAnon }))
+	p("| after the load: VmHWM (peak of the whole process) | %s | |\n", mib(func(m nodebench.Memory) int64 { return m.LoadHWM }))
+
+	p("\n### API writes to publish the node\n\n")
+	p("ResourceSlice creates, updates and deletes seen by client-go's fake clientset, written by k8s.io/dynamic-resource-allocation's " +
+		"resourceslice controller (what kubeletplugin.Helper.PublishResources runs, with the node as owner) fed by plugin.Inventory; reads " +
+		"(node lookup, list, watch) not counted. The controller's follow-up syncs were shortened (20 ms sync delay, 100 ms mutation cache TTL) " +
+		"and each step waited for 400 ms without writes, so every write it makes after a change is counted.\n\n")
+	p("| event | slices | creates | updates | deletes |\n|---|---|---|---|---|\n")
+	wr := func(name string, get func(nodebench.APIWrites) nodebench.Writes) {
+		cell := func(f func(nodebench.Writes) int) string {
+			return spread(r.Node, func(x nodebench.Report) int { return f(get(x.Writes)) }, func(v int) string { return fmt.Sprint(v) }, func(a, b int) bool { return a < b })
+		}
+		p("| %s | %d | %s | %s | %s |\n", name, first.Writes.Slices,
+			cell(func(w nodebench.Writes) int { return w.Create }), cell(func(w nodebench.Writes) int { return w.Update }), cell(func(w nodebench.Writes) int { return w.Delete }))
+	}
+	wr(fmt.Sprintf("first publish of the %d-GPU node", first.GPUs), func(w nodebench.APIWrites) nodebench.Writes { return w.Publish })
+	wr("the same resources published again", func(w nodebench.APIWrites) nodebench.Writes { return w.Republish })
+	wr("one GPU turns unhealthy (NoSchedule taint on its two devices)", func(w nodebench.APIWrites) nodebench.Writes { return w.HealthChange })
+	skips := true
+	for _, run := range r.Node {
+		skips = skips && run.Writes.InventorySkipsUnchanged
+	}
+	if skips {
+		p("\nplugin.Inventory does not call PublishResources at all when discovery and taints are unchanged; the second row calls it directly.\n")
+	} else {
+		p("\nplugin.Inventory called PublishResources again for an unchanged node in at least one run.\n")
+	}
 }
 
 // Markdown renders the report.
@@ -140,10 +315,7 @@ func (r *Report) Markdown() string {
 
 	r.costMarkdown(&b)
 
-	p("\n## Node side (prepare/unprepare, RSS, API writes)\n\n")
-	p("TODO(node-side): not measured yet. Needs a hook from pkg/plugin (see the fleet package doc): " +
-		"prepare+unprepare latency p50/p99 for 1 claim and 100 concurrent claims in mock mode, plugin RSS idle and under that load, " +
-		"and the number of API writes to publish an 8-GPU node.\n")
+	r.nodeMarkdown(&b)
 
 	p("\n## Method and assumptions\n\n")
 	for _, line := range methodNotes {
