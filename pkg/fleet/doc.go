@@ -27,11 +27,7 @@
 //   - Queueing is FIFO with head-of-line blocking; a job goes to the first node
 //     whose allocation succeeds. See Run.
 //
-// Node side (prepare/unprepare latency, plugin RSS, API writes) is not measured
-// here yet; the report has a TODO(node-side) section. It needs from pkg/plugin a
-// constructor for a mock-mode driver with injected fakes (mock NVML profile, CDI
-// root and checkpoint in a temp dir, no kubelet registration), its
-// PrepareResourceClaims/UnprepareResourceClaims callable in-process with claims
-// carrying an AllocationResult, and a resourceslice publisher behind an interface
-// (or a fake clientset) so that API writes can be counted.
+// The node side (prepare/unprepare latency, plugin memory, ResourceSlice writes)
+// is measured by pkg/nodebench; Report carries its results so that one report
+// holds both halves.
 package fleet
