@@ -8,7 +8,7 @@ LOCAL := demo/clusters/local
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
 LOCKED := flock -w 3600 $(CLUSTER_LOCK)
 
-.PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint fmt vet bench bench-full clean
+.PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full clean
 
 all: build
 
@@ -57,11 +57,21 @@ vet:
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
 
-## lint: gofmt, go vet, shellcheck and bash -n on every script
-lint: vet
+## lint: gofmt, go vet, shellcheck and bash -n on every script, helm lint
+lint: vet helm-lint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@command -v shellcheck >/dev/null || { echo "shellcheck missing: apt-get install -y shellcheck"; exit 1; }
 	@scripts=$$(git ls-files '*.sh' .ci/run); for s in $$scripts; do bash -n "$$s" || exit 1; done; shellcheck $$scripts
+
+## helm-lint: the chart with default, local-cluster and cert-manager values
+helm-lint: tools
+	@helm=$$($(LOCAL)/build-tools.sh | tail -n1)/helm; \
+	for f in "" demo/clusters/local/overlay/values.yaml deployments/helm/testdata/values-cert-manager.yaml; do \
+	  $$helm lint --strict deployments/helm/tessera --kube-version 1.37.0 $${f:+-f $$f} || exit 1; done
+
+## helm-golden: rewrite deployments/helm/testdata/*.golden.yaml after a chart change (review the diff)
+helm-golden: tools
+	$(GO) test ./deployments/helm -run TestGolden -update
 
 ## bench: Go benchmarks (allocator cost, prepare latency, checkpoint writes) and the
 ## quick fleet simulation (results/fleet-quick.md, .png; under a minute)
