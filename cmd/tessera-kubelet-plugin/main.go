@@ -179,7 +179,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	if mock {
 		// No GPU, so no MPS daemon can run: the fake keeps the bookkeeping.
-		opts.MPS = isolation.NewMPS(f.mpsRoot, isolation.NewFakeRunner())
+		opts.MPS = isolation.NewMPS(f.mpsRoot, mockMPSRunner{isolation.NewFakeRunner()})
 	} else {
 		opts.MPS = isolation.NewMPS(f.mpsRoot, isolation.ExecRunner{Root: f.mpsRoot})
 		opts.DevNodes = isolation.HostDevNodes{DriverRoot: f.driverRoot}
@@ -277,6 +277,20 @@ func run(ctx context.Context, f flags) error {
 	<-ctx.Done()
 	logger.Info("Shutting down")
 	return nil
+}
+
+// mockMPSRunner keeps the fake runner's bookkeeping and creates the daemon's
+// pipe and log directories, which the CDI spec of an MPS share mounts into
+// the container: without them the runtime refuses to start it.
+type mockMPSRunner struct{ *isolation.FakeRunner }
+
+func (r mockMPSRunner) Start(ctx context.Context, d isolation.Daemon) error {
+	for _, dir := range []string{d.PipeDir, d.LogDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("mock MPS daemon for %s: %w", d.UUID, err)
+		}
+	}
+	return r.FakeRunner.Start(ctx, d)
 }
 
 // serveMetrics serves mux on addr until ctx is done. A busy address (the

@@ -1,0 +1,394 @@
+//go:build e2e
+
+package e2e
+
+// Operating Tessera (docs/operating.md): /metrics agrees with what the
+// scheduler allocated, `tessera status` shows every pod on its GPU, and every
+// `tessera claim-template` command of the docs yields a template the API
+// server accepts and the scheduler allocates.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// operateMetricsURL is the plugin's /metrics: on the local cluster the plugin
+// runs in the host's network namespace with the default --metrics-address.
+func operateMetricsURL() string {
+	if u := os.Getenv("TESSERA_E2E_METRICS_URL"); u != "" {
+		return u
+	}
+	return "http://127.0.0.1:9477/metrics"
+}
+
+var (
+	cliOnce sync.Once
+	cliPath string
+	cliErr  error
+)
+
+// tesseraCLI builds cmd/tessera once per run.
+func tesseraCLI(t *testing.T) string {
+	t.Helper()
+	cliOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tessera-e2e-cli-")
+		if err != nil {
+			cliErr = err
+			return
+		}
+		cliPath = filepath.Join(dir, "tessera")
+		out, err := exec.Command("go", "build", "-o", cliPath, filepath.Join(repoRoot, "cmd", "tessera")).CombinedOutput()
+		if err != nil {
+			cliErr = fmt.Errorf("go build ./cmd/tessera: %v\n%s", err, out)
+		}
+	})
+	if cliErr != nil {
+		t.Fatal(cliErr)
+	}
+	return cliPath
+}
+
+// operateKubeconfig is the kubeconfig file of the cluster under test.
+func operateKubeconfig(t *testing.T) string {
+	t.Helper()
+	if k := os.Getenv("KUBECONFIG"); k != "" {
+		return k
+	}
+	out, err := exec.Command(filepath.Join(repoRoot, "demo", "clusters", "local", "cluster.sh"), "kubeconfig").Output()
+	if err != nil {
+		t.Fatalf("cluster.sh kubeconfig: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func runCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(tesseraCLI(t), args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("tessera %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out)
+}
+
+// sample is one line of the Prometheus text format.
+type sample struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+var labelPattern = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+func scrapeMetrics(ctx context.Context, url string) ([]sample, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, b)
+	}
+	var out []sample
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		s := sample{name: line[:i], labels: map[string]string{}, value: v}
+		if j := strings.IndexByte(line, '{'); j >= 0 && j < i {
+			s.name = line[:j]
+			for _, m := range labelPattern.FindAllStringSubmatch(line[j:i], -1) {
+				s.labels[m[1]] = m[2]
+			}
+		}
+		out = append(out, s)
+	}
+	return out, sc.Err()
+}
+
+func sumSamples(samples []sample, name string, match func(map[string]string) bool) (float64, []string) {
+	var sum float64
+	var lines []string
+	for _, s := range samples {
+		if s.name == name && (match == nil || match(s.labels)) {
+			sum += s.value
+			lines = append(lines, fmt.Sprintf("%s%v %v", s.name, s.labels, s.value))
+		}
+	}
+	return sum, lines
+}
+
+// operateStatus mirrors pkg/status's JSON (the CLI's -o json).
+type operateStatus struct {
+	Nodes []struct {
+		Name string `json:"name"`
+		GPUs []struct {
+			Device               string `json:"device"`
+			AllocatedMemoryBytes int64  `json:"allocatedMemoryBytes"`
+			Healthy              bool   `json:"healthy"`
+			Holders              []struct {
+				Namespace string   `json:"namespace"`
+				Claim     string   `json:"claim"`
+				Pods      []string `json:"pods"`
+				Device    string   `json:"device"`
+			} `json:"holders"`
+		} `json:"gpus"`
+	} `json:"nodes"`
+}
+
+// TestOperateMetricsAndStatus runs the demo specs, then checks that the
+// plugin's /metrics reports as allocated exactly the memory the scheduler
+// allocated to the demo claims, and that `tessera status` lists every demo
+// pod on the GPU its claim got.
+func TestOperateMetricsAndStatus(t *testing.T) {
+	cluster := needCluster(t)
+	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "e2e-operate")
+	specs := []string{"10-quarter-gpu-shares.yaml", "20-whole-gpu.yaml", "30-nvlink-pair.yaml", "40-shared-claim-two-pods.yaml", "50-mps-share.yaml"}
+	pods := map[string]SpecPod{}
+	for _, s := range specs {
+		for name, p := range cluster.RunSpec(t, ns, specPath(s)) {
+			pods[name] = p
+		}
+	}
+
+	// What the scheduler allocated, per claim of the demo, from the API.
+	claims, err := cluster.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demoMemory int64
+	devicesOf := map[string][]Allocated{} // claim → devices
+	for _, c := range claims.Items {
+		devs, err := cluster.AllocatedDevices(ctx, ns, c.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devicesOf[c.Name] = devs
+		for _, d := range devs {
+			if d.Result.ShareID != nil {
+				q := d.Result.ConsumedCapacity["memory"]
+				demoMemory += q.Value()
+			} else {
+				q := d.Device.Capacity["memory"].Value
+				demoMemory += q.Value()
+			}
+		}
+	}
+	t.Logf("demo: %d pods, %d claims, %s allocated (%d bytes)", len(pods), len(claims.Items),
+		resource.NewQuantity(demoMemory, resource.BinarySI), demoMemory)
+
+	// /metrics: the claims of this namespace add up to the same, and so do
+	// the GPUs' allocated memory (no other test holds claims now).
+	url := operateMetricsURL()
+	var samples []sample
+	err = Poll(ctx, "the plugin's /metrics to report the demo claims", time.Minute, func(ctx context.Context) (bool, error) {
+		s, err := scrapeMetrics(ctx, url)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		samples = s
+		got, _ := sumSamples(s, "tessera_claim_memory_bytes", func(l map[string]string) bool { return l["namespace"] == ns })
+		if int64(got) != demoMemory {
+			return false, retry("tessera_claim_memory_bytes{namespace=%s} sums to %v, want %d", ns, got, demoMemory)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpuSum, gpuLines := sumSamples(samples, "tessera_gpu_allocated_memory_bytes", func(l map[string]string) bool { return true })
+	clusterMemory := demoMemory
+	all, err := cluster.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all.Items {
+		if c.Namespace != ns && c.Status.Allocation != nil && len(c.Status.ReservedFor) > 0 {
+			t.Logf("claim %s/%s of another test is allocated too", c.Namespace, c.Name)
+			devs, err := cluster.AllocatedDevices(ctx, c.Namespace, c.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range devs {
+				if d.Result.ShareID != nil {
+					q := d.Result.ConsumedCapacity["memory"]
+					clusterMemory += q.Value()
+				} else {
+					q := d.Device.Capacity["memory"].Value
+					clusterMemory += q.Value()
+				}
+			}
+		}
+	}
+	if int64(gpuSum) != clusterMemory {
+		t.Errorf("sum of tessera_gpu_allocated_memory_bytes = %v, want %d (the allocated claims' sum)\n%s", gpuSum, clusterMemory, strings.Join(gpuLines, "\n"))
+	}
+	for _, l := range gpuLines {
+		if !strings.HasSuffix(l, " 0") {
+			t.Logf("metrics: %s", l)
+		}
+	}
+	t.Logf("metrics: sum(tessera_gpu_allocated_memory_bytes) = %.0f = the demo claims' %d", gpuSum, demoMemory)
+
+	// tessera status: every demo pod appears on the GPU(s) its claim got.
+	kubeconfig := operateKubeconfig(t)
+	t.Logf("tessera status:\n%s", runCLI(t, "status", "--kubeconfig", kubeconfig))
+	var st operateStatus
+	if err := json.Unmarshal([]byte(runCLI(t, "status", "--kubeconfig", kubeconfig, "-o", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	for name, p := range pods {
+		for _, pc := range p.Pod.Spec.ResourceClaims {
+			claim, err := PodClaimName(p.Pod, pc.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range devicesOf[claim] {
+				gpuName := strings.TrimSuffix(d.Result.Device, "-shared")
+				found := false
+				for _, n := range st.Nodes {
+					if n.Name != p.Pod.Spec.NodeName {
+						continue
+					}
+					for _, g := range n.GPUs {
+						if g.Device != gpuName {
+							continue
+						}
+						for _, h := range g.Holders {
+							if h.Namespace == ns && h.Claim == claim && h.Device == d.Result.Device && contains(h.Pods, name) {
+								found = true
+							}
+						}
+					}
+				}
+				if !found {
+					t.Errorf("tessera status does not list pod %s/%s (claim %s) on %s %s", ns, name, claim, p.Pod.Spec.NodeName, gpuName)
+				}
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// claimTemplateCommands are the `tessera claim-template` lines of
+// docs/operating.md, with the arguments after the subcommand.
+func claimTemplateCommands(t *testing.T) [][]string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operating.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if rest, ok := strings.CutPrefix(line, "tessera claim-template "); ok {
+			if i := strings.Index(rest, "#"); i >= 0 {
+				rest = rest[:i]
+			}
+			out = append(out, strings.Fields(rest))
+		}
+	}
+	if len(out) < 5 {
+		t.Fatalf("docs/operating.md has %d tessera claim-template commands, want at least 5: %v", len(out), out)
+	}
+	return out
+}
+
+// TestOperateClaimTemplateVariants applies every `tessera claim-template`
+// command of docs/operating.md (whole, share, NVLink prefer and require, MPS)
+// with a busybox pod using the template, and waits for each pod to run.
+func TestOperateClaimTemplateVariants(t *testing.T) {
+	cluster := needCluster(t)
+	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "e2e-templates")
+	type variant struct{ name, pod string }
+	var variants []variant
+	for _, args := range claimTemplateCommands(t) {
+		out := runCLI(t, append([]string{"claim-template"}, args...)...)
+		objs, err := DecodeYAML([]byte(out))
+		if err != nil || len(objs) != 1 || objs[0].GetKind() != "ResourceClaimTemplate" {
+			t.Fatalf("tessera claim-template %s printed %d objects (%v):\n%s", strings.Join(args, " "), len(objs), err, out)
+		}
+		name := objs[0].GetName()
+		cluster.Apply(t, ns, objs...)
+		pod := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "v1", "kind": "Pod",
+			"metadata": map[string]any{"name": "tmpl-" + name},
+			"spec": map[string]any{
+				"terminationGracePeriodSeconds": int64(1),
+				"resourceClaims":                []any{map[string]any{"name": "gpu", "resourceClaimTemplateName": name}},
+				"containers": []any{map[string]any{
+					"name": "ctr", "image": "docker.io/library/busybox:1.36",
+					"command":   []any{"sh", "-c", `env | grep -E "^(NVIDIA_|CUDA_|TESSERA_)" | sort; echo ` + EnvDoneMarker + `; exec sleep 2147483647`},
+					"resources": map[string]any{"claims": []any{map[string]any{"name": "gpu"}}},
+				}},
+			},
+		}}
+		cluster.Apply(t, ns, pod)
+		variants = append(variants, variant{name: strings.Join(args, " "), pod: "tmpl-" + name})
+	}
+	for _, v := range variants {
+		p, err := cluster.WaitForPodRunning(ctx, ns, v.pod)
+		if err != nil {
+			t.Errorf("tessera claim-template %s: %v", v.name, err)
+			continue
+		}
+		log, err := cluster.WaitForLog(ctx, ns, v.pod, "ctr", EnvDoneMarker)
+		if err != nil {
+			t.Errorf("tessera claim-template %s: %v", v.name, err)
+			continue
+		}
+		claim, _ := PodClaimName(p, "gpu")
+		devs, _ := cluster.AllocatedDevices(ctx, ns, claim)
+		var names []string
+		for _, d := range devs {
+			names = append(names, d.Result.Device)
+		}
+		env := ParseEnv(log)
+		t.Logf("tessera claim-template %s: pod %s runs on %v (TESSERA_MEMORY_LIMIT=%s TESSERA_CORES_LIMIT=%s)",
+			v.name, v.pod, names, env["TESSERA_MEMORY_LIMIT"], env["TESSERA_CORES_LIMIT"])
+	}
+}
