@@ -199,8 +199,10 @@ func (c *Cluster) Apply(t testing.TB, namespace string, objs ...*unstructured.Un
 		if !existed {
 			name, kind := out.GetName(), gvk.Kind
 			t.Cleanup(func() {
-				zero := int64(0)
-				err := ri.Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				// Graceful, so that a pod goes only after the kubelet
+				// unprepared its claims (see DeletePodAndWait) and the
+				// namespace's deletion waits for that.
+				err := ri.Delete(context.Background(), name, metav1.DeleteOptions{})
 				if err != nil && !apierrors.IsNotFound(err) {
 					t.Errorf("cleanup: delete %s %s: %v", kind, name, err)
 				}
@@ -666,12 +668,14 @@ func (c *Cluster) PodEvents(ctx context.Context, ns, name, reason string) ([]str
 	return out, nil
 }
 
-// DeletePodAndWait deletes a pod (grace period 0) and waits until it is gone.
-// The kubelet removes a pod only after it has unprepared the pod's claims, so
-// a pod that goes also means its claims were unprepared without error.
+// DeletePodAndWait deletes a pod gracefully (its own grace period; the demo
+// pods' is 1 s) and waits until it is gone. The kubelet removes a gracefully
+// deleted pod only after its containers stopped and it has unprepared the
+// pod's claims (SyncTerminatedPod), so a pod that goes also means its claims
+// were unprepared without error. (A forced deletion, grace period 0, would
+// remove the object at once and leave the kubelet to clean up later.)
 func (c *Cluster) DeletePodAndWait(ctx context.Context, ns, name string) error {
-	zero := int64(0)
-	err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

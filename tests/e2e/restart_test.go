@@ -104,8 +104,8 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	zero := int64(0)
-	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+	// A graceful delete, as `kubectl delete pod` does: the plugin gets SIGTERM.
+	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s: deleted plugin pod %s (uid %s)", at(), old.Name, old.UID)
