@@ -251,6 +251,11 @@ func run(ctx context.Context, f flags) error {
 	defer helper.Stop()
 
 	inv := &plugin.Inventory{NodeName: f.nodeName, Discover: discover, Publisher: helper, OnChange: p.SetGPUs}
+	if !mock {
+		// Mock GPUs' bus ids exist in no sysfs; real ones get the standard
+		// resource.kubernetes.io/pcieRoot attribute.
+		inv.Model = append(inv.Model, model.WithPCIeRoots(gpu.SysfsPCIeRoots{}))
+	}
 	if tracker != nil {
 		inv.Taints = tracker.Taints
 	}
