@@ -5,6 +5,7 @@
 //	tessera slices --profile hgx-h100 [--node NAME] [-o yaml|json]
 //	tessera deviceclasses [-o yaml|json]
 //	tessera claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT] [--nvlink prefer|require]
+//	tessera status [--node NAME] [-o table|json|yaml]
 package main
 
 import (
