@@ -74,6 +74,11 @@ func run(m *testing.M) int {
 		// The harness's own tests still run; the cluster tests fail in needCluster.
 		return m.Run()
 	}
+	// Tools the tests run (helm, kubectl) talk to the same cluster.
+	if err := os.Setenv("KUBECONFIG", kubeconfig); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
 	c, err := NewCluster(kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
