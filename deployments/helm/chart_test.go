@@ -109,6 +109,7 @@ var cases = []struct {
 	// What demo/clusters/local/install.sh installs (plus its --set flags' usual values).
 	{name: "local", values: []string{"../../demo/clusters/local/overlay/values.yaml"}},
 	{name: "cert-manager", values: []string{"testdata/values-cert-manager.yaml"}},
+	{name: "servicemonitor", values: []string{"testdata/values-servicemonitor.yaml"}},
 }
 
 func valueArgs(files []string) []string {
@@ -283,6 +284,15 @@ func TestSchemaRejects(t *testing.T) {
 		{"webhook.timeoutSeconds=60", "timeoutSeconds"},
 		{"webhook.url=http://127.0.0.1:9443", "url"},
 		{"kubeletPlugin.privileged=true", "privileged"},
+		{"kubeletPlugin.metrics.port=0", "port"},
+		{"kubeletPlugin.metrics.serviceMonitor.interval=30", "interval"},
+		{"kubeletPlugin.health.fatalEffect=PreferNoSchedule", "fatalEffect"},
+		{"kubeletPlugin.health.recoveryPeriod=5min", "recoveryPeriod"},
+		{"kubeletPlugin.health.ignoredXIDs={-1}", "ignoredXIDs"},
+		{"kubeletPlugin.health.fatalXIDs={}", "fatalXIDs"},
+		{"kubeletPlugin.health.fatalXIDs={79,79}", "fatalXIDs"},
+		// Not the schema: the template refuses what the plugin's --health-* would.
+		{"kubeletPlugin.health.ignoredXIDs={13,79}", "XID 79 is in both"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.set, func(t *testing.T) {
