@@ -39,7 +39,8 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 		t.Fatalf("the four quarters are on %v, want one GPU", first)
 	}
 	var firstDev, firstUUID string
-	for firstDev, firstUUID = range first {
+	for dev, uuid := range first { // the only entry
+		firstDev, firstUUID = dev, uuid
 	}
 
 	fifth := c.RunObjects(t, ns, EnvPod("quarter-4", "quarter-gpu", true))["quarter-4"]
