@@ -4,9 +4,10 @@ GO ?= go
 BIN := bin
 LOCAL := demo/clusters/local
 # The local cluster is one per machine (it uses /var/lib/kubelet and fixed ports):
-# every target that uses it holds this lock for its whole session.
+# every target that uses it holds this lock for its whole session. -o: the cluster's
+# daemons must not inherit the lock, or a running demo would hold it until demo-down.
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
-LOCKED := flock -w 3600 $(CLUSTER_LOCK)
+LOCKED := flock -o -w 3600 $(CLUSTER_LOCK)
 
 .PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full clean
 
@@ -23,10 +24,11 @@ test: unit e2e
 unit: tools
 	$(GO) test -race -count=1 ./...
 
-## e2e: start the local cluster, install Tessera, run tests/e2e, stop the cluster
+## e2e: a fresh local cluster (a running demo cluster is stopped first: its pods would
+## hold GPUs the tests count on), install Tessera, run tests/e2e, stop the cluster
 e2e: tools
-	$(LOCKED) env TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 \
-		$(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/
+	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && \
+		TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/'
 
 ## tools: build the pinned cluster binaries into the cache (no-op when cached)
 tools:
