@@ -22,6 +22,16 @@
 // Both are safe for concurrent use, also for the same claim; the helper
 // serializes calls by default anyway.
 //
+// # Two instances (rolling updates)
+//
+// During a surge rolling update the old and the new plugin pod share the plugin
+// data directory, and the kubelet may call either. The helper serializes their
+// calls with a file lock; each call first refreshes the checkpoint from disk and,
+// when the other instance changed it, rebuilds the double-grant index and the MPS
+// holders from it. So neither instance writes back a stale copy, hands out a GPU
+// the other just prepared, or forgets to unprepare the other's claims. This
+// relies on the helper's serialization: do not turn it off with rolling updates.
+//
 // # Order of effects, and what a crash leaves
 //
 // Prepare checks everything that can be checked without side effects first
