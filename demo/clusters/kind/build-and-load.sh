@@ -8,6 +8,6 @@ repo=$(cd "$here/../../.." && pwd)
 name=${KIND_CLUSTER_NAME:-tessera}
 image=${TESSERA_IMAGE:-ghcr.io/tessera-dev/tessera-kubelet-plugin:dev}
 
-docker build -f "$repo/deployments/container/Dockerfile" -t "$image" "$repo"
+docker build --target kubelet-plugin -f "$repo/deployments/container/Dockerfile" -t "$image" "$repo"
 kind load docker-image --name "$name" "$image"
 echo "$image"

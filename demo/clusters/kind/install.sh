@@ -32,21 +32,7 @@ fi
 
 if [ -z "$webhook_image" ]; then
   webhook_image=ghcr.io/tessera-dev/tessera-webhook:dev
-  # Static, so the image is the binary on distroless/static, as a non-root user.
-  docker build -t "$webhook_image" -f - "$repo" <<'DOCKERFILE'
-ARG GO_VERSION=1.26
-FROM golang:${GO_VERSION}-bookworm AS build
-WORKDIR /src
-COPY go.mod go.sum ./
-RUN go mod download
-COPY api/ api/
-COPY cmd/ cmd/
-COPY pkg/ pkg/
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/tessera-webhook ./cmd/tessera-webhook
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/tessera-webhook /usr/bin/tessera-webhook
-ENTRYPOINT ["/usr/bin/tessera-webhook"]
-DOCKERFILE
+  docker build --target webhook -f "$repo/deployments/container/Dockerfile" -t "$webhook_image" "$repo"
   kind load docker-image --name "$name" "$webhook_image"
 fi
 
