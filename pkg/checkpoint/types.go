@@ -33,7 +33,22 @@ type Device struct {
 	MemoryLimit  int64    `json:"memoryLimit,omitempty"` // bytes; 0 = whole GPU/no limit
 	CoresLimit   int64    `json:"coresLimit,omitempty"`  // percent; 0 = whole GPU/no limit
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// AdminAccess is true for a result with adminAccess: the container may
+	// use the GPU, but the result grants nothing (it holds no share of the
+	// GPU and blocks no other claim), so accounting and the double-grant
+	// index skip it.
+	AdminAccess bool `json:"adminAccess,omitempty"`
+	// ConsumedMemory and ConsumedCores are the share's consumedCapacity from
+	// the allocation result (bytes, percent); 0 for whole GPUs and admin
+	// access. They are what the share takes from the GPU's capacity, which
+	// can differ from the limits (GpuConfig may lower a limit).
+	ConsumedMemory int64 `json:"consumedMemory,omitempty"`
+	ConsumedCores  int64 `json:"consumedCores,omitempty"`
 }
+
+// Grants reports whether the device holds part of its GPU: false for admin
+// access, which observes a GPU without taking any of it.
+func (d Device) Grants() bool { return !d.AdminAccess }
 
 // Claim is the checkpointed record of one prepared (or being prepared) claim.
 type Claim struct {
