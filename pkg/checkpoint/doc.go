@@ -3,24 +3,31 @@
 //
 // # Contract
 //
-// A [Store] holds one [Claim] per claim UID. [Store.Put] and [Store.Delete]
-// are all-or-nothing: when they return nil the change is durable (it survives
-// a crash of the plugin or a power loss); when they return an error the
-// in-memory view is exactly what it was before the call. The only case in which
-// disk and memory can disagree is an error from the very last step of a write
-// (syncing the directory after the rename): the new content may then already be
-// visible on disk, but is not known to be durable. Callers treat such a write as
-// failed, which is safe because the next successful write rewrites the whole
-// file from the in-memory state.
+// A [Store] holds one [Claim] per claim UID. When [Store.Put] or
+// [Store.Delete] returns nil the change is durable (it survives a crash of
+// the plugin or a power loss). A write is a temporary file, written, fsynced
+// and closed, then renamed over the checkpoint, then a sync of the directory;
+// after a failure of any one step, memory, the file and the hash [File.Refresh]
+// compares against agree, so a later Refresh reports no change and Get and
+// List go on showing what the file holds:
+//   - a failure before the rename changed nothing: memory, file and hash are
+//     as before the call and the temporary file is removed;
+//   - once the rename has happened the change is made: memory and hash
+//     follow the file (the new content), and if the directory sync then
+//     fails the error wraps [ErrNotDurable]: the change is visible but may
+//     not survive a power loss.
+//
+// The plugin treats every error as a failure and undoes what it did with
+// further Put and Delete calls, which work as usual after either outcome.
 //
 // What the plugin may assume after a crash at any point: the file holds
-// either the content from before or the content from after every Put or Delete
-// that was in flight, never a mix and never a torn file; a write that returned
-// an error may or may not be on disk. This is why the plugin records
-// [PrepareStarted] before any side effect (CDI spec, MPS daemon) and
-// [PrepareCompleted] only after all of them: a claim found in PrepareStarted
-// after a restart had side effects that may be half done and must be cleaned
-// up or redone.
+// either the content from before or the content from after every Put or
+// Delete that was in flight, never a mix and never a torn file; after a power
+// loss, a write that returned [ErrNotDurable] may or may not be on disk. This
+// is why the plugin records [PrepareStarted] before any side effect (CDI
+// spec, MPS daemon) and [PrepareCompleted] only after all of them: a claim
+// found in PrepareStarted after a restart had side effects that may be half
+// done and must be cleaned up or redone.
 //
 // # File format
 //
@@ -50,32 +57,55 @@
 // has a reader here, so an upgrade always loads the file its predecessor left
 // (testdata/v1.json is the fixture that must always load). A file in an older
 // version is rewritten in the current version at [Open] ([RecoveryOlderVersion]).
-// A file from a newer Tessera (version "vN" with N greater than the current
-// major) is refused: [Open] returns an error wrapping [ErrNewerVersion] and
-// leaves the file untouched, because discarding it after a downgrade would
-// silently "unprepare" claims whose containers are still running. The admin
-// either upgrades again or moves the file away.
+//
+// A version "vN.M" is minor M of major N ("v1" is minor 0 of major 1). A
+// minor version may only add members, at the top level or inside claims and
+// devices, that an older reader can ignore; it keeps the checksum rule and
+// the meaning of every existing member. A file in a newer minor of the
+// current major (v1.3 found by a Tessera that writes v1, after a downgrade)
+// is therefore read by the current major's reader: the members it knows are
+// loaded, the others ignored, and the checksum, which covers every top-level
+// member but "checksum", still verifies. [Open] leaves such a file as it is
+// ([RecoveryNewerMinor]), so that going back to the newer Tessera before
+// anything changed loses nothing; the first Put or Delete rewrites it in the
+// current version, which drops the members this version does not know (and
+// logs that it did).
+//
+// A file from a newer major (version "vN" or "vN.M" with N greater than the
+// current major) is refused: [Open] returns an error wrapping
+// [ErrNewerVersion] and leaves the file untouched, because discarding it
+// after a downgrade would silently "unprepare" claims whose containers are
+// still running. The admin either upgrades again or moves the file away.
 //
 // # Recovery at Open
 //
 // [Open] never panics and never silently loses a file:
 //   - missing file: first start, empty store ([RecoveryMissing]);
 //   - unreadable content (not JSON, truncated, bad or missing checksum,
-//     unknown version string): the file is renamed to
-//     <path>.corrupt-<unix nanos> for the admin and the store starts empty
-//     ([RecoveryCorrupt]);
+//     unknown version string that is not a newer minor or major): the file
+//     is copied to <path>.corrupt-<unix nanos> for the admin, replaced by an
+//     empty one, and the store starts empty ([RecoveryCorrupt]). That
+//     emptiness is not the truth: claims may well be prepared, their pods
+//     running. [Recovery.Untrusted] is true, and the caller must not clean up
+//     anything because the store lacks it; the plugin first rebuilds the
+//     entries from the CDI specs on disk and records them with Put. This is
+//     not stored in the fresh file: an Open after a crash before the rebuild
+//     reports [RecoveryNone];
+//   - a newer minor version of the current major: loaded, file kept
+//     ([RecoveryNewerMinor], see Versions);
 //   - boot id differs from the one in the file: the node rebooted since the
 //     claims were prepared. Nothing prepared survives a reboot: the CDI specs
 //     live under /var/run (tmpfs) and MPS control daemons are processes, and
 //     the kubelet prepares every claim of a running pod again after a reboot.
 //     Keeping the old entries would make the plugin report devices as prepared
 //     whose CDI specs no longer exist, so the store starts empty; a non-empty
-//     file is first renamed to <path>.prev-boot-<unix nanos>
+//     file is first copied to <path>.prev-boot-<unix nanos>
 //     ([RecoveryRebooted]). An empty boot id, passed to Open or found in the
 //     file, disables this check;
 //   - the file cannot be read (permissions, I/O error), is from a newer
-//     Tessera, or Open cannot write the fresh file: Open returns an error.
-//     The plugin must not prepare anything it could not record.
+//     major version, or Open cannot write the backup or the fresh file: Open
+//     returns an error and the file is still in place, so the next Open finds
+//     it again. The plugin must not prepare anything it could not record.
 //
 // The newest five backups of each kind are kept; older ones are removed.
 // Leftover temporary files from a crash mid-write are removed at Open.

@@ -24,7 +24,9 @@ import (
 // writes a temporary file next to the checkpoint, fsyncs it, renames it over
 // the checkpoint and fsyncs the directory. A full disk or any other write
 // error is returned naming the path, the temporary file is removed and both
-// the old file and the in-memory state stay as they were.
+// the old file and the in-memory state stay as they were. The one step after
+// the rename, the directory sync, fails differently: the error wraps
+// [ErrNotDurable] and memory already holds the new content, as the file does.
 type File struct {
 	path   string
 	bootID string
@@ -41,9 +43,21 @@ type File struct {
 	// sum is the SHA-256 of the file content this File last read or wrote,
 	// so Refresh can tell whether another process replaced the file.
 	sum [sha256.Size]byte
+	// newerMinor is the version of the file as last read when it is a newer
+	// minor of CurrentVersion ("" otherwise): the next write downgrades it,
+	// and says so in the log. Guarded like sum (writeMu, or Open).
+	newerMinor string
 }
 
 var _ Store = (*File)(nil)
+
+// ErrNotDurable is wrapped by the error of a write (Put, Delete, Refresh
+// rewriting a vanished file) whose rename succeeded but whose final
+// directory sync failed. The write is done: the file and the store's memory
+// both hold the new content, and Refresh reports no change; only its
+// durability across a power loss is unknown. Callers that treat the error as
+// a failure undo the change with further Put or Delete calls.
+var ErrNotDurable = errors.New("written, but the directory sync failed: the change is visible but may not survive a power loss")
 
 // Open loads the checkpoint at path, or creates it, and returns the store
 // with a [Recovery] saying what it found. bootID is the current boot id
@@ -51,11 +65,15 @@ var _ Store = (*File)(nil)
 // without one.
 //
 // Open returns an error, and changes nothing on disk, when the file cannot
-// be read (permissions, I/O) or was written by a newer Tessera (the error
-// wraps [ErrNewerVersion]). It also returns an error when it cannot write:
-// the plugin must not prepare anything it cannot record. Every other problem
-// is recovered from as the package documentation describes. Open logs with
-// klog.FromContext(ctx).
+// be read (permissions, I/O) or was written by a newer major version of the
+// format (the error wraps [ErrNewerVersion]). It also returns an error when
+// it cannot write: the plugin must not prepare anything it cannot record.
+// Such a failure leaves the file at path as it was, so the next Open finds
+// the same problem again. A write whose only failure is the directory sync
+// ([ErrNotDurable]) is logged and Open goes on: the new file is already
+// visible, and failing would leave it to the next Open without the Recovery
+// that explains it. Every other problem is recovered from as the package
+// documentation describes. Open logs with klog.FromContext(ctx).
 func Open(ctx context.Context, path string, bootID string) (*File, Recovery, error) {
 	return open(ctx, path, bootID, osFS{}, time.Now)
 }
@@ -82,7 +100,7 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 
 	data, err := fsys.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		if err := f.write(f.claims); err != nil {
+		if err := f.writeAtOpen(f.claims); err != nil {
 			return nil, Recovery{}, err
 		}
 		rec := Recovery{Kind: RecoveryMissing, Message: fmt.Sprintf("checkpoint %s did not exist, starting empty", path)}
@@ -100,19 +118,19 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 		return nil, Recovery{}, fmt.Errorf("checkpoint %s: %w (%w); refusing to start rather than forget claims that may still be in use: run the newer Tessera again, or move the file away to start empty", path, ErrNewerVersion, newer)
 	}
 	if err != nil {
-		backup, rerr := f.moveAside(dir, base, corruptSuffix, now)
-		if rerr != nil {
-			return nil, Recovery{}, fmt.Errorf("checkpoint %s is unreadable (%v) and could not be moved aside: %w", path, err, rerr)
+		backup, berr := f.backUp(data, corruptSuffix, now)
+		if berr != nil {
+			return nil, Recovery{}, fmt.Errorf("checkpoint %s is unreadable (%v) and could not be backed up: %w", path, err, berr)
+		}
+		if werr := f.writeAtOpen(f.claims); werr != nil {
+			return nil, Recovery{}, werr
 		}
 		rec := Recovery{
 			Kind:       RecoveryCorrupt,
-			Message:    fmt.Sprintf("checkpoint %s is unreadable (%v); moved it to %s and started empty", path, err, backup),
+			Message:    fmt.Sprintf("checkpoint %s is unreadable (%v); copied it to %s and started empty, which does not mean that no claim is prepared", path, err, backup),
 			BackupPath: backup,
 		}
-		logger.Error(err, "Checkpoint is unreadable, moved it aside and started empty", "backup", backup)
-		if werr := f.write(f.claims); werr != nil {
-			return nil, Recovery{}, werr
-		}
+		logger.Error(err, "Checkpoint is unreadable, backed it up and started empty; which claims are prepared is unknown", "backup", backup)
 		return f, rec, nil
 	}
 
@@ -123,27 +141,39 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 			Dropped: sortedClaims(c.Claims),
 		}
 		if len(c.Claims) > 0 {
-			backup, err := f.moveAside(dir, base, prevBootSuffix, now)
+			backup, err := f.backUp(data, prevBootSuffix, now)
 			if err != nil {
-				return nil, Recovery{}, fmt.Errorf("checkpoint %s: node rebooted, moving the previous boot's checkpoint aside: %w", path, err)
+				return nil, Recovery{}, fmt.Errorf("checkpoint %s: node rebooted, backing up the previous boot's checkpoint: %w", path, err)
 			}
 			rec.BackupPath = backup
-			rec.Message = fmt.Sprintf("node rebooted (boot id %s, checkpoint from boot %s): nothing prepared survives a reboot, dropped %d claims from %s, moved it to %s", bootID, c.BootID, len(c.Claims), path, backup)
+			rec.Message = fmt.Sprintf("node rebooted (boot id %s, checkpoint from boot %s): nothing prepared survives a reboot, dropped %d claims from %s, copied it to %s", bootID, c.BootID, len(c.Claims), path, backup)
 		} else {
 			rec.Message = fmt.Sprintf("node rebooted (boot id %s, checkpoint from boot %s): checkpoint %s held no claims", bootID, c.BootID, path)
 		}
-		if err := f.write(f.claims); err != nil {
+		if err := f.writeAtOpen(f.claims); err != nil {
 			return nil, Recovery{}, err
 		}
 		logger.Info("Node rebooted since the checkpoint was written, starting empty", "previousBootID", c.BootID, "bootID", bootID, "droppedClaims", len(c.Claims), "backup", rec.BackupPath)
 		return f, rec, nil
 	}
 
+	if c.NewerMinor {
+		// Rewriting it now would drop what the newer Tessera added, for
+		// nothing: keep the file until a change has to be written anyway.
+		f.claims = c.Claims
+		f.newerMinor = c.Version
+		logger.Info("Checkpoint is in a newer minor format, loaded it and left it as it is until the first change", "version", c.Version, "currentVersion", CurrentVersion, "claims", len(c.Claims))
+		return f, Recovery{
+			Kind:    RecoveryNewerMinor,
+			Version: c.Version,
+			Message: fmt.Sprintf("checkpoint %s is in format %s, a newer minor of the %s this Tessera writes: loaded all %d claims ignoring what %s does not know, and left the file as it is; the first change rewrites it as %s without that", path, c.Version, CurrentVersion, len(c.Claims), CurrentVersion, CurrentVersion),
+		}, nil
+	}
+
 	if c.Version != CurrentVersion {
-		if err := f.write(c.Claims); err != nil {
+		if err := f.writeAtOpen(c.Claims); err != nil {
 			return nil, Recovery{}, fmt.Errorf("checkpoint %s: rewriting version %s as %s: %w", path, c.Version, CurrentVersion, err)
 		}
-		f.claims = c.Claims
 		logger.Info("Upgraded checkpoint format", "from", c.Version, "to", CurrentVersion, "claims", len(c.Claims))
 		return f, Recovery{
 			Kind:    RecoveryOlderVersion,
@@ -159,6 +189,18 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 		Version: c.Version,
 		Message: fmt.Sprintf("loaded %d claims from checkpoint %s", len(c.Claims), path),
 	}, nil
+}
+
+// writeAtOpen is write for Open, which goes on after [ErrNotDurable] (see
+// Open). A power loss that undoes the rename also reboots the node, and the
+// next Open handles whichever file it finds then.
+func (f *File) writeAtOpen(claims map[types.UID]Claim) error {
+	err := f.write(claims)
+	if errors.Is(err, ErrNotDurable) {
+		f.logger.Error(err, "Wrote checkpoint at start, but could not make it durable; going on")
+		return nil
+	}
+	return err
 }
 
 // Path returns the checkpoint file's path.
@@ -198,7 +240,6 @@ func (f *File) Put(c Claim) error {
 	if err := f.write(next); err != nil {
 		return fmt.Errorf("put claim %s: %w", n, err)
 	}
-	f.swap(next)
 	return nil
 }
 
@@ -215,15 +256,15 @@ func (f *File) Delete(uid types.UID) error {
 	if err := f.write(next); err != nil {
 		return fmt.Errorf("delete claim %s: %w", old, err)
 	}
-	f.swap(next)
 	return nil
 }
 
 // Refresh implements [Store]. It costs one read of the file; it decodes only
 // when the content differs from what this File last read or wrote. A file
-// that vanished is written again from memory. A file another process left
-// unreadable, or one from a newer Tessera, is an error and changes nothing:
-// unlike at Open, a running plugin must not discard claims it may be serving.
+// that vanished is written again from memory. A newer minor version is read
+// as Open reads it. A file another process left unreadable, or one in a
+// newer major version, is an error and changes nothing: unlike at Open, a
+// running plugin must not discard claims it may be serving.
 func (f *File) Refresh() (bool, error) {
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
@@ -245,6 +286,10 @@ func (f *File) Refresh() (bool, error) {
 	}
 	f.swap(c.Claims)
 	f.sum = sum
+	f.newerMinor = ""
+	if c.NewerMinor {
+		f.newerMinor = c.Version
+	}
 	f.logger.V(2).Info("Reloaded checkpoint written by another instance", "claims", len(c.Claims))
 	return true, nil
 }
@@ -255,23 +300,50 @@ func (f *File) swap(next map[types.UID]Claim) {
 	f.mu.Unlock()
 }
 
-// write replaces the file with claims, atomically and durably. On error the
-// temporary file is gone and the previous file is in place (unless only the
-// final directory sync failed, see the package documentation).
-func (f *File) write(claims map[types.UID]Claim) (err error) {
+// write replaces the file with claims, atomically and durably, and makes
+// memory and f.sum follow the file. On an error before the rename nothing
+// changed: the previous file is in place, memory and f.sum are as they were
+// and the temporary file is gone. Once the rename has happened, memory and
+// f.sum hold the new content even if the directory sync then fails (the
+// error wraps [ErrNotDurable]), so that they never disagree with the file.
+// The caller holds writeMu, or is Open.
+func (f *File) write(claims map[types.UID]Claim) error {
 	data, err := encode(f.bootID, claims)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", f.path, err)
 	}
-	dir, base := filepath.Split(f.path)
-	dir = filepath.Clean(dir)
-	tmp, err := f.fsys.CreateTemp(dir, tempPrefix(base)+"*")
+	err = f.replace(f.path, data)
+	if err != nil && !errors.Is(err, ErrNotDurable) {
+		return err
+	}
+	f.swap(claims)
+	f.sum = sha256.Sum256(data)
+	if f.newerMinor != "" {
+		f.logger.Info("Rewrote checkpoint of a newer minor format in the current one, dropping what this version does not know", "from", f.newerMinor, "to", CurrentVersion)
+		f.newerMinor = ""
+	}
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: create temporary file: %w", f.path, err)
+		return err
+	}
+	f.logger.V(5).Info("Wrote checkpoint", "claims", len(claims), "bytes", len(data))
+	return nil
+}
+
+// replace makes data the content of target (the checkpoint or a backup of
+// it): it writes a temporary file in target's directory, fsyncs it, renames
+// it over target and fsyncs the directory. An error before the rename
+// leaves target as it was and removes the temporary file; an error from
+// the directory sync, after the rename, wraps [ErrNotDurable].
+func (f *File) replace(target string, data []byte) (err error) {
+	dir := filepath.Dir(target)
+	tmp, err := f.fsys.CreateTemp(dir, tempPrefix(filepath.Base(f.path))+"*")
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: create temporary file: %w", target, err)
 	}
 	tmpName := tmp.Name()
+	renamed := false
 	defer func() {
-		if err == nil {
+		if err == nil || renamed {
 			return
 		}
 		_ = tmp.Close() // may be the second Close; the error is already on its way
@@ -280,24 +352,21 @@ func (f *File) write(claims map[types.UID]Claim) (err error) {
 		}
 	}()
 	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("checkpoint %s: write temporary file: %w", f.path, err)
+		return fmt.Errorf("checkpoint %s: write temporary file: %w", target, err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("checkpoint %s: fsync temporary file: %w", f.path, err)
+		return fmt.Errorf("checkpoint %s: fsync temporary file: %w", target, err)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("checkpoint %s: close temporary file: %w", f.path, err)
+		return fmt.Errorf("checkpoint %s: close temporary file: %w", target, err)
 	}
-	if err := f.fsys.Rename(tmpName, f.path); err != nil {
-		return fmt.Errorf("checkpoint %s: replace with temporary file: %w", f.path, err)
+	if err := f.fsys.Rename(tmpName, target); err != nil {
+		return fmt.Errorf("checkpoint %s: replace with temporary file: %w", target, err)
 	}
+	renamed = true
 	if err := f.fsys.SyncDir(dir); err != nil {
-		// The rename is done: the new content is visible but not known to
-		// be durable. There is no temporary file left to remove.
-		return fmt.Errorf("checkpoint %s: fsync directory: %w", f.path, err)
+		return fmt.Errorf("checkpoint %s: %w: fsync directory: %w", target, ErrNotDurable, err)
 	}
-	f.sum = sha256.Sum256(data)
-	f.logger.V(5).Info("Wrote checkpoint", "claims", len(claims), "bytes", len(data))
 	return nil
 }
 
@@ -324,16 +393,19 @@ func (f *File) removeStaleTemps(dir, base string) {
 	}
 }
 
-// moveAside renames the checkpoint to <path><suffix><unix nanos>, makes the
-// rename durable and prunes old backups of that kind.
-func (f *File) moveAside(dir, base, suffix string, now func() time.Time) (string, error) {
+// backUp writes data, the checkpoint as Open read it, to
+// <path><suffix><unix nanos> and prunes old backups of that kind. It copies
+// rather than renames, so that the checkpoint stays where it is until Open
+// replaces it: if Open fails in between, the next Open finds the same file
+// again, not a missing one that would look like a first start. The backup's
+// durability is not checked ([ErrNotDurable] is ignored): the write of the
+// fresh checkpoint that follows syncs the same directory.
+func (f *File) backUp(data []byte, suffix string, now func() time.Time) (string, error) {
 	backup := f.path + suffix + strconv.FormatInt(now().UnixNano(), 10)
-	if err := f.fsys.Rename(f.path, backup); err != nil {
-		return "", fmt.Errorf("rename %s to %s: %w", f.path, backup, err)
+	if err := f.replace(backup, data); err != nil && !errors.Is(err, ErrNotDurable) {
+		return "", err
 	}
-	if err := f.fsys.SyncDir(dir); err != nil {
-		return "", fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	pruneBackups(f.logger, f.fsys, dir, base, suffix)
+	dir, base := filepath.Split(f.path)
+	pruneBackups(f.logger, f.fsys, filepath.Clean(dir), base, suffix)
 	return backup, nil
 }

@@ -2,6 +2,8 @@ package checkpoint
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -163,72 +165,157 @@ func TestRoundTripThroughDisk(t *testing.T) {
 	}
 }
 
-func TestWriteFailureIsAllOrNothing(t *testing.T) {
-	enospc := syscall.ENOSPC
-	eio := syscall.EIO
-	for _, tc := range []struct {
+// TestFailedWriteLeavesDefinedState fails each step of a Put and of a Delete
+// in turn. Before the rename nothing changes; from the rename on the change
+// is made in memory and on disk and the error wraps ErrNotDurable. Either way
+// Get, the file and Refresh agree, and the caller's rollback works.
+func TestFailedWriteLeavesDefinedState(t *testing.T) {
+	steps := []struct {
 		op  op
 		err error
-		// renamed: the failure comes after the rename, so the new content
-		// is already visible on disk (documented exception).
+		// renamed: the failing step comes after the rename.
 		renamed bool
 	}{
-		{op: opCreate, err: enospc},
-		{op: opWrite, err: enospc},
-		{op: opSync, err: eio},
-		{op: opClose, err: eio},
-		{op: opRename, err: eio},
-		{op: opSyncDir, err: eio, renamed: true},
-	} {
-		t.Run(string(tc.op), func(t *testing.T) {
-			dir := t.TempDir()
-			path := filepath.Join(dir, "checkpoint.json")
-			fsys := newFaultFS()
-			f, _ := mustOpen(t, path, bootA, fsys)
-			if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
-				t.Fatal(err)
-			}
-			before := f.List()
-			filesBefore := dirNames(t, dir)
-
-			fsys.set(tc.op, tc.err)
-			b := testClaim("b", PrepareStarted)
-			errPut := f.Put(b)
-			errDel := f.Delete("a")
-			fsys.set(tc.op, nil)
-
-			for name, err := range map[string]error{"Put": errPut, "Delete": errDel} {
-				if !errors.Is(err, tc.err) {
-					t.Errorf("%s: error %v, want one wrapping %v", name, err, tc.err)
+		{op: opCreate, err: syscall.ENOSPC},
+		{op: opWrite, err: syscall.ENOSPC},
+		{op: opSync, err: syscall.EIO},
+		{op: opClose, err: syscall.EIO},
+		{op: opRename, err: syscall.EIO},
+		{op: opSyncDir, err: syscall.EIO, renamed: true},
+	}
+	calls := []struct {
+		name string
+		// do is the call that fails, undo the caller's rollback of it.
+		do, undo func(f *File) error
+		// changed is what the store holds once do took effect.
+		changed []types.UID
+	}{
+		{
+			name:    "Put",
+			do:      func(f *File) error { return f.Put(testClaim("b", PrepareCompleted)) },
+			undo:    func(f *File) error { return f.Delete("b") },
+			changed: []types.UID{"a", "b"},
+		},
+		{
+			name:    "Delete",
+			do:      func(f *File) error { return f.Delete("a") },
+			undo:    func(f *File) error { return f.Put(testClaim("a", PrepareCompleted)) },
+			changed: nil,
+		},
+	}
+	for _, step := range steps {
+		for _, call := range calls {
+			t.Run(string(step.op)+"/"+call.name, func(t *testing.T) {
+				dir := t.TempDir()
+				path := filepath.Join(dir, "checkpoint.json")
+				fsys := newFaultFS()
+				f, _ := mustOpen(t, path, bootA, fsys)
+				if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
+					t.Fatal(err)
 				}
-				if err != nil && !strings.Contains(err.Error(), path) {
-					t.Errorf("%s: error %q does not name %s", name, err, path)
-				}
-			}
-			if diff := cmp.Diff(before, f.List()); diff != "" {
-				t.Errorf("in-memory state changed by failed writes (-before +after):\n%s", diff)
-			}
-			if diff := cmp.Diff(filesBefore, dirNames(t, dir)); diff != "" {
-				t.Errorf("files in %s (-before +after), temporary file left behind?\n%s", dir, diff)
-			}
-			disk := onDisk(t, path)
-			if tc.renamed {
-				// The last rename (the Delete) is on disk but not acknowledged.
-				if _, ok := disk["a"]; ok {
-					t.Errorf("after a failed directory sync the renamed content should be visible")
-				}
-			} else if diff := cmp.Diff([]types.UID{"a"}, uids(sortedClaims(disk))); diff != "" {
-				t.Errorf("old file not intact (-want +got):\n%s", diff)
-			}
+				before := f.List()
+				filesBefore := dirNames(t, dir)
 
-			// The next successful write makes disk match memory again.
-			if err := f.Put(testClaim("c", PrepareCompleted)); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(f.List(), sortedClaims(onDisk(t, path))); diff != "" {
-				t.Errorf("disk did not converge to memory (-memory +disk):\n%s", diff)
-			}
-		})
+				fsys.set(step.op, step.err)
+				err := call.do(f)
+				fsys.set(step.op, nil)
+
+				if !errors.Is(err, step.err) {
+					t.Fatalf("error %v, want one wrapping %v", err, step.err)
+				}
+				if !strings.Contains(err.Error(), path) {
+					t.Errorf("error %q does not name %s", err, path)
+				}
+				if got := errors.Is(err, ErrNotDurable); got != step.renamed {
+					t.Errorf("errors.Is(%v, ErrNotDurable) = %v, want %v", err, got, step.renamed)
+				}
+				want := []types.UID{"a"}
+				if step.renamed {
+					want = call.changed
+				}
+				_, gotA := f.Get("a")
+				_, gotB := f.Get("b")
+				if wantA, wantB := slices.Contains(want, "a"), slices.Contains(want, "b"); gotA != wantA || gotB != wantB {
+					t.Errorf("Get(a), Get(b) found %v, %v; want %v, %v", gotA, gotB, wantA, wantB)
+				}
+				if diff := cmp.Diff(want, uids(f.List())); diff != "" {
+					t.Errorf("memory (-want +got):\n%s", diff)
+				}
+				if diff := cmp.Diff(f.List(), sortedClaims(onDisk(t, path))); diff != "" {
+					t.Errorf("memory and disk disagree (-memory +disk):\n%s", diff)
+				}
+				if diff := cmp.Diff(filesBefore, dirNames(t, dir)); diff != "" {
+					t.Errorf("files in %s (-before +after), temporary file left behind?\n%s", dir, diff)
+				}
+				// Refresh must not take the file for another writer's.
+				if changed, err := f.Refresh(); changed || err != nil {
+					t.Errorf("Refresh after the failed %s = %v, %v; want false, nil", call.name, changed, err)
+				}
+				if diff := cmp.Diff(want, uids(f.List())); diff != "" {
+					t.Errorf("memory after Refresh (-want +got):\n%s", diff)
+				}
+
+				// The caller treats the error as failure and rolls back.
+				if err := call.undo(f); err != nil {
+					t.Fatalf("rollback: %v", err)
+				}
+				if diff := cmp.Diff(before, f.List()); diff != "" {
+					t.Errorf("memory after rollback (-before +after):\n%s", diff)
+				}
+				if diff := cmp.Diff(before, sortedClaims(onDisk(t, path))); diff != "" {
+					t.Errorf("disk after rollback (-before +after):\n%s", diff)
+				}
+				if changed, err := f.Refresh(); changed || err != nil {
+					t.Errorf("Refresh after rollback = %v, %v; want false, nil", changed, err)
+				}
+			})
+		}
+	}
+}
+
+// TestRolledBackClaimDoesNotComeBack: a PrepareCompleted write whose
+// directory sync failed, then a rollback that fails too, must not have
+// Refresh adopt the claim as PrepareCompleted behind the store's back.
+func TestRolledBackClaimDoesNotComeBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	fsys := newFaultFS()
+	f, _ := mustOpen(t, path, bootA, fsys)
+	if err := f.Put(testClaim("b", PrepareStarted)); err != nil {
+		t.Fatal(err)
+	}
+	fsys.set(opSyncDir, syscall.EIO)
+	if err := f.Put(testClaim("b", PrepareCompleted)); !errors.Is(err, ErrNotDurable) {
+		t.Fatalf("Put with a failing directory sync: %v, want ErrNotDurable", err)
+	}
+	fsys.set(opSyncDir, nil)
+	fsys.set(opWrite, syscall.ENOSPC)
+	if err := f.Delete("b"); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("rollback on a full disk: %v, want ENOSPC", err)
+	}
+	fsys.set(opWrite, nil)
+
+	got, _ := f.Get("b")
+	if changed, err := f.Refresh(); changed || err != nil {
+		t.Fatalf("Refresh = %v, %v; want false, nil (nobody else wrote)", changed, err)
+	}
+	if again, _ := f.Get("b"); again.State != got.State {
+		t.Fatalf("Refresh changed claim b from %s to %s", got.State, again.State)
+	}
+	if disk := onDisk(t, path)["b"]; disk.State != got.State {
+		t.Fatalf("memory holds b as %s, disk as %s", got.State, disk.State)
+	}
+	// The retried rollback works.
+	if err := f.Delete("b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := onDisk(t, path)["b"]; ok {
+		t.Fatal("claim b still on disk after Delete")
+	}
+	if changed, err := f.Refresh(); changed || err != nil {
+		t.Fatalf("Refresh = %v, %v; want false, nil", changed, err)
+	}
+	if _, ok := f.Get("b"); ok {
+		t.Fatal("claim b came back")
 	}
 }
 
@@ -335,6 +422,11 @@ func TestCorruptFileIsMovedAside(t *testing.T) {
 		{"no version", func(*testing.T) []byte { return []byte(`{"claims":{}}`) }, `no "version"`},
 		{"null", func(*testing.T) []byte { return []byte(`null`) }, `no "version"`},
 		{"unknown version", func(*testing.T) []byte { return []byte(`{"version":"banana"}`) }, `unknown format version "banana"`},
+		{"unknown version of the current major", func(*testing.T) []byte { return []byte(`{"version":"v1beta1"}`) }, `unknown format version "v1beta1"`},
+		{"minor not a number", func(*testing.T) []byte { return []byte(`{"version":"v1.x"}`) }, `unknown format version "v1.x"`},
+		{"newer minor with bad checksum", func(t *testing.T) []byte {
+			return []byte(strings.Replace(string(valid(t)), `"version": "v1"`, `"version": "v1.3"`, 1))
+		}, "checksum mismatch"},
 		{"key and uid differ", func(t *testing.T) []byte {
 			return withChecksum(t, `{"version":"v1","bootID":"`+bootA+`","claims":{"a":{"uid":"b","state":"PrepareStarted"}}}`)
 		}, `claim under key "a" has uid "b"`},
@@ -350,8 +442,8 @@ func TestCorruptFileIsMovedAside(t *testing.T) {
 				t.Fatal(err)
 			}
 			f, rec := mustOpen(t, path, bootA, osFS{})
-			if rec.Kind != RecoveryCorrupt || !rec.LostClaims() {
-				t.Fatalf("got %+v, want Corrupt", rec)
+			if rec.Kind != RecoveryCorrupt || !rec.LostClaims() || !rec.Untrusted() {
+				t.Fatalf("got %+v, want Corrupt, untrusted", rec)
 			}
 			for _, want := range []string{path, tc.reason, rec.BackupPath} {
 				if !strings.Contains(rec.Message, want) {
@@ -450,26 +542,236 @@ func TestEmptyBootIDDisablesRebootDetection(t *testing.T) {
 }
 
 func TestNewerVersionIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "checkpoint.json")
-	data := []byte(`{"version":"v9","layout":"something we cannot know"}`)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	for _, version := range []string{"v9", "v2.1", "v2beta1"} {
+		t.Run(version, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "checkpoint.json")
+			data := []byte(`{"version":"` + version + `","layout":"something we cannot know"}`)
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, _, err := openWith(t, path, bootA, osFS{})
+			if f != nil || !errors.Is(err, ErrNewerVersion) {
+				t.Fatalf("got %v, want an error wrapping ErrNewerVersion", err)
+			}
+			for _, want := range []string{path, version, "newer Tessera"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+			if kept, _ := os.ReadFile(path); string(kept) != string(data) {
+				t.Errorf("file was changed")
+			}
+			if diff := cmp.Diff([]string{"checkpoint.json"}, dirNames(t, dir)); diff != "" {
+				t.Errorf("files (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// newerMinorFile is a checkpoint in format version, a newer minor of v1
+// holding claims a and b: it has a top-level member, a claim field and a
+// device field that v1 does not know. Its checksum is computed here by the
+// documented rule (compact, members sorted by name, without "checksum"),
+// not by the package.
+func newerMinorFile(version string) []byte {
+	const claims = `{"a":{"uid":"a","namespace":"default","name":"train","state":"PrepareCompleted",` +
+		`"devices":[{"request":"gpus","pool":"node-a","device":"gpu-3-shared","shareID":"s1","uuid":"GPU-3","minor":3,` +
+		`"isolation":"MPS","memoryLimit":1024,"cdiDeviceIDs":["gpu.tessera.dev/gpu=a"],"adminAccess":true,"consumedMemory":512,"consumedCores":10,` +
+		`"migProfile":"1g.10gb"}],"config":{"kind":"GpuConfig"},"priority":7},` +
+		`"b":{"uid":"b","namespace":"default","name":"half","state":"PrepareStarted"}}`
+	const generation = `{"epoch":3}`
+	canonical := `{"bootID":"` + bootA + `","claims":` + claims + `,"generation":` + generation + `,"version":"` + version + `"}`
+	sum := sha256.Sum256([]byte(canonical))
+	return []byte("{\n  \"version\": \"" + version + "\",\n  \"bootID\": \"" + bootA + "\",\n" +
+		"  \"checksum\": \"sha256:" + hex.EncodeToString(sum[:]) + "\",\n" +
+		"  \"generation\": " + generation + ",\n  \"claims\": " + claims + "\n}\n")
+}
+
+// TestNewerMinorIsLoadedAndKept: after a downgrade, a file in a newer minor
+// of the current major is read (known members; the checksum still
+// verifies) and left as it is until the first change.
+func TestNewerMinorIsLoadedAndKept(t *testing.T) {
+	wantClaims := []Claim{
+		{UID: "a", Namespace: "default", Name: "train", State: PrepareCompleted,
+			Devices: []Device{{Request: "gpus", Pool: "node-a", Device: "gpu-3-shared", ShareID: "s1", UUID: "GPU-3", Minor: 3,
+				Isolation: "MPS", MemoryLimit: 1024, CDIDeviceIDs: []string{"gpu.tessera.dev/gpu=a"},
+				AdminAccess: true, ConsumedMemory: 512, ConsumedCores: 10}},
+			Config: json.RawMessage(`{"kind":"GpuConfig"}`)},
+		{UID: "b", Namespace: "default", Name: "half", State: PrepareStarted},
+	}
+	for _, version := range []string{"v1.1", "v1.3"} {
+		t.Run(version, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "checkpoint.json")
+			data := newerMinorFile(version)
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f, rec := mustOpen(t, path, bootA, osFS{})
+			if rec.Kind != RecoveryNewerMinor || rec.Version != version || rec.LostClaims() || rec.Untrusted() || rec.BackupPath != "" {
+				t.Fatalf("got %+v, want NewerMinor from %s", rec, version)
+			}
+			for _, want := range []string{path, version, CurrentVersion} {
+				if !strings.Contains(rec.Message, want) {
+					t.Errorf("message %q does not contain %q", rec.Message, want)
+				}
+			}
+			if diff := cmp.Diff(wantClaims, f.List()); diff != "" {
+				t.Fatalf("claims (-want +got):\n%s", diff)
+			}
+			// Left as it is, also by Refresh and by another Open.
+			if changed, err := f.Refresh(); changed || err != nil {
+				t.Fatalf("Refresh = %v, %v; want false, nil", changed, err)
+			}
+			if _, rec := mustOpen(t, path, bootA, osFS{}); rec.Kind != RecoveryNewerMinor {
+				t.Fatalf("second open: got %+v, want NewerMinor", rec)
+			}
+			if kept, _ := os.ReadFile(path); string(kept) != string(data) {
+				t.Fatalf("file was rewritten before any change:\n%s", kept)
+			}
+			if diff := cmp.Diff([]string{"checkpoint.json"}, dirNames(t, dir)); diff != "" {
+				t.Errorf("files (-want +got):\n%s", diff)
+			}
+
+			// The first change writes the current version with every claim.
+			if err := f.Put(testClaim("c", PrepareCompleted)); err != nil {
+				t.Fatal(err)
+			}
+			g, rec := mustOpen(t, path, bootA, osFS{})
+			if rec.Kind != RecoveryNone || rec.Version != CurrentVersion {
+				t.Fatalf("open after a write: got %+v, want None in %s", rec, CurrentVersion)
+			}
+			if diff := cmp.Diff(f.List(), g.List()); diff != "" {
+				t.Fatalf("after rewrite (-memory +disk):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestRefreshReadsNewerMinor: during a rolling downgrade the other instance
+// may write a newer minor; Refresh reads it like Open does.
+func TestRefreshReadsNewerMinor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	f, _ := mustOpen(t, path, bootA, osFS{})
+	if err := os.WriteFile(path, newerMinorFile("v1.2"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, _, err := openWith(t, path, bootA, osFS{})
-	if f != nil || !errors.Is(err, ErrNewerVersion) {
-		t.Fatalf("got %v, want an error wrapping ErrNewerVersion", err)
+	if changed, err := f.Refresh(); !changed || err != nil {
+		t.Fatalf("Refresh = %v, %v; want true, nil", changed, err)
 	}
-	for _, want := range []string{path, "v9", "newer Tessera"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not contain %q", err, want)
+	if diff := cmp.Diff([]types.UID{"a", "b"}, uids(f.List())); diff != "" {
+		t.Fatalf("claims (-want +got):\n%s", diff)
+	}
+}
+
+// TestCorruptOpenIsUntrusted: after a corrupt file the empty store is not the
+// truth, and the plugin rebuilds it with Put, which works as usual.
+func TestCorruptOpenIsUntrusted(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint.json")
+	garbage := []byte(`{"version":"v1","claims":{"a":`)
+	if err := os.WriteFile(path, garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, rec := mustOpen(t, path, bootA, osFS{})
+	if !rec.Untrusted() || rec.Kind != RecoveryCorrupt {
+		t.Fatalf("got %+v, want Corrupt, untrusted", rec)
+	}
+	backup := rec.BackupPath
+	rebuilt := []Claim{testClaim("a", PrepareCompleted), testClaim("b", PrepareCompleted)}
+	for _, c := range rebuilt {
+		if err := f.Put(c); err != nil {
+			t.Fatalf("Put(%s) after a corrupt open: %v", c, err)
 		}
 	}
-	if kept, _ := os.ReadFile(path); string(kept) != string(data) {
-		t.Errorf("file was changed")
+	if changed, err := f.Refresh(); changed || err != nil {
+		t.Fatalf("Refresh = %v, %v; want false, nil", changed, err)
 	}
-	if diff := cmp.Diff([]string{"checkpoint.json"}, dirNames(t, dir)); diff != "" {
+	g, rec := mustOpen(t, path, bootA, osFS{})
+	if rec.Kind != RecoveryNone || rec.Untrusted() {
+		t.Fatalf("reopen: got %+v, want None", rec)
+	}
+	if diff := cmp.Diff(f.List(), g.List()); diff != "" {
+		t.Fatalf("after reopen (-before +after):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"checkpoint.json", filepath.Base(backup)}, dirNames(t, dir)); diff != "" {
 		t.Errorf("files (-want +got):\n%s", diff)
+	}
+	if kept, err := os.ReadFile(backup); err != nil || string(kept) != string(garbage) {
+		t.Errorf("backup does not hold the corrupt file: %v", err)
+	}
+}
+
+// TestUntrustedOnlyWhenCorrupt: every other outcome of Open is authoritative.
+func TestUntrustedOnlyWhenCorrupt(t *testing.T) {
+	for _, kind := range []RecoveryKind{RecoveryNone, RecoveryMissing, RecoveryRebooted, RecoveryOlderVersion, RecoveryNewerMinor} {
+		if (Recovery{Kind: kind, Dropped: []Claim{{UID: "a"}}}).Untrusted() {
+			t.Errorf("%s: Untrusted() = true", kind)
+		}
+	}
+	if !(Recovery{Kind: RecoveryCorrupt}).Untrusted() {
+		t.Errorf("%s: Untrusted() = false", RecoveryCorrupt)
+	}
+}
+
+// TestCorruptOpenFailureKeepsTheFile: when Open cannot back up or replace a
+// corrupt file, the file stays where it is, so that the next Open finds it
+// corrupt again rather than missing (which would read as a first start with
+// nothing prepared). A failing directory sync after the rename does not fail
+// Open: the fresh file is visible, and only the Recovery says it is untrusted.
+func TestCorruptOpenFailureKeepsTheFile(t *testing.T) {
+	garbage := []byte(`{"version":"v1","claims":{"a":`)
+	for _, step := range []op{opCreate, opWrite, opSync, opClose, opRename, opSyncDir} {
+		t.Run(string(step), func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "checkpoint.json")
+			if err := os.WriteFile(path, garbage, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			fsys := newFaultFS()
+			fsys.set(step, syscall.EIO)
+			f, rec, err := openWith(t, path, bootA, fsys)
+			fsys.set(step, nil)
+			if step == opSyncDir {
+				if err != nil || !rec.Untrusted() || len(f.List()) != 0 {
+					t.Fatalf("Open = %+v, %v; want Corrupt, untrusted", rec, err)
+				}
+				if len(onDisk(t, path)) != 0 {
+					t.Fatalf("fresh file not empty")
+				}
+				return
+			}
+			if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Open = %v; want EIO naming %s", err, path)
+			}
+			if kept, err := os.ReadFile(path); err != nil || string(kept) != string(garbage) {
+				t.Fatalf("corrupt file not kept in place: %q, %v", kept, err)
+			}
+			_, rec = mustOpen(t, path, bootA, fsys)
+			if !rec.Untrusted() {
+				t.Fatalf("next Open: got %+v, want Corrupt, untrusted", rec)
+			}
+			if kept, err := os.ReadFile(rec.BackupPath); err != nil || string(kept) != string(garbage) {
+				t.Fatalf("backup does not hold the corrupt file: %v", err)
+			}
+		})
+	}
+}
+
+func TestParseVersion(t *testing.T) {
+	for in, want := range map[string][2]int{"v1": {1, 0}, "v1.3": {1, 3}, "v2.0": {2, 0}, "v10.12": {10, 12}} {
+		if major, minor, ok := parseVersion(in); !ok || major != want[0] || minor != want[1] {
+			t.Errorf("parseVersion(%q) = %d, %d, %v; want %d, %d", in, major, minor, ok, want[0], want[1])
+		}
+	}
+	for _, in := range []string{"", "v", "1.1", "v1.", "v.1", "v1.x", "v1beta1", "v1.1beta1", "v1.1.1", "v-1", "v1.-1", "v+1"} {
+		if _, _, ok := parseVersion(in); ok {
+			t.Errorf("parseVersion(%q) accepted", in)
+		}
+	}
+	if major, minor, ok := parseVersion(CurrentVersion); !ok || major != currentMajor || minor != currentMinor {
+		t.Errorf("CurrentVersion %s does not parse as %d.%d", CurrentVersion, currentMajor, currentMinor)
 	}
 }
 

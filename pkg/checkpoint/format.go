@@ -16,8 +16,14 @@ import (
 // CurrentVersion is the format version this Tessera writes.
 const CurrentVersion = "v1"
 
-// currentMajor is the major number of CurrentVersion.
-const currentMajor = 1
+// currentMajor and currentMinor are the numbers of CurrentVersion ("v1" is
+// minor 0). A minor version "vN.M" of the same major may only add members
+// (top level, in claims, in devices) that an older reader can ignore: it
+// keeps the checksum rule and the meaning of every member this one reads.
+const (
+	currentMajor = 1
+	currentMinor = 0
+)
 
 const checksumPrefix = "sha256:"
 
@@ -28,8 +34,12 @@ var ErrNewerVersion = errors.New("checkpoint written by a newer Tessera")
 // content is a decoded checkpoint, whatever version it was read from.
 type content struct {
 	Version string // the version found in the file
-	BootID  string
-	Claims  map[types.UID]Claim
+	// NewerMinor is set when Version is a newer minor of the current major,
+	// read by the current version's reader (members it does not know were
+	// ignored).
+	NewerMinor bool
+	BootID     string
+	Claims     map[types.UID]Claim
 }
 
 // reader decodes the top-level members of a file of one version; it also
@@ -60,8 +70,9 @@ func (e *newerError) Error() string {
 
 func (e *newerError) Unwrap() error { return ErrNewerVersion }
 
-// decode reads a checkpoint of any known version. Errors are *corruptError
-// or *newerError.
+// decode reads a checkpoint of any known version, or of a newer minor of the
+// current major (with the current version's reader). Errors are
+// *corruptError or *newerError.
 func decode(data []byte) (content, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
@@ -75,19 +86,53 @@ func decode(data []byte) (content, error) {
 	if err := json.Unmarshal(rawVersion, &version); err != nil {
 		return content{}, corrupt("\"version\" is not a string: %v", err)
 	}
+	newerMinor := false
 	read, ok := readers[version]
 	if !ok {
 		if major, ok := parseMajor(version); ok && major > currentMajor {
 			return content{}, &newerError{version: version}
 		}
-		return content{}, corrupt("unknown format version %q", version)
+		major, minor, ok := parseVersion(version)
+		if !ok || major != currentMajor || minor <= currentMinor {
+			return content{}, corrupt("unknown format version %q", version)
+		}
+		read, newerMinor = readers[CurrentVersion], true
 	}
 	c, err := read(top)
 	if err != nil {
 		return content{}, err
 	}
-	c.Version = version
+	c.Version, c.NewerMinor = version, newerMinor
 	return c, nil
+}
+
+// parseVersion returns N and M for "vN.M", and N and 0 for "vN" (digits
+// only, no suffix).
+func parseVersion(version string) (major, minor int, ok bool) {
+	rest, ok := strings.CutPrefix(version, "v")
+	if !ok {
+		return 0, 0, false
+	}
+	majorStr, minorStr, dotted := strings.Cut(rest, ".")
+	if major, ok = parseDigits(majorStr); !ok {
+		return 0, 0, false
+	}
+	if !dotted {
+		return major, 0, true
+	}
+	if minor, ok = parseDigits(minorStr); !ok {
+		return 0, 0, false
+	}
+	return major, minor, true
+}
+
+// parseDigits parses a non-empty string of ASCII digits.
+func parseDigits(s string) (int, bool) {
+	if s == "" || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
 }
 
 // parseMajor returns N for "vN" or "vN<suffix>" (v2, v2beta1).
@@ -125,6 +170,8 @@ func checksumOf(top map[string]json.RawMessage) (string, error) {
 	return checksumPrefix + hex.EncodeToString(sum[:]), nil
 }
 
+// readV1 reads v1 and every newer minor of it (v1.M): it reads the members
+// it knows and ignores the others, which the checksum still covers.
 func readV1(top map[string]json.RawMessage) (content, error) {
 	rawSum, ok := top["checksum"]
 	if !ok {

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -58,4 +59,45 @@ func TestEncodeMatchesDocumentedLayout(t *testing.T) {
 func stringsReplaceChecksum(doc, sum string) string {
 	b, _ := json.Marshal(sum)
 	return strings.Replace(doc, `"checksum": ""`, `"checksum": `+string(b), 1)
+}
+
+// TestDeviceFieldsRoundTrip: every Device field, the admin-access flag and
+// the consumed capacity included, survives encode and decode, and a restart.
+func TestDeviceFieldsRoundTrip(t *testing.T) {
+	c := Claim{
+		UID: "a", Namespace: "ml", Name: "mixed", State: PrepareCompleted,
+		Devices: []Device{
+			{Request: "gpus", Pool: "node-a", Device: "gpu-3-shared", ShareID: "s1", UUID: "GPU-3", Minor: 3,
+				Isolation: "MPS", MemoryLimit: 8 << 30, CoresLimit: 30, CDIDeviceIDs: []string{"gpu.tessera.dev/gpu=a-1"},
+				ConsumedMemory: 10 << 30, ConsumedCores: 40},
+			{Request: "debug", Pool: "node-a", Device: "gpu-5", UUID: "GPU-5", Minor: 5,
+				CDIDeviceIDs: []string{"gpu.tessera.dev/gpu=a-2"}, AdminAccess: true},
+		},
+	}
+	data, err := encode(bootA, map[types.UID]Claim{"a": c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, member := range []string{`"adminAccess": true`, `"consumedMemory": 10737418240`, `"consumedCores": 40`} {
+		if !strings.Contains(string(data), member) {
+			t.Errorf("encoded file lacks %s:\n%s", member, data)
+		}
+	}
+	got, err := decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(c, got.Claims["a"]); diff != "" {
+		t.Fatalf("decode(encode(x)) (-x +got):\n%s", diff)
+	}
+
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	f, _ := mustOpen(t, path, bootA, osFS{})
+	if err := f.Put(c); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := mustOpen(t, path, bootA, osFS{})
+	if diff := cmp.Diff([]Claim{c}, g.List()); diff != "" {
+		t.Fatalf("after reopen (-put +got):\n%s", diff)
+	}
 }

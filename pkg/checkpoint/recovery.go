@@ -18,9 +18,10 @@ const (
 	RecoveryNone RecoveryKind = "None"
 	// RecoveryMissing: there was no file (first start); an empty one was written.
 	RecoveryMissing RecoveryKind = "Missing"
-	// RecoveryCorrupt: the file could not be read; it was moved to
-	// BackupPath and the store starts empty. Claims prepared before are
-	// unknown to the plugin until the kubelet prepares them again.
+	// RecoveryCorrupt: the file could not be read; it was copied to
+	// BackupPath and the store starts empty. The empty store is not the
+	// truth: claims may be prepared that it does not know, see
+	// [Recovery.Untrusted].
 	RecoveryCorrupt RecoveryKind = "Corrupt"
 	// RecoveryRebooted: the file is from an earlier boot of the node; its
 	// claims are in Dropped (and, if any, the file at BackupPath) and the
@@ -29,10 +30,17 @@ const (
 	// RecoveryOlderVersion: the file was in an older format version; all
 	// claims were loaded and the file was rewritten in [CurrentVersion].
 	RecoveryOlderVersion RecoveryKind = "OlderVersion"
+	// RecoveryNewerMinor: the file was in a newer minor version of the
+	// current major (v1.3 read by a Tessera that writes v1, after a
+	// downgrade). All claims were loaded, ignoring members this version does
+	// not know, and the file was left as it is; the first Put or Delete
+	// rewrites it in [CurrentVersion], dropping those members.
+	RecoveryNewerMinor RecoveryKind = "NewerMinor"
 )
 
 // Recovery is what [Open] found and did. The plugin logs Message and, for
-// Corrupt and Rebooted with dropped claims, emits an event.
+// Corrupt and Rebooted with dropped claims, emits an event; after Corrupt it
+// must not act on the store's emptiness ([Recovery.Untrusted]).
 type Recovery struct {
 	Kind RecoveryKind
 	// Message is one human-readable sentence naming the file and the reason.
@@ -51,6 +59,23 @@ type Recovery struct {
 // may have held claims.
 func (r Recovery) LostClaims() bool {
 	return r.Kind == RecoveryCorrupt || (r.Kind == RecoveryRebooted && len(r.Dropped) > 0)
+}
+
+// Untrusted reports whether the store's content is not authoritative (true
+// for [RecoveryCorrupt]): the store does not know which claims are prepared.
+// The caller must not clean up anything (CDI specs, daemons) on the grounds
+// that the store lacks it, and should rebuild entries from other sources
+// (the plugin rebuilds from the CDI specs on disk) before trusting it; Put
+// works as usual for that.
+//
+// After a reboot ([RecoveryRebooted]) the empty store is the truth, since
+// nothing prepared survives a reboot, so Untrusted is false there.
+//
+// Untrusted is not recorded in the file: if the plugin stops before it has
+// rebuilt the entries, the next Open finds the fresh (empty or partly
+// rebuilt) file and reports [RecoveryNone].
+func (r Recovery) Untrusted() bool {
+	return r.Kind == RecoveryCorrupt
 }
 
 const (

@@ -78,11 +78,12 @@ type Store interface {
 	// List returns all claims sorted by UID.
 	List() []Claim
 	// Put inserts or replaces the claim with c.UID. It is durable when it
-	// returns nil; on error the previous content is intact (see the package
-	// documentation for the one exception on disk).
+	// returns nil. On an error wrapping [ErrNotDurable] the change was made
+	// (in memory and in the file) but may not survive a power loss; on any
+	// other error nothing changed. Either way Get, List and the file agree.
 	Put(c Claim) error
-	// Delete removes the claim. Deleting an unknown uid is not an error and
-	// does not write.
+	// Delete removes the claim, with the same outcomes as Put. Deleting an
+	// unknown uid is not an error and does not write.
 	Delete(uid types.UID) error
 	// Refresh picks up what another process wrote since this store last read
 	// or wrote, and reports whether the claims changed. During a rolling update
