@@ -1,6 +1,8 @@
 package cdi
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -23,15 +25,28 @@ func TestDirRoundTrip(t *testing.T) {
 		{Name: DeviceName("gpu-0", ""), Edits: cdispec.ContainerEdits{Env: []string{"A=1"}}},
 		{Name: DeviceName("gpu-1-shared", "3f1c"), Edits: cdispec.ContainerEdits{Env: []string{"B=2"}}},
 	}
-	ids, err := d.Write("uid-1", devs)
+	record := []byte(`{"uid":"uid-1","state":"PrepareCompleted"}`)
+	if ok, err := d.Current("uid-1", devs, record); err != nil || ok {
+		t.Errorf("Current before Write = %v, %v; want false", ok, err)
+	}
+	ids, err := d.Write("uid-1", devs, record)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ok, err := d.Current("uid-1", devs, record); err != nil || !ok {
+		t.Errorf("Current after Write = %v, %v; want true", ok, err)
+	}
+	if ok, _ := d.Current("uid-1", devs[:1], record); ok {
+		t.Error("Current with other devices = true")
+	}
+	if got, err := d.Record("uid-1"); err != nil || string(got) != string(record) {
+		t.Errorf("Record = %q, %v; want %q", got, err, record)
 	}
 	want := []string{"k8s.gpu.tessera.dev/claim=uid-1-gpu-0", "k8s.gpu.tessera.dev/claim=uid-1-gpu-1-shared-3f1c"}
 	if diff := cmp.Diff(want, ids); diff != "" {
 		t.Errorf("ids (-want +got):\n%s", diff)
 	}
-	again, err := d.Write("uid-1", devs)
+	again, err := d.Write("uid-1", devs, record)
 	if err != nil || !cmp.Equal(ids, again) {
 		t.Errorf("rewrite: %v %v", again, err)
 	}
@@ -63,6 +78,9 @@ func TestDirRoundTrip(t *testing.T) {
 	if uids, _ := d.List(); len(uids) != 0 {
 		t.Errorf("after Remove: %v", uids)
 	}
+	if _, err := d.Record("uid-1"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Record after Remove: %v, want fs.ErrNotExist", err)
+	}
 }
 
 // TestWriteValidates: an invalid spec never reaches the disk.
@@ -78,7 +96,7 @@ func TestWriteValidates(t *testing.T) {
 		"bad name":    {{Name: "gpu/0", Edits: cdispec.ContainerEdits{Env: []string{"A=1"}}}},
 		"duplicate":   {{Name: "gpu-0", Edits: cdispec.ContainerEdits{Env: []string{"A=1"}}}, {Name: "gpu-0", Edits: cdispec.ContainerEdits{Env: []string{"A=1"}}}},
 	} {
-		if _, err := d.Write("uid-x", devs); err == nil {
+		if _, err := d.Write("uid-x", devs, nil); err == nil {
 			t.Errorf("%s: written", name)
 		}
 	}

@@ -1,6 +1,8 @@
 package cdi
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // Dir is the CDI root into which the plugin writes its transient specs. It is
@@ -47,10 +50,11 @@ func (d *Dir) Path(claimUID types.UID) string {
 
 // Write validates and writes the spec of one claim, replacing any earlier
 // spec of the same claim, and returns the qualified CDI device ID of each
-// device in the order given. On error nothing new is on disk (an earlier spec
-// of the claim, if any, is untouched).
-func (d *Dir) Write(claimUID types.UID, devices []Device) ([]string, error) {
-	spec, err := Build(claimUID, devices)
+// device in the order given. record, when not empty, is kept in the spec's
+// [RecordAnnotation]. On error nothing new is on disk (an earlier spec of the
+// claim, if any, is untouched).
+func (d *Dir) Write(claimUID types.UID, devices []Device, record []byte) ([]string, error) {
+	spec, err := Build(claimUID, devices, record)
 	if err != nil {
 		return nil, err
 	}
@@ -62,6 +66,57 @@ func (d *Dir) Write(claimUID types.UID, devices []Device) ([]string, error) {
 		ids[i] = QualifiedName(claimUID, dev.Name)
 	}
 	return ids, nil
+}
+
+// Current reports whether the claim's spec on disk is exactly what Write
+// would write for devices and record. A missing or unreadable spec is not
+// current; only an error other than a missing file is returned.
+func (d *Dir) Current(claimUID types.UID, devices []Device, record []byte) (bool, error) {
+	want, err := Build(claimUID, devices, record)
+	if err != nil {
+		return false, err
+	}
+	got, err := d.read(claimUID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, nil //nolint:nilerr // an unreadable spec is rewritten, not reported
+	}
+	a, err := json.Marshal(want)
+	if err != nil {
+		return false, err
+	}
+	b, err := json.Marshal(got)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(a, b), nil
+}
+
+// Record returns the [RecordAnnotation] of the claim's spec: nil (no error)
+// if the spec has none; an error wrapping fs.ErrNotExist if there is no spec.
+func (d *Dir) Record(claimUID types.UID) ([]byte, error) {
+	spec, err := d.read(claimUID)
+	if err != nil {
+		return nil, err
+	}
+	if r, ok := spec.Annotations[RecordAnnotation]; ok {
+		return []byte(r), nil
+	}
+	return nil, nil
+}
+
+func (d *Dir) read(claimUID types.UID) (*cdispec.Spec, error) {
+	data, err := os.ReadFile(d.Path(claimUID))
+	if err != nil {
+		return nil, fmt.Errorf("cdi: read spec: %w", err)
+	}
+	spec := &cdispec.Spec{}
+	if err := json.Unmarshal(data, spec); err != nil {
+		return nil, fmt.Errorf("cdi: read spec %s: %w", d.Path(claimUID), err)
+	}
+	return spec, nil
 }
 
 // Remove deletes the spec of the claim. A claim without a spec is not an error.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -26,6 +25,9 @@ const (
 // GPU is one allocated GPU of a claim as its containers see it.
 type GPU struct {
 	UUID string
+	// Minor is the GPU's device minor (the N of gpu-N); the per-GPU
+	// variables are named after it.
+	Minor int
 	// Shared is true for a share (device gpu-N-shared); limits apply only then.
 	Shared bool
 	// MemoryLimit is the share's memory limit in bytes.
@@ -34,9 +36,54 @@ type GPU struct {
 	CoresLimit int64
 }
 
-// Claim is the input of [ClaimEdits]: the claim's GPUs in device order
-// (the order of CUDA indices in the container) and how its shares are
-// isolated.
+func (g GPU) check() error {
+	if g.UUID == "" {
+		return fmt.Errorf("GPU gpu-%d has no UUID", g.Minor)
+	}
+	if g.Shared && (g.MemoryLimit <= 0 || g.CoresLimit <= 0 || g.CoresLimit > 100) {
+		return fmt.Errorf("share on GPU %s: invalid limits (memory %d bytes, cores %d%%)", g.UUID, g.MemoryLimit, g.CoresLimit)
+	}
+	return nil
+}
+
+// DeviceEdits returns the environment of one allocated device (one CDI
+// device): which GPU it is and, for a share, its limits. Every variable is
+// either named after the GPU's minor or has the same value on every device,
+// so the runtime can merge the edits of any set of devices (one request of a
+// claim, several claims, init and main containers with different claims)
+// without one device's value replacing another's: a container sees exactly
+// the GPUs of the devices it references.
+//
+//	NVIDIA_VISIBLE_DEVICES=void       the container gets GPUs through CDI device nodes only
+//	CUDA_DEVICE_ORDER=PCI_BUS_ID      CUDA indices follow the PCI bus order
+//	TESSERA_GPU_<minor>=<uuid>
+//	TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes>   shares only
+//	TESSERA_GPU_<minor>_CORES_LIMIT=<percent>  shares only
+func DeviceEdits(g GPU) (cdispec.ContainerEdits, error) {
+	if err := g.check(); err != nil {
+		return cdispec.ContainerEdits{}, err
+	}
+	prefix := GPUVariable(g.Minor)
+	env := []string{
+		"NVIDIA_VISIBLE_DEVICES=void",
+		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
+		prefix + "=" + g.UUID,
+	}
+	if g.Shared {
+		env = append(env,
+			prefix+"_MEMORY_LIMIT="+itoa(g.MemoryLimit),
+			prefix+"_CORES_LIMIT="+itoa(g.CoresLimit))
+	}
+	return cdispec.ContainerEdits{Env: env}, nil
+}
+
+// GPUVariable is the name of the variable that holds the UUID of GPU minor
+// in a container, and the prefix of its limit variables.
+func GPUVariable(minor int) string { return "TESSERA_GPU_" + strconv.Itoa(minor) }
+
+// Claim is the input of [BackendEdits]: the claim's distinct GPUs in device
+// order (the order of CUDA indices when the container's GPUs are exactly the
+// claim's) and how its shares are isolated.
 type Claim struct {
 	GPUs []GPU
 	// Isolation is the backend of the claim's shares; ignored without shares.
@@ -49,46 +96,25 @@ type Claim struct {
 	HAMiCore HAMiCore
 }
 
-// ClaimEdits returns the edits every device of the claim carries: the
-// visible-device and limit environment and the isolation backend's edits.
-// They are identical for all devices of a claim, so a container that gets
-// several of them sees each variable and mount once.
-func ClaimEdits(c Claim) (cdispec.ContainerEdits, error) {
+// BackendEdits returns the isolation backend's edits for the claim's shares;
+// the plugin adds them to every share device of the claim. They are empty for
+// a claim without shares. Unlike [DeviceEdits], MPS's and HAMi-core's
+// variables are per process or keyed by CUDA index, as those backends read
+// them: they are right for a container whose GPUs are the claim's.
+func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	if len(c.GPUs) == 0 {
 		return cdispec.ContainerEdits{}, errors.New("no GPUs")
 	}
-	uuids := make([]string, len(c.GPUs))
 	var shares []int
 	for i, g := range c.GPUs {
-		if g.UUID == "" {
-			return cdispec.ContainerEdits{}, fmt.Errorf("GPU at index %d has no UUID", i)
+		if err := g.check(); err != nil {
+			return cdispec.ContainerEdits{}, err
 		}
-		uuids[i] = g.UUID
 		if g.Shared {
-			if g.MemoryLimit <= 0 || g.CoresLimit <= 0 || g.CoresLimit > 100 {
-				return cdispec.ContainerEdits{}, fmt.Errorf("share on GPU %s: invalid limits (memory %d bytes, cores %d%%)", g.UUID, g.MemoryLimit, g.CoresLimit)
-			}
 			shares = append(shares, i)
 		}
 	}
-	visible := strings.Join(uuids, ",")
-	env := []string{
-		"NVIDIA_VISIBLE_DEVICES=" + visible,
-		"CUDA_VISIBLE_DEVICES=" + visible,
-	}
-	if len(shares) == 1 {
-		g := c.GPUs[shares[0]]
-		env = append(env,
-			"TESSERA_MEMORY_LIMIT="+itoa(g.MemoryLimit),
-			"TESSERA_CORES_LIMIT="+itoa(g.CoresLimit))
-	}
-	for _, i := range shares {
-		g := c.GPUs[i]
-		env = append(env,
-			"TESSERA_MEMORY_LIMIT_"+strconv.Itoa(i)+"="+itoa(g.MemoryLimit),
-			"TESSERA_CORES_LIMIT_"+strconv.Itoa(i)+"="+itoa(g.CoresLimit))
-	}
-	edits := cdispec.ContainerEdits{Env: env}
+	var edits cdispec.ContainerEdits
 	if len(shares) == 0 {
 		return edits, nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestMPSRefcount(t *testing.T) {
 	}
 }
 
-func TestClaimEditsErrors(t *testing.T) {
+func TestBackendEditsErrors(t *testing.T) {
 	shareGPU := GPU{UUID: "GPU-1", Shared: true, MemoryLimit: 1 << 30, CoresLimit: 10}
 	for name, tc := range map[string]struct {
 		in   Claim
@@ -79,9 +80,58 @@ func TestClaimEditsErrors(t *testing.T) {
 		"HAMi unconfigured":  {Claim{GPUs: []GPU{shareGPU}, Isolation: configapi.IsolationHAMiCore}, "--hami-core-library is empty"},
 		"unknown backend":    {Claim{GPUs: []GPU{shareGPU}, Isolation: "Magic"}, `unknown isolation "Magic"`},
 	} {
-		if _, err := ClaimEdits(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := BackendEdits(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want %q", name, err, tc.want)
 		}
+	}
+}
+
+// TestDeviceEditsCompose: the edits of devices on different GPUs never set
+// one variable to two values, so any set of them (what one container
+// references) merges into exactly those GPUs and their limits, whatever the
+// order the runtime applies them in.
+func TestDeviceEditsCompose(t *testing.T) {
+	devices := []GPU{
+		{UUID: "GPU-a", Minor: 0, Shared: true, MemoryLimit: 1 << 30, CoresLimit: 10},
+		{UUID: "GPU-b", Minor: 1},
+		{UUID: "GPU-c", Minor: 2, Shared: true, MemoryLimit: 2 << 30, CoresLimit: 20},
+	}
+	for mask := 1; mask < 1<<len(devices); mask++ {
+		merged := map[string]string{}
+		var want []string
+		for i, g := range devices {
+			if mask&(1<<i) == 0 {
+				continue
+			}
+			edits, err := DeviceEdits(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kv := range edits.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				if old, ok := merged[k]; ok && old != v {
+					t.Fatalf("devices %b: %s set to %q and %q", mask, k, old, v)
+				}
+				merged[k] = v
+			}
+			want = append(want, GPUVariable(g.Minor)+"="+g.UUID)
+		}
+		var got []string
+		for k, v := range merged {
+			if strings.HasPrefix(k, "TESSERA_GPU_") && !strings.HasSuffix(k, "_LIMIT") {
+				got = append(got, k+"="+v)
+			}
+		}
+		slices.Sort(got)
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("devices %b: visible GPUs (-want +got):\n%s", mask, diff)
+		}
+		if merged["NVIDIA_VISIBLE_DEVICES"] != "void" {
+			t.Errorf("devices %b: NVIDIA_VISIBLE_DEVICES=%q, want void", mask, merged["NVIDIA_VISIBLE_DEVICES"])
+		}
+	}
+	if _, err := DeviceEdits(GPU{Minor: 3}); err == nil {
+		t.Error("DeviceEdits without a UUID: no error")
 	}
 }
 

@@ -38,7 +38,7 @@ func TestContainerSeesClaim(t *testing.T) {
 			claim:       newClaim("uid-whole", []result{whole("gpu", "gpu-2")}),
 			wantDevices: []string{"gpu-2"},
 			wantEnv: func(*env) []string {
-				return append(base, "NVIDIA_VISIBLE_DEVICES=GPU-00000002", "CUDA_VISIBLE_DEVICES=GPU-00000002")
+				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
 			},
 		},
 		"whole GPU on a real node without the toolkit: device nodes": {
@@ -46,7 +46,7 @@ func TestContainerSeesClaim(t *testing.T) {
 			realGPUs:    true,
 			wantDevices: []string{"gpu-2"},
 			wantEnv: func(*env) []string {
-				return append(base, "NVIDIA_VISIBLE_DEVICES=GPU-00000002", "CUDA_VISIBLE_DEVICES=GPU-00000002")
+				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
 			},
 			wantNodes: []oci.LinuxDevice{
 				{Path: "/dev/nvidia2", Type: "c", Major: 195, Minor: 2},
@@ -60,9 +60,8 @@ func TestContainerSeesClaim(t *testing.T) {
 			wantDevices: []string{"gpu-0-shared"},
 			wantEnv: func(*env) []string {
 				return append(base,
-					"NVIDIA_VISIBLE_DEVICES=GPU-00000000", "CUDA_VISIBLE_DEVICES=GPU-00000000",
-					"TESSERA_MEMORY_LIMIT=21474836480", "TESSERA_CORES_LIMIT=25",
-					"TESSERA_MEMORY_LIMIT_0=21474836480", "TESSERA_CORES_LIMIT_0=25",
+					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_0=GPU-00000000",
+					"TESSERA_GPU_0_MEMORY_LIMIT=21474836480", "TESSERA_GPU_0_CORES_LIMIT=25",
 					"TF_FORCE_GPU_ALLOW_GROWTH=true")
 			},
 		},
@@ -72,9 +71,8 @@ func TestContainerSeesClaim(t *testing.T) {
 			wantDevices: []string{"gpu-1-shared"},
 			wantEnv: func(*env) []string {
 				return append(base,
-					"NVIDIA_VISIBLE_DEVICES=GPU-00000001", "CUDA_VISIBLE_DEVICES=GPU-00000001",
-					"TESSERA_MEMORY_LIMIT=10737418240", "TESSERA_CORES_LIMIT=50",
-					"TESSERA_MEMORY_LIMIT_0=10737418240", "TESSERA_CORES_LIMIT_0=50",
+					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_1=GPU-00000001",
+					"TESSERA_GPU_1_MEMORY_LIMIT=10737418240", "TESSERA_GPU_1_CORES_LIMIT=50",
 					"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
 					"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
 					"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50")
@@ -93,9 +91,8 @@ func TestContainerSeesClaim(t *testing.T) {
 			wantDevices: []string{"gpu-3-shared"},
 			wantEnv: func(*env) []string {
 				return append(base,
-					"NVIDIA_VISIBLE_DEVICES=GPU-00000003", "CUDA_VISIBLE_DEVICES=GPU-00000003",
-					"TESSERA_MEMORY_LIMIT=17179869184", "TESSERA_CORES_LIMIT=30",
-					"TESSERA_MEMORY_LIMIT_0=17179869184", "TESSERA_CORES_LIMIT_0=30",
+					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_3=GPU-00000003",
+					"TESSERA_GPU_3_MEMORY_LIMIT=17179869184", "TESSERA_GPU_3_CORES_LIMIT=30",
 					"CUDA_DEVICE_MEMORY_LIMIT_0=16384m", "CUDA_DEVICE_SM_LIMIT=30")
 			},
 			wantMounts: func(e *env) []oci.Mount {
@@ -112,8 +109,8 @@ func TestContainerSeesClaim(t *testing.T) {
 			wantDevices: []string{"gpu-1", "gpu-0"},
 			wantEnv: func(*env) []string {
 				return append(base,
-					"NVIDIA_VISIBLE_DEVICES=GPU-00000001,GPU-00000000",
-					"CUDA_VISIBLE_DEVICES=GPU-00000001,GPU-00000000")
+					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+					"TESSERA_GPU_1=GPU-00000001", "TESSERA_GPU_0=GPU-00000000")
 			},
 		},
 	} {
@@ -175,7 +172,7 @@ func TestContainerSeesClaim(t *testing.T) {
 
 // TestToolkitDeviceFirst: on a real node with the NVIDIA container toolkit's
 // spec, the GPU comes from nvidia.com/gpu=<uuid> (listed first) and Tessera's
-// device adds only env; our NVIDIA_VISIBLE_DEVICES wins over the toolkit's.
+// device adds only env.
 func TestToolkitDeviceFirst(t *testing.T) {
 	e := newEnv(t)
 	toolkitDir := t.TempDir()
@@ -203,7 +200,7 @@ func TestToolkitDeviceFirst(t *testing.T) {
 		t.Fatalf("devices (-want +got):\n%s", diff)
 	}
 	spec := inject(t, cdiIDs(devs), toolkitDir, e.cdiRoot)
-	wantEnv := []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=GPU-00000002", "CUDA_VISIBLE_DEVICES=GPU-00000002"}
+	wantEnv := []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002"}
 	if diff := cmp.Diff(wantEnv, spec.Process.Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
 	}

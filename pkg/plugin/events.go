@@ -4,6 +4,7 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -35,6 +36,11 @@ func NewNodeEvents(ctx context.Context, client kubernetes.Interface, nodeName st
 // Event implements [EventRecorder].
 func (e *NodeEvents) Event(eventType, reason, message string) {
 	e.recorder.Event(e.node, eventType, reason, message)
+}
+
+// ClaimEvent implements [EventRecorder].
+func (e *NodeEvents) ClaimEvent(claim *resourceapi.ResourceClaim, eventType, reason, message string) {
+	e.recorder.Event(claim, eventType, reason, message)
 }
 
 // Shutdown flushes and stops the broadcaster.

@@ -104,6 +104,12 @@ func (f *fakeEvents) Event(eventType, reason, message string) {
 	f.events = append(f.events, eventType+" "+reason+": "+message)
 }
 
+func (f *fakeEvents) ClaimEvent(claim *resourceapi.ResourceClaim, eventType, reason, message string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, "claim "+claim.Namespace+"/"+claim.Name+": "+eventType+" "+reason+": "+message)
+}
+
 func (f *fakeEvents) list() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

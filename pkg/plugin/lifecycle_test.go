@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -81,11 +82,11 @@ type faultySpecs struct {
 	write func(uid types.UID) error
 }
 
-func (f faultySpecs) Write(uid types.UID, devs []cdi.Device) ([]string, error) {
+func (f faultySpecs) Write(uid types.UID, devs []cdi.Device, record []byte) ([]string, error) {
 	if err := f.write(uid); err != nil {
 		return nil, err
 	}
-	return f.Specs.Write(uid, devs)
+	return f.Specs.Write(uid, devs, record)
 }
 
 // crash ends the calling goroutine on the spot, like a killed process: no
@@ -371,9 +372,18 @@ func TestDoubleGrant(t *testing.T) {
 // checkpoint does not hold are removed.
 func TestRecoveryAtStart(t *testing.T) {
 	t.Run("corrupt checkpoint", func(t *testing.T) {
+		// Pods keep running when the checkpoint is lost: nothing may be
+		// cleaned up on the grounds that the empty store lacks it.
 		e := newEnv(t)
 		p := e.start(nil)
-		mustPrepare(t, p.Plugin, newClaim("uid-c1", []result{whole("gpu", "gpu-0")}))
+		c1 := newClaim("uid-c1", []result{whole("gpu", "gpu-0")})
+		c2 := newClaim("uid-c2", []result{share("gpu", "gpu-1-shared", "s", "4Gi", "10")}, claimConfig(isolationConfig(configapi.IsolationMPS)))
+		want1, want2 := mustPrepare(t, p.Plugin, c1), mustPrepare(t, p.Plugin, c2)
+		// A spec from an older Tessera carries no record: it cannot be
+		// adopted, so nothing at all is cleaned up.
+		if _, err := p.specs.Write("uid-old", []cdi.Device{{Name: "gpu-3", Edits: cdiEnv("A=1")}}, nil); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(e.checkpoint, []byte(`{"version":"v1","claims":{`), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -381,14 +391,31 @@ func TestRecoveryAtStart(t *testing.T) {
 		if p.rec.Kind != checkpoint.RecoveryCorrupt {
 			t.Fatalf("recovery %q, want Corrupt", p.rec.Kind)
 		}
-		if ev := e.events.list(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning CheckpointRecovered: ") {
-			t.Errorf("events %q, want one CheckpointRecovered warning", ev)
+		ev := e.events.list()
+		if len(ev) != 2 || !strings.HasPrefix(ev[0], "Warning CheckpointRecovered: ") ||
+			!strings.HasPrefix(ev[1], "Warning CheckpointRebuilt: rebuilt 2 of 3 claims") {
+			t.Errorf("events %q, want CheckpointRecovered and CheckpointRebuilt (2 of 3)", ev)
 		}
-		// The spec of the claim the checkpoint lost is gone; the kubelet
-		// prepares the claim again and the plugin works.
-		e.assertClean(p)
-		mustPrepare(t, p.Plugin, newClaim("uid-c1", []result{whole("gpu", "gpu-0")}))
+		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
+			t.Errorf("specs after recovery %v: a spec was deleted", uids)
+		}
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(running, []string{uuidOf(1)}) {
+			t.Errorf("MPS daemons after recovery %v, want the share's", running)
+		}
+		// The rebuilt entries answer as before and still hold their GPUs.
+		if got := mustPrepare(t, p.Plugin, c1); !cmp.Equal(got, want1) {
+			t.Errorf("prepare again after rebuild: %v, want %v", got, want1)
+		}
+		if got := mustPrepare(t, p.Plugin, c2); !cmp.Equal(got, want2) {
+			t.Errorf("prepare again after rebuild: %v, want %v", got, want2)
+		}
+		if r := prepare(t, p.Plugin, newClaim("uid-c3", []result{whole("gpu", "gpu-0")})); r.Err == nil {
+			t.Error("gpu-0 given to a second claim after the checkpoint was rebuilt")
+		}
 		mustUnprepare(t, p.Plugin, "uid-c1")
+		mustUnprepare(t, p.Plugin, "uid-c2")
+		mustUnprepare(t, p.Plugin, "uid-old")
+		e.assertClean(p)
 	})
 	t.Run("node rebooted", func(t *testing.T) {
 		e := newEnv(t)
@@ -407,7 +434,7 @@ func TestRecoveryAtStart(t *testing.T) {
 	t.Run("stray spec and foreign files", func(t *testing.T) {
 		e := newEnv(t)
 		p := e.start(nil)
-		if _, err := p.specs.Write("uid-stray", []cdi.Device{{Name: "gpu-0", Edits: cdiEnv("A=1")}}); err != nil {
+		if _, err := p.specs.Write("uid-stray", []cdi.Device{{Name: "gpu-0", Edits: cdiEnv("A=1")}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		foreign := e.cdiRoot + "/gpu.tessera.dev_metadata_uid-x_gpu.json"

@@ -34,6 +34,10 @@ type plannedDevice struct {
 	isolation   configapi.Isolation // shares only
 	memoryLimit int64               // shares only, bytes
 	coresLimit  int64               // shares only, percent
+	// consumedMemory (bytes) and consumedCores (percent) are the share's
+	// consumedCapacity: what it takes from the GPU.
+	consumedMemory int64
+	consumedCores  int64
 }
 
 // plan is everything prepare decided before it changes anything.
@@ -119,6 +123,7 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 				return nil, deviceError(r.Device, "share %s has no consumedCapacity %q in the allocation result; cannot compute its limits", d.shareID, capacityMemory)
 			}
 			cores := r.ConsumedCapacity[capacityCores] // absent: 0, a best-effort share
+			d.consumedMemory, d.consumedCores = mem.Value(), cores.Value()
 			d.memoryLimit, d.coresLimit, err = cfg.ShareLimits(mem.Value(), cores.Value())
 			if err != nil {
 				return nil, deviceError(r.Device, "request %q: %v", r.Request, err)

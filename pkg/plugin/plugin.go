@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -25,8 +26,15 @@ import (
 // Specs is where the plugin writes one CDI spec per claim; [cdi.Dir] is the
 // real one.
 type Specs interface {
-	// Write replaces the claim's spec and returns one CDI device ID per device.
-	Write(claimUID types.UID, devices []cdi.Device) ([]string, error)
+	// Write replaces the claim's spec and returns one CDI device ID per
+	// device; record is kept in the spec (the claim's checkpoint entry).
+	Write(claimUID types.UID, devices []cdi.Device, record []byte) ([]string, error)
+	// Current reports whether the claim's spec is exactly what Write would
+	// write now.
+	Current(claimUID types.UID, devices []cdi.Device, record []byte) (bool, error)
+	// Record returns the record kept in the claim's spec (nil if it has
+	// none), or an error wrapping fs.ErrNotExist if there is no spec.
+	Record(claimUID types.UID) ([]byte, error)
 	// Remove deletes the claim's spec; a missing spec is not an error.
 	Remove(claimUID types.UID) error
 	// List returns the UIDs of the claims that have a spec.
@@ -39,10 +47,13 @@ type Toolkit interface {
 	DeviceID(uuid string) (id string, ok bool, err error)
 }
 
-// EventRecorder emits events on this node's Node object.
+// EventRecorder emits events on this node's Node object and on claims.
 type EventRecorder interface {
-	// Event records an event of type corev1.EventTypeNormal or Warning.
+	// Event records an event of type corev1.EventTypeNormal or Warning on
+	// the Node.
 	Event(eventType, reason, message string)
+	// ClaimEvent records an event on a ResourceClaim.
+	ClaimEvent(claim *resourceapi.ResourceClaim, eventType, reason, message string)
 }
 
 // Options wires the plugin. NodeName, GPUs, Store and Specs are required.
@@ -104,9 +115,31 @@ type Plugin struct {
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
 
+// Open is how a plugin process starts: holding the node lock at lockPath
+// (the kubelet plugin helper's serialize.lock, which it takes around every
+// prepare and unprepare call), it opens the checkpoint at checkpointPath,
+// fills in opts.Store and opts.Recovery and calls [New]. So the other
+// instance of a surge update is never inside a call while this one reads,
+// upgrades or repairs the checkpoint and cleans up after it. An empty
+// lockPath takes no lock (a single instance per node).
+func Open(ctx context.Context, lockPath, checkpointPath, bootID string, opts Options) (*Plugin, error) {
+	unlock, err := lockNode(ctx, lockPath)
+	if err != nil {
+		return nil, fmt.Errorf("plugin: %w", err)
+	}
+	defer unlock()
+	store, recovery, err := checkpoint.Open(ctx, checkpointPath, bootID)
+	if err != nil {
+		return nil, err
+	}
+	opts.Store, opts.Recovery = store, recovery
+	return New(ctx, opts)
+}
+
 // New checks opts, recovers from what the checkpoint says (see the package
 // documentation) and returns the plugin. Recovery problems are logged and
-// reported as events but do not fail New; only missing options do.
+// reported as events but do not fail New; only missing options do. Recovery
+// changes the node's state: call New under the node lock ([Open] does).
 func New(ctx context.Context, opts Options) (*Plugin, error) {
 	switch {
 	case opts.NodeName == "":

@@ -2,16 +2,17 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
@@ -32,10 +33,17 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	for _, claim := range claims {
 		start := time.Now()
 		devices, err := p.prepareClaim(ctx, claim)
+		var conflict *grantConflict
+		if errors.As(err, &conflict) && p.releaseStale(ctx, conflict.holders) > 0 {
+			// A claim in the way was gone (its pod force-deleted before the
+			// kubelet unprepared it): try once more without it.
+			devices, err = p.prepareClaim(ctx, claim)
+		}
 		p.opts.Metrics.ObservePrepare(time.Since(start), err)
 		if err != nil {
 			err = fmt.Errorf("claim %s/%s (uid %s): %w", claim.Namespace, claim.Name, claim.UID, err)
 			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
+			p.claimEvent(claim, corev1.EventTypeWarning, "PrepareFailed", err.Error())
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}
@@ -51,6 +59,9 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 
 	if prev, ok := p.opts.Store.Get(claim.UID); ok {
 		if prev.State == checkpoint.PrepareCompleted {
+			if err := p.ensureSpec(ctx, claim, prev); err != nil {
+				return nil, err
+			}
 			p.rememberClaim(claim)
 			return resultDevices(prev), nil
 		}
@@ -73,17 +84,6 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 
-	name := fmt.Sprintf("%s/%s (uid %s)", claim.Namespace, claim.Name, claim.UID)
-	var reqs []grantRequest
-	for _, d := range pl.devices {
-		if !d.adminAccess {
-			reqs = append(reqs, grantRequest{minor: d.gpu.Minor, shared: d.shared})
-		}
-	}
-	if err := p.grants.reserve(claim.UID, name, reqs); err != nil {
-		return nil, err
-	}
-
 	record := checkpoint.Claim{
 		UID:       claim.UID,
 		Namespace: claim.Namespace,
@@ -92,17 +92,20 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		Devices:   checkpointDevices(pl),
 		Config:    pl.config,
 	}
+	if err := p.grants.reserve(claim.UID, record.String(), grantRequests(record), p.memoryOf); err != nil {
+		var conflict *grantConflict
+		if errors.As(err, &conflict) && conflict.oversubscribed {
+			p.claimEvent(claim, corev1.EventTypeWarning, "GPUOversubscribed", err.Error())
+		}
+		return nil, err
+	}
 	if err := p.opts.Store.Put(record); err != nil {
 		p.grants.release(claim.UID)
 		return nil, fmt.Errorf("record prepare start in checkpoint: %w", err)
 	}
 
-	ids, err := p.applyEffects(ctx, claim.UID, pl, specDevices)
+	err = p.applyEffects(ctx, &record, pl, specDevices)
 	if err == nil {
-		for i := range record.Devices {
-			record.Devices[i].CDIDeviceIDs = ids[i]
-		}
-		record.State = checkpoint.PrepareCompleted
 		if err = p.opts.Store.Put(record); err != nil {
 			err = fmt.Errorf("record prepare completion in checkpoint: %w", err)
 		}
@@ -128,13 +131,16 @@ type specDevice struct {
 	toolkit string
 }
 
-// containerEdits computes the edits of every device without side effects.
+// containerEdits computes the edits of every device without side effects:
+// each device carries its own GPU's visibility and limits
+// ([isolation.DeviceEdits]), share devices also the claim's backend edits
+// ([isolation.BackendEdits]), and on real nodes the GPU's device nodes.
 func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
 	in := isolation.Claim{Isolation: pl.isolation}
 	for _, d := range pl.devices {
-		g := isolation.GPU{UUID: d.gpu.UUID, Shared: d.shared && !d.adminAccess, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
+		g := isolationGPU(d)
 		// Two shares of one GPU in one claim (two requests) are one GPU to
-		// the container, with the sum of their limits.
+		// the backend, with the sum of their limits.
 		i := slices.IndexFunc(in.GPUs, func(x isolation.GPU) bool { return x.UUID == g.UUID })
 		if i < 0 {
 			in.GPUs = append(in.GPUs, g)
@@ -158,14 +164,22 @@ func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
 		}
 		in.HAMiCore = p.opts.HAMiCore
 	}
-	shared, err := isolation.ClaimEdits(in)
+	backend, err := isolation.BackendEdits(in)
 	if err != nil {
 		return nil, deviceError(firstShare(pl).device, "%v", err)
 	}
 
 	out := make([]specDevice, 0, len(pl.devices))
 	for _, d := range pl.devices {
-		edits := cloneEdits(shared)
+		g := isolationGPU(d)
+		edits, err := isolation.DeviceEdits(g)
+		if err != nil {
+			return nil, deviceError(d.device, "%v", err)
+		}
+		if g.Shared {
+			edits.Env = append(edits.Env, backend.Env...)
+			edits.Mounts = append(edits.Mounts, slices.Clone(backend.Mounts)...)
+		}
 		var toolkitID string
 		if !p.opts.Mock {
 			if p.opts.Toolkit != nil {
@@ -190,6 +204,10 @@ func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
 	return out, nil
 }
 
+func isolationGPU(d plannedDevice) isolation.GPU {
+	return isolation.GPU{UUID: d.gpu.UUID, Minor: d.gpu.Minor, Shared: d.shared && !d.adminAccess, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
+}
+
 func firstShare(pl *plan) plannedDevice {
 	for _, d := range pl.devices {
 		if d.shared {
@@ -199,44 +217,86 @@ func firstShare(pl *plan) plannedDevice {
 	return pl.devices[0]
 }
 
-func cloneEdits(e cdispec.ContainerEdits) cdispec.ContainerEdits {
-	out := e
-	out.Env = slices.Clone(e.Env)
-	out.Mounts = slices.Clone(e.Mounts)
-	out.DeviceNodes = slices.Clone(e.DeviceNodes)
-	return out
-}
-
-// applyEffects acquires the MPS daemon (if any) and writes the CDI spec; it
-// returns the CDI device IDs per planned device. On error it may have done
-// part of the work; the caller rolls back.
-func (p *Plugin) applyEffects(ctx context.Context, uid types.UID, pl *plan, devs []specDevice) ([][]string, error) {
+// applyEffects acquires the MPS daemon (if any) and writes the CDI spec, with
+// record (as it will be once complete) in the spec's record annotation; it
+// fills in record's CDI device IDs and marks it PrepareCompleted. On error it
+// may have done part of the work; the caller rolls back.
+func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
 	if pl.isolation == configapi.IsolationMPS {
-		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, uid); err != nil {
-			return nil, deviceError(pl.devices[0].device, "%v", err)
+		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, record.UID); err != nil {
+			return deviceError(pl.devices[0].device, "%v", err)
 		}
 	}
 	cdiDevices := make([]cdi.Device, len(devs))
 	for i, d := range devs {
 		cdiDevices[i] = d.cdi
+		// The toolkit's device first: it brings the GPU's device nodes and
+		// the driver's libraries; ours adds visibility and limits.
+		var ids []string
+		if d.toolkit != "" {
+			ids = append(ids, d.toolkit)
+		}
+		record.Devices[i].CDIDeviceIDs = append(ids, cdi.QualifiedName(record.UID, d.cdi.Name))
 	}
-	written, err := p.opts.Specs.Write(uid, cdiDevices)
+	record.State = checkpoint.PrepareCompleted
+	raw, err := json.Marshal(record)
+	if err != nil {
+		return fmt.Errorf("encode claim record: %w", err)
+	}
+	written, err := p.opts.Specs.Write(record.UID, cdiDevices, raw)
+	if err != nil {
+		return err
+	}
+	for i, id := range written {
+		if i >= len(record.Devices) || !slices.Contains(record.Devices[i].CDIDeviceIDs, id) {
+			return fmt.Errorf("CDI spec writer returned device ID %q, which is not the one recorded", id)
+		}
+	}
+	return nil
+}
+
+// ensureSpec makes sure the CDI spec of an already prepared claim is on disk
+// as prepare would write it now (a cleared /var/run/cdi, a spec edited or
+// truncated by someone else): the kubelet gets the checkpointed IDs again,
+// and they must resolve. A claim that cannot be planned any more (its GPU
+// left the inventory) keeps an existing spec; without one it is an error.
+func (p *Plugin) ensureSpec(ctx context.Context, claim *resourceapi.ResourceClaim, prev checkpoint.Claim) error {
+	raw, err := json.Marshal(prev)
+	if err != nil {
+		return fmt.Errorf("encode claim record: %w", err)
+	}
+	devices, err := p.specOf(claim)
+	if err != nil {
+		if _, rerr := p.opts.Specs.Record(claim.UID); rerr == nil {
+			return nil
+		}
+		return fmt.Errorf("the claim is prepared but its CDI spec is missing and cannot be written again: %w", err)
+	}
+	if ok, err := p.opts.Specs.Current(claim.UID, devices, raw); err != nil || ok {
+		return err
+	}
+	if _, err := p.opts.Specs.Write(claim.UID, devices, raw); err != nil {
+		return fmt.Errorf("write the missing CDI spec of a prepared claim again: %w", err)
+	}
+	klog.FromContext(ctx).Info("Rewrote the CDI spec of a prepared claim: it was missing or differed", "claim", klog.KObj(claim))
+	return nil
+}
+
+// specOf computes the CDI devices a claim's spec holds.
+func (p *Plugin) specOf(claim *resourceapi.ResourceClaim) ([]cdi.Device, error) {
+	pl, err := p.planClaim(claim)
 	if err != nil {
 		return nil, err
 	}
-	if len(written) != len(devs) {
-		return nil, errors.New("CDI spec writer returned the wrong number of device IDs")
+	devs, err := p.containerEdits(pl)
+	if err != nil {
+		return nil, err
 	}
-	ids := make([][]string, len(devs))
+	out := make([]cdi.Device, len(devs))
 	for i, d := range devs {
-		// The toolkit's device first: its spec sets NVIDIA_VISIBLE_DEVICES
-		// (to "void"), and the runtime applies edits in order, so ours win.
-		if d.toolkit != "" {
-			ids[i] = append(ids[i], d.toolkit)
-		}
-		ids[i] = append(ids[i], written[i])
+		out[i] = d.cdi
 	}
-	return ids, nil
+	return out, nil
 }
 
 // rollback undoes every effect of a (possibly partial) prepare recorded in c:
@@ -284,18 +344,49 @@ func checkpointDevices(pl *plan) []checkpoint.Device {
 	out := make([]checkpoint.Device, len(pl.devices))
 	for i, d := range pl.devices {
 		out[i] = checkpoint.Device{
-			Request:     d.request,
-			Pool:        d.pool,
-			Device:      d.device,
-			ShareID:     string(d.shareID),
-			UUID:        d.gpu.UUID,
-			Minor:       d.gpu.Minor,
-			Isolation:   string(d.isolation),
-			MemoryLimit: d.memoryLimit,
-			CoresLimit:  d.coresLimit,
+			Request:        d.request,
+			Pool:           d.pool,
+			Device:         d.device,
+			ShareID:        string(d.shareID),
+			UUID:           d.gpu.UUID,
+			Minor:          d.gpu.Minor,
+			Isolation:      string(d.isolation),
+			MemoryLimit:    d.memoryLimit,
+			CoresLimit:     d.coresLimit,
+			AdminAccess:    d.adminAccess,
+			ConsumedMemory: d.consumedMemory,
+			ConsumedCores:  d.consumedCores,
 		}
 	}
 	return out
+}
+
+// grantRequests are the holds a checkpointed claim has on its GPUs; admin
+// access holds nothing.
+func grantRequests(c checkpoint.Claim) []grantRequest {
+	var reqs []grantRequest
+	for _, d := range c.Devices {
+		if !d.Grants() {
+			continue
+		}
+		r := grantRequest{minor: d.Minor, shared: d.ShareID != "", memory: d.ConsumedMemory, cores: d.ConsumedCores}
+		if r.shared && r.memory == 0 && r.cores == 0 {
+			// Written before consumed capacity was recorded: the memory
+			// limit is the share's memory unless GpuConfig lowered it.
+			r.memory = d.MemoryLimit
+		}
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+// memoryOf is the memory of a GPU in the inventory, for the capacity check.
+func (p *Plugin) memoryOf(minor int) (int64, bool) {
+	g, ok := p.gpuByMinor(minor)
+	if !ok || g.MemoryBytes == 0 {
+		return 0, false
+	}
+	return int64(g.MemoryBytes), true
 }
 
 // resultDevices is what the kubelet gets for a prepared claim, built from the
