@@ -2,27 +2,33 @@
 // claim's isolation backend into the container edits of its CDI spec, and runs
 // the MPS control daemons that the MPS backend needs.
 //
-// The edits are pure functions ([ClaimEdits], [DeviceNodeEdits]) of their
-// input: same input, same edits, no I/O. Everything with an external effect
-// sits behind a small interface with a real and a fake implementation:
-// [DaemonRunner] (the MPS control daemon), [DevNodes] (the host's
-// /dev/nvidia* nodes) and the HAMi-core library check ([HAMiCore.Check]).
+// The edits are pure functions ([DeviceEdits], [BackendEdits],
+// [DeviceNodeEdits]) of their input: same input, same edits, no I/O.
+// Everything with an external effect sits behind a small interface with a real
+// and a fake implementation: [DaemonRunner] (the MPS control daemon),
+// [DevNodes] (the host's /dev/nvidia* nodes) and the HAMi-core library check
+// ([HAMiCore.Check]).
 //
 // # Environment of a container
 //
-// Always:
+// Each allocated device (one CDI device per allocation result) carries only
+// what is true of its own GPU, and every variable is either named after that
+// GPU or has the same value on every device. The kubelet gives a container the
+// CDI devices of the claims and requests it references and the runtime merges
+// their edits, so a container sees exactly its GPUs whatever it combines (one
+// request of a claim, several claims, init and main containers with different
+// claims):
 //
-//	NVIDIA_VISIBLE_DEVICES=<uuid>[,<uuid>…]   the claim's GPUs, in device order
-//	CUDA_VISIBLE_DEVICES=<uuid>[,<uuid>…]     the same
+//	NVIDIA_VISIBLE_DEVICES=void              GPUs come through CDI device nodes only
+//	CUDA_DEVICE_ORDER=PCI_BUS_ID             CUDA indices follow the PCI bus order
+//	TESSERA_GPU_<minor>=<uuid>               per GPU (minor: the N of gpu-N)
+//	TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes> per share
+//	TESSERA_GPU_<minor>_CORES_LIMIT=<percent>
 //
-// For each share at CUDA index i (its position in the lists above):
+// No list variable (CUDA_VISIBLE_DEVICES, a UUID list) is set: two devices
+// would set it to two values and the runtime keeps the last.
 //
-//	TESSERA_MEMORY_LIMIT_<i>=<bytes>   TESSERA_CORES_LIMIT_<i>=<percent>
-//
-// and, when the claim has exactly one share (the usual case), the same
-// without the suffix: TESSERA_MEMORY_LIMIT, TESSERA_CORES_LIMIT.
-//
-// Per backend, when the claim has shares:
+// Per backend, on every share device of the claim:
 //   - Advisory: TF_FORCE_GPU_ALLOW_GROWTH=true (nothing enforces the limit).
 //   - MPS: CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,
 //     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,
@@ -30,11 +36,17 @@
 //     and log directories mounted at /tmp/nvidia-mps and /var/log/nvidia-mps.
 //     An MPS claim must consist of exactly one share: a client talks to one
 //     control daemon, and the daemons are per GPU.
-//   - HAMiCore: CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m for each share,
-//     CUDA_DEVICE_SM_LIMIT=<percent> (the smallest core limit of the claim's
-//     shares, since HAMi-core takes one value), the host's libvgpu.so mounted
-//     read-only at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload naming
-//     it. Fails closed: without the library, preparation fails.
+//   - HAMiCore: CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m for each share at CUDA
+//     index i among the claim's GPUs, CUDA_DEVICE_SM_LIMIT=<percent> (the
+//     smallest core limit of the claim's shares), the host's libvgpu.so
+//     mounted read-only at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload
+//     naming it. Fails closed: without the library, preparation fails.
+//
+// MPS and HAMi-core read per-process or per-CUDA-index variables, so their
+// limits are right for a container whose GPUs are those of its one enforced
+// claim; a container that combines an enforced claim with other GPUs gets
+// the per-GPU TESSERA_* variables right but the backend's indices may not
+// match.
 //
 // A claim uses one isolation backend for all its shares.
 package isolation
