@@ -44,6 +44,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			err = fmt.Errorf("claim %s/%s (uid %s): %w", claim.Namespace, claim.Name, claim.UID, err)
 			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
 			p.claimEvent(claim, corev1.EventTypeWarning, "PrepareFailed", err.Error())
+			p.writeFailure(ctx, claim, err)
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: err}
 			continue
 		}

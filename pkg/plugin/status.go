@@ -32,6 +32,7 @@ const (
 	ConditionReady        = "Ready"
 	ConditionNVLink       = "NVLinkConnected"
 	ReasonPrepared        = "Prepared"
+	ReasonPrepareFailed   = "PrepareFailed"
 	ReasonNVLinkConnected = "SameNVLinkDomain"
 	ReasonNVLinkMissing   = "DifferentNVLinkDomains"
 	statusWriteTimeout    = 10 * time.Second
@@ -81,5 +82,50 @@ func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 		metav1.ApplyOptions{FieldManager: p.fieldManager(), Force: true})
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Writing claim status failed; the claim is prepared anyway", "claim", klog.KObj(claim))
+	}
+}
+
+// maxConditionMessage is the API's limit on a condition message.
+const maxConditionMessage = 32768
+
+// writeFailure applies a Ready=False condition with the error to
+// status.devices for the claim's devices on this node, so that
+// `kubectl describe resourceclaim` says why the pod cannot start. Errors are
+// logged only.
+func (p *Plugin) writeFailure(ctx context.Context, claim *resourceapi.ResourceClaim, failure error) {
+	if p.opts.Client == nil || claim.Status.Allocation == nil {
+		return
+	}
+	msg := failure.Error()
+	if len(msg) > maxConditionMessage {
+		msg = msg[:maxConditionMessage]
+	}
+	now := metav1.NewTime(time.Now())
+	status := resourceac.ResourceClaimStatus()
+	n := 0
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != model.DriverName || r.Pool != p.opts.NodeName {
+			continue
+		}
+		entry := resourceac.AllocatedDeviceStatus().
+			WithDriver(model.DriverName).WithPool(r.Pool).WithDevice(r.Device).
+			WithConditions(metav1ac.Condition().WithType(ConditionReady).WithStatus(metav1.ConditionFalse).
+				WithReason(ReasonPrepareFailed).WithMessage(msg).
+				WithObservedGeneration(claim.Generation).WithLastTransitionTime(now))
+		if r.ShareID != nil {
+			entry.WithShareID(string(*r.ShareID))
+		}
+		status.WithDevices(entry)
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
+	defer cancel()
+	apply := resourceac.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
+	if _, err := p.opts.Client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply,
+		metav1.ApplyOptions{FieldManager: p.fieldManager(), Force: true}); err != nil {
+		klog.FromContext(ctx).Error(err, "Writing the prepare failure into the claim status failed", "claim", klog.KObj(claim))
 	}
 }

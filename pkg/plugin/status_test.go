@@ -3,6 +3,7 @@ package plugin
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -88,4 +89,40 @@ func TestClaimStatus(t *testing.T) {
 		return true, nil, errors.New("forbidden by test")
 	})
 	mustPrepare(t, p.Plugin, newClaim("uid-refused", []result{whole("gpu", "gpu-3")}))
+}
+
+// TestPrepareFailureOnClaim: a prepare that fails says why on the claim: a
+// Ready=False condition in status.devices and a Warning event.
+func TestPrepareFailureOnClaim(t *testing.T) {
+	e := newEnv(t)
+	// HAMiCore without the library fails closed.
+	c := newClaim("uid-f", []result{share("gpu", "gpu-1-shared", "share-1", "8Gi", "10")},
+		claimConfig(isolationConfig(configapi.IsolationHAMiCore)))
+	client := fake.NewClientset(c.DeepCopy())
+	p := e.start(func(o *Options) {
+		o.Client = client
+		o.HAMiCore.Library = e.hamiLib + ".missing"
+	})
+	if r := prepare(t, p.Plugin, c); r.Err == nil {
+		t.Fatal("prepare succeeded without HAMi-core")
+	}
+	got, err := client.ResourceV1().ResourceClaims("default").Get(ctxFor(t), c.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Devices) != 1 || len(got.Status.Devices[0].Conditions) != 1 {
+		t.Fatalf("status.devices = %+v, want one entry with one condition", got.Status.Devices)
+	}
+	cond := got.Status.Devices[0].Conditions[0]
+	if cond.Type != ConditionReady || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonPrepareFailed ||
+		!strings.Contains(cond.Message, "libvgpu.so") {
+		t.Errorf("condition %+v, want Ready=False/PrepareFailed naming the library", cond)
+	}
+	found := false
+	for _, ev := range e.events.list() {
+		found = found || strings.HasPrefix(ev, "claim default/claim-uid-f: Warning PrepareFailed")
+	}
+	if !found {
+		t.Errorf("events %q, want PrepareFailed on the claim", e.events.list())
+	}
 }
