@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/nodebench"
 )
@@ -104,6 +108,38 @@ func TestConservationCheckCatchesViolations(t *testing.T) {
 	}
 	if err := checkGPU([]gpuUse{{memory: half, cores: 50, slots: 0x0f}, {memory: half, cores: 50, slots: 0xf0}}); err != nil {
 		t.Errorf("exactly full GPU: %v", err)
+	}
+}
+
+// TestTesseraUse: the simulation counts what a Tessera device takes of its GPU
+// by package accounting: a whole GPU all of it, a share its consumedCapacity,
+// admin access nothing.
+func TestTesseraUse(t *testing.T) {
+	mem, cores := ShareRequest(0.25)
+	shareID := types.UID("s1")
+	for _, tc := range []struct {
+		name  string
+		r     resourceapi.DeviceRequestAllocationResult
+		minor int
+		want  gpuUse
+	}{
+		{"whole", resourceapi.DeviceRequestAllocationResult{Driver: Driver, Device: "gpu-3"}, 3,
+			gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100}},
+		{"share", resourceapi.DeviceRequestAllocationResult{Driver: Driver, Device: "gpu-2-shared", ShareID: &shareID,
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": mem, "cores": cores}}, 2,
+			gpuUse{memory: mem.Value(), cores: cores.Value()}},
+		{"admin access", resourceapi.DeviceRequestAllocationResult{Driver: Driver, Device: "gpu-1", AdminAccess: ptr.To(true)}, 1, gpuUse{}},
+	} {
+		minor, got, err := tesseraModel{}.use(&tc.r)
+		if err != nil || minor != tc.minor || got != tc.want {
+			t.Errorf("%s: use = %d, %+v, %v; want %d, %+v", tc.name, minor, got, err, tc.minor, tc.want)
+		}
+	}
+	if _, _, err := (tesseraModel{}).use(&resourceapi.DeviceRequestAllocationResult{Driver: Driver, Device: "gpu-0-shared"}); err == nil {
+		t.Error("a share without a shareID was accepted")
+	}
+	if _, _, err := (tesseraModel{}).use(&resourceapi.DeviceRequestAllocationResult{Driver: Driver, Device: "gpu-0-p1-0"}); err == nil {
+		t.Error("a partition device was accepted")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -270,17 +271,18 @@ func (tesseraModel) claim(j *Job) *resourceapi.ResourceClaim {
 
 func (tesseraModel) sizeKey(j *Job) float64 { return j.Demand }
 
+// use counts what the device holds by package accounting, the rule the
+// plugin's metrics and `tessera status` count by.
 func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
-	minor, shared, err := model.ParseDeviceName(r.Device)
-	if err != nil {
-		return 0, gpuUse{}, err
+	d, ok := accounting.FromResult(*r)
+	if !ok {
+		return 0, gpuUse{}, fmt.Errorf("device %q of driver %q: not a %s device", r.Device, r.Driver, Driver)
 	}
-	if !shared {
-		return minor, gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100}, nil
-	}
-	if r.ShareID == nil {
+	if d.Shared && !d.AdminAccess && r.ShareID == nil {
 		return 0, gpuUse{}, fmt.Errorf("device %q: allocated without a shareID", r.Device)
 	}
-	mem, cores := r.ConsumedCapacity["memory"], r.ConsumedCapacity["cores"]
-	return minor, gpuUse{memory: mem.Value(), cores: cores.Value()}, nil
+	a := accounting.Allocated([]accounting.Device{d}, func(accounting.GPU) (accounting.Capacity, bool) {
+		return accounting.Capacity{MemoryBytes: gpuMemory.Value(), Cores: model.CoresPerGPU}, true
+	})[d.GPU]
+	return d.GPU.Minor, gpuUse{whole: a.Whole, memory: a.MemoryBytes, cores: a.Cores}, nil
 }

@@ -10,18 +10,27 @@
 // per-process accounting (see [Usage]).
 //
 // Every series carries node; GPU series carry gpu (gpu-<minor>) and uuid;
-// claim series namespace, claim and uid.
+// claim series namespace, claim, uid and pod, and request, device and share,
+// so that each allocation result has its own series: a claim with two shares
+// of one GPU must not produce two series with equal labels, which would fail
+// the whole scrape. What a device holds of its GPU is counted by
+// [accounting].
 package metrics
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-dev/tessera/pkg/accounting"
+	"github.com/tessera-dev/tessera/pkg/model"
 )
 
 // Snapshot is what the collector reports at one scrape.
@@ -46,21 +55,29 @@ type Claim struct {
 	UID       types.UID
 	Namespace string
 	Name      string
-	Devices   []Device
+	// Pods are the names of the pods the claim is reserved for, as far as
+	// the plugin knows them (from the claim it prepared); empty when it does
+	// not (the claim was prepared by an earlier process).
+	Pods    []string
+	Devices []Device
 }
 
-// Device is one prepared device of a claim.
+// Device is one prepared device of a claim: one allocation result.
 type Device struct {
-	Device string // gpu-3 or gpu-3-shared
-	UUID   string
-	Minor  int
-	Shared bool
+	Request string // request name of the allocation result
+	Device  string // gpu-3 or gpu-3-shared
+	ShareID string // the share's ID; empty for whole GPUs
+	UUID    string
+	Minor   int
+	Shared  bool
 	// AdminAccess devices observe; they hold nothing.
 	AdminAccess bool
-	// MemoryBytes and Cores are what the scheduler allocated: the share's
-	// consumedCapacity. For a whole GPU they are the GPU's.
-	MemoryBytes int64
-	Cores       int64
+	// ConsumedMemory (bytes) and ConsumedCores (percent) are a share's
+	// consumedCapacity: what the scheduler took from the GPU. Ignored for
+	// whole GPUs, which hold all of the GPU, and admin access (see
+	// [accounting.Device.Holds]).
+	ConsumedMemory int64
+	ConsumedCores  int64
 	// MemoryLimit (bytes) and CoresLimit (percent) are the share's limits
 	// in the container; Isolation its backend. Zero/empty for whole GPUs.
 	MemoryLimit int64
@@ -68,7 +85,20 @@ type Device struct {
 	Isolation   string
 }
 
-// Source supplies snapshots; the plugin is one.
+// accounting is d as the accounting rule sees it; GPUs are named by minor
+// (one node).
+func (d Device) accounting() accounting.Device {
+	return accounting.Device{
+		GPU:         accounting.GPU{Minor: d.Minor},
+		Shared:      d.Shared,
+		AdminAccess: d.AdminAccess,
+		Consumed:    accounting.Capacity{MemoryBytes: d.ConsumedMemory, Cores: d.ConsumedCores},
+	}
+}
+
+// Source supplies snapshots; the plugin is one. MetricsSnapshot runs at
+// every scrape and answers from the source's own state: it makes no API
+// calls, so /metrics does not depend on the API server.
 type Source interface {
 	MetricsSnapshot() Snapshot
 }
@@ -158,10 +188,17 @@ type stateCollector struct {
 	podMemory                                                                          *prometheus.Desc
 }
 
+// claimLabels name one allocation result of one claim, so no two series of a
+// scrape can carry the same labels (which would fail the whole scrape).
+var claimLabels = []string{"namespace", "claim", "uid", "pod", "request", "device", "share", "gpu", "uuid", "isolation"}
+
 func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 	c := prometheus.Labels{"node": node}
 	gpu := []string{"gpu", "uuid"}
-	claim := []string{"namespace", "claim", "uid", "device", "gpu", "uuid", "isolation"}
+	const counted = " Counted: a whole GPU holds all of its memory and compute; a share holds its consumedCapacity " +
+		"(what the scheduler allocated, not its limits); admin-access devices hold nothing; shares add up."
+	const perResult = " One series per allocation result (request, device, share) of the claim; pod is the claim's " +
+		"reservedFor pods (comma-separated), empty when the plugin did not see the claim prepared."
 	return &stateCollector{
 		src:   src,
 		usage: usage,
@@ -169,15 +206,19 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 			append(gpu, "product"), c),
 		gpuMemory:      prometheus.NewDesc("tessera_gpu_memory_bytes", "Total memory of the GPU.", gpu, c),
 		gpuCores:       prometheus.NewDesc("tessera_gpu_cores", "Compute of the GPU in percent (always 100).", gpu, c),
-		gpuAllocMemory: prometheus.NewDesc("tessera_gpu_allocated_memory_bytes", "Memory of the GPU held by prepared claims: the sum of its shares' allocated memory, or all of it when prepared whole.", gpu, c),
-		gpuAllocCores:  prometheus.NewDesc("tessera_gpu_allocated_cores", "Guaranteed compute (percent) of the GPU held by prepared claims.", gpu, c),
-		gpuShares:      prometheus.NewDesc("tessera_gpu_shares", "Prepared shares of the GPU.", gpu, c),
+		gpuAllocMemory: prometheus.NewDesc("tessera_gpu_allocated_memory_bytes", "Memory (bytes) of the GPU held by the claims prepared on it."+counted, gpu, c),
+		gpuAllocCores:  prometheus.NewDesc("tessera_gpu_allocated_cores", "Guaranteed compute (percent) of the GPU held by the claims prepared on it."+counted, gpu, c),
+		gpuShares:      prometheus.NewDesc("tessera_gpu_shares", "Prepared shares of the GPU, admin-access devices not counted.", gpu, c),
 		gpuHealthy: prometheus.NewDesc("tessera_gpu_healthy", "1 when the GPU is healthy, 0 while it is tainted "+
 			"gpu.tessera.dev/unhealthy (effect in the label).", append(gpu, "effect"), c),
-		claimMemory:      prometheus.NewDesc("tessera_claim_memory_bytes", "Memory allocated to a prepared claim's device (consumedCapacity; the GPU's memory for a whole GPU).", claim, c),
-		claimCores:       prometheus.NewDesc("tessera_claim_cores", "Guaranteed compute (percent) allocated to a prepared claim's device.", claim, c),
-		claimMemoryLimit: prometheus.NewDesc("tessera_claim_memory_limit_bytes", "Memory limit of a prepared share in the container.", claim, c),
-		claimCoresLimit:  prometheus.NewDesc("tessera_claim_cores_limit", "Compute limit (percent) of a prepared share in the container.", claim, c),
+		claimMemory: prometheus.NewDesc("tessera_claim_memory_bytes", "Memory (bytes) of the GPU a prepared claim's device holds: "+
+			"a share's consumedCapacity, all of the GPU's memory for a whole GPU, 0 for admin access."+perResult, claimLabels, c),
+		claimCores: prometheus.NewDesc("tessera_claim_cores", "Guaranteed compute (percent) of the GPU a prepared claim's device holds: "+
+			"a share's consumedCapacity, 100 for a whole GPU, 0 for admin access."+perResult, claimLabels, c),
+		claimMemoryLimit: prometheus.NewDesc("tessera_claim_memory_limit_bytes", "Memory limit (bytes) of a prepared share in the container "+
+			"(shares only; may be lower than what the share holds)."+perResult, claimLabels, c),
+		claimCoresLimit: prometheus.NewDesc("tessera_claim_cores_limit", "Compute limit (percent) of a prepared share in the container "+
+			"(shares only; may differ from what the share holds)."+perResult, claimLabels, c),
 		podMemory: prometheus.NewDesc("tessera_pod_gpu_memory_used_bytes", "GPU memory used by the processes of a pod (NVML per-process accounting). "+
 			"Processes outside any known pod are summed with empty namespace and pod.", []string{"namespace", "pod", "pod_uid", "gpu", "uuid"}, c),
 	}
@@ -190,43 +231,83 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// claimValues are the values of one claim series.
+type claimValues struct {
+	labels                  []string
+	memory, cores           int64
+	memoryLimit, coresLimit int64
+	shared                  bool
+}
+
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.src.MetricsSnapshot()
-	type alloc struct{ memory, cores, shares int64 }
-	allocated := map[string]*alloc{}
+	gpuOf := make(map[int]GPU, len(snap.GPUs))
 	for _, g := range snap.GPUs {
-		allocated[g.UUID] = &alloc{}
+		gpuOf[g.Minor] = g
 	}
+	capacityOf := func(k accounting.GPU) (accounting.Capacity, bool) {
+		g, ok := gpuOf[k.Minor]
+		return accounting.Capacity{MemoryBytes: g.MemoryBytes, Cores: model.CoresPerGPU}, ok
+	}
+
+	var devices []accounting.Device
+	series := map[string]*claimValues{}
+	var order []string
 	for _, cl := range snap.Claims {
+		pods := slices.Clone(cl.Pods)
+		slices.Sort(pods)
+		pod := strings.Join(slices.Compact(pods), ",")
 		for _, d := range cl.Devices {
-			gpuName := "gpu-" + strconv.Itoa(d.Minor)
-			labels := []string{cl.Namespace, cl.Name, string(cl.UID), d.Device, gpuName, d.UUID, d.Isolation}
-			gauge(ch, c.claimMemory, float64(d.MemoryBytes), labels...)
-			gauge(ch, c.claimCores, float64(d.Cores), labels...)
-			if d.Shared {
-				gauge(ch, c.claimMemoryLimit, float64(d.MemoryLimit), labels...)
-				gauge(ch, c.claimCoresLimit, float64(d.CoresLimit), labels...)
+			ad := d.accounting()
+			// A device counts against the GPU its minor names only while
+			// that is still the GPU it was prepared on.
+			gpuCap, known := capacityOf(ad.GPU)
+			if known && gpuOf[d.Minor].UUID == d.UUID {
+				devices = append(devices, ad)
+			} else {
+				gpuCap = accounting.Capacity{}
 			}
-			a := allocated[d.UUID]
-			if a == nil || d.AdminAccess {
-				continue
+			held := ad.Holds(gpuCap)
+			labels := []string{cl.Namespace, cl.Name, string(cl.UID), pod, d.Request, d.Device, d.ShareID,
+				"gpu-" + strconv.Itoa(d.Minor), d.UUID, d.Isolation}
+			// Equal labels (a checkpoint that lists one result twice) are
+			// summed rather than sent twice.
+			key := strings.Join(labels, "\x00")
+			v := series[key]
+			if v == nil {
+				v = &claimValues{labels: labels}
+				series[key] = v
+				order = append(order, key)
 			}
-			a.memory += d.MemoryBytes
-			a.cores += d.Cores
-			if d.Shared {
-				a.shares++
+			v.memory += held.MemoryBytes
+			v.cores += held.Cores
+			if d.Shared && !d.AdminAccess {
+				v.shared = true
+				v.memoryLimit += d.MemoryLimit
+				v.coresLimit += d.CoresLimit
 			}
 		}
 	}
+	for _, key := range order {
+		v := series[key]
+		gauge(ch, c.claimMemory, float64(v.memory), v.labels...)
+		gauge(ch, c.claimCores, float64(v.cores), v.labels...)
+		if v.shared {
+			gauge(ch, c.claimMemoryLimit, float64(v.memoryLimit), v.labels...)
+			gauge(ch, c.claimCoresLimit, float64(v.coresLimit), v.labels...)
+		}
+	}
+
+	allocated := accounting.Allocated(devices, capacityOf)
 	for _, g := range snap.GPUs {
 		labels := []string{"gpu-" + strconv.Itoa(g.Minor), g.UUID}
-		a := allocated[g.UUID]
+		a := allocated[accounting.GPU{Minor: g.Minor}]
 		gauge(ch, c.gpuInfo, 1, append(labels, g.ProductName)...)
 		gauge(ch, c.gpuMemory, float64(g.MemoryBytes), labels...)
-		gauge(ch, c.gpuCores, 100, labels...)
-		gauge(ch, c.gpuAllocMemory, float64(a.memory), labels...)
-		gauge(ch, c.gpuAllocCores, float64(a.cores), labels...)
-		gauge(ch, c.gpuShares, float64(a.shares), labels...)
+		gauge(ch, c.gpuCores, model.CoresPerGPU, labels...)
+		gauge(ch, c.gpuAllocMemory, float64(a.MemoryBytes), labels...)
+		gauge(ch, c.gpuAllocCores, float64(a.Cores), labels...)
+		gauge(ch, c.gpuShares, float64(a.Shares), labels...)
 		healthy := 0.0
 		if g.Healthy {
 			healthy = 1

@@ -86,11 +86,11 @@ func TestMetrics(t *testing.T) {
 			{UUID: uuid1, Minor: 1, ProductName: "NVIDIA L4", MemoryBytes: 23034 << 20, Healthy: false, Taint: "NoExecute"},
 		},
 		Claims: []Claim{
-			{UID: "c1", Namespace: "ml", Name: "a", Devices: []Device{{Device: "gpu-0-shared", UUID: uuid0, Minor: 0, Shared: true,
-				MemoryBytes: 4 << 30, Cores: 25, MemoryLimit: 4 << 30, CoresLimit: 50, Isolation: "MPS"}}},
-			{UID: "c2", Namespace: "ml", Name: "b", Devices: []Device{{Device: "gpu-0-shared", UUID: uuid0, Minor: 0, Shared: true,
-				MemoryBytes: 6 << 30, Cores: 30, MemoryLimit: 6 << 30, CoresLimit: 30, Isolation: "Advisory"}}},
-			{UID: "c3", Namespace: "ml", Name: "w", Devices: []Device{{Device: "gpu-1", UUID: uuid1, Minor: 1, MemoryBytes: 23034 << 20, Cores: 100}}},
+			{UID: "c1", Namespace: "ml", Name: "a", Pods: []string{"train-0"}, Devices: []Device{{Request: "gpu", Device: "gpu-0-shared", ShareID: "s1",
+				UUID: uuid0, Minor: 0, Shared: true, ConsumedMemory: 4 << 30, ConsumedCores: 25, MemoryLimit: 4 << 30, CoresLimit: 50, Isolation: "MPS"}}},
+			{UID: "c2", Namespace: "ml", Name: "b", Devices: []Device{{Request: "gpu", Device: "gpu-0-shared", ShareID: "s2",
+				UUID: uuid0, Minor: 0, Shared: true, ConsumedMemory: 6 << 30, ConsumedCores: 30, MemoryLimit: 6 << 30, CoresLimit: 30, Isolation: "Advisory"}}},
+			{UID: "c3", Namespace: "ml", Name: "w", Devices: []Device{{Request: "gpu", Device: "gpu-1", UUID: uuid1, Minor: 1}}},
 		},
 	}
 
@@ -125,6 +125,8 @@ func TestMetrics(t *testing.T) {
 	text := scrape(t, m)
 	g0 := `gpu="gpu-0",node="node-a",uuid="` + uuid0 + `"`
 	g1 := `gpu="gpu-1",node="node-a",uuid="` + uuid1 + `"`
+	a := `claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",pod="train-0",request="gpu",share="s1",uid="c1",uuid="` + uuid0 + `"`
+	w := `claim="w",device="gpu-1",gpu="gpu-1",isolation="",namespace="ml",node="node-a",pod="",request="gpu",share="",uid="c3",uuid="` + uuid1 + `"`
 	mustContain(t, text,
 		`tessera_gpu_info{gpu="gpu-0",node="node-a",product="NVIDIA L4",uuid="`+uuid0+`"} 1`,
 		`tessera_gpu_memory_bytes{`+g0+`} 2.4152899584e+10`,
@@ -137,9 +139,11 @@ func TestMetrics(t *testing.T) {
 		`tessera_gpu_shares{`+g1+`} 0`,
 		`tessera_gpu_healthy{effect="",`+g0+`} 1`,
 		`tessera_gpu_healthy{effect="NoExecute",`+g1+`} 0`,
-		`tessera_claim_memory_limit_bytes{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 4.294967296e+09`,
-		`tessera_claim_cores_limit{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 50`,
-		`tessera_claim_cores{claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",uid="c1",uuid="`+uuid0+`"} 25`,
+		`tessera_claim_memory_limit_bytes{`+a+`} 4.294967296e+09`,
+		`tessera_claim_cores_limit{`+a+`} 50`,
+		`tessera_claim_cores{`+a+`} 25`,
+		`tessera_claim_memory_bytes{`+w+`} 2.4152899584e+10`,
+		`tessera_claim_cores{`+w+`} 100`,
 		`tessera_prepare_duration_seconds_count{node="node-a"} 2`,
 		`tessera_prepare_errors_total{node="node-a"} 1`,
 		`tessera_unprepare_duration_seconds_count{node="node-a"} 1`,
@@ -150,6 +154,76 @@ func TestMetrics(t *testing.T) {
 	)
 	if strings.Contains(text, `tessera_claim_memory_limit_bytes{claim="w"`) {
 		t.Error("a whole GPU has a limit series")
+	}
+	if t.Failed() {
+		t.Log(text)
+	}
+}
+
+// Regression: a claim holding two shares of one GPU (two requests, or one
+// request with two shares of the device) made two series with equal labels,
+// and the whole scrape failed with 500. Each allocation result now has its
+// own series; the GPU's totals add the shares up and leave admin access out.
+func TestTwoSharesOfOneGPU(t *testing.T) {
+	const uuid0, uuid1 = "GPU-0", "GPU-1"
+	share := func(request, id string, memory, cores int64) Device {
+		return Device{Request: request, Device: "gpu-0-shared", ShareID: id, UUID: uuid0, Minor: 0, Shared: true,
+			ConsumedMemory: memory, ConsumedCores: cores, MemoryLimit: memory, CoresLimit: 2 * cores, Isolation: "MPS"}
+	}
+	src := fixedSource{
+		GPUs: []GPU{
+			{UUID: uuid0, Minor: 0, ProductName: "NVIDIA L4", MemoryBytes: 20 << 30, Healthy: true},
+			{UUID: uuid1, Minor: 1, ProductName: "NVIDIA L4", MemoryBytes: 20 << 30, Healthy: true},
+		},
+		Claims: []Claim{{UID: "c1", Namespace: "ml", Name: "pair", Pods: []string{"b", "a"}, Devices: []Device{
+			share("first", "s1", 2<<30, 10),
+			share("second", "s2", 3<<30, 20),
+			share("second", "s3", 4<<30, 30),
+			share("second", "s3", 4<<30, 30), // listed twice: summed, not sent twice
+			// Admin access observes: it holds nothing of either GPU.
+			{Request: "debug", Device: "gpu-0-shared", ShareID: "s4", UUID: uuid0, Minor: 0, Shared: true, AdminAccess: true, ConsumedMemory: 1 << 30, ConsumedCores: 5},
+			{Request: "debug", Device: "gpu-1", UUID: uuid1, Minor: 1, AdminAccess: true},
+		}}},
+	}
+	m := New("node-a")
+	m.AddState(src, nil)
+	if _, err := m.Registry.Gather(); err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("scrape: %s", resp.Status)
+	}
+
+	text := scrape(t, m)
+	g0 := `gpu="gpu-0",node="node-a",uuid="` + uuid0 + `"`
+	g1 := `gpu="gpu-1",node="node-a",uuid="` + uuid1 + `"`
+	claim := func(request, device, share, gpu, uuid, isolation string) string {
+		return `claim="pair",device="` + device + `",gpu="` + gpu + `",isolation="` + isolation + `",namespace="ml",node="node-a",pod="a,b",request="` +
+			request + `",share="` + share + `",uid="c1",uuid="` + uuid + `"`
+	}
+	mustContain(t, text,
+		`tessera_gpu_allocated_memory_bytes{`+g0+`} 1.3958643712e+10`, // 2+3+4+4 GiB
+		`tessera_gpu_allocated_cores{`+g0+`} 90`,
+		`tessera_gpu_shares{`+g0+`} 4`,
+		`tessera_gpu_allocated_memory_bytes{`+g1+`} 0`,
+		`tessera_gpu_allocated_cores{`+g1+`} 0`,
+		`tessera_claim_memory_bytes{`+claim("first", "gpu-0-shared", "s1", "gpu-0", uuid0, "MPS")+`} 2.147483648e+09`,
+		`tessera_claim_memory_bytes{`+claim("second", "gpu-0-shared", "s2", "gpu-0", uuid0, "MPS")+`} 3.221225472e+09`,
+		`tessera_claim_memory_bytes{`+claim("second", "gpu-0-shared", "s3", "gpu-0", uuid0, "MPS")+`} 8.589934592e+09`,
+		`tessera_claim_cores_limit{`+claim("second", "gpu-0-shared", "s3", "gpu-0", uuid0, "MPS")+`} 120`,
+		`tessera_claim_memory_bytes{`+claim("debug", "gpu-0-shared", "s4", "gpu-0", uuid0, "")+`} 0`,
+		`tessera_claim_memory_bytes{`+claim("debug", "gpu-1", "", "gpu-1", uuid1, "")+`} 0`,
+		`tessera_claim_cores{`+claim("debug", "gpu-1", "", "gpu-1", uuid1, "")+`} 0`,
+	)
+	if strings.Contains(text, `tessera_claim_memory_limit_bytes{`+claim("debug", "gpu-0-shared", "s4", "gpu-0", uuid0, "")) {
+		t.Error("an admin-access share has a limit series")
 	}
 	if t.Failed() {
 		t.Log(text)

@@ -13,10 +13,10 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -49,8 +49,9 @@ type GPU struct {
 	ProductName string `json:"productName,omitempty"`
 	MemoryBytes int64  `json:"memoryBytes"`
 	Cores       int64  `json:"cores"`
-	// AllocatedMemoryBytes and AllocatedCores are held by claims: all of it
-	// for a whole GPU, the sum of the shares' consumedCapacity otherwise.
+	// AllocatedMemoryBytes and AllocatedCores are held by claims, as
+	// package accounting counts: all of it for a whole GPU, the sum of the
+	// shares' consumedCapacity otherwise; admin access holds nothing.
 	AllocatedMemoryBytes int64 `json:"allocatedMemoryBytes"`
 	AllocatedCores       int64 `json:"allocatedCores"`
 	Mode                 Mode  `json:"mode"`
@@ -67,11 +68,13 @@ type Holder struct {
 	Claim     string   `json:"claim"`
 	Pods      []string `json:"pods"`
 	// Device is gpu-N (whole) or gpu-N-shared (a share).
-	Device      string `json:"device"`
-	ShareID     string `json:"shareID,omitempty"`
-	MemoryBytes int64  `json:"memoryBytes"`
-	Cores       int64  `json:"cores"`
-	AdminAccess bool   `json:"adminAccess,omitempty"`
+	Device  string `json:"device"`
+	ShareID string `json:"shareID,omitempty"`
+	// MemoryBytes and Cores are what the allocation holds of the GPU (see
+	// package accounting): 0 for admin access.
+	MemoryBytes int64 `json:"memoryBytes"`
+	Cores       int64 `json:"cores"`
+	AdminAccess bool  `json:"adminAccess,omitempty"`
 }
 
 // unhealthyTaint is pkg/health's TaintKey (not imported: status runs on
@@ -107,14 +110,11 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
 		}
 	}
-	type key struct {
-		pool  string
-		minor int
-	}
+	type key = accounting.GPU
 	gpus := map[key]*GPU{}
 	nodeOf := map[string]string{} // pool → node
 	get := func(pool string, minor int) *GPU {
-		k := key{pool, minor}
+		k := key{Pool: pool, Minor: minor}
 		if gpus[k] == nil {
 			gpus[k] = &GPU{Device: model.WholeDeviceName(minor), Minor: minor, Healthy: true, Mode: ModeFree, Holders: []Holder{}}
 		}
@@ -159,6 +159,14 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		}
 	}
 
+	capacity := func(k key) (accounting.Capacity, bool) {
+		g, ok := gpus[k]
+		if !ok {
+			return accounting.Capacity{}, false
+		}
+		return accounting.Capacity{MemoryBytes: g.MemoryBytes, Cores: g.Cores}, true
+	}
+	var devices []accounting.Device
 	for _, c := range claims {
 		if c.Status.Allocation == nil {
 			continue
@@ -170,45 +178,43 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			}
 		}
 		slices.Sort(pods)
+		if pods == nil {
+			pods = []string{}
+		}
 		for _, res := range c.Status.Allocation.Devices.Results {
-			if res.Driver != model.DriverName {
-				continue
+			d, ok := accounting.FromResult(res)
+			if !ok {
+				continue // another driver's
 			}
-			minor, shared, err := model.ParseDeviceName(res.Device)
-			if err != nil {
-				continue
-			}
-			g, ok := gpus[key{res.Pool, minor}]
+			gpuCapacity, ok := capacity(d.GPU)
 			if !ok {
 				continue // a device no longer published
 			}
+			held := d.Holds(gpuCapacity)
 			h := Holder{Namespace: c.Namespace, Claim: c.Name, Pods: pods, Device: res.Device,
-				AdminAccess: res.AdminAccess != nil && *res.AdminAccess}
-			if pods == nil {
-				h.Pods = []string{}
-			}
+				MemoryBytes: held.MemoryBytes, Cores: held.Cores, AdminAccess: d.AdminAccess}
 			if res.ShareID != nil {
 				h.ShareID = string(*res.ShareID)
 			}
-			switch {
-			case h.AdminAccess:
-			case shared:
-				h.MemoryBytes = quantity(res.ConsumedCapacity, model.Memory)
-				h.Cores = quantity(res.ConsumedCapacity, model.Cores)
-				g.Mode = ModeShared
-			default:
-				h.MemoryBytes, h.Cores = g.MemoryBytes, g.Cores
-				g.Mode = ModeWhole
-			}
-			g.AllocatedMemoryBytes += h.MemoryBytes
-			g.AllocatedCores += h.Cores
+			g := gpus[d.GPU]
 			g.Holders = append(g.Holders, h)
+			devices = append(devices, d)
+		}
+	}
+	for k, a := range accounting.Allocated(devices, capacity) {
+		g := gpus[k]
+		g.AllocatedMemoryBytes, g.AllocatedCores = a.MemoryBytes, a.Cores
+		switch {
+		case a.Whole:
+			g.Mode = ModeWhole
+		case a.Shares > 0:
+			g.Mode = ModeShared
 		}
 	}
 
 	byNode := map[string]*Node{}
 	for k, g := range gpus {
-		name := nodeOf[k.pool]
+		name := nodeOf[k.Pool]
 		if byNode[name] == nil {
 			byNode[name] = &Node{Name: name}
 		}
@@ -235,11 +241,4 @@ func stringAttr(d resourceapi.Device, name resourceapi.QualifiedName) string {
 		return *a.StringValue
 	}
 	return ""
-}
-
-func quantity(m map[resourceapi.QualifiedName]resource.Quantity, name resourceapi.QualifiedName) int64 {
-	if q, ok := m[name]; ok {
-		return q.Value()
-	}
-	return 0
 }

@@ -148,3 +148,38 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+// Admin access holds nothing of a GPU (not even the consumedCapacity the
+// allocator writes into an admin-access share), and two shares of one claim
+// add up: the rule of package accounting.
+func TestStatusAccounting(t *testing.T) {
+	objs := published(t, "node-a", "hgx-h100")
+	admin := func(r resourceapi.DeviceRequestAllocationResult) resourceapi.DeviceRequestAllocationResult {
+		r.Request, r.AdminAccess = "debug", ptr.To(true)
+		return r
+	}
+	second := shareResult("node-a", "gpu-0-shared", "s2", "4Gi", "5")
+	second.Request = "other"
+	objs = append(objs,
+		allocated("ml", "pair", []string{"train"}, shareResult("node-a", "gpu-0-shared", "s1", "8Gi", "10"), second),
+		allocated("ops", "watch", nil,
+			admin(shareResult("node-a", "gpu-0-shared", "s3", "1Gi", "1")),
+			admin(resourceapi.DeviceRequestAllocationResult{Driver: model.DriverName, Pool: "node-a", Device: "gpu-5"})),
+	)
+	r, err := Get(context.Background(), fake.NewClientset(objs...), "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := r.Nodes[0].GPUs
+	if g := gpus[0]; g.Mode != ModeShared || g.AllocatedMemoryBytes != 12<<30 || g.AllocatedCores != 15 || len(g.Holders) != 3 {
+		t.Errorf("gpu-0: %+v", g)
+	}
+	for _, h := range gpus[0].Holders {
+		if h.AdminAccess && (h.MemoryBytes != 0 || h.Cores != 0) {
+			t.Errorf("admin-access holder holds something: %+v", h)
+		}
+	}
+	if g := gpus[5]; g.Mode != ModeFree || g.AllocatedMemoryBytes != 0 || g.AllocatedCores != 0 || len(g.Holders) != 1 || !g.Holders[0].AdminAccess {
+		t.Errorf("gpu-5 (admin access only): %+v", g)
+	}
+}
