@@ -21,7 +21,13 @@ func newClaimTemplateCommand() *cobra.Command {
 constraint boilerplate never has to be written by hand.
 
 Without --memory and --cores the template asks for whole GPUs; with either, for a
-share of each GPU (several shares land on distinct GPUs).`,
+share of each GPU (several shares land on distinct GPUs). A share without --memory
+is allocated all of its GPU's memory (a warning says so).
+
+Options whose template the admission webhook would refuse, because the node could
+never prepare its claims, are refused here with the same check: --compute-limit
+below --cores, or --isolation MPS with --gpus 2 or more (an MPS claim is exactly
+one share).`,
 		Example: `  tessera claim-template --name quarter --memory 19Gi --cores 25
   tessera claim-template --name pair --gpus 2 --nvlink prefer
   tessera claim-template --name mps --memory 16Gi --cores 30 --isolation MPS --compute-limit 50`,
@@ -34,9 +40,12 @@ share of each GPU (several shares land on distinct GPUs).`,
 				return fmt.Errorf("--gpus %d: must be at least 1", opts.GPUs)
 			}
 			opts.NVLink = claimtemplate.NVLink(nvlink)
-			tmpl, err := claimtemplate.Build(opts)
+			tmpl, warnings, err := claimtemplate.Build(opts)
 			if err != nil {
 				return err
+			}
+			for _, w := range warnings {
+				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s\n", w)
 			}
 			return writeObjects(cmd.OutOrStdout(), output, []any{tmpl})
 		},

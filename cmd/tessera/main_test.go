@@ -172,3 +172,31 @@ func TestDeviceClassesJSON(t *testing.T) {
 		t.Errorf("got %d classes: %+v", len(list.Items), list.Items)
 	}
 }
+
+func TestClaimTemplateRefusesWhatAdmissionRefuses(t *testing.T) {
+	_, _, err := run(t, "claim-template", "--name", "x", "--memory", "10Gi", "--cores", "25", "--compute-limit", "20")
+	want := `the admission webhook would refuse this template: spec.spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 20: is below the 25 cores`
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("error = %v, want one starting with %q", err, want)
+	}
+	_, _, err = run(t, "claim-template", "--name", "x", "--gpus", "2", "--memory", "10Gi", "--isolation", "MPS")
+	want = `the admission webhook would refuse this template: spec.spec.devices.requests[0].exactly.count: Invalid value: 2: request "gpu" has isolation MPS`
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("error = %v, want one starting with %q", err, want)
+	}
+}
+
+func TestClaimTemplateWarnsOfShareWithoutMemory(t *testing.T) {
+	out, stderr, err := run(t, "claim-template", "--name", "best-effort", "--cores", "30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "kind: ResourceClaimTemplate") {
+		t.Errorf("no template printed:\n%s", out)
+	}
+	want := `Warning: spec.spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
+		"is allocated all of a GPU's memory and no other share fits on that GPU\n"
+	if stderr != want {
+		t.Errorf("stderr = %q, want %q", stderr, want)
+	}
+}

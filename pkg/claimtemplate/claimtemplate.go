@@ -3,6 +3,8 @@
 // with a constrained subrequest first), and the GpuConfig for the node.
 //
 // Build is pure: it returns the object or an error saying which option is wrong.
+// It checks what it built with webhook.ValidateDeviceClaim, the check of the
+// admission webhook, so it never prints a template the webhook refuses.
 package claimtemplate
 
 import (
@@ -16,9 +18,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
 // RequestName is the name of the single request in every generated template;
@@ -54,8 +58,16 @@ type Options struct {
 	ComputeLimit int
 }
 
-// Build returns the ResourceClaimTemplate for opts.
-func Build(opts Options) (*resourceapi.ResourceClaimTemplate, error) {
+// Build returns the ResourceClaimTemplate for opts, with warnings about what it
+// asks for that users rarely mean (a share without --memory is allocated all of
+// its GPU's memory).
+//
+// It refuses options it cannot turn into a template, naming the flag, and then
+// options whose template the admission webhook would refuse because the kubelet
+// plugin would refuse to prepare its claims (webhook.ValidateDeviceClaim): for
+// example --compute-limit below --cores, or --isolation MPS with --gpus 2 (an
+// MPS claim is exactly one share).
+func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	var errs []error
 	if msgs := validation.IsDNS1123Subdomain(opts.Name); len(msgs) > 0 {
 		errs = append(errs, fmt.Errorf("--name %q: %s", opts.Name, strings.Join(msgs, "; ")))
@@ -95,7 +107,7 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, error) {
 		errs = append(errs, errors.New("--isolation and --compute-limit apply to shares: add --memory and/or --cores"))
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return nil, nil, errors.Join(errs...)
 	}
 
 	cfg := &configapi.GpuConfig{TypeMeta: metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GpuConfigKind}}
@@ -152,7 +164,7 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, error) {
 	if cfg.Sharing != nil || cfg.Topology != nil {
 		raw, err := json.Marshal(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("encode GpuConfig: %w", err)
+			return nil, nil, fmt.Errorf("encode GpuConfig: %w", err)
 		}
 		devices.Config = []resourceapi.DeviceClaimConfiguration{{
 			Requests: []string{RequestName},
@@ -162,9 +174,20 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, error) {
 		}}
 	}
 
+	problems, warnings := webhook.ValidateDeviceClaim(&devices, field.NewPath("spec", "spec", "devices"))
+	if len(problems) > 0 {
+		for _, p := range problems {
+			msg := p.Error()
+			if p.Type == field.ErrorTypeInvalid && p.BadValue == "" {
+				msg = p.Field + ": " + p.Detail
+			}
+			errs = append(errs, errors.New(msg))
+		}
+		return nil, nil, fmt.Errorf("the admission webhook would refuse this template: %w", errors.Join(errs...))
+	}
 	return &resourceapi.ResourceClaimTemplate{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
 		ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Namespace: opts.Namespace},
 		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: devices}},
-	}, nil
+	}, warnings, nil
 }

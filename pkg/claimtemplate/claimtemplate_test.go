@@ -5,9 +5,13 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
 func TestBuildErrors(t *testing.T) {
@@ -30,7 +34,7 @@ func TestBuildErrors(t *testing.T) {
 		}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := Build(tc.opts)
+			_, _, err := Build(tc.opts)
 			if err == nil {
 				t.Fatalf("Build(%+v) succeeded, want errors %q", tc.opts, tc.want)
 			}
@@ -41,6 +45,119 @@ func TestBuildErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBuildRefusesWhatAdmissionRefuses: options whose template the admission
+// webhook would deny (webhook.ValidateDeviceClaim, because prepare would refuse
+// the claim) are refused with the webhook's message and field path.
+func TestBuildRefusesWhatAdmissionRefuses(t *testing.T) {
+	const prefix = "the admission webhook would refuse this template: "
+	mps := "an MPS claim must be exactly one share (a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim"
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{
+			name: "compute limit below the cores",
+			opts: Options{Name: "x", Memory: "10Gi", Cores: 25, ComputeLimit: 20},
+			want: prefix + `spec.spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 20: is below the 25 cores request "gpu" is allocated ` +
+				`(spec.spec.devices.requests[0].exactly.capacity.requests[cores]: 25); the limit must be at least the guarantee, so prepare would refuse the claim`,
+		},
+		{
+			name: "compute limit over 100",
+			opts: Options{Name: "x", Memory: "10Gi", ComputeLimit: 150},
+			want: prefix + "spec.spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 150: must be between 1 and 100",
+		},
+		{
+			name: "isolation spelled in lower case",
+			opts: Options{Name: "x", Memory: "10Gi", Isolation: "mps"},
+			want: prefix + `spec.spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"`,
+		},
+		{
+			name: "MPS on two shares",
+			opts: Options{Name: "x", GPUs: 2, Memory: "10Gi", Isolation: "MPS"},
+			want: prefix + `spec.spec.devices.requests[0].exactly.count: Invalid value: 2: request "gpu" has isolation MPS ` +
+				`(spec.spec.devices.config[0].opaque.parameters.sharing.isolation) and may get 2 GPUs; ` + mps,
+		},
+		{
+			name: "MPS on two shares, NVLink preferred: both alternatives",
+			opts: Options{Name: "x", GPUs: 2, Memory: "10Gi", Isolation: "MPS", NVLink: NVLinkPrefer},
+			want: prefix + `spec.spec.devices.requests[0].firstAvailable[0].count: Invalid value: 2: request "gpu/nvlink" has isolation MPS ` +
+				`(spec.spec.devices.config[0].opaque.parameters.sharing.isolation) and may get 2 GPUs; ` + mps + "\n" +
+				`spec.spec.devices.requests[0].firstAvailable[1].count: Invalid value: 2: request "gpu/any" has isolation MPS ` +
+				`(spec.spec.devices.config[0].opaque.parameters.sharing.isolation) and may get 2 GPUs; ` + mps,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl, _, err := Build(tc.opts)
+			if err == nil {
+				t.Fatalf("Build(%+v) = %+v, want error %q", tc.opts, tmpl.Spec.Spec.Devices, tc.want)
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error:\n got %s\nwant %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildWarnings(t *testing.T) {
+	_, warnings, err := Build(Options{Name: "x", Cores: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `spec.spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
+		`is allocated all of a GPU's memory and no other share fits on that GPU`
+	if len(warnings) != 1 || warnings[0] != want {
+		t.Errorf("warnings = %q, want [%q]", warnings, want)
+	}
+}
+
+// TestModelNamesAgreeWithWebhook: the webhook spells out the class,
+// capacity and attribute names of pkg/model (it is built without cgo, so it
+// cannot import pkg/model). Claims written with pkg/model's names must be
+// checked as such.
+func TestModelNamesAgreeWithWebhook(t *testing.T) {
+	path := field.NewPath("spec", "devices")
+	uuid := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrUUID))
+	nvlink := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrNVLinkDomain))
+	config := func(params string) resourceapi.DeviceClaimConfiguration {
+		return resourceapi.DeviceClaimConfiguration{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+			Driver: model.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuConfig", ` + params + `}`)},
+		}}}
+	}
+	request := func(name, class string, capacity map[resourceapi.QualifiedName]resource.Quantity) resourceapi.DeviceRequest {
+		return resourceapi.DeviceRequest{Name: name, Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			Capacity: &resourceapi.CapacityRequirements{Requests: capacity},
+		}}
+	}
+	check := func(name string, devices resourceapi.DeviceClaim, wantErrors, wantWarnings int) {
+		t.Helper()
+		errs, warnings := webhook.ValidateDeviceClaim(&devices, path)
+		if len(errs) != wantErrors || len(warnings) != wantWarnings {
+			t.Errorf("%s: %d errors %v and %d warnings %q, want %d and %d", name, len(errs), errs, len(warnings), warnings, wantErrors, wantWarnings)
+		}
+	}
+	quarter := map[resourceapi.QualifiedName]resource.Quantity{model.Memory: resource.MustParse("10Gi"), model.Cores: resource.MustParse("25")}
+	check("shared class and capacity names", resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{request("a", model.SharedClassName, quarter)},
+		Config:   []resourceapi.DeviceClaimConfiguration{config(`"sharing": {"computeLimit": 20, "memoryLimit": "11Gi"}`)},
+	}, 2, 0)
+	check("two MPS shares on one GPU by uuid", resourceapi.DeviceClaim{
+		Requests:    []resourceapi.DeviceRequest{request("a", model.SharedClassName, quarter), request("b", model.SharedClassName, quarter)},
+		Constraints: []resourceapi.DeviceConstraint{{MatchAttribute: &uuid}},
+		Config:      []resourceapi.DeviceClaimConfiguration{config(`"sharing": {"isolation": "MPS"}`)},
+	}, 0, 0)
+	check("an MPS share and a whole GPU", resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{request("a", model.SharedClassName, quarter), request("b", model.WholeClassName, nil)},
+		Config:   []resourceapi.DeviceClaimConfiguration{config(`"sharing": {"isolation": "MPS"}`)},
+	}, 1, 0)
+	check("NVLink Required on two whole GPUs in one domain", resourceapi.DeviceClaim{
+		Requests:    []resourceapi.DeviceRequest{request("a", model.WholeClassName, nil), request("b", model.WholeClassName, nil)},
+		Constraints: []resourceapi.DeviceConstraint{{MatchAttribute: &nvlink}},
+		Config:      []resourceapi.DeviceClaimConfiguration{config(`"topology": {"nvlink": "Required"}`)},
+	}, 0, 0)
 }
 
 func TestBuildShapes(t *testing.T) {
@@ -82,8 +199,18 @@ func TestBuildShapes(t *testing.T) {
 			t.Errorf("want the NVLink constraint on gpu/nvlink only, got %+v", d.Constraints)
 		}
 	})
+	t.Run("require NVLink pair: Required with the constraint admission asks for", func(t *testing.T) {
+		tmpl := mustBuild(t, Options{Name: "r", GPUs: 2, NVLink: NVLinkRequire})
+		d := tmpl.Spec.Spec.Devices
+		if len(d.Constraints) != 1 || d.Constraints[0].Requests[0] != "gpu" || *d.Constraints[0].MatchAttribute != "gpu.tessera.dev/nvlinkDomain" {
+			t.Errorf("want the NVLink constraint on gpu, got %+v", d.Constraints)
+		}
+		if cfg := decodeConfig(t, d.Config[0].Opaque.Parameters.Raw); cfg.Topology == nil || cfg.Topology.NVLink != configapi.NVLinkRequired {
+			t.Errorf("config %+v, want topology.nvlink Required", cfg.Topology)
+		}
+	})
 	t.Run("two shares on distinct GPUs", func(t *testing.T) {
-		tmpl := mustBuild(t, Options{Name: "d", GPUs: 2, Cores: 50})
+		tmpl := mustBuild(t, Options{Name: "d", GPUs: 2, Memory: "10Gi", Cores: 50})
 		c := tmpl.Spec.Spec.Devices.Constraints
 		if len(c) != 1 || c[0].DistinctAttribute == nil || *c[0].DistinctAttribute != "gpu.tessera.dev/uuid" {
 			t.Errorf("want a distinctAttribute uuid constraint, got %+v", c)
@@ -93,9 +220,12 @@ func TestBuildShapes(t *testing.T) {
 
 func mustBuild(t *testing.T, opts Options) *resourceapi.ResourceClaimTemplate {
 	t.Helper()
-	tmpl, err := Build(opts)
+	tmpl, warnings, err := Build(opts)
 	if err != nil {
 		t.Fatalf("Build(%+v): %v", opts, err)
+	}
+	if len(warnings) > 0 {
+		t.Errorf("Build(%+v) warns %q", opts, warnings)
 	}
 	return tmpl
 }

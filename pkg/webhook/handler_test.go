@@ -30,10 +30,14 @@ func TestHandler(t *testing.T) {
 		wantStatus  int
 		wantAllowed *bool
 		wantMessage string
+		wantWarning string
 	}{
 		{name: "allowed", body: valid, wantStatus: 200, wantAllowed: ptr(true)},
 		{name: "denied", body: typo, wantStatus: 200, wantAllowed: ptr(false),
 			wantMessage: "spec.spec.devices.config[1].opaque.parameters: invalid GpuConfig: sharing.isolaton: unknown field"},
+		{name: "allowed with a warning", body: bytes.Replace(valid, []byte(`"memory": "20Gi", `), nil, 1), wantStatus: 200, wantAllowed: ptr(true),
+			wantWarning: `spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
+				`is allocated all of a GPU's memory and no other share fits on that GPU`},
 		{name: "charset in content type", contentType: "application/json; charset=utf-8", body: valid, wantStatus: 200, wantAllowed: ptr(true)},
 		{name: "GET", method: http.MethodGet, wantStatus: http.StatusMethodNotAllowed},
 		{name: "not JSON", contentType: "text/plain", body: valid, wantStatus: http.StatusUnsupportedMediaType},
@@ -78,6 +82,9 @@ func TestHandler(t *testing.T) {
 			}
 			if tc.wantMessage != "" && review.Response.Result.Message != tc.wantMessage {
 				t.Errorf("message = %q, want %q", review.Response.Result.Message, tc.wantMessage)
+			}
+			if got := strings.Join(review.Response.Warnings, "\n"); got != tc.wantWarning {
+				t.Errorf("warnings = %q, want %q", got, tc.wantWarning)
 			}
 		})
 	}

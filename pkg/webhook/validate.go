@@ -7,44 +7,49 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-
-	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
 
 // ResourceGroup is the API group of the objects this webhook reviews.
 const ResourceGroup = "resource.k8s.io"
 
 // Versions lists the versions of resource.k8s.io whose ResourceClaims and
-// ResourceClaimTemplates Review understands. The parts it reads
-// (spec.devices.requests[].name, .firstAvailable[].name and spec.devices.config)
-// are spelled the same in all of them.
+// ResourceClaimTemplates Review understands. The parts it reads (requests with
+// their class, allocation mode, count and capacity requests, firstAvailable
+// subrequests, constraints and config) are spelled the same in all of them,
+// except that v1beta1 puts the fields of requests[].exactly into the request.
 var Versions = []string{"v1", "v1beta2", "v1beta1"}
 
 // Review decides one admission request. It is pure: no I/O, no clock, safe for
 // concurrent use.
 //
-// It denies the CREATE of a ResourceClaim or ResourceClaimTemplate (any
-// of Versions) when an opaque config for driver gpu.tessera.dev in it does not
-// decode with configapi.DecodeStrict, does not pass GpuConfig.Validate, or does
-// not merge with configapi.ConfigForRequest for one of the claim's requests: the
-// same checks, by the same code, that the kubelet plugin applies when it
-// prepares the claim, moved to the moment the user writes the object.
+// It denies the CREATE of a ResourceClaim or ResourceClaimTemplate (any of
+// Versions) that ValidateDeviceClaim refuses: an opaque config for driver
+// gpu.tessera.dev that does not decode with configapi.DecodeStrict, does not
+// pass GpuConfig.Validate or does not merge with configapi.ConfigForRequest
+// (the same checks, by the same code, that the kubelet plugin applies when it
+// prepares the claim), or a config whose values the claim's own requests make
+// impossible at prepare (a computeLimit below the share's cores, a memoryLimit
+// above its memory, MPS on more than one GPU, NVLink Required without a
+// constraint that keeps the GPUs in one domain).
 //
 // The denial's message lists every problem with its field path, for example
 //
 //	spec.devices.config[0].opaque.parameters: invalid GpuConfig: sharing.isolaton: unknown field
 //	spec.devices.config[1].opaque.parameters.sharing.computeLimit: Invalid value: 0: must be between 1 and 100
 //
-// and its Result carries the same problems as StatusCauses. Opaque configs of
-// other drivers are not read. Every other request (other kinds, other
-// operations, objects without our config) is allowed. UPDATEs are allowed
-// because the spec of both kinds is immutable: re-checking it could only block
-// metadata updates (finalizers) of a claim created before the webhook existed. A request whose object
-// cannot be parsed at all is denied with a BadRequest status: the API server
-// produced it, so that is a bug worth seeing rather than waving through.
+// and its Result carries the same problems as StatusCauses. ValidateDeviceClaim's
+// warnings (a share that names no memory) become the response's Warnings, which
+// kubectl prints; they do not deny. Opaque configs of other drivers are not
+// read. Every other request (other kinds, other operations, objects without our
+// config) is allowed. UPDATEs are allowed because the spec of both kinds is
+// immutable: re-checking it could only block metadata updates (finalizers) of a
+// claim created before the webhook existed. A request whose object cannot be
+// parsed at all is denied with a BadRequest status: the API server produced it,
+// so that is a bug worth seeing rather than waving through.
 func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation != admissionv1.Create {
@@ -62,7 +67,7 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	default:
 		return resp
 	}
-	devices, err := claimDevices(req.Object, req.Kind.Kind == "ResourceClaimTemplate")
+	devices, inline, err := claimDevices(req.Object, req.Kind.Kind == "ResourceClaimTemplate")
 	if err != nil {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{
@@ -73,7 +78,8 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		}
 		return resp
 	}
-	errs := validateDevices(devices, root.Child("devices"))
+	errs, warnings := validateDeviceClaim(devices, root.Child("devices"), inline)
+	resp.Warnings = warnings
 	if len(errs) == 0 {
 		return resp
 	}
@@ -98,15 +104,21 @@ func objectName(req *admissionv1.AdmissionRequest) string {
 	return req.Namespace + "/" + req.Name
 }
 
-// deviceClaim is spec.devices of a ResourceClaim (spec.spec.devices of a
-// template), reduced to what Review reads; the same in v1, v1beta2 and v1beta1.
-type deviceClaim struct {
+// wireClaim is spec.devices of a ResourceClaim (spec.spec.devices of a
+// template), reduced to what Review reads. v1 and v1beta2 spell an exact
+// request as requests[].exactly; v1beta1 puts its fields into the request.
+type wireClaim struct {
 	Requests []struct {
-		Name           string `json:"name"`
-		FirstAvailable []struct {
-			Name string `json:"name"`
-		} `json:"firstAvailable"`
+		Name           string           `json:"name"`
+		Exactly        *wireExact       `json:"exactly"`
+		FirstAvailable []wireSubRequest `json:"firstAvailable"`
+		// v1beta1: the fields of exactly, in the request.
+		wireExact
 	} `json:"requests"`
+	Constraints []struct {
+		Requests       []string `json:"requests"`
+		MatchAttribute *string  `json:"matchAttribute"`
+	} `json:"constraints"`
 	Config []struct {
 		Requests []string `json:"requests"`
 		Opaque   *struct {
@@ -116,90 +128,102 @@ type deviceClaim struct {
 	} `json:"config"`
 }
 
-func claimDevices(object runtime.RawExtension, template bool) (*deviceClaim, error) {
+type wireExact struct {
+	DeviceClassName string                           `json:"deviceClassName"`
+	AllocationMode  resourceapi.DeviceAllocationMode `json:"allocationMode"`
+	Count           int64                            `json:"count"`
+	AdminAccess     *bool                            `json:"adminAccess"`
+	Capacity        *struct {
+		Requests map[resourceapi.QualifiedName]resource.Quantity `json:"requests"`
+	} `json:"capacity"`
+}
+
+type wireSubRequest struct {
+	Name string `json:"name"`
+	wireExact
+}
+
+func (w wireExact) capacity() *resourceapi.CapacityRequirements {
+	if w.Capacity == nil {
+		return nil
+	}
+	return &resourceapi.CapacityRequirements{Requests: w.Capacity.Requests}
+}
+
+// claimDevices reads spec.devices (spec.spec.devices of a template) into the
+// resource.k8s.io/v1 types, with only the fields ValidateDeviceClaim reads.
+// inline says that the object spells exact requests as v1beta1 does.
+func claimDevices(object runtime.RawExtension, template bool) (devices *resourceapi.DeviceClaim, inline bool, err error) {
 	if len(object.Raw) == 0 {
-		return nil, fmt.Errorf("the request has no object")
+		return nil, false, fmt.Errorf("the request has no object")
 	}
 	var claim struct {
 		Spec struct {
-			Devices deviceClaim `json:"devices"`
+			Devices wireClaim `json:"devices"`
 		} `json:"spec"`
 	}
+	raw := object.Raw
 	if template {
 		var tmpl struct {
 			Spec json.RawMessage `json:"spec"`
 		}
 		if err := json.Unmarshal(object.Raw, &tmpl); err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		if len(tmpl.Spec) == 0 {
-			return &deviceClaim{}, nil
-		}
-		if err := json.Unmarshal(tmpl.Spec, &claim); err != nil {
-			return nil, err
-		}
-		return &claim.Spec.Devices, nil
+		raw = tmpl.Spec
 	}
-	if err := json.Unmarshal(object.Raw, &claim); err != nil {
-		return nil, err
-	}
-	return &claim.Spec.Devices, nil
-}
-
-// validateDevices checks every config entry of our driver on its own, then, when
-// all of them are valid, merges them for every request as the plugin will.
-func validateDevices(devices *deviceClaim, path *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	var ours []resourceapi.DeviceAllocationConfiguration
-	for i, entry := range devices.Config {
-		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
-			continue
-		}
-		paramsPath := path.Child("config").Index(i).Child("opaque", "parameters")
-		cfg, err := configapi.DecodeStrict(entry.Opaque.Parameters)
-		if err != nil {
-			errs = append(errs, field.Invalid(paramsPath, "", err.Error()))
-			continue
-		}
-		for _, e := range cfg.Validate() {
-			rooted := *e
-			rooted.Field = paramsPath.String() + "." + e.Field
-			errs = append(errs, &rooted)
-		}
-		ours = append(ours, resourceapi.DeviceAllocationConfiguration{
-			Source:   resourceapi.AllocationConfigSourceClaim,
-			Requests: entry.Requests,
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver:     entry.Opaque.Driver,
-				Parameters: runtime.RawExtension{Raw: entry.Opaque.Parameters},
-			}},
-		})
-	}
-	if len(errs) > 0 || len(ours) == 0 {
-		return errs
-	}
-	for _, request := range requestNames(devices) {
-		if _, err := configapi.ConfigForRequest(ours, request); err != nil {
-			errs = append(errs, field.Invalid(path.Child("config"), "", fmt.Sprintf("request %q: %v", request, err)))
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &claim); err != nil {
+			return nil, false, err
 		}
 	}
-	return errs
-}
-
-// requestNames lists the request names a device result can carry: each
-// request, and "parent/sub" for each firstAvailable subrequest.
-func requestNames(devices *deviceClaim) []string {
-	var names []string
-	for _, r := range devices.Requests {
-		if len(r.FirstAvailable) == 0 {
-			names = append(names, r.Name)
-			continue
+	wire := &claim.Spec.Devices
+	devices = &resourceapi.DeviceClaim{}
+	for _, r := range wire.Requests {
+		req := resourceapi.DeviceRequest{Name: r.Name}
+		exact := r.Exactly
+		if exact == nil && len(r.FirstAvailable) == 0 && r.DeviceClassName != "" {
+			exact, inline = &r.wireExact, true
+		}
+		if exact != nil {
+			req.Exactly = &resourceapi.ExactDeviceRequest{
+				DeviceClassName: exact.DeviceClassName,
+				AllocationMode:  exact.AllocationMode,
+				Count:           exact.Count,
+				AdminAccess:     exact.AdminAccess,
+				Capacity:        exact.capacity(),
+			}
 		}
 		for _, sub := range r.FirstAvailable {
-			names = append(names, r.Name+"/"+sub.Name)
+			req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{
+				Name:            sub.Name,
+				DeviceClassName: sub.DeviceClassName,
+				AllocationMode:  sub.AllocationMode,
+				Count:           sub.Count,
+				Capacity:        sub.capacity(),
+			})
 		}
+		devices.Requests = append(devices.Requests, req)
 	}
-	return names
+	for _, c := range wire.Constraints {
+		constraint := resourceapi.DeviceConstraint{Requests: c.Requests}
+		if c.MatchAttribute != nil {
+			attribute := resourceapi.FullyQualifiedName(*c.MatchAttribute)
+			constraint.MatchAttribute = &attribute
+		}
+		devices.Constraints = append(devices.Constraints, constraint)
+	}
+	for _, c := range wire.Config {
+		config := resourceapi.DeviceClaimConfiguration{Requests: c.Requests}
+		if c.Opaque != nil {
+			config.Opaque = &resourceapi.OpaqueDeviceConfiguration{
+				Driver:     c.Opaque.Driver,
+				Parameters: runtime.RawExtension{Raw: c.Opaque.Parameters},
+			}
+		}
+		devices.Config = append(devices.Config, config)
+	}
+	return devices, inline, nil
 }
 
 // denial renders the problems as an Invalid status, like the API server's own

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -31,6 +32,9 @@ func loadReview(t *testing.T, name string, replacements ...string) *admissionv1.
 }
 
 func TestReview(t *testing.T) {
+	// The request of claim-v1beta1-invalid.json names no memory.
+	const v1beta1Warning = `spec.devices.requests[0].capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
+		`is allocated all of a GPU's memory and no other share fits on that GPU`
 	tests := []struct {
 		name         string
 		file         string
@@ -38,6 +42,8 @@ func TestReview(t *testing.T) {
 		// wantDenied lists the exact problems, in order; nil means allowed.
 		wantDenied []string
 		wantCode   int32
+		// wantWarnings lists the exact warnings, in order.
+		wantWarnings []string
 	}{
 		{
 			name: "v1 claim, valid config; another driver's config is not read",
@@ -83,9 +89,72 @@ func TestReview(t *testing.T) {
 			},
 		},
 		{
-			name:         "v1 template with firstAvailable, config for the parent request: valid",
+			// The config applies to both subrequests, for two whole GPUs
+			// each; nothing keeps them in one NVLink domain.
+			name:         "v1 template with firstAvailable, config for the parent request: NVLink Required without a constraint",
 			file:         "template-v1-typo.json",
 			replacements: []string{`{"isolaton": "MPS"}`, `{"isolation": "MPS"}`},
+			wantDenied: []string{
+				`spec.spec.devices.config[1].opaque.parameters.topology.nvlink: Invalid value: "Required": request "gpu/nvlink" (spec.spec.devices.requests[0].firstAvailable[0]) ` +
+					`may get 2 GPUs, and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.spec.devices.constraints covers it: ` +
+					`the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim`,
+				`spec.spec.devices.config[1].opaque.parameters.topology.nvlink: Invalid value: "Required": request "gpu/any" (spec.spec.devices.requests[0].firstAvailable[1]) ` +
+					`may get 2 GPUs, and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.spec.devices.constraints covers it: ` +
+					`the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim`,
+			},
+		},
+		{
+			name: "v1 template with firstAvailable, config for the parent request, NVLink constraint: valid",
+			file: "template-v1-typo.json",
+			replacements: []string{`{"isolaton": "MPS"}`, `{"isolation": "MPS"}`,
+				`"config": [`, `"constraints": [{"requests": ["gpu"], "matchAttribute": "gpu.tessera.dev/nvlinkDomain"}], "config": [`},
+		},
+		{
+			name:         "v1 claim, computeLimit below the cores the share asks for",
+			file:         "claim-v1-valid.json",
+			replacements: []string{`"computeLimit": 50`, `"computeLimit": 20`},
+			wantDenied: []string{
+				`spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 20: is below the 25 cores request "gpus" is allocated ` +
+					`(spec.devices.requests[0].exactly.capacity.requests[cores]: 25); the limit must be at least the guarantee, so prepare would refuse the claim`,
+			},
+		},
+		{
+			name:         "v1 claim, memoryLimit above the memory the share asks for",
+			file:         "claim-v1-valid.json",
+			replacements: []string{`"16Gi"`, `"21Gi"`},
+			wantDenied: []string{
+				`spec.devices.config[0].opaque.parameters.sharing.memoryLimit: Invalid value: "21Gi": is above the 20Gi of memory request "gpus" is allocated ` +
+					`(spec.devices.requests[0].exactly.capacity.requests[memory]: 20Gi); memory cannot be overcommitted, so prepare would refuse the claim`,
+			},
+		},
+		{
+			name:         "v1 claim, MPS on two shares",
+			file:         "claim-v1-valid.json",
+			replacements: []string{`"count": 1`, `"count": 2`},
+			wantDenied: []string{
+				`spec.devices.requests[0].exactly.count: Invalid value: 2: request "gpus" has isolation MPS (spec.devices.config[0].opaque.parameters.sharing.isolation) ` +
+					`and may get 2 GPUs; an MPS claim must be exactly one share (a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim`,
+			},
+		},
+		{
+			name: "v1beta1 claim, MPS on three shares: the path of an exact request has no exactly; a warning for the missing memory",
+			file: "claim-v1beta1-invalid.json",
+			replacements: []string{`"sharing": {"isolation": "mps", "computeLimit": 0}`, `"sharing": {"isolation": "MPS"}`,
+				`"deviceClassName": "shared.gpu.tessera.dev"}`, `"deviceClassName": "shared.gpu.tessera.dev", "count": 3}`},
+			wantDenied: []string{
+				`spec.devices.requests[0].count: Invalid value: 3: request "gpu" has isolation MPS (spec.devices.config[0].opaque.parameters.sharing.isolation) ` +
+					`and may get 3 GPUs; an MPS claim must be exactly one share (a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim`,
+			},
+			wantWarnings: []string{v1beta1Warning},
+		},
+		{
+			name:         "v1 claim, a share without memory: allowed with a warning",
+			file:         "claim-v1-valid.json",
+			replacements: []string{`"memory": "20Gi", `, ``, `, "memoryLimit": "16Gi"`, ``},
+			wantWarnings: []string{
+				`spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
+					`is allocated all of a GPU's memory and no other share fits on that GPU`,
+			},
 		},
 		{
 			// The spec is immutable; an UPDATE changes metadata (finalizers),
@@ -101,12 +170,17 @@ func TestReview(t *testing.T) {
 				`spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"`,
 				"spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 0: must be between 1 and 100",
 			},
+			wantWarnings: []string{v1beta1Warning},
 		},
 		{
 			name: "v1beta2 template: env, mounts and paths do not exist in GpuConfig",
 			file: "template-v1beta2-inject.json",
 			wantDenied: []string{
 				"spec.spec.devices.config[0].opaque.parameters: invalid GpuConfig: env: unknown field; mounts: unknown field; sharing.libraryPath: unknown field",
+			},
+			wantWarnings: []string{
+				`spec.spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
+					`is allocated all of a GPU's memory and no other share fits on that GPU`,
 			},
 		},
 		{
@@ -140,6 +214,9 @@ func TestReview(t *testing.T) {
 			resp := Review(req)
 			if resp.UID != req.UID {
 				t.Errorf("UID = %q, want the request's %q", resp.UID, req.UID)
+			}
+			if got, want := strings.Join(resp.Warnings, "\n"), strings.Join(tc.wantWarnings, "\n"); got != want {
+				t.Errorf("warnings:\n got %s\nwant %s", got, want)
 			}
 			if tc.wantDenied == nil {
 				if !resp.Allowed {
@@ -179,14 +256,40 @@ func TestReview(t *testing.T) {
 	}
 }
 
-func TestRequestNames(t *testing.T) {
-	req := loadReview(t, "template-v1-typo.json")
-	devices, err := claimDevices(req.Object, true)
+// TestClaimDevices reads a v1beta1 claim, whose exact requests carry their
+// fields in the request itself, into the v1 types.
+func TestClaimDevices(t *testing.T) {
+	req := loadReview(t, "claim-v1beta1-invalid.json",
+		`"deviceClassName": "shared.gpu.tessera.dev"}`,
+		`"deviceClassName": "shared.gpu.tessera.dev", "allocationMode": "ExactCount", "count": 3, "capacity": {"requests": {"memory": "2Gi"}}}`)
+	devices, inline, err := claimDevices(req.Object, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := strings.Join(requestNames(devices), ",")
-	if want := "gpu/nvlink,gpu/any"; got != want {
-		t.Errorf("request names = %s, want %s", got, want)
+	if !inline {
+		t.Error("a v1beta1 request is not read as inline")
+	}
+	ex := devices.Requests[0].Exactly
+	if ex == nil || ex.DeviceClassName != "shared.gpu.tessera.dev" || ex.AllocationMode != "ExactCount" || ex.Count != 3 ||
+		ex.Capacity == nil || ex.Capacity.Requests["memory"] != resource.MustParse("2Gi") {
+		t.Errorf("request = %+v, want the v1beta1 fields under exactly", devices.Requests[0])
+	}
+
+	req = loadReview(t, "template-v1-typo.json")
+	devices, inline, err = claimDevices(req.Object, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inline {
+		t.Error("a v1 request is read as inline")
+	}
+	var names []string
+	for _, r := range devices.Requests {
+		for _, sub := range r.FirstAvailable {
+			names = append(names, r.Name+"/"+sub.Name+":"+sub.DeviceClassName)
+		}
+	}
+	if got, want := strings.Join(names, ","), "gpu/nvlink:gpu.tessera.dev,gpu/any:gpu.tessera.dev"; got != want {
+		t.Errorf("subrequests = %s, want %s", got, want)
 	}
 }

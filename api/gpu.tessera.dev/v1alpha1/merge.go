@@ -38,7 +38,7 @@ import (
 func ConfigForRequest(configs []resourceapi.DeviceAllocationConfiguration, request string) (*GpuConfig, error) {
 	var fromClass, fromClaim []int
 	for i, config := range configs {
-		if config.Opaque == nil || config.Opaque.Driver != GroupName || !appliesTo(config.Requests, request) {
+		if config.Opaque == nil || config.Opaque.Driver != GroupName || !AppliesTo(config.Requests, request) {
 			continue
 		}
 		switch config.Source {
@@ -68,8 +68,13 @@ func ConfigForRequest(configs []resourceapi.DeviceAllocationConfiguration, reque
 	return merged, nil
 }
 
-// appliesTo reports whether an entry that names requests applies to request.
-func appliesTo(requests []string, request string) bool {
+// AppliesTo reports whether a config entry (or a constraint) that lists
+// requests applies to request, the request name of a device result: it does
+// when requests is empty (every request), names request itself, or, for a
+// subrequest "gpus/nvlink", names its parent "gpus". This is how
+// ResourceClaim spec.devices.config[].requests and
+// spec.devices.constraints[].requests refer to requests.
+func AppliesTo(requests []string, request string) bool {
 	if len(requests) == 0 {
 		return true
 	}

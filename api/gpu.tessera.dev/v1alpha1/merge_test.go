@@ -296,3 +296,25 @@ func TestConfigForRequestResultsAreIndependent(t *testing.T) {
 		t.Errorf("results share memory: b = %+v", b.Sharing)
 	}
 }
+
+func TestAppliesTo(t *testing.T) {
+	for _, tc := range []struct {
+		requests []string
+		request  string
+		want     bool
+	}{
+		{nil, "gpus", true},
+		{nil, "gpus/nvlink", true},
+		{[]string{"gpus"}, "gpus", true},
+		{[]string{"gpus"}, "gpus/nvlink", true},
+		{[]string{"gpus/nvlink"}, "gpus/nvlink", true},
+		{[]string{"gpus/nvlink"}, "gpus/any", false},
+		{[]string{"gpus/nvlink"}, "gpus", false},
+		{[]string{"other"}, "gpus", false},
+		{[]string{"gpu"}, "gpus/nvlink", false},
+	} {
+		if got := AppliesTo(tc.requests, tc.request); got != tc.want {
+			t.Errorf("AppliesTo(%q, %q) = %v, want %v", tc.requests, tc.request, got, tc.want)
+		}
+	}
+}

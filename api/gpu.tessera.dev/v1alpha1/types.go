@@ -47,7 +47,8 @@ const (
 	// (and TF_FORCE_GPU_ALLOW_GROWTH) cooperate, nothing enforces it.
 	IsolationAdvisory Isolation = "Advisory"
 	// IsolationMPS runs an MPS control daemon per shared GPU and sets the MPS
-	// memory and active-thread limits for the client.
+	// memory and active-thread limits for the client. A claim with MPS must be
+	// exactly one share: prepare refuses one with more than one GPU.
 	IsolationMPS Isolation = "MPS"
 	// IsolationHAMiCore preloads HAMi-core's libvgpu.so, which enforces memory and
 	// SM limits by intercepting the CUDA driver API.
@@ -61,17 +62,25 @@ var SupportedIsolations = []Isolation{IsolationAdvisory, IsolationMPS, Isolation
 // SharingConfig is how a share's fraction is enforced.
 type SharingConfig struct {
 	// Isolation backend, one of SupportedIsolations (case-sensitive).
-	// Default: the class's config, else Advisory.
+	//
+	// Precedence when the claim is prepared: a DeviceClass config sets it, a
+	// claim config overrides that (the claim wins); only when neither a class
+	// nor a claim config that applies to the request sets it does the node's
+	// --default-isolation flag of the kubelet plugin (Advisory unless the
+	// admin changed it) apply. Default, which knows no node, fills Advisory.
 	Isolation Isolation `json:"isolation,omitempty"`
 	// ComputeLimit caps the share's compute, in percent of the GPU (1..100). It
 	// must be at least the cores the share was allocated, which are its guarantee
 	// (KubeShare's request/limit: guarantee what was requested, allow bursting up
 	// to the limit). Default: the allocated cores, or 100 when the share was
-	// allocated no cores.
+	// allocated no cores. The admission webhook refuses a claim whose own config
+	// sets it below the cores its request asks for.
 	ComputeLimit *int32 `json:"computeLimit,omitempty"`
 	// MemoryLimit caps the share's GPU memory: a whole number of bytes, at least
 	// 1Mi, and at most the memory the share was allocated (memory is never
-	// overcommitted). Default: the allocated memory.
+	// overcommitted). Default: the allocated memory. The admission webhook
+	// refuses a claim whose own config sets it above the memory its request
+	// asks for; a share that asks for no memory is allocated all of its GPU's.
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
 }
 
@@ -79,7 +88,10 @@ type SharingConfig struct {
 type NVLinkPolicy string
 
 const (
-	// NVLinkRequired fails preparation unless all GPUs of the claim share an NVLink domain.
+	// NVLinkRequired fails preparation unless all GPUs of the claim share an
+	// NVLink domain. Only a matchAttribute gpu.tessera.dev/nvlinkDomain
+	// constraint makes the scheduler pick such GPUs; the admission webhook
+	// refuses Required on a claim that may get more than one GPU without one.
 	NVLinkRequired NVLinkPolicy = "Required"
 	// NVLinkPreferred prepares anyway and records a condition when they do not.
 	NVLinkPreferred NVLinkPolicy = "Preferred"

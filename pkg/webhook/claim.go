@@ -1,0 +1,535 @@
+package webhook
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// Names of the resource model (pkg/model) the checks read. They are spelled out
+// here because the webhook is built without cgo and pkg/model imports NVML
+// (through pkg/gpu); the tests of pkg/claimtemplate, which builds templates
+// with pkg/model's names and checks them with ValidateDeviceClaim, keep them
+// equal.
+const (
+	// driverName is driverName.
+	driverName = configapi.GroupName
+	// wholeClassName is wholeClassName, sharedClassName sharedClassName.
+	wholeClassName  = driverName
+	sharedClassName = "shared." + driverName
+	// capacityMemory and capacityCores are capacityMemory and capacityCores.
+	capacityMemory resourceapi.QualifiedName = "memory"
+	capacityCores  resourceapi.QualifiedName = "cores"
+	// nvlinkDomainAttribute and uuidAttribute are model.AttrNVLinkDomain and
+	// model.AttrUUID, qualified by the driver name as constraints name them.
+	nvlinkDomainAttribute resourceapi.FullyQualifiedName = driverName + "/nvlinkDomain"
+	uuidAttribute         resourceapi.FullyQualifiedName = driverName + "/uuid"
+)
+
+// ValidateDeviceClaim checks the devices of a ResourceClaim (spec.devices, or
+// spec.spec.devices of a ResourceClaimTemplate) for everything about driver
+// gpu.tessera.dev that the kubelet plugin would refuse when it prepares the
+// claim, so that the claim is refused when it is written instead of leaving
+// its pod in ContainerCreating. path is where devices sits in the object; every
+// error carries the field path below it. It is pure and safe for concurrent use.
+//
+// Each opaque config of the driver must decode (configapi.DecodeStrict), pass
+// GpuConfig.Validate and merge (configapi.ConfigForRequest) for every request
+// and subrequest. Then, for each request and each firstAvailable subrequest,
+// with the values the claim's own config sets for it (a claim config wins over
+// a class config field by field, so these are the values prepare uses):
+//
+//   - a share (class shared.gpu.tessera.dev) whose sharing.computeLimit is below
+//     its capacity.requests cores, or whose sharing.memoryLimit is above its
+//     capacity.requests memory (rounded up to whole MiB, as the scheduler
+//     allocates it), is refused: configapi.GpuConfig.ShareLimits decides, as at
+//     prepare;
+//   - a share with sharing.isolation MPS must be the claim's only GPU: its
+//     request must ask for one device (count 1, not allocationMode All), and no
+//     other request may add a gpu.tessera.dev device, unless both are shares
+//     that a matchAttribute gpu.tessera.dev/uuid constraint puts on one GPU;
+//   - shares of different requests with different sharing.isolation are
+//     refused: a claim uses one isolation backend;
+//   - topology.nvlink Required on a claim that may get more than one GPU (a
+//     request for several, allocationMode All, or several requests) needs
+//     matchAttribute gpu.tessera.dev/nvlinkDomain constraints that keep all of
+//     them in one NVLink domain (or gpu.tessera.dev/uuid: the same GPU).
+//
+// Every alternative of a firstAvailable request is checked: an alternative
+// prepare refuses would leave the pod stuck whenever the scheduler picks it.
+// Shares with adminAccess get no limits and no backend at prepare, so their
+// limits and isolation are not checked either.
+//
+// Requests are told apart by their DeviceClass name (wholeClassName,
+// sharedClassName); requests of other classes are not checked and add no
+// device of this driver. What the claim does not show cannot be checked: a
+// DeviceClass config (spec.config) or the node's --default-isolation can still
+// make prepare refuse a claim this allows.
+//
+// warnings are for what prepare accepts but users rarely mean: a share that
+// names no memory is allocated all of its GPU's memory (the shared device's
+// requestPolicy default). They start with the field path.
+func ValidateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path) (errs field.ErrorList, warnings []string) {
+	return validateDeviceClaim(devices, path, false)
+}
+
+// unit is one way a request of the claim is allocated: the request itself, or
+// one subrequest of a firstAvailable request.
+type unit struct {
+	// name is the request name of its device results: "gpus" or "gpus/nvlink".
+	name string
+	// request is the index of the request in spec.devices.requests.
+	request int
+	// path is spec.devices.requests[i].exactly (the request itself in
+	// v1beta1) or spec.devices.requests[i].firstAvailable[j].
+	path  *field.Path
+	class string
+	// adminAccess devices are not reserved and get no limits at prepare.
+	adminAccess bool
+	all         bool  // allocationMode All
+	count       int64 // devices of an ExactCount request, at least 1
+	capacity    map[resourceapi.QualifiedName]resource.Quantity
+	// Index of the claim config entry that sets each field for this unit last
+	// (the one whose value prepare uses), -1 when none does.
+	isolation, computeLimit, memoryLimit, nvlink int
+}
+
+func (u *unit) ours() bool {
+	return u.class == wholeClassName || u.class == sharedClassName
+}
+
+func (u *unit) shared() bool { return u.class == sharedClassName }
+
+// limited reports whether prepare computes limits and an isolation backend for
+// the unit's devices: shares, except with adminAccess.
+func (u *unit) limited() bool { return u.shared() && !u.adminAccess }
+
+// multi reports whether the unit alone may get more than one device.
+func (u *unit) multi() bool { return u.all || u.count > 1 }
+
+func (u *unit) describeCount() string {
+	if u.all {
+		return "all matching GPUs (allocationMode All)"
+	}
+	return fmt.Sprintf("%d GPUs", u.count)
+}
+
+// claimChecker holds what the checks of one claim share.
+type claimChecker struct {
+	devices *resourceapi.DeviceClaim
+	path    *field.Path
+	units   []unit
+	// byRequest lists the units of each request, by request index.
+	byRequest [][]int
+	// decoded is the decoded config entry at each index of spec.devices.config;
+	// nil for entries of other drivers.
+	decoded []*configapi.GpuConfig
+}
+
+// validateDeviceClaim is ValidateDeviceClaim; inline says that the fields of
+// an exact request sit in the request itself (resource.k8s.io/v1beta1), which
+// only changes the field paths.
+func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inline bool) (field.ErrorList, []string) {
+	c := &claimChecker{devices: devices, path: path}
+	c.collectUnits(inline)
+	warnings := c.warnings()
+
+	errs, ours := c.decodeConfigs()
+	if len(errs) > 0 || len(ours) == 0 {
+		return errs, warnings
+	}
+	for _, u := range c.units {
+		if _, err := configapi.ConfigForRequest(ours, u.name); err != nil {
+			errs = append(errs, field.Invalid(path.Child("config"), "", fmt.Sprintf("request %q: %v", u.name, err)))
+		}
+	}
+	if len(errs) > 0 {
+		return errs, warnings
+	}
+	c.resolveSettings()
+	errs = append(errs, c.checkShareLimits()...)
+	errs = append(errs, c.checkIsolation()...)
+	errs = append(errs, c.checkNVLink()...)
+	return errs, warnings
+}
+
+func (c *claimChecker) collectUnits(inline bool) {
+	c.byRequest = make([][]int, len(c.devices.Requests))
+	add := func(u unit) {
+		u.isolation, u.computeLimit, u.memoryLimit, u.nvlink = -1, -1, -1, -1
+		c.byRequest[u.request] = append(c.byRequest[u.request], len(c.units))
+		c.units = append(c.units, u)
+	}
+	for i, r := range c.devices.Requests {
+		rpath := c.path.Child("requests").Index(i)
+		if len(r.FirstAvailable) == 0 {
+			u := unit{name: r.Name, request: i, path: rpath.Child("exactly"), count: 1}
+			if inline {
+				u.path = rpath
+			}
+			if ex := r.Exactly; ex != nil {
+				u.class = ex.DeviceClassName
+				u.all = ex.AllocationMode == resourceapi.DeviceAllocationModeAll
+				u.count = max(ex.Count, 1)
+				u.adminAccess = ex.AdminAccess != nil && *ex.AdminAccess
+				if ex.Capacity != nil {
+					u.capacity = ex.Capacity.Requests
+				}
+			}
+			add(u)
+			continue
+		}
+		for j, sub := range r.FirstAvailable {
+			u := unit{
+				name:    r.Name + "/" + sub.Name,
+				request: i,
+				path:    rpath.Child("firstAvailable").Index(j),
+				class:   sub.DeviceClassName,
+				all:     sub.AllocationMode == resourceapi.DeviceAllocationModeAll,
+				count:   max(sub.Count, 1),
+			}
+			if sub.Capacity != nil {
+				u.capacity = sub.Capacity.Requests
+			}
+			add(u)
+		}
+	}
+}
+
+// warnings names each share that asks for no memory: the shared device's
+// requestPolicy default is all of the GPU's memory.
+func (c *claimChecker) warnings() []string {
+	var warnings []string
+	for _, u := range c.units {
+		if !u.limited() {
+			continue
+		}
+		if _, ok := u.capacity[capacityMemory]; ok {
+			continue
+		}
+		warnings = append(warnings, fmt.Sprintf("%s: not set, so request %q of class %s is allocated all of a GPU's memory "+
+			"and no other share fits on that GPU", u.path.Child("capacity", "requests").Key(string(capacityMemory)), u.name, u.class))
+	}
+	return warnings
+}
+
+// decodeConfigs decodes and validates every opaque config entry of the driver
+// on its own, and returns them as the allocation will carry them.
+func (c *claimChecker) decodeConfigs() (field.ErrorList, []resourceapi.DeviceAllocationConfiguration) {
+	var errs field.ErrorList
+	var ours []resourceapi.DeviceAllocationConfiguration
+	c.decoded = make([]*configapi.GpuConfig, len(c.devices.Config))
+	for i, entry := range c.devices.Config {
+		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
+			continue
+		}
+		paramsPath := c.paramsPath(i)
+		raw := entry.Opaque.Parameters.Raw
+		if len(raw) == 0 && entry.Opaque.Parameters.Object != nil {
+			// Set by Go callers that build the object in memory; the API
+			// server always delivers Raw.
+			var err error
+			if raw, err = json.Marshal(entry.Opaque.Parameters.Object); err != nil {
+				errs = append(errs, field.Invalid(paramsPath, "", fmt.Sprintf("encode parameters: %v", err)))
+				continue
+			}
+		}
+		cfg, err := configapi.DecodeStrict(raw)
+		if err != nil {
+			errs = append(errs, field.Invalid(paramsPath, "", err.Error()))
+			continue
+		}
+		for _, e := range cfg.Validate() {
+			rooted := *e
+			rooted.Field = paramsPath.String() + "." + e.Field
+			errs = append(errs, &rooted)
+		}
+		c.decoded[i] = cfg
+		ours = append(ours, resourceapi.DeviceAllocationConfiguration{
+			Source:   resourceapi.AllocationConfigSourceClaim,
+			Requests: entry.Requests,
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver:     entry.Opaque.Driver,
+				Parameters: runtime.RawExtension{Raw: raw},
+			}},
+		})
+	}
+	return errs, ours
+}
+
+func (c *claimChecker) paramsPath(entry int) *field.Path {
+	return c.path.Child("config").Index(entry).Child("opaque", "parameters")
+}
+
+// resolveSettings records, per unit, which config entry sets each field last:
+// later entries win field by field, as in configapi.ConfigForRequest.
+func (c *claimChecker) resolveSettings() {
+	for k := range c.units {
+		u := &c.units[k]
+		for i, cfg := range c.decoded {
+			if cfg == nil || !configapi.AppliesTo(c.devices.Config[i].Requests, u.name) {
+				continue
+			}
+			if s := cfg.Sharing; s != nil {
+				if s.Isolation != "" {
+					u.isolation = i
+				}
+				if s.ComputeLimit != nil {
+					u.computeLimit = i
+				}
+				if s.MemoryLimit != nil {
+					u.memoryLimit = i
+				}
+			}
+			if t := cfg.Topology; t != nil && t.NVLink != "" {
+				u.nvlink = i
+			}
+		}
+	}
+}
+
+func (c *claimChecker) isolationOf(u *unit) configapi.Isolation {
+	if u.isolation < 0 {
+		return ""
+	}
+	return c.decoded[u.isolation].Sharing.Isolation
+}
+
+func (c *claimChecker) nvlinkRequired(u *unit) bool {
+	return u.nvlink >= 0 && c.decoded[u.nvlink].Topology.NVLink == configapi.NVLinkRequired
+}
+
+// checkShareLimits refuses a share's computeLimit below the cores, and its
+// memoryLimit above the memory, the scheduler will allocate for its request.
+func (c *claimChecker) checkShareLimits() field.ErrorList {
+	var errs field.ErrorList
+	for k := range c.units {
+		u := &c.units[k]
+		if !u.limited() {
+			continue
+		}
+		requests := u.path.Child("capacity", "requests")
+		if u.computeLimit >= 0 {
+			limit := c.decoded[u.computeLimit].Sharing.ComputeLimit
+			if cores, ok := allocatedCores(u.capacity); ok {
+				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{ComputeLimit: limit}}
+				if _, _, err := check.ShareLimits(0, cores); err != nil {
+					requested := u.capacity[capacityCores]
+					errs = append(errs, field.Invalid(c.paramsPath(u.computeLimit).Child("sharing", "computeLimit"), *limit,
+						fmt.Sprintf("is below the %d cores request %q is allocated (%s: %s); the limit must be at least the guarantee, so prepare would refuse the claim",
+							cores, u.name, requests.Key(string(capacityCores)), requested.String())))
+				}
+			}
+		}
+		if u.memoryLimit >= 0 {
+			limit := c.decoded[u.memoryLimit].Sharing.MemoryLimit
+			if memory, ok := allocatedMemory(u.capacity); ok {
+				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{MemoryLimit: limit}}
+				if _, _, err := check.ShareLimits(memory, 0); err != nil {
+					requested := u.capacity[capacityMemory]
+					errs = append(errs, field.Invalid(c.paramsPath(u.memoryLimit).Child("sharing", "memoryLimit"), limit.String(),
+						fmt.Sprintf("is above the %s of memory request %q is allocated (%s: %s); memory cannot be overcommitted, so prepare would refuse the claim",
+							resource.NewQuantity(memory, resource.BinarySI), u.name, requests.Key(string(capacityMemory)), requested.String())))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// allocatedCores is the cores capacity the scheduler allocates for requested
+// cores: rounded up to a whole percent (the shared device's requestPolicy has
+// step 1). ok is false when no cores are requested (ShareLimits then accepts
+// any limit) or the request is outside 0..100 (the claim cannot be allocated).
+func allocatedCores(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
+	q, ok := requests[capacityCores]
+	if !ok || q.Sign() < 0 || q.CmpInt64(configapi.MaxCores) > 0 {
+		return 0, false
+	}
+	return q.Value(), true
+}
+
+// allocatedMemory is the memory capacity the scheduler allocates for
+// requested memory: rounded up to whole MiB, at least 1Mi (the shared device's
+// requestPolicy, see pkg/model). ok is false when no memory is requested (all of
+// an unknown GPU's memory) or the request does not fit in an int64.
+func allocatedMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
+	const step = configapi.MinMemoryLimitBytes
+	q, ok := requests[capacityMemory]
+	if !ok || q.CmpInt64(math.MaxInt64) > 0 {
+		return 0, false
+	}
+	if q.CmpInt64(step) < 0 {
+		return step, true
+	}
+	n := q.Value() / step
+	if q.Value()%step != 0 {
+		n++
+	}
+	if n > math.MaxInt64/step {
+		return 0, false
+	}
+	return n * step, true
+}
+
+// checkIsolation refuses an MPS share that is not the claim's only GPU, and
+// shares of different requests with different isolation backends.
+func (c *claimChecker) checkIsolation() field.ErrorList {
+	var errs field.ErrorList
+	reportedRequest := map[int]bool{}
+	reportedPair := map[[2]int]bool{}
+	for k := range c.units {
+		u := &c.units[k]
+		if !u.limited() {
+			continue
+		}
+		isolation := c.isolationOf(u)
+		if isolation == "" {
+			continue
+		}
+		isolationPath := c.paramsPath(u.isolation).Child("sharing", "isolation")
+		if isolation == configapi.IsolationMPS {
+			mps := fmt.Sprintf("request %q has isolation MPS (%s) and may get %s; an MPS claim must be exactly one share "+
+				"(a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim",
+				u.name, isolationPath, u.describeCount())
+			switch {
+			case u.all:
+				errs = append(errs, field.Invalid(u.path.Child("allocationMode"), string(resourceapi.DeviceAllocationModeAll), mps))
+			case u.count > 1:
+				errs = append(errs, field.Invalid(u.path.Child("count"), u.count, mps))
+			}
+			reportedRequest[u.request] = true
+			for j := range c.devices.Requests {
+				if reportedRequest[j] || !c.requestIsOurs(j) || c.sameGPU(u, j) {
+					continue
+				}
+				reportedRequest[j] = true
+				errs = append(errs, field.Invalid(c.path.Child("requests").Index(j), "", fmt.Sprintf(
+					"request %q adds a second %s device to a claim whose request %q has isolation MPS (%s); an MPS claim must be exactly one share, "+
+						"so prepare would refuse the claim (two shares are one GPU only when a matchAttribute %s constraint covers both requests)",
+					c.devices.Requests[j].Name, driverName, u.name, isolationPath, uuidAttribute)))
+			}
+		}
+		// One backend per claim: compare with the shares of earlier requests.
+		for m := range k {
+			other := &c.units[m]
+			if other.request == u.request || !other.limited() {
+				continue
+			}
+			otherIsolation := c.isolationOf(other)
+			pair := [2]int{other.request, u.request}
+			if otherIsolation == "" || otherIsolation == isolation || reportedPair[pair] {
+				continue
+			}
+			reportedPair[pair] = true
+			errs = append(errs, field.Invalid(isolationPath, string(isolation), fmt.Sprintf(
+				"request %q would use isolation %s, but request %q uses %s (%s); a claim uses one isolation backend, so prepare would refuse the claim",
+				u.name, isolation, other.name, otherIsolation, c.paramsPath(other.isolation).Child("sharing", "isolation"))))
+		}
+	}
+	return errs
+}
+
+// requestIsOurs reports whether request j surely adds a device of this
+// driver: each of its alternatives asks for a class of this driver.
+func (c *claimChecker) requestIsOurs(j int) bool {
+	for _, k := range c.byRequest[j] {
+		if !c.units[k].ours() {
+			return false
+		}
+	}
+	return len(c.byRequest[j]) > 0
+}
+
+// covers reports whether constraint covers unit u and every alternative of
+// request j (j < 0: none).
+func (c *claimChecker) covers(constraint resourceapi.DeviceConstraint, u *unit, j int) bool {
+	if !configapi.AppliesTo(constraint.Requests, u.name) {
+		return false
+	}
+	if j < 0 {
+		return true
+	}
+	for _, k := range c.byRequest[j] {
+		if !configapi.AppliesTo(constraint.Requests, c.units[k].name) {
+			return false
+		}
+	}
+	return true
+}
+
+// sameGPU reports whether share u and every alternative of request j are
+// shares that a matchAttribute uuid constraint puts on one GPU: prepare counts
+// two shares of one GPU as one GPU.
+func (c *claimChecker) sameGPU(u *unit, j int) bool {
+	if !u.shared() {
+		return false
+	}
+	for _, k := range c.byRequest[j] {
+		if !c.units[k].shared() {
+			return false
+		}
+	}
+	return c.constrained(u, j, uuidAttribute)
+}
+
+// constrained reports whether a matchAttribute constraint on one of
+// attributes covers u and request j (j < 0: u alone).
+func (c *claimChecker) constrained(u *unit, j int, attributes ...resourceapi.FullyQualifiedName) bool {
+	for _, constraint := range c.devices.Constraints {
+		if constraint.MatchAttribute == nil {
+			continue
+		}
+		for _, a := range attributes {
+			if *constraint.MatchAttribute == a && c.covers(constraint, u, j) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkNVLink refuses topology.nvlink Required on a claim that may get GPUs
+// of different NVLink domains: prepare checks the policy on all of the
+// claim's GPUs, so a constraint must keep the scheduler within one domain.
+func (c *claimChecker) checkNVLink() field.ErrorList {
+	var errs field.ErrorList
+	reportedPair := map[[2]int]bool{}
+	constraints := c.path.Child("constraints")
+	for k := range c.units {
+		u := &c.units[k]
+		if !u.ours() || !c.nvlinkRequired(u) {
+			continue
+		}
+		nvlinkPath := c.paramsPath(u.nvlink).Child("topology", "nvlink")
+		var problems []string
+		if u.multi() && !c.constrained(u, -1, nvlinkDomainAttribute) {
+			problems = append(problems, fmt.Sprintf("request %q (%s) may get %s, and no matchAttribute %s constraint in %s covers it",
+				u.name, u.path, u.describeCount(), nvlinkDomainAttribute, constraints))
+		}
+		for j := range c.devices.Requests {
+			pair := [2]int{min(j, u.request), max(j, u.request)}
+			if j == u.request || reportedPair[pair] || !c.requestIsOurs(j) ||
+				c.constrained(u, j, nvlinkDomainAttribute) || c.sameGPU(u, j) {
+				continue
+			}
+			reportedPair[pair] = true
+			problems = append(problems, fmt.Sprintf("requests %q and %q may get different GPUs, and no matchAttribute %s constraint in %s covers both",
+				u.name, c.devices.Requests[j].Name, nvlinkDomainAttribute, constraints))
+		}
+		if len(problems) == 0 {
+			continue
+		}
+		errs = append(errs, field.Invalid(nvlinkPath, string(configapi.NVLinkRequired), strings.Join(problems, "; ")+
+			": the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim"))
+	}
+	return errs
+}
