@@ -122,8 +122,10 @@ func FromResult(r resourceapi.DeviceRequestAllocationResult) (d Device, ok bool)
 //
 // Checkpoints written before the plugin recorded consumedCapacity have
 // neither ConsumedMemory nor ConsumedCores (nor AdminAccess). For a share
-// with both 0, the share's limits stand in for what it consumed (they are
-// equal unless a GpuConfig lowered them); a share of such a checkpoint
+// with both 0, its memory limit stands in for the memory it consumed (equal
+// unless a GpuConfig lowered it, so never more) and its cores count as 0: the
+// core limit may exceed what was consumed (computeLimit), and counting too
+// much would make the plugin refuse valid shares after an upgrade; a share of such a checkpoint
 // without a memory limit is admin access, since the plugin never prepared
 // a granting share without one. An admin-access whole GPU of such a
 // checkpoint cannot be told apart and counts as whole.
@@ -143,7 +145,7 @@ func FromCheckpoint(c checkpoint.Device) (d Device, ok bool) {
 		if c.MemoryLimit == 0 {
 			d.AdminAccess = true
 		} else {
-			d.Consumed = Capacity{MemoryBytes: c.MemoryLimit, Cores: c.CoresLimit}
+			d.Consumed = Capacity{MemoryBytes: c.MemoryLimit}
 		}
 	}
 	return d, true

@@ -97,9 +97,9 @@ func TestAllocated(t *testing.T) {
 			want:       map[GPU]Allocation{gpu(0): {Capacity: Capacity{20 * gib, 0}, Shares: 1}},
 		},
 		{
-			name:       "checkpoint without consumed capacity (old format): limits stand in",
+			name:       "checkpoint without consumed capacity (old format): the memory limit stands in, cores are unknown",
 			checkpoint: []checkpoint.Device{share("gpu-0-shared", 0, 0, 12*gib, 30)},
-			want:       map[GPU]Allocation{gpu(0): {Capacity: Capacity{12 * gib, 30}, Shares: 1}},
+			want:       map[GPU]Allocation{gpu(0): {Capacity: Capacity{12 * gib, 0}, Shares: 1}},
 		},
 		{
 			name:       "old checkpoint: a share without limits is admin access",

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/isolation"
@@ -362,21 +363,16 @@ func checkpointDevices(pl *plan) []checkpoint.Device {
 	return out
 }
 
-// grantRequests are the holds a checkpointed claim has on its GPUs; admin
-// access holds nothing.
+// grantRequests are the holds a checkpointed claim has on its GPUs, by the
+// accounting rule: a share holds what it consumed, admin access nothing.
 func grantRequests(c checkpoint.Claim) []grantRequest {
 	var reqs []grantRequest
-	for _, d := range c.Devices {
-		if !d.Grants() {
+	for _, cd := range c.Devices {
+		d, ok := accounting.FromCheckpoint(cd)
+		if !ok || d.AdminAccess {
 			continue
 		}
-		r := grantRequest{minor: d.Minor, shared: d.ShareID != "", memory: d.ConsumedMemory, cores: d.ConsumedCores}
-		if r.shared && r.memory == 0 && r.cores == 0 {
-			// Written before consumed capacity was recorded: the memory
-			// limit is the share's memory unless GpuConfig lowered it.
-			r.memory = d.MemoryLimit
-		}
-		reqs = append(reqs, r)
+		reqs = append(reqs, grantRequest{minor: cd.Minor, shared: d.Shared, memory: d.Consumed.MemoryBytes, cores: d.Consumed.Cores})
 	}
 	return reqs
 }
