@@ -19,6 +19,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -60,6 +61,7 @@ type flags struct {
 	metricsAddress     string
 	procRoot           string
 	mockFaultInjection bool
+	mockFailDiscovery  []string
 }
 
 func main() {
@@ -102,7 +104,8 @@ func newCommand() *cobra.Command {
 	fs.DurationVar(&f.healthRecoveryPeriod, "health-recovery-period", health.DefaultRecoveryPeriod, "how long an unhealthy GPU must go without a counted error before its taint is removed")
 	fs.StringVar(&f.metricsAddress, "metrics-address", ":9477", "address of the HTTP server for /metrics (Prometheus) and /healthz; empty: no server")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "where /proc of the host's PID namespace is (NVML reports host PIDs; per-pod GPU memory reads <proc-root>/<pid>/cgroup)")
-	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe and /mock/lost on the metrics server to inject NVML events")
+	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe, /mock/lost and /mock/discovery on the metrics server to inject NVML events and discovery failures")
+	fs.StringSliceVar(&f.mockFailDiscovery, "mock-fail-discovery", nil, "TEST KNOB, mock profiles only: GPUs that fail discovery, as INDEX[:CALL] with CALL one of "+strings.Join(gpu.MockDiscoveryCalls, ", ")+" (default "+gpu.DefaultMockDiscoveryCall+")")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -127,23 +130,30 @@ func run(ctx context.Context, f flags) error {
 		f.mpsRoot = filepath.Join(f.pluginDataDir, "mps")
 	}
 
-	// GPUs: a mock profile only when asked for; a missing NVML fails here
-	// with pkg/gpu's message.
+	// GPUs: a mock profile only when asked for. A node without usable NVML
+	// (no library, no kernel module) runs without GPUs: it publishes an empty
+	// pool, says why (log, Node event, /healthz) and can still unprepare the
+	// claims prepared before; once NVML can be opened the plugin restarts.
 	mock := f.mockProfile != ""
-	if f.mockFaultInjection && !mock {
-		return fmt.Errorf("--mock-fault-injection needs --mock-profile: it is a test knob for mock GPUs")
+	if (f.mockFaultInjection || len(f.mockFailDiscovery) > 0) && !mock {
+		return fmt.Errorf("--mock-fault-injection and --mock-fail-discovery need --mock-profile: they are test knobs for mock GPUs")
 	}
-	nvmlLib, err := openNVML(f)
-	if err != nil {
-		return err
+	ctx, restart := context.WithCancelCause(ctx)
+	defer restart(nil)
+	nvmlLib, nvmlErr := openNVML(f)
+	if nvmlErr != nil {
+		if mock || !errors.Is(nvmlErr, gpu.ErrUnavailable) {
+			return nvmlErr
+		}
+		logger.Error(nvmlErr, "NVML is not available: running without GPUs; claims prepared earlier can still be unprepared. The plugin restarts once NVML can be opened.")
+	} else {
+		defer nvmlLib.Shutdown()
 	}
-	defer nvmlLib.Shutdown()
-	discover := func() ([]gpu.GPU, error) { return gpu.Discover(nvmlLib) }
-	gpus, err := discover()
-	if err != nil {
-		return fmt.Errorf("discover GPUs: %w", err)
+	discover := plugin.NVMLDiscovery(nvmlLib, nvmlErr)
+	discovered, err := discover()
+	if err == nil {
+		logger.Info("Discovered GPUs", "count", len(discovered.GPUs), "failed", len(discovered.Failed), "mock", mock, "profile", f.mockProfile)
 	}
-	logger.Info("Discovered GPUs", "count", len(gpus), "mock", mock, "profile", f.mockProfile)
 
 	config, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	if err != nil {
@@ -169,7 +179,7 @@ func run(ctx context.Context, f flags) error {
 
 	opts := plugin.Options{
 		NodeName:         f.nodeName,
-		GPUs:             gpus,
+		GPUs:             discovered.GPUs,
 		Store:            store,
 		Recovery:         recovery,
 		Specs:            specs,
@@ -213,6 +223,9 @@ func run(ctx context.Context, f flags) error {
 			return fmt.Errorf("--health-*: %w", err)
 		}
 		tracker = health.NewTracker(policy, nil)
+		// Health survives restarts and is shared with the other pod of a
+		// surge update (see health.Tracker.Persist).
+		tracker.Persist(ctx, health.Store{Path: filepath.Join(f.pluginDataDir, health.StateFile)})
 		opts.Health = tracker
 	}
 
@@ -223,13 +236,27 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	m.AddState(p, &metrics.Usage{Lib: nvmlLib, ProcRoot: f.procRoot, Pods: p})
+	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events}
+	if !mock {
+		// Mock GPUs' bus ids exist in no sysfs; real ones get the standard
+		// resource.kubernetes.io/pcieRoot attribute.
+		inv.Model = append(inv.Model, model.WithPCIeRoots(gpu.SysfsPCIeRoots{}))
+	}
+	if tracker != nil {
+		inv.Taints = plugin.HealthTaints(tracker)
+	}
+	var usage *metrics.Usage
+	if nvmlLib != nil {
+		usage = &metrics.Usage{Lib: nvmlLib, ProcRoot: f.procRoot, Pods: p}
+	}
+	m.AddState(p, usage)
+	m.AddDiscovery(inv)
 	if f.metricsAddress != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", m.Handler())
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.Handle("/healthz", inv.HealthzHandler())
 		if node, ok := nvmlLib.(*gpu.MockNode); ok && f.mockFaultInjection {
-			logger.Info("TEST KNOB: NVML fault injection served on the metrics address", "paths", "/mock/xid, /mock/dbe, /mock/lost")
+			logger.Info("TEST KNOB: NVML fault injection served on the metrics address", "paths", "/mock/xid, /mock/dbe, /mock/lost, /mock/discovery")
 			mux.Handle("/mock/", node.FaultHandler())
 		}
 		go serveMetrics(ctx, f.metricsAddress, mux)
@@ -250,21 +277,16 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer helper.Stop()
 
-	inv := &plugin.Inventory{NodeName: f.nodeName, Discover: discover, Publisher: helper, OnChange: p.SetGPUs}
-	if !mock {
-		// Mock GPUs' bus ids exist in no sysfs; real ones get the standard
-		// resource.kubernetes.io/pcieRoot attribute.
-		inv.Model = append(inv.Model, model.WithPCIeRoots(gpu.SysfsPCIeRoots{}))
-	}
-	if tracker != nil {
-		inv.Taints = tracker.Taints
-	}
-	if _, err := inv.Sync(ctx); err != nil {
+	inv.Publisher = helper
+	if _, err := inv.Sync(ctx); err != nil && !inv.Synced() {
+		// Publishing failed; discovery errors are reported by the inventory.
 		return err
 	}
 	go inv.Run(ctx, f.rediscoverEvery)
 	if tracker != nil {
 		go plugin.FollowHealth(ctx, tracker, inv)
+	}
+	if tracker != nil && nvmlLib != nil {
 		watcherDone := make(chan struct{})
 		// NVML is shut down after the watcher's last wait.
 		defer func() { <-watcherDone }()
@@ -277,12 +299,31 @@ func run(ctx context.Context, f flags) error {
 			}
 		}()
 	}
+	if nvmlLib == nil {
+		go func() {
+			open := func() (nvml.Interface, error) { return gpu.OpenNVML(f.driverRoot) }
+			if gpu.WaitForNVML(ctx, f.rediscoverEvery, open) {
+				events.Event(corev1.EventTypeNormal, "NVMLAvailable", "NVML can be opened now: the kubelet plugin restarts to publish the GPUs.")
+				restart(errNVMLAvailable)
+			}
+		}()
+	}
 
-	logger.Info("Kubelet plugin running", "node", f.nodeName, "driver", model.DriverName)
+	logger.Info("Kubelet plugin running", "node", f.nodeName, "driver", model.DriverName, "gpus", inv.Status())
 	<-ctx.Done()
+	if errors.Is(context.Cause(ctx), errNVMLAvailable) {
+		// Exiting lets the kubelet start the plugin again, now with NVML
+		// and everything that needs it (health watch, per-pod memory).
+		logger.Info("NVML can be opened now; exiting so that the restarted plugin publishes the GPUs")
+		return nil
+	}
 	logger.Info("Shutting down")
 	return nil
 }
+
+// errNVMLAvailable ends a plugin that started without NVML once NVML can be
+// opened.
+var errNVMLAvailable = errors.New("NVML became available")
 
 // mockMPSRunner keeps the fake runner's bookkeeping and creates the daemon's
 // pipe and log directories, which the CDI spec of an MPS share mounts into
@@ -342,20 +383,24 @@ func toUint64(in []uint) []uint64 {
 }
 
 // openNVML returns the initialised NVML of the real driver, or of the mock
-// profile when --mock-profile is set.
+// profile when --mock-profile is set (with the GPUs of --mock-fail-discovery
+// failing discovery). An error wrapping gpu.ErrUnavailable means the node has
+// no usable NVML; any other is a configuration error.
 func openNVML(f flags) (nvml.Interface, error) {
-	var lib nvml.Interface
-	var err error
-	if f.mockProfile != "" {
-		lib, err = gpu.NewMockNode(f.mockProfile)
-	} else {
-		lib, err = gpu.NewNVML(f.driverRoot)
+	if f.mockProfile == "" {
+		return gpu.OpenNVML(f.driverRoot)
 	}
+	node, err := gpu.NewMockNode(f.mockProfile)
 	if err != nil {
 		return nil, err
 	}
-	if err := gpu.Open(lib); err != nil {
+	for _, spec := range f.mockFailDiscovery {
+		if err := node.FailDiscoverySpec(spec); err != nil {
+			return nil, fmt.Errorf("--mock-fail-discovery: %w", err)
+		}
+	}
+	if err := gpu.Open(node); err != nil {
 		return nil, err
 	}
-	return lib, nil
+	return node, nil
 }

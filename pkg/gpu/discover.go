@@ -11,8 +11,68 @@ import (
 )
 
 // Discover lists the GPUs that lib sees, with their facts and NVLink domain,
-// sorted by minor number. The caller has initialised lib (see Open) and shuts it
-// down; Discover only reads.
+// sorted by minor number, and fails if any GPU cannot be described. It is
+// DiscoverNode for callers that need every GPU or nothing (the CLI, tests);
+// the kubelet plugin uses DiscoverNode, so that one broken GPU does not stop
+// the node. The error of a broken GPU is its [Failure] (the one with the
+// lowest index).
+func Discover(lib nvml.Interface) ([]GPU, error) {
+	d, err := DiscoverNode(lib)
+	if err != nil {
+		return nil, err
+	}
+	if len(d.Failed) > 0 {
+		return nil, d.Failed[0]
+	}
+	return d.GPUs, nil
+}
+
+// Discovery is what DiscoverNode found: the GPUs it could describe and the
+// ones it could not.
+type Discovery struct {
+	// GPUs are the fully described GPUs, sorted by minor number.
+	GPUs []GPU
+	// Failed are the GPUs NVML enumerates but that could not be described,
+	// sorted by index.
+	Failed []Failure
+}
+
+// Failure is a GPU that NVML enumerates but that discovery could not
+// describe. It is an error: "GPU index <i> (<uuid>): <nvml call>: <return>",
+// wrapping the nvml.Return.
+type Failure struct {
+	// Index is NVML's enumeration index.
+	Index int
+	// UUID is empty when it could not be read.
+	UUID string
+	// Minor is -1 when it could not be read.
+	Minor int
+	// Err names the NVML call that failed and wraps its nvml.Return.
+	Err error
+	// Partial holds the facts read before the failure when they are enough
+	// to publish the GPU: UUID, minor number and memory size. Facts not read
+	// are zero (NVLinkDomain is always empty: a GPU that failed is in no
+	// domain). Nil when any of the three is unknown.
+	Partial *GPU
+}
+
+func (f Failure) Error() string {
+	if f.UUID != "" {
+		return fmt.Sprintf("GPU index %d (%s): %v", f.Index, f.UUID, f.Err)
+	}
+	return fmt.Sprintf("GPU index %d: %v", f.Index, f.Err)
+}
+
+func (f Failure) Unwrap() error { return f.Err }
+
+// DiscoverNode lists the GPUs that lib sees, with their facts and NVLink
+// domain, sorted by minor number. The caller has initialised lib (see Open)
+// and shuts it down; DiscoverNode only reads.
+//
+// A GPU that fails is reported in Failed and left out of GPUs and of the
+// NVLink domains; the others are described as if it were not there. Only a
+// failure that concerns the whole node (driver version, device count) is an
+// error. A node without GPUs gives an empty Discovery and no error.
 //
 // Facts a driver or GPU does not support are left at their zero value instead of
 // failing discovery: NUMANode stays nil, MultiprocessorCount 0, MIGEnabled false,
@@ -20,9 +80,9 @@ import (
 // (nvmlDeviceGetNumaNodeId, nvmlDeviceGetGpuFabricInfo,
 // nvmlDeviceGetNvLinkRemoteDeviceType) are made only when the loaded library
 // exports them, because go-nvml binds symbols lazily and calling a missing one
-// kills the process. Any other NVML failure is an error that names the GPU (index,
-// and UUID once known) and the NVML call, and wraps the nvml.Return so callers can
-// use errors.Is(err, nvml.ERROR_GPU_IS_LOST).
+// kills the process. Any other NVML failure fails the GPU; its Failure names
+// the GPU (index, and UUID once known) and the NVML call, and wraps the
+// nvml.Return so callers can use errors.Is(err, nvml.ERROR_GPU_IS_LOST).
 //
 // Calls made: SystemGetDriverVersion, SystemGetCudaDriverVersion, DeviceGetCount,
 // DeviceGetHandleByIndex, Extensions().LookupSymbol, and on each device GetUUID,
@@ -30,40 +90,41 @@ import (
 // GetMemoryInfo, GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode,
 // GetNvLinkState, GetNvLinkRemoteDeviceType, GetNvLinkRemotePciInfo and
 // GetGpuFabricInfo. A mock must implement all of them (see NewMockNode).
-func Discover(lib nvml.Interface) ([]GPU, error) {
+func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 	driver, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return nil, nvmlError("nvmlSystemGetDriverVersion", ret)
+		return Discovery{}, nvmlError("nvmlSystemGetDriverVersion", ret)
 	}
 	cudaVersion, ret := lib.SystemGetCudaDriverVersion()
 	if ret != nvml.SUCCESS {
-		return nil, nvmlError("nvmlSystemGetCudaDriverVersion", ret)
+		return Discovery{}, nvmlError("nvmlSystemGetCudaDriverVersion", ret)
 	}
 	count, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, nvmlError("nvmlDeviceGetCount", ret)
+		return Discovery{}, nvmlError("nvmlDeviceGetCount", ret)
 	}
 	sym := lookupSymbols(lib)
 
+	var d Discovery
 	gpus := make([]GPU, 0, count)
 	links := make([]NVLinkPeers, 0, count)
 	for i := range count {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("GPU index %d: %w", i, nvmlError("nvmlDeviceGetHandleByIndex", ret))
+			d.Failed = append(d.Failed, Failure{Index: i, Minor: -1, Err: nvmlError("nvmlDeviceGetHandleByIndex", ret)})
+			continue
 		}
 		g, err := describe(dev, sym)
-		if err != nil {
-			if g.UUID != "" {
-				return nil, fmt.Errorf("GPU index %d (%s): %w", i, g.UUID, err)
-			}
-			return nil, fmt.Errorf("GPU index %d: %w", i, err)
-		}
 		g.DriverVersion = driver
 		g.CUDADriverVersion = cudaDriverVersion(cudaVersion)
+		if err != nil {
+			d.Failed = append(d.Failed, failure(i, g, err))
+			continue
+		}
 		peers, err := probeNVLink(dev, sym, g.UUID, g.PCIBusID)
 		if err != nil {
-			return nil, fmt.Errorf("GPU index %d (%s): %w", i, g.UUID, err)
+			d.Failed = append(d.Failed, failure(i, g, err))
+			continue
 		}
 		gpus = append(gpus, g)
 		links = append(links, peers)
@@ -74,20 +135,37 @@ func Discover(lib nvml.Interface) ([]GPU, error) {
 		gpus[i].NVLinkDomain = domains[gpus[i].UUID]
 	}
 	slices.SortStableFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Minor, b.Minor) })
-	return gpus, nil
+	d.GPUs = gpus
+	return d, nil
 }
 
-// describe reads the per-device facts. On error the returned GPU carries the UUID
-// if it was read, so the caller can name the device.
+// failure reports GPU index i, of which g was read before err.
+func failure(i int, g GPU, err error) Failure {
+	f := Failure{Index: i, UUID: g.UUID, Minor: g.Minor, Err: err}
+	if g.UUID != "" && g.Minor >= 0 && g.MemoryBytes > 0 {
+		g.NVLinkDomain = ""
+		f.Partial = &g
+	}
+	return f
+}
+
+// describe reads the per-device facts. On error the returned GPU carries the
+// facts read before the failure: UUID empty and Minor -1 when not read.
 func describe(dev nvml.Device, sym symbols) (GPU, error) {
-	var g GPU
-	var ret nvml.Return
-	if g.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+	g := GPU{Minor: -1}
+	uuid, ret := dev.GetUUID()
+	if ret != nvml.SUCCESS {
 		return g, nvmlError("nvmlDeviceGetUUID", ret)
 	}
-	if g.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
+	g.UUID = uuid
+	minor, ret := dev.GetMinorNumber()
+	if ret != nvml.SUCCESS || minor < 0 {
+		if ret == nvml.SUCCESS {
+			return g, fmt.Errorf("nvmlDeviceGetMinorNumber: negative minor number %d", minor)
+		}
 		return g, nvmlError("nvmlDeviceGetMinorNumber", ret)
 	}
+	g.Minor = minor
 	if g.Index, ret = dev.GetIndex(); ret != nvml.SUCCESS {
 		return g, nvmlError("nvmlDeviceGetIndex", ret)
 	}

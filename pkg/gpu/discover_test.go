@@ -3,6 +3,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -390,4 +391,116 @@ func mustDiscover(t *testing.T, lib nvml.Interface) []GPU {
 		t.Fatal(err)
 	}
 	return gpus
+}
+
+// One GPU that NVML cannot describe does not stop discovery of the others:
+// DiscoverNode returns them, reports the broken one with what could be read,
+// and the others' NVLink domains leave it out.
+func TestDiscoverNodeReportsBrokenGPUs(t *testing.T) {
+	want := discoverProfile(t, "a100-pairs") // pairs 0-1 and 2-3
+	for _, tc := range []struct {
+		call        string
+		wantUUID    bool
+		wantPartial bool
+	}{
+		{call: "nvmlDeviceGetUUID"},
+		{call: "nvmlDeviceGetMemoryInfo", wantUUID: true},
+		{call: "nvmlDeviceGetPciInfo", wantUUID: true, wantPartial: true},
+	} {
+		t.Run(tc.call, func(t *testing.T) {
+			node := mustMockNode(t, "a100-pairs")
+			if err := node.FailDiscovery(2, tc.call, nvml.ERROR_UNKNOWN); err != nil {
+				t.Fatal(err)
+			}
+			d, err := DiscoverNode(node)
+			if err != nil {
+				t.Fatalf("DiscoverNode failed as a whole: %v", err)
+			}
+			var minors []int
+			for _, g := range d.GPUs {
+				minors = append(minors, g.Minor)
+			}
+			if !slices.Equal(minors, []int{0, 1, 3}) {
+				t.Fatalf("described GPUs %v, want [0 1 3]", minors)
+			}
+			if !reflect.DeepEqual(d.GPUs[:2], want[:2]) {
+				t.Errorf("GPUs 0 and 1 differ from a healthy discovery:\n%+v\n%+v", d.GPUs[:2], want[:2])
+			}
+			// GPU 3 lost its NVLink partner: a domain of its own.
+			if d.GPUs[2].NVLinkDomain == want[3].NVLinkDomain || d.GPUs[2].NVLinkDomain == "" {
+				t.Errorf("GPU 3 domain %q, want a new one (was %q with GPU 2)", d.GPUs[2].NVLinkDomain, want[3].NVLinkDomain)
+			}
+			if len(d.Failed) != 1 {
+				t.Fatalf("failed %v, want GPU index 2", d.Failed)
+			}
+			f := d.Failed[0]
+			if f.Index != 2 || !errors.Is(f, nvml.ERROR_UNKNOWN) || !strings.Contains(f.Error(), tc.call) {
+				t.Errorf("failure %+v (%v): want index 2, ERROR_UNKNOWN from %s", f, f, tc.call)
+			}
+			if got := f.UUID != ""; got != tc.wantUUID {
+				t.Errorf("UUID %q known = %v, want %v", f.UUID, got, tc.wantUUID)
+			}
+			if tc.wantUUID && (f.UUID != want[2].UUID || f.Minor != 2) {
+				t.Errorf("UUID %q minor %d, want %s minor 2", f.UUID, f.Minor, want[2].UUID)
+			}
+			if !tc.wantUUID && f.Minor != -1 {
+				t.Errorf("minor %d, want -1 (unknown)", f.Minor)
+			}
+			if got := f.Partial != nil; got != tc.wantPartial {
+				t.Fatalf("partial facts %+v, want them: %v", f.Partial, tc.wantPartial)
+			}
+			if f.Partial != nil {
+				p := *f.Partial
+				if p.UUID != want[2].UUID || p.Minor != 2 || p.MemoryBytes != want[2].MemoryBytes || p.ProductName != want[2].ProductName ||
+					p.DriverVersion != want[2].DriverVersion || p.PCIBusID != "" || p.NVLinkDomain != "" {
+					t.Errorf("partial facts %+v", p)
+				}
+			}
+
+			// The strict form fails with the broken GPU's error.
+			if _, err := Discover(node); err == nil || !strings.HasPrefix(err.Error(), "GPU index 2") {
+				t.Errorf("Discover: %v, want the failure of GPU index 2", err)
+			}
+			// And the GPU comes back.
+			if err := node.FailDiscovery(2, tc.call, nvml.SUCCESS); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := DiscoverNode(node); err != nil || len(d.Failed) != 0 || len(d.GPUs) != 4 {
+				t.Errorf("after the fault cleared: %d GPUs, failed %v, err %v", len(d.GPUs), d.Failed, err)
+			}
+		})
+	}
+}
+
+// A GPU whose handle cannot be had is reported by index alone; a node
+// without GPUs is no error.
+func TestDiscoverNodeHandleFailureAndNoGPUs(t *testing.T) {
+	node := mustMockNode(t, "l4x4")
+	handle := node.DeviceGetHandleByIndexFunc
+	node.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if i == 0 {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return handle(i)
+	}
+	d, err := DiscoverNode(node)
+	if err != nil || len(d.GPUs) != 3 || len(d.Failed) != 1 {
+		t.Fatalf("%d GPUs, failed %v, err %v", len(d.GPUs), d.Failed, err)
+	}
+	if f := d.Failed[0]; f.Index != 0 || f.UUID != "" || f.Minor != -1 || f.Partial != nil || !errors.Is(f, nvml.ERROR_GPU_IS_LOST) {
+		t.Errorf("failure %+v", f)
+	}
+
+	node = mustMockNode(t, "l4x4")
+	node.Devices = nil
+	d, err = DiscoverNode(node)
+	if err != nil || len(d.GPUs) != 0 || len(d.Failed) != 0 {
+		t.Errorf("no GPUs: %+v, %v", d, err)
+	}
+
+	node = mustMockNode(t, "l4x4")
+	node.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	if _, err := DiscoverNode(node); !errors.Is(err, nvml.ERROR_UNKNOWN) || !strings.Contains(err.Error(), "nvmlDeviceGetCount") {
+		t.Errorf("count failure: %v", err)
+	}
 }

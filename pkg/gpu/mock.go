@@ -109,7 +109,8 @@ type MockNode struct {
 	// returns Devices[i].
 	Devices []*mock.Device
 
-	// state backs the test knobs (InjectEvent, SetLost, SetProcesses).
+	// state backs the test knobs (InjectEvent, SetLost, SetProcesses,
+	// FailDiscovery).
 	state *mockState
 }
 
@@ -192,6 +193,7 @@ func newMockNode(name string, p mockProfile) *MockNode {
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	node.installEvents()
+	node.installDiscoveryFailures()
 	return node
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 // Test knobs of MockNode: injected NVML events, lost GPUs and per-process
-// accounting. They exist so that health handling and metrics can be tested
+// accounting (GPUs that fail discovery are in mock_discovery.go). They exist so that health handling and metrics can be tested
 // without GPUs; nothing on a real node uses them.
 
 // mockSupportedEvents are the event types every mock GPU can deliver.
@@ -23,6 +23,8 @@ type mockState struct {
 	sets  map[*mock.EventSet]*mockEventSet
 	lost  map[int]bool
 	procs map[int][]nvml.ProcessInfo
+	// failures are the GPUs that fail discovery (see FailDiscovery).
+	failures map[int]mockFailure
 }
 
 // mockEventSet is what NVML keeps for one nvmlEventSet: which GPUs deliver

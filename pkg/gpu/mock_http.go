@@ -15,6 +15,11 @@ import (
 //	/mock/xid?gpu=<index>&xid=<code>      a critical XID error
 //	/mock/dbe?gpu=<index>                 a double-bit ECC error
 //	/mock/lost?gpu=<index>&lost=true|false the GPU falls off the bus / returns
+//	/mock/discovery?gpu=<index>&fail=true|false[&call=<nvml call>]
+//	                                      the GPU fails discovery (ERROR_UNKNOWN
+//	                                      from call, default nvmlDeviceGetMemoryInfo;
+//	                                      see FailDiscovery) from the next
+//	                                      rediscovery on / describes again
 //
 // The answer says how many event sets received the event.
 func (n *MockNode) FaultHandler() http.Handler {
@@ -57,6 +62,21 @@ func (n *MockNode) FaultHandler() http.Handler {
 			return "", fmt.Errorf("lost=%q: want true or false", r.URL.Query().Get("lost"))
 		}
 		return fmt.Sprintf("GPU %d lost=%v", i, lost), n.SetLost(i, lost)
+	})
+	handle("/mock/discovery", func(i int, r *http.Request) (string, error) {
+		fail, err := strconv.ParseBool(r.URL.Query().Get("fail"))
+		if err != nil {
+			return "", fmt.Errorf("fail=%q: want true or false", r.URL.Query().Get("fail"))
+		}
+		call := r.URL.Query().Get("call")
+		if call == "" {
+			call = DefaultMockDiscoveryCall
+		}
+		ret := nvml.SUCCESS
+		if fail {
+			ret = nvml.ERROR_UNKNOWN
+		}
+		return fmt.Sprintf("GPU %d fails discovery (%s)=%v", i, call, fail), n.FailDiscovery(i, call, ret)
 	})
 	return mux
 }

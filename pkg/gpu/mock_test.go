@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -90,6 +91,10 @@ func TestMockFaultHandler(t *testing.T) {
 		{"/mock/xid?gpu=9&xid=79", http.StatusBadRequest},
 		{"/mock/xid?gpu=2", http.StatusBadRequest},
 		{"/mock/lost?gpu=1&lost=maybe", http.StatusBadRequest},
+		{"/mock/discovery?gpu=1&fail=true", http.StatusOK},
+		{"/mock/discovery?gpu=3&fail=true&call=nvmlDeviceGetPciInfo", http.StatusOK},
+		{"/mock/discovery?gpu=0&fail=true&call=nvmlDeviceGetName", http.StatusBadRequest},
+		{"/mock/discovery?gpu=0&fail=yes", http.StatusBadRequest},
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, tc.target, nil))
@@ -103,5 +108,40 @@ func TestMockFaultHandler(t *testing.T) {
 	}
 	if _, ret := node.EventSetWait(set, 1); ret != nvml.ERROR_TIMEOUT {
 		t.Errorf("second wait: %v, want a timeout", ret)
+	}
+	d, err := DiscoverNode(node)
+	if err != nil || len(d.Failed) != 2 || d.Failed[0].Index != 1 || d.Failed[1].Index != 3 || d.Failed[1].Partial == nil {
+		t.Errorf("after /mock/discovery: failed %+v, err %v", d.Failed, err)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/mock/discovery?gpu=1&fail=false", nil))
+	if d, _ := DiscoverNode(node); rec.Code != http.StatusOK || len(d.Failed) != 1 {
+		t.Errorf("fail=false: %d %s, failed %+v", rec.Code, rec.Body, d.Failed)
+	}
+}
+
+// The flag form of FailDiscovery.
+func TestMockFailDiscoverySpec(t *testing.T) {
+	node := mustMockNode(t, "l4x4")
+	for _, bad := range []string{"", "x", "9", "1:nvmlDeviceGetName"} {
+		if err := node.FailDiscoverySpec(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if err := node.FailDiscoverySpec("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := node.FailDiscoverySpec("2:nvmlDeviceGetUUID"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := DiscoverNode(node)
+	if err != nil || len(d.Failed) != 2 {
+		t.Fatalf("failed %+v, err %v", d.Failed, err)
+	}
+	if f := d.Failed[0]; !strings.Contains(f.Error(), DefaultMockDiscoveryCall) || f.UUID == "" {
+		t.Errorf("GPU 1: %v", f)
+	}
+	if f := d.Failed[1]; !strings.Contains(f.Error(), "nvmlDeviceGetUUID") || f.UUID != "" {
+		t.Errorf("GPU 2: %v", f)
 	}
 }

@@ -1,10 +1,12 @@
 package gpu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/dl"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -29,6 +31,59 @@ var libraryDirs = []string{
 	"lib/aarch64-linux-gnu",
 	"usr/lib",
 	"lib",
+}
+
+// ErrUnavailable matches (errors.Is) the errors of OpenNVML that mean this
+// node has no usable NVML right now: the library is missing or does not load,
+// the kernel module is not loaded, nvmlInit fails. A node selected for the
+// plugin without GPUs, or whose driver is still being installed (the GPU
+// Operator's driver container), gives these; the plugin then runs without
+// GPUs instead of failing. Other errors of OpenNVML are configuration errors.
+var ErrUnavailable = errors.New("NVML unavailable")
+
+// unavailable marks err as ErrUnavailable without changing its message.
+type unavailable struct{ err error }
+
+func (u unavailable) Error() string   { return u.err.Error() }
+func (u unavailable) Unwrap() []error { return []error{u.err, ErrUnavailable} }
+
+// OpenNVML is NewNVML and Open: the initialised NVML of the driver under
+// driverRoot. When this node has no usable NVML the error wraps
+// ErrUnavailable (and, for a missing library, ErrLibraryNotFound) and keeps
+// the message of NewNVML or Open; a driverRoot that is not absolute is an
+// error of its own.
+func OpenNVML(driverRoot string) (nvml.Interface, error) {
+	lib, err := NewNVML(driverRoot)
+	if err != nil {
+		if errors.Is(err, ErrLibraryNotFound) {
+			return nil, unavailable{err}
+		}
+		return nil, err
+	}
+	if err := Open(lib); err != nil {
+		return nil, unavailable{err}
+	}
+	return lib, nil
+}
+
+// WaitForNVML calls open every interval until it returns a library or ctx is
+// done, and reports whether it did. The library is shut down again at once:
+// the caller only learns that NVML has become usable (the kubelet plugin
+// restarts then, to take the GPUs over with everything that needs NVML).
+func WaitForNVML(ctx context.Context, interval time.Duration, open func() (nvml.Interface, error)) bool {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if lib, err := open(); err == nil {
+			_ = lib.Shutdown()
+			return true
+		}
+	}
 }
 
 // library is the real NVML with where it was looked for, so that Open can say

@@ -1,11 +1,13 @@
 package gpu
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -146,5 +148,43 @@ func TestOpenOtherFailures(t *testing.T) {
 				t.Errorf("Open = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// A node without NVML is "unavailable", with the admin's message intact; a
+// misconfigured driver root is not.
+func TestOpenNVMLUnavailable(t *testing.T) {
+	root := t.TempDir()
+	_, err := OpenNVML(root)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrLibraryNotFound) {
+		t.Fatalf("OpenNVML(empty root) = %v, want ErrUnavailable and ErrLibraryNotFound", err)
+	}
+	if want := `NVML library libnvidia-ml.so.1 not found under driver root "` + root + `"`; !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("message %q, want it to start with %q", err, want)
+	}
+	if _, err := OpenNVML("relative/root"); err == nil || errors.Is(err, ErrUnavailable) {
+		t.Errorf("OpenNVML(relative) = %v, want a configuration error", err)
+	}
+}
+
+func TestWaitForNVML(t *testing.T) {
+	calls := 0
+	node := mustMockNode(t, "l4x4")
+	shutdown := 0
+	node.ShutdownFunc = func() nvml.Return { shutdown++; return nvml.SUCCESS }
+	open := func() (nvml.Interface, error) {
+		calls++
+		if calls < 3 {
+			return nil, unavailable{errors.New("not yet")}
+		}
+		return node, nil
+	}
+	if !WaitForNVML(t.Context(), time.Millisecond, open) || calls != 3 || shutdown != 1 {
+		t.Errorf("calls %d, shutdowns %d; want 3 and 1", calls, shutdown)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if WaitForNVML(ctx, time.Millisecond, func() (nvml.Interface, error) { return nil, errors.New("never") }) {
+		t.Error("WaitForNVML reported success after its context ended")
 	}
 }

@@ -31,4 +31,17 @@
 //
 // Every list and the fatal effect are configurable (Policy), and so are the
 // flags of the kubelet plugin that fill it.
+//
+// # Persistence
+//
+// A [Tracker] with a [Store] (Tracker.Persist; the kubelet plugin's is
+// <plugin-data-dir>/health.json) keeps its unhealthy GPUs there: per GPU
+// UUID the effect, the reason, when it turned unhealthy and the time of its
+// last fault. A restarted plugin loads it, so a GPU tainted for a fatal XID
+// stays tainted until the recovery period has passed since that fault, and
+// the two instances of a surge rolling update, which share the directory,
+// publish the same taints: each saves (read, merge, write, under a file
+// lock) after every change and re-reads at every inventory sync. The file is
+// written atomically (temporary file, fsync, rename); a corrupt one is
+// logged, ignored and replaced.
 package health

@@ -1,6 +1,8 @@
 package health
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 )
 
@@ -187,7 +190,8 @@ func cutComma(s string) (string, string, bool) {
 // unhealthy; it turns healthy in the first Recover call at or after
 // LastEvent+RecoveryPeriod; every change of any GPU's Status (other than
 // Events, LastEvent and RecoversAt of an already unhealthy GPU) wakes every
-// subscriber.
+// subscriber. With a store (Persist), the state also survives restarts and
+// is shared with the other instance of a surge update (see Persist).
 type Tracker struct {
 	policy Policy
 	clock  clock.PassiveClock
@@ -196,6 +200,12 @@ type Tracker struct {
 	gpus map[string]*Status
 	subs map[int]chan struct{}
 	next int
+
+	// store, when set (Persist), gets the state after every change;
+	// storeMu serialises its read-merge-write within this process.
+	store   *Store
+	storeMu sync.Mutex
+	logger  klog.Logger
 }
 
 // NewTracker returns a tracker with the policy, reading time from clk (nil:
@@ -210,12 +220,19 @@ func NewTracker(policy Policy, clk clock.PassiveClock) *Tracker {
 // Policy returns the tracker's policy.
 func (t *Tracker) Policy() Policy { return t.policy }
 
-// Observe records an event and reports whether a GPU's health changed.
+// Observe records an event and reports whether a GPU's health changed. With
+// a store (Persist), every counted event is saved before Observe returns.
 func (t *Tracker) Observe(e Event) (changed bool) {
 	effect, counts := t.policy.Classify(e)
 	if !counts || e.UUID == "" {
 		return false
 	}
+	changed = t.observe(e, effect)
+	t.save()
+	return changed
+}
+
+func (t *Tracker) observe(e Event, effect resourceapi.DeviceTaintEffect) (changed bool) {
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -246,8 +263,15 @@ func (t *Tracker) Observe(e Event) (changed bool) {
 }
 
 // Recover turns every unhealthy GPU whose recovery time has come healthy
-// again and reports whether any did.
+// again and reports whether any did (and then saves, with a store).
 func (t *Tracker) Recover() (changed bool) {
+	if changed = t.recover(); changed {
+		t.save()
+	}
+	return changed
+}
+
+func (t *Tracker) recover() (changed bool) {
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -261,6 +285,132 @@ func (t *Tracker) Recover() (changed bool) {
 		t.notifyLocked()
 	}
 	return changed
+}
+
+// Restore merges statuses (a Store's content) into the tracker and reports
+// whether a GPU's health changed (subscribers are woken then, as for
+// Observe). Only the faults count, not who saw them:
+//
+//   - A status whose recovery time (LastEvent + this tracker's
+//     RecoveryPeriod) has passed is dropped: the GPU is healthy.
+//   - A GPU the tracker holds healthy becomes unhealthy with the status as
+//     it is, so that its recovery period continues from its last fault.
+//   - For a GPU unhealthy on both sides: the stronger effect, the later
+//     LastEvent (and RecoversAt), the larger Events, Lost of either, and
+//     Since and Reason of the side that turned unhealthy first (ties: the
+//     smaller Reason). Both instances of a surge update thus converge on
+//     the same status and publish the same taint.
+//
+// Restore never turns a GPU healthy: a GPU missing from statuses keeps its
+// status.
+func (t *Tracker) Restore(statuses map[string]Status) (changed bool) {
+	now := t.clock.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, uuid := range slices.Sorted(maps.Keys(statuses)) {
+		in := statuses[uuid]
+		if uuid == "" || in.LastEvent.IsZero() || in.Effect == "" {
+			continue
+		}
+		recovers := in.LastEvent.Add(t.policy.RecoveryPeriod)
+		if !recovers.After(now) {
+			continue
+		}
+		s, ok := t.gpus[uuid]
+		if !ok || s.Healthy {
+			since := in.Since
+			if since.IsZero() || since.After(in.LastEvent) {
+				since = in.LastEvent
+			}
+			t.gpus[uuid] = &Status{UUID: uuid, Effect: in.Effect, Reason: in.Reason, Since: since, LastEvent: in.LastEvent,
+				RecoversAt: recovers, Events: in.Events, Lost: in.Lost}
+			changed = true
+			continue
+		}
+		if stronger(in.Effect, s.Effect) {
+			s.Effect = in.Effect
+			changed = true
+		}
+		if in.LastEvent.After(s.LastEvent) {
+			s.LastEvent, s.RecoversAt = in.LastEvent, recovers
+		}
+		if !in.Since.IsZero() && (in.Since.Before(s.Since) || in.Since.Equal(s.Since) && in.Reason < s.Reason) {
+			changed = changed || in.Reason != s.Reason
+			s.Since, s.Reason = in.Since, in.Reason
+		}
+		s.Events = max(s.Events, in.Events)
+		s.Lost = s.Lost || in.Lost
+	}
+	if changed {
+		t.notifyLocked()
+	}
+	return changed
+}
+
+// Persist makes the tracker keep its state in store, so that a GPU's health
+// survives restarts of the plugin and is shared by the two instances of a
+// surge rolling update, which run side by side on one data directory. It
+// merges what the store holds now (Refresh); call it once, before the
+// tracker is shared. The rules:
+//
+//   - Every instance saves after every change it makes (each counted event,
+//     each recovery), and re-reads the file whenever Refresh is called (the
+//     plugin does at every inventory sync, so at least every
+//     --rediscover-interval). Saving is itself a Refresh: under the file's
+//     lock, read, merge (Restore), write the union back. So no instance
+//     overwrites a fault it has not seen.
+//   - What is in the file is decided by the faults alone: a GPU stays in it
+//     until the recovery period has passed since its last fault, then the
+//     next writer drops it. A new instance thus keeps a GPU tainted until
+//     the period has passed since the fault the old one saw.
+//   - A file that cannot be read or parsed is logged and ignored, never
+//     fatal; the next save replaces it. A failed save is logged; the
+//     tracker's own state is unaffected.
+//
+// Log messages go to the logger of ctx.
+func (t *Tracker) Persist(ctx context.Context, store Store) {
+	t.logger = klog.FromContext(ctx)
+	t.store = &store
+	t.Refresh()
+}
+
+// Refresh merges the store's content into the tracker (Restore) and writes
+// the union back when it differs from the file. It reports whether a GPU's
+// health changed. Without a store (Persist) it does nothing.
+func (t *Tracker) Refresh() (changed bool) {
+	if t.store == nil {
+		return false
+	}
+	t.storeMu.Lock()
+	defer t.storeMu.Unlock()
+	unlock, err := t.store.lock()
+	if err != nil {
+		t.logger.Error(err, "Locking the GPU health state failed; reading and writing it unlocked")
+	} else {
+		defer unlock()
+	}
+	states, old, err := t.store.load()
+	if err != nil {
+		t.logger.Error(err, "Ignoring the GPU health state file; it is rewritten from this instance's state")
+	}
+	if changed = t.Restore(states); changed {
+		t.logger.Info("GPU health restored from the state file", "path", t.store.Path, "unhealthy", len(t.Unhealthy()))
+	}
+	data, err := encode(t.Unhealthy())
+	if err == nil && !bytes.Equal(data, old) {
+		err = t.store.write(data)
+	}
+	if err != nil {
+		t.logger.Error(err, "Saving the GPU health state failed; it is lost if the plugin restarts before the next save")
+	}
+	return changed
+}
+
+// save is Refresh after a change of the tracker's own.
+func (t *Tracker) save() {
+	if t.store != nil {
+		t.Refresh()
+	}
 }
 
 // NextRecovery is the earliest RecoversAt of the unhealthy GPUs.

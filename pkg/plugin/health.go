@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -110,5 +111,17 @@ func FollowHealth(ctx context.Context, tracker *health.Tracker, inv *Inventory) 
 		case <-changes:
 			inv.Trigger()
 		}
+	}
+}
+
+// HealthTaints returns the Inventory.Taints of tracker: before each
+// inventory sync it re-reads the tracker's state file (health.Tracker.Refresh;
+// a tracker without one is only read), so that the faults the other
+// instance of a surge rolling update recorded are published by this one too,
+// within a --rediscover-interval at most.
+func HealthTaints(tracker *health.Tracker) func() map[string][]resourceapi.DeviceTaint {
+	return func() map[string][]resourceapi.DeviceTaint {
+		tracker.Refresh()
+		return tracker.Taints()
 	}
 }

@@ -1,18 +1,26 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -22,60 +30,151 @@ type Publisher interface {
 	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
 }
 
+// DiscoveryFailedTaint is the device taint on both devices of a GPU that
+// failed discovery but is published all the same (see Inventory). It has the
+// health tracker's key, so that one toleration of gpu.tessera.dev/unhealthy
+// (a diagnostic pod's) covers every GPU Tessera considers broken; the value
+// tells the cause apart from the XIDs. NoSchedule: the GPU may still work
+// for the pods already using it, but nothing new is allocated on it.
+var DiscoveryFailedTaint = resourceapi.DeviceTaint{
+	Key: health.TaintKey, Value: "DiscoveryFailed", Effect: resourceapi.DeviceTaintEffectNoSchedule,
+}
+
+// NVMLDiscovery returns an Inventory.DiscoverNode over lib (gpu.DiscoverNode).
+// When NVML could not be opened (lib nil; openErr says why, e.g. the
+// library is missing) every discovery fails with openErr: the node runs
+// without GPUs, and its status and events say why.
+func NVMLDiscovery(lib nvml.Interface, openErr error) func() (gpu.Discovery, error) {
+	if lib == nil {
+		if openErr == nil {
+			openErr = fmt.Errorf("no NVML library")
+		}
+		return func() (gpu.Discovery, error) { return gpu.Discovery{}, openErr }
+	}
+	return func() (gpu.Discovery, error) { return gpu.DiscoverNode(lib) }
+}
+
 // Inventory keeps the published ResourceSlices in line with the GPUs
 // discovery finds and their health: [Inventory.Sync] publishes only when the
 // inventory or the taints changed since the last successful publish,
 // [Inventory.Run] syncs periodically and whenever [Inventory.Trigger] is
 // called (the health tracker does on every change). Sync and Run are safe
 // for concurrent use.
+//
+// A node whose GPUs cannot all be discovered keeps working (see Sync): the
+// GPUs that were described are published, a GPU that failed is reported
+// (Node event, [Inventory.Status], the discovery metrics) and, when it can be
+// described, published tainted [DiscoveryFailedTaint]; a node without GPUs,
+// or without usable NVML, publishes an empty pool. The plugin keeps running
+// in every case, so that claims prepared earlier can be unprepared.
 type Inventory struct {
-	NodeName  string
-	Discover  func() ([]gpu.GPU, error)
-	Publisher Publisher
+	NodeName string
+	// Discover lists every GPU or fails (gpu.Discover). It is used when
+	// DiscoverNode is nil; its error counts as a failure of the whole
+	// discovery.
+	Discover func() ([]gpu.GPU, error)
+	// DiscoverNode lists the GPUs it could describe and those it could not
+	// (gpu.DiscoverNode; NVMLDiscovery makes one). Its error is a failure of
+	// the whole discovery (NVML unavailable, no GPU count).
+	DiscoverNode func() (gpu.Discovery, error)
+	Publisher    Publisher
 	// OnChange, when set, gets every newly published inventory (the plugin's
-	// SetGPUs).
+	// SetGPUs): the described GPUs and the failed ones published tainted.
 	OnChange func([]gpu.GPU)
 	// Taints, when set, returns the device taints by GPU UUID (the health
 	// tracker's Taints); they go on both devices of the GPU.
 	Taints func() map[string][]resourceapi.DeviceTaint
 	// Model are more options for model.Resources (model.WithPCIeRoots).
 	Model []model.Option
+	// Events, when set, gets Node events about discovery, each when its
+	// message changes: Warning GPUDiscoveryFailed (a GPU failed; says whether
+	// it is published tainted) and Normal GPUDiscoveryRecovered (it is
+	// described again); Warning NoGPUs (nothing to publish: no usable NVML,
+	// or NVML reports no GPU), Warning GPUDiscoveryError (discovery failed as
+	// a whole; the earlier publication stays) and Normal GPUsDiscovered (GPUs
+	// are published again after either).
+	Events EventRecorder
 
 	mu        sync.Mutex
 	published []gpu.GPU
 	taints    map[string][]resourceapi.DeviceTaint
 	synced    bool
-	trigger   chan struct{}
-	once      sync.Once
+	// known are the last full descriptions of the GPUs by UUID, and uuids
+	// their UUIDs by NVML index (stable while NVML stays initialised), so
+	// that a GPU described before keeps its facts when it fails.
+	known map[string]gpu.GPU
+	uuids map[int]string
+	// failed are the GPUs that failed the latest successful discovery.
+	failed []failedGPU
+	// reported is the last event message by key ("" node, "gpu-<index>").
+	reported map[string]string
+
+	statusMu sync.Mutex
+	status   discoveryStatus
+
+	trigger chan struct{}
+	once    sync.Once
+}
+
+// failedGPU is a GPU that failed discovery and what became of it.
+type failedGPU struct {
+	gpu.Failure
+	// published is set when it is published tainted, with these facts.
+	published bool
+	facts     gpu.GPU
+}
+
+// discoveryStatus is what Status and DiscoverySnapshot report.
+type discoveryStatus struct {
+	ran       bool // a discovery was made
+	synced    bool
+	err       error // of the whole discovery, latest sync
+	described int   // GPUs the latest successful discovery described
+	published int
+	failed    []failedGPU
+	errors    uint64
 }
 
 // Sync discovers and, if anything changed (or nothing was published yet),
 // publishes model.Resources of the GPUs with their taints. changed says
-// whether it published. On a discovery error the last discovered GPUs are
-// republished if their taints changed (a GPU that fell off the bus can make
-// discovery fail, and its taint must still go out), and the error is
-// returned; on any other error the previous publication stays. Either way
-// the next Sync tries again.
+// whether it published.
+//
+//   - GPUs that fail discovery do not fail Sync. One that was fully
+//     described before (by this process) keeps those facts; one whose UUID,
+//     minor number and memory size could be read is published with what
+//     was read; either is tainted DiscoveryFailedTaint on both devices (and
+//     keeps its health taints) and is in no NVLink domain. One that cannot
+//     be described is not published at all: its devices would have no
+//     name, UUID or capacity to publish. The taint goes as soon as the GPU
+//     is described again.
+//   - When discovery fails as a whole (no usable NVML, no GPU count), the
+//     last published GPUs are republished if their taints changed (a GPU
+//     that fell off the bus can make discovery fail, and its taint must
+//     still go out); before the first publication an empty pool is
+//     published, so that the node says "no devices" rather than nothing.
+//     The error is returned.
+//   - On any other error (model, publishing) the previous publication stays.
+//
+// Either way the next Sync tries again.
 func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	var taints map[string][]resourceapi.DeviceTaint
+	var healthTaints map[string][]resourceapi.DeviceTaint
 	if i.Taints != nil {
-		taints = i.Taints()
+		healthTaints = i.Taints()
 	}
-	if len(taints) == 0 {
-		taints = nil
-	}
-	gpus, discoverErr := i.Discover()
+	d, discoverErr := i.discover()
+	var gpus []gpu.GPU
 	if discoverErr != nil {
 		discoverErr = fmt.Errorf("discover GPUs: %w", discoverErr)
-		if !i.synced || reflect.DeepEqual(taints, i.taints) {
-			return false, discoverErr
-		}
-		gpus = i.published
+		gpus = i.published // nil before the first publication: an empty pool
+	} else {
+		gpus, i.failed = i.withFailed(d)
 	}
+	taints := withDiscoveryTaints(healthTaints, i.failed)
+	i.report(ctx, d, discoverErr, len(gpus))
 	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) {
-		return false, nil
+		return false, discoverErr
 	}
 	resources, err := model.Resources(i.NodeName, gpus, append(slices.Clone(i.Model), model.WithTaints(taints))...)
 	if err != nil {
@@ -84,13 +183,239 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	if err := i.Publisher.PublishResources(ctx, resources); err != nil {
 		return false, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	klog.FromContext(ctx).Info("Published GPU inventory", "gpus", len(gpus), "tainted", len(taints), "first", !i.synced)
+	klog.FromContext(ctx).Info("Published GPU inventory", "gpus", len(gpus), "tainted", len(taints), "failedDiscovery", len(i.failed), "first", !i.synced)
 	gpusChanged := !i.synced || !reflect.DeepEqual(gpus, i.published)
 	i.published, i.taints, i.synced = gpus, taints, true
+	i.statusMu.Lock()
+	i.status.synced, i.status.published = true, len(gpus)
+	i.statusMu.Unlock()
 	if gpusChanged && i.OnChange != nil {
 		i.OnChange(gpus)
 	}
 	return true, discoverErr
+}
+
+// Synced reports whether a Sync has published.
+func (i *Inventory) Synced() bool {
+	i.statusMu.Lock()
+	defer i.statusMu.Unlock()
+	return i.status.synced
+}
+
+func (i *Inventory) discover() (gpu.Discovery, error) {
+	switch {
+	case i.DiscoverNode != nil:
+		return i.DiscoverNode()
+	case i.Discover != nil:
+		gpus, err := i.Discover()
+		return gpu.Discovery{GPUs: gpus}, err
+	}
+	return gpu.Discovery{}, fmt.Errorf("no discovery configured")
+}
+
+// withFailed returns the GPUs to publish, sorted by minor (nil for none),
+// and what became of each failed one; it remembers the described GPUs.
+func (i *Inventory) withFailed(d gpu.Discovery) ([]gpu.GPU, []failedGPU) {
+	if i.known == nil {
+		i.known, i.uuids = map[string]gpu.GPU{}, map[int]string{}
+	}
+	minors, uuids := map[int]bool{}, map[string]bool{}
+	gpus := make([]gpu.GPU, 0, len(d.GPUs)+len(d.Failed))
+	for _, g := range d.GPUs {
+		i.known[g.UUID], i.uuids[g.Index] = g, g.UUID
+		minors[g.Minor], uuids[g.UUID] = true, true
+		gpus = append(gpus, g)
+	}
+	var failed []failedGPU
+	for _, f := range d.Failed {
+		fg := failedGPU{Failure: f}
+		uuid := f.UUID
+		if uuid == "" {
+			uuid = i.uuids[f.Index]
+		}
+		facts, ok := i.known[uuid]
+		if !ok && f.Partial != nil {
+			facts, ok = *f.Partial, true
+		}
+		// Published only if it is not confused with a described GPU.
+		if ok && !minors[facts.Minor] && !uuids[facts.UUID] {
+			facts.NVLinkDomain = ""
+			fg.published, fg.facts = true, facts
+			minors[facts.Minor], uuids[facts.UUID] = true, true
+			gpus = append(gpus, facts)
+		}
+		failed = append(failed, fg)
+	}
+	if len(gpus) == 0 {
+		return nil, failed
+	}
+	slices.SortFunc(gpus, func(a, b gpu.GPU) int { return cmp.Compare(a.Minor, b.Minor) })
+	return gpus, failed
+}
+
+// withDiscoveryTaints adds DiscoveryFailedTaint to the health taints of the
+// failed GPUs that are published; nil when there is no taint at all.
+func withDiscoveryTaints(healthTaints map[string][]resourceapi.DeviceTaint, failed []failedGPU) map[string][]resourceapi.DeviceTaint {
+	out := maps.Clone(healthTaints)
+	for _, f := range failed {
+		if !f.published {
+			continue
+		}
+		if out == nil {
+			out = map[string][]resourceapi.DeviceTaint{}
+		}
+		out[f.facts.UUID] = append(slices.Clone(out[f.facts.UUID]), DiscoveryFailedTaint)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// report updates the status and emits the events and logs of one discovery.
+func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr error, publishing int) {
+	logger := klog.FromContext(ctx)
+	i.statusMu.Lock()
+	i.status.ran, i.status.err = true, discoverErr
+	if discoverErr == nil {
+		i.status.described = len(d.GPUs)
+		i.status.failed = slices.Clone(i.failed)
+	}
+	if discoverErr != nil || len(d.Failed) > 0 {
+		i.status.errors++
+	}
+	i.statusMu.Unlock()
+
+	if i.reported == nil {
+		i.reported = map[string]string{}
+	}
+	emit := func(key, eventType, reason, message string) {
+		if i.reported[key] == reason+message {
+			return
+		}
+		i.reported[key] = reason + message
+		if i.Events != nil {
+			i.Events.Event(eventType, reason, message)
+		}
+	}
+
+	const unprepare = "Claims prepared earlier can still be unprepared."
+	switch {
+	case discoverErr != nil && publishing == 0:
+		msg := fmt.Sprintf("No GPU is published: %v. %s", discoverErr, unprepare)
+		if i.reported[""] != "NoGPUs"+msg {
+			logger.Error(discoverErr, "No GPU is published; the plugin keeps running so that claims prepared earlier can be unprepared")
+		}
+		emit("", corev1.EventTypeWarning, "NoGPUs", msg)
+	case discoverErr != nil:
+		msg := fmt.Sprintf("GPU discovery failed: %v. The %d GPUs published before stay published.", discoverErr, publishing)
+		emit("", corev1.EventTypeWarning, "GPUDiscoveryError", msg)
+	case publishing == 0 && len(d.Failed) == 0:
+		msg := "NVML reports no GPU on this node: no GPU is published. " + unprepare
+		if i.reported[""] != "NoGPUs"+msg {
+			logger.Info("NVML reports no GPU on this node; publishing none")
+		}
+		emit("", corev1.EventTypeWarning, "NoGPUs", msg)
+	default:
+		// Only after NoGPUs or GPUDiscoveryError: a node that was fine all
+		// along gets no event.
+		if r := i.reported[""]; r != "" && !strings.HasPrefix(r, "GPUsDiscovered") {
+			emit("", corev1.EventTypeNormal, "GPUsDiscovered", fmt.Sprintf("GPU discovery works again: %d GPUs published.", publishing))
+		}
+	}
+	if discoverErr != nil {
+		return // which GPUs fail is not known now
+	}
+
+	failing := map[string]bool{}
+	for _, f := range i.failed {
+		key := fmt.Sprintf("gpu-%d", f.Index)
+		failing[key] = true
+		msg := f.Error() + "; " + f.outcome()
+		if i.reported[key] != "GPUDiscoveryFailed"+msg {
+			logger.Error(f.Err, "GPU failed discovery", "index", f.Index, "uuid", f.UUID, "published", f.published)
+		}
+		emit(key, corev1.EventTypeWarning, "GPUDiscoveryFailed", msg)
+	}
+	for _, key := range slices.Sorted(maps.Keys(i.reported)) {
+		if key == "" || failing[key] {
+			continue
+		}
+		delete(i.reported, key)
+		msg := fmt.Sprintf("GPU index %s is discovered again.", strings.TrimPrefix(key, "gpu-"))
+		logger.Info("GPU discovered again", "index", strings.TrimPrefix(key, "gpu-"))
+		if i.Events != nil {
+			i.Events.Event(corev1.EventTypeNormal, "GPUDiscoveryRecovered", msg)
+		}
+	}
+}
+
+// outcome says what became of a failed GPU, for events and the status.
+func (f failedGPU) outcome() string {
+	if f.published {
+		t := DiscoveryFailedTaint
+		return fmt.Sprintf("published as %s with taint %s=%s:%s", model.WholeDeviceName(f.facts.Minor), t.Key, t.Value, t.Effect)
+	}
+	return "not published (its UUID, minor number or memory size could not be read)"
+}
+
+// Status is a one-line summary of the latest discovery for /healthz:
+// "ok: 8 GPUs published", "ok: 7 GPUs published; GPU index 3 (…) failed
+// discovery: …", "ok: no GPUs: <why>", or "starting: …" before the first
+// publication.
+func (i *Inventory) Status() string {
+	i.statusMu.Lock()
+	defer i.statusMu.Unlock()
+	s := i.status
+	if !s.synced {
+		if s.err != nil {
+			return "starting: GPU inventory not published yet: " + s.err.Error()
+		}
+		return "starting: GPU inventory not published yet"
+	}
+	var b strings.Builder
+	switch {
+	case s.published == 0 && s.err != nil:
+		fmt.Fprintf(&b, "ok: no GPUs: %v", s.err)
+	case s.published == 0 && len(s.failed) == 0:
+		b.WriteString("ok: no GPUs: NVML reports none on this node")
+	case s.err != nil:
+		fmt.Fprintf(&b, "ok: %d GPUs published (from an earlier discovery; the latest failed: %v)", s.published, s.err)
+	default:
+		fmt.Fprintf(&b, "ok: %d GPUs published", s.published)
+	}
+	for _, f := range s.failed {
+		fmt.Fprintf(&b, "; %v, %s", f.Failure, f.outcome())
+	}
+	return b.String()
+}
+
+// HealthzHandler serves Status for the liveness probe. It always answers
+// 200 while the plugin runs: a node without GPUs or with a broken GPU is
+// reported, not restarted, since a restart fixes neither and the plugin
+// must stay up to unprepare claims (and a failing readiness would stall
+// surge rolling updates on such nodes).
+func (i *Inventory) HealthzHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprintln(w, i.Status())
+	})
+}
+
+// DiscoverySnapshot implements metrics.DiscoverySource.
+func (i *Inventory) DiscoverySnapshot() metrics.Discovery {
+	i.statusMu.Lock()
+	defer i.statusMu.Unlock()
+	s := i.status
+	out := metrics.Discovery{Up: s.ran && s.err == nil, GPUs: s.described, Errors: s.errors}
+	for _, f := range s.failed {
+		uuid := f.UUID
+		if f.published {
+			uuid = f.facts.UUID
+		}
+		out.Failed = append(out.Failed, metrics.FailedGPU{Index: f.Index, UUID: uuid, Published: f.published})
+	}
+	return out
 }
 
 // Trigger asks Run for a Sync soon; calls coalesce.

@@ -3,11 +3,21 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/metrics"
 )
 
 type fakePublisher struct {
@@ -49,5 +59,238 @@ func TestInventorySync(t *testing.T) {
 	}
 	if len(pub.published) != 2 || len(seen) != 2 || len(seen[1]) != 3 {
 		t.Errorf("published %d times, OnChange %d times", len(pub.published), len(seen))
+	}
+}
+
+// devices returns the taints of every device of the last publication, by
+// device name (nil for an untainted device), and how many slices it had.
+func (f *fakePublisher) devices(t *testing.T) (map[string][]resourceapi.DeviceTaint, int) {
+	t.Helper()
+	if len(f.published) == 0 {
+		t.Fatal("nothing published")
+	}
+	last := f.published[len(f.published)-1]
+	out := map[string][]resourceapi.DeviceTaint{}
+	n := 0
+	for _, pool := range last.Pools {
+		for _, s := range pool.Slices {
+			n++
+			for _, d := range s.Devices {
+				out[d.Name] = d.Taints
+			}
+		}
+	}
+	return out, n
+}
+
+func hasEvent(events []string, prefix string, parts ...string) bool {
+	for _, e := range events {
+		if !strings.HasPrefix(e, prefix) {
+			continue
+		}
+		ok := true
+		for _, p := range parts {
+			ok = ok && strings.Contains(e, p)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// One GPU that fails discovery does not stop the node: the others are
+// published, the broken one is reported (event, status, metrics) and, once
+// its facts are known, published tainted; it comes back untainted.
+func TestInventoryBrokenGPU(t *testing.T) {
+	ctx := ctxFor(t)
+	node, err := gpu.NewMockNode("hgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Broken from the start: its memory size cannot be read, so it cannot
+	// be published.
+	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.ERROR_UNKNOWN); err != nil {
+		t.Fatal(err)
+	}
+	pub, events := &fakePublisher{}, &fakeEvents{}
+	var seen [][]gpu.GPU
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events,
+		OnChange: func(g []gpu.GPU) { seen = append(seen, g) }}
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("first sync: changed %v, err %v; want a publication without error", changed, err)
+	}
+	devs, _ := pub.devices(t)
+	if len(devs) != 14 || devs["gpu-3"] != nil || devs["gpu-2"] != nil || len(devs["gpu-2-shared"]) != 0 {
+		t.Errorf("published %d devices %v, want the 7 healthy GPUs' 14, untainted", len(devs), slices.Sorted(maps.Keys(devs)))
+	}
+	if _, ok := devs["gpu-3"]; ok {
+		t.Error("gpu-3 published although it could not be described")
+	}
+	if len(seen) != 1 || len(seen[0]) != 7 {
+		t.Errorf("OnChange got %d inventories", len(seen))
+	}
+	uuid3, _ := node.Devices[3].GetUUID()
+	if !hasEvent(events.list(), "Warning GPUDiscoveryFailed", "GPU index 3 ("+uuid3+")", "nvmlDeviceGetMemoryInfo", "not published") {
+		t.Errorf("events %q, want a Warning GPUDiscoveryFailed for GPU index 3", events.list())
+	}
+	if s := inv.Status(); !strings.HasPrefix(s, "ok: 7 GPUs published; GPU index 3") {
+		t.Errorf("status %q", s)
+	}
+	snap := inv.DiscoverySnapshot()
+	if !snap.Up || snap.GPUs != 7 || snap.Errors != 1 || len(snap.Failed) != 1 || snap.Failed[0] != (metrics.FailedGPU{Index: 3, UUID: uuid3}) {
+		t.Errorf("metrics snapshot %+v", snap)
+	}
+	// The same failure again: no new event, nothing republished.
+	n := len(events.list())
+	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.list()) != n {
+		t.Errorf("unchanged failure: changed %v, err %v, events %q", changed, err, events.list()[n:])
+	}
+
+	// It recovers: published, reported.
+	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.SUCCESS); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("after recovery: changed %v, err %v", changed, err)
+	}
+	if devs, _ := pub.devices(t); len(devs) != 16 || devs["gpu-3"] != nil {
+		t.Errorf("after recovery: %d devices, gpu-3 taints %v", len(devs), devs["gpu-3"])
+	}
+	if !hasEvent(events.list(), "Normal GPUDiscoveryRecovered", "GPU index 3") {
+		t.Errorf("events %q, want GPUDiscoveryRecovered", events.list())
+	}
+	if s := inv.Status(); s != "ok: 8 GPUs published" {
+		t.Errorf("status %q", s)
+	}
+
+	// It breaks again, now with its facts known: published, tainted.
+	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.ERROR_GPU_IS_LOST); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("broken again: changed %v, err %v", changed, err)
+	}
+	devs, _ = pub.devices(t)
+	if len(devs) != 16 {
+		t.Errorf("broken again: %d devices, want 16", len(devs))
+	}
+	for _, name := range []string{"gpu-3", "gpu-3-shared"} {
+		if got := devs[name]; len(got) != 1 || got[0] != DiscoveryFailedTaint {
+			t.Errorf("%s taints %v, want %v", name, got, DiscoveryFailedTaint)
+		}
+	}
+	if devs["gpu-4"] != nil {
+		t.Errorf("gpu-4 tainted: %v", devs["gpu-4"])
+	}
+	if !hasEvent(events.list(), "Warning GPUDiscoveryFailed", "GPU index 3", "published as gpu-3 with taint gpu.tessera.dev/unhealthy=DiscoveryFailed:NoSchedule") {
+		t.Errorf("events %q", events.list())
+	}
+	if g := seen[len(seen)-1]; len(g) != 8 || g[3].UUID != uuid3 || g[3].NVLinkDomain != "" {
+		t.Errorf("OnChange: %d GPUs, gpu-3 %+v; want all 8, gpu-3 in no NVLink domain", len(g), g[3])
+	}
+	if snap := inv.DiscoverySnapshot(); len(snap.Failed) != 1 || !snap.Failed[0].Published {
+		t.Errorf("metrics snapshot %+v", snap)
+	}
+}
+
+// A GPU that fails late in discovery, never described before, is published
+// tainted with the facts that were read; its health taints stay.
+func TestInventoryPartlyDescribedGPU(t *testing.T) {
+	ctx := ctxFor(t)
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.FailDiscovery(1, "nvmlDeviceGetPciInfo", nvml.ERROR_UNKNOWN); err != nil {
+		t.Fatal(err)
+	}
+	uuid1, _ := node.Devices[1].GetUUID()
+	xid := resourceapi.DeviceTaint{Key: health.TaintKey, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub,
+		Taints: func() map[string][]resourceapi.DeviceTaint { return map[string][]resourceapi.DeviceTaint{uuid1: {xid}} }}
+	if _, err := inv.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := pub.devices(t)
+	if got := devs["gpu-1"]; len(devs) != 8 || !slices.Equal(got, []resourceapi.DeviceTaint{xid, DiscoveryFailedTaint}) {
+		t.Errorf("%d devices, gpu-1 taints %v; want 8 and the XID and discovery taints", len(devs), got)
+	}
+}
+
+// A node without GPUs, or without NVML, keeps the plugin up: an empty pool
+// is published, the status and a Node event say why, and claims prepared
+// earlier (by a process that had GPUs) can still be unprepared.
+func TestInventoryNoGPUs(t *testing.T) {
+	ctx := ctxFor(t)
+	e := newEnv(t)
+	before := e.start(nil)
+	claim := newClaim("uid-1", []result{whole("gpu", "gpu-2")})
+	mustPrepare(t, before.Plugin, claim)
+
+	// The driver is gone after a restart: NVML cannot be loaded.
+	noLib := fmt.Errorf("NVML library libnvidia-ml.so.1 not found under driver root \"/\": %w", gpu.ErrLibraryNotFound)
+	after := e.start(func(o *Options) { o.GPUs = nil })
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(nil, noLib), Publisher: pub, Events: e.events, OnChange: after.SetGPUs}
+	if s := inv.Status(); !strings.HasPrefix(s, "starting") {
+		t.Errorf("status before the first sync: %q", s)
+	}
+	changed, err := inv.Sync(ctx)
+	if !errors.Is(err, gpu.ErrLibraryNotFound) || !changed || !inv.Synced() {
+		t.Fatalf("sync: changed %v, synced %v, err %v; want an empty pool published and the NVML error", changed, inv.Synced(), err)
+	}
+	if devs, n := pub.devices(t); len(devs) != 0 || n != 1 {
+		t.Errorf("published %d devices in %d slices, want an empty pool (one empty slice)", len(devs), n)
+	}
+	if !hasEvent(e.events.list(), "Warning NoGPUs", "libnvidia-ml.so.1 not found", "can still be unprepared") {
+		t.Errorf("events %q, want Warning NoGPUs naming the library", e.events.list())
+	}
+	rec := httptest.NewRecorder()
+	inv.HealthzHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.HasPrefix(body, "ok: no GPUs: discover GPUs: NVML library libnvidia-ml.so.1 not found") {
+		t.Errorf("/healthz: %d %q", rec.Code, body)
+	}
+	if snap := inv.DiscoverySnapshot(); snap.Up || snap.GPUs != 0 {
+		t.Errorf("metrics snapshot %+v", snap)
+	}
+	// Repeated failures are neither republished nor re-reported.
+	n := len(e.events.list())
+	if changed, _ := inv.Sync(ctx); changed || len(e.events.list()) != n {
+		t.Errorf("second sync: changed %v, new events %q", changed, e.events.list()[n:])
+	}
+	mustUnprepare(t, after.Plugin, claim.UID)
+	e.assertClean(after)
+
+	// NVML works but reports no GPU.
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Devices = nil
+	events := &fakeEvents{}
+	pub = &fakePublisher{}
+	inv = &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events}
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("no GPUs: changed %v, err %v", changed, err)
+	}
+	if devs, n := pub.devices(t); len(devs) != 0 || n != 1 {
+		t.Errorf("published %d devices in %d slices, want an empty pool", len(devs), n)
+	}
+	if !hasEvent(events.list(), "Warning NoGPUs", "NVML reports no GPU") {
+		t.Errorf("events %q", events.list())
+	}
+	if s := inv.Status(); s != "ok: no GPUs: NVML reports none on this node" {
+		t.Errorf("status %q", s)
+	}
+	// A GPU appears (hot-plug, or the driver came up): published, reported.
+	fresh, _ := gpu.NewMockNode("l4x4")
+	node.Devices = fresh.Devices
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("GPUs appeared: changed %v, err %v", changed, err)
+	}
+	if !hasEvent(events.list(), "Normal GPUsDiscovered", "4 GPUs published") {
+		t.Errorf("events %q", events.list())
 	}
 }

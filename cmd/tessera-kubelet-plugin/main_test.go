@@ -1,0 +1,75 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+)
+
+func testFlags(t *testing.T) flags {
+	dir := t.TempDir()
+	return flags{
+		nodeName:         "node-a",
+		pluginDataDir:    filepath.Join(dir, "plugin"),
+		driverRoot:       filepath.Join(dir, "driver-root"), // no NVML in it
+		defaultIsolation: "Advisory",
+		kubeconfig:       filepath.Join(dir, "no-such-kubeconfig"),
+	}
+}
+
+// A node without NVML does not stop the plugin: it gets past NVML to the
+// next step (here the missing kubeconfig), instead of failing on NVML.
+func TestRunWithoutNVMLKeepsGoing(t *testing.T) {
+	f := testFlags(t)
+	if err := os.MkdirAll(f.driverRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(t)
+	err := run(ctx, f)
+	if err == nil || errors.Is(err, gpu.ErrLibraryNotFound) || !strings.Contains(err.Error(), "kubernetes client configuration") {
+		t.Fatalf("run = %v, want it to get past the missing NVML to the kubeconfig", err)
+	}
+}
+
+// A configuration error of the driver root is still fatal.
+func TestRunRelativeDriverRootFails(t *testing.T) {
+	f := testFlags(t)
+	f.driverRoot = "run/nvidia/driver"
+	_, ctx := ktesting.NewTestContext(t)
+	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "not an absolute path") {
+		t.Fatalf("run = %v, want the driver root refused", err)
+	}
+}
+
+func TestMockKnobsNeedMockProfile(t *testing.T) {
+	f := testFlags(t)
+	f.mockFailDiscovery = []string{"3"}
+	_, ctx := ktesting.NewTestContext(t)
+	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--mock-profile") {
+		t.Fatalf("run = %v, want --mock-fail-discovery refused without --mock-profile", err)
+	}
+}
+
+func TestOpenNVMLMockFailDiscovery(t *testing.T) {
+	f := testFlags(t)
+	f.mockProfile = "l4x4"
+	f.mockFailDiscovery = []string{"1", "2:nvmlDeviceGetPciInfo"}
+	lib, err := openNVML(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := gpu.DiscoverNode(lib)
+	if err != nil || len(d.GPUs) != 2 || len(d.Failed) != 2 || d.Failed[0].Partial != nil || d.Failed[1].Partial == nil {
+		t.Errorf("discovery %+v, %v; want GPUs 1 and 2 failed, 2 partly described", d, err)
+	}
+	f.mockFailDiscovery = []string{"7"}
+	if _, err := openNVML(f); err == nil || !strings.Contains(err.Error(), "--mock-fail-discovery") {
+		t.Errorf("openNVML with GPU 7 of 4: %v", err)
+	}
+}

@@ -1,0 +1,108 @@
+package gpu
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Test knob of MockNode: GPUs that fail discovery. Nothing on a real node
+// uses it.
+
+// MockDiscoveryCalls are the NVML calls FailDiscovery can make fail, in the
+// order discovery makes them. Failing nvmlDeviceGetUUID leaves nothing known
+// about the GPU but its index; nvmlDeviceGetMemoryInfo leaves its UUID and
+// minor number known but not enough to publish it; nvmlDeviceGetPciInfo
+// leaves enough to publish it (see Failure.Partial).
+var MockDiscoveryCalls = []string{"nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo"}
+
+// DefaultMockDiscoveryCall is the call FailDiscoverySpec fails when the spec
+// names none: what a GPU in a bad state typically answers.
+const DefaultMockDiscoveryCall = "nvmlDeviceGetMemoryInfo"
+
+// mockFailure is a call that fails on one mock GPU.
+type mockFailure struct {
+	call string
+	ret  nvml.Return
+}
+
+// FailDiscovery makes GPU i answer ret to call (one of MockDiscoveryCalls),
+// so that discovery reports the GPU in Discovery.Failed; ret SUCCESS makes
+// it answer normally again. Only one call fails per GPU: a second
+// FailDiscovery replaces the first. Other users of the call (the health
+// watcher reads the UUID, metrics the memory) see the same failure, as they
+// would on a real node.
+func (n *MockNode) FailDiscovery(i int, call string, ret nvml.Return) error {
+	if i < 0 || i >= len(n.Devices) {
+		return fmt.Errorf("mock node %s: no GPU with index %d (it has %d)", n.Profile, i, len(n.Devices))
+	}
+	if !slices.Contains(MockDiscoveryCalls, call) {
+		return fmt.Errorf("mock node %s: discovery call %q cannot be made to fail (want one of %s)", n.Profile, call, strings.Join(MockDiscoveryCalls, ", "))
+	}
+	n.state.mu.Lock()
+	defer n.state.mu.Unlock()
+	if ret == nvml.SUCCESS {
+		delete(n.state.failures, i)
+	} else {
+		n.state.failures[i] = mockFailure{call: call, ret: ret}
+	}
+	return nil
+}
+
+// FailDiscoverySpec applies "INDEX[:CALL]" (CALL defaults to
+// DefaultMockDiscoveryCall): GPU INDEX answers ERROR_UNKNOWN to CALL. It is
+// the form of the kubelet plugin's --mock-fail-discovery flag.
+func (n *MockNode) FailDiscoverySpec(spec string) error {
+	index, call, _ := strings.Cut(spec, ":")
+	i, err := strconv.Atoi(index)
+	if err != nil {
+		return fmt.Errorf("mock discovery failure %q: want INDEX[:CALL]", spec)
+	}
+	if call == "" {
+		call = DefaultMockDiscoveryCall
+	}
+	return n.FailDiscovery(i, call, nvml.ERROR_UNKNOWN)
+}
+
+// failing returns what call on GPU i answers instead of its result, if it fails.
+func (n *MockNode) failing(i int, call string) (nvml.Return, bool) {
+	n.state.mu.Lock()
+	defer n.state.mu.Unlock()
+	f, ok := n.state.failures[i]
+	if !ok || f.call != call {
+		return nvml.SUCCESS, false
+	}
+	return f.ret, true
+}
+
+// installDiscoveryFailures wraps the calls of MockDiscoveryCalls; call it
+// after installEvents, which wraps GetMemoryInfo itself.
+func (n *MockNode) installDiscoveryFailures() {
+	n.state.failures = map[int]mockFailure{}
+	for i, d := range n.Devices {
+		uuid := d.GetUUIDFunc
+		d.GetUUIDFunc = func() (string, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetUUID"); failed {
+				return "", ret
+			}
+			return uuid()
+		}
+		memory := d.GetMemoryInfoFunc
+		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetMemoryInfo"); failed {
+				return nvml.Memory{}, ret
+			}
+			return memory()
+		}
+		pci := d.GetPciInfoFunc
+		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetPciInfo"); failed {
+				return nvml.PciInfo{}, ret
+			}
+			return pci()
+		}
+	}
+}

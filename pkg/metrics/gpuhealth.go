@@ -1,0 +1,88 @@
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Discovery is the outcome of the kubelet plugin's latest GPU discovery.
+type Discovery struct {
+	// Up is false when the latest discovery failed as a whole: no NVML (no
+	// library, no kernel module) or NVML could not enumerate the GPUs.
+	Up bool
+	// GPUs is how many GPUs the latest discovery described.
+	GPUs int
+	// Failed are the GPUs NVML enumerates but discovery could not describe.
+	Failed []FailedGPU
+	// Errors counts the discoveries since the start that failed as a whole
+	// or for at least one GPU.
+	Errors uint64
+}
+
+// FailedGPU is one GPU that failed discovery.
+type FailedGPU struct {
+	// Index is NVML's index; UUID is empty when it could not be read.
+	Index int
+	UUID  string
+	// Published is true when its devices are published anyway (tainted).
+	Published bool
+}
+
+// DiscoverySource supplies the discovery outcome; the plugin's Inventory is
+// one.
+type DiscoverySource interface {
+	DiscoverySnapshot() Discovery
+}
+
+// AddDiscovery registers the discovery series, computed from src at each
+// scrape. Call it once.
+//
+//	tessera_gpu_discovery_up                 1 when NVML enumerated the GPUs at the latest discovery
+//	tessera_gpus_discovered                  GPUs the latest discovery described
+//	tessera_gpu_discovery_failed{index,uuid,published}
+//	                                         1 for every GPU that failed the latest discovery
+//	tessera_gpu_discovery_errors_total       discoveries that failed, as a whole or for a GPU
+func (m *Metrics) AddDiscovery(src DiscoverySource) {
+	m.Registry.MustRegister(newDiscoveryCollector(m.node, src))
+}
+
+type discoveryCollector struct {
+	src                          DiscoverySource
+	up, discovered, failed, errs *prometheus.Desc
+}
+
+func newDiscoveryCollector(node string, src DiscoverySource) *discoveryCollector {
+	c := prometheus.Labels{"node": node}
+	return &discoveryCollector{
+		src: src,
+		up: prometheus.NewDesc("tessera_gpu_discovery_up", "1 when the latest GPU discovery could use NVML and enumerate the GPUs, "+
+			"0 when it failed as a whole (no NVML library, no kernel module, ...; the plugin then publishes no GPU or keeps what it published before).", nil, c),
+		discovered: prometheus.NewDesc("tessera_gpus_discovered", "GPUs the latest discovery described (0 on a node without GPUs).", nil, c),
+		failed: prometheus.NewDesc("tessera_gpu_discovery_failed", "1 for every GPU NVML enumerates but the latest discovery could not describe, by NVML index "+
+			"(uuid empty when unreadable); published=true when its devices are published anyway, tainted gpu.tessera.dev/unhealthy=DiscoveryFailed:NoSchedule.",
+			[]string{"index", "uuid", "published"}, c),
+		errs: prometheus.NewDesc("tessera_gpu_discovery_errors_total", "GPU discoveries that failed, as a whole or for at least one GPU.", nil, c),
+	}
+}
+
+func (c *discoveryCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.up
+	ch <- c.discovered
+	ch <- c.failed
+	ch <- c.errs
+}
+
+func (c *discoveryCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.src.DiscoverySnapshot()
+	up := 0.0
+	if d.Up {
+		up = 1
+	}
+	gauge(ch, c.up, up)
+	gauge(ch, c.discovered, float64(d.GPUs))
+	for _, f := range d.Failed {
+		gauge(ch, c.failed, 1, strconv.Itoa(f.Index), f.UUID, strconv.FormatBool(f.Published))
+	}
+	ch <- prometheus.MustNewConstMetric(c.errs, prometheus.CounterValue, float64(d.Errors))
+}
