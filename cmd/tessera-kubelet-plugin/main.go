@@ -168,10 +168,6 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		logger.Error(err, "Reading the boot id failed; reboot detection is off")
 	}
-	store, recovery, err := checkpoint.Open(ctx, filepath.Join(f.pluginDataDir, "checkpoint.json"), bootID)
-	if err != nil {
-		return err
-	}
 	specs, err := cdi.NewDir(f.cdiRoot)
 	if err != nil {
 		return err
@@ -180,8 +176,6 @@ func run(ctx context.Context, f flags) error {
 	opts := plugin.Options{
 		NodeName:         f.nodeName,
 		GPUs:             discovered.GPUs,
-		Store:            store,
-		Recovery:         recovery,
 		Specs:            specs,
 		Mock:             mock,
 		DefaultIsolation: iso,
@@ -232,7 +226,14 @@ func run(ctx context.Context, f flags) error {
 	m := metrics.New(f.nodeName)
 	opts.Metrics = m
 
-	p, err := plugin.New(ctx, opts)
+	// With rolling updates the helper serializes prepare and unprepare
+	// across the two pods with this lock; opening the checkpoint and
+	// recovering hold it too.
+	lockPath := ""
+	if os.Getenv("POD_UID") != "" {
+		lockPath = filepath.Join(f.pluginDataDir, "serialize.lock")
+	}
+	p, err := plugin.Open(ctx, lockPath, filepath.Join(f.pluginDataDir, "checkpoint.json"), bootID, opts)
 	if err != nil {
 		return err
 	}
