@@ -4,16 +4,13 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"testing"
-
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // TestSharedClaimGetsItsGPUAndLimits: a pod with a claim for a share of a GPU
-// sees that GPU (NVIDIA_VISIBLE_DEVICES is the UUID the allocated device
-// advertises) and the share's memory limit, both from the CDI spec the driver
-// wrote for the claim.
+// sees that GPU and no other (TESSERA_GPU_<minor> is the UUID the allocated
+// device advertises) and the share's limits (TESSERA_GPU_<minor>_MEMORY_LIMIT,
+// _CORES_LIMIT), all from the CDI spec the driver wrote for the claim.
 func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
@@ -37,20 +34,8 @@ func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 	if dev.Attribute("type") != "shared" {
 		t.Errorf("allocated device %s has type %q, want shared", dev.Result.Device, dev.Attribute("type"))
 	}
-	wantUUID := dev.Attribute("uuid")
-	if wantUUID == "" {
-		t.Fatalf("allocated device %s advertises no uuid", dev.Result.Device)
-	}
-	if v := got.Env["NVIDIA_VISIBLE_DEVICES"]; v != wantUUID {
-		t.Errorf("NVIDIA_VISIBLE_DEVICES = %q, want %q (device %s); env: %v", v, wantUUID, dev.Result.Device, got.Env)
-	}
-	wantMemory := resource.MustParse("20Gi")
-	if q, ok := dev.Result.ConsumedCapacity["memory"]; !ok || q.Cmp(wantMemory) != 0 {
-		t.Errorf("consumedCapacity memory = %v, want %v", dev.Result.ConsumedCapacity, wantMemory.String())
-	}
-	if v, want := got.Env["TESSERA_MEMORY_LIMIT"], fmt.Sprint(wantMemory.Value()); v != want {
-		t.Errorf("TESSERA_MEMORY_LIMIT = %q, want %q; env: %v", v, want, got.Env)
-	}
+	wantConsumed(t, "shared-claim", dev, map[string]string{"memory": "20Gi", "cores": "25"})
+	wantGPUs(t, "pod shared-claim", got.Env, shareGPU(t, dev, "20Gi", 25))
 }
 
 // TestPluginWritesClaimStatus: after prepare the plugin records, in each
@@ -92,4 +77,6 @@ spec:
 	whole := claimOf(t, cluster, pods["whole"], "gpu")
 	checkStatusData(t, cluster, ns, "share", []Allocated{share}, mustInt64(t, bytesOf("12Gi")), 20, "Advisory")
 	checkStatusData(t, cluster, ns, "whole", []Allocated{whole}, 0, 0, "")
+	wantGPUs(t, "pod share", pods["share"].Env, shareGPU(t, share, "12Gi", 20))
+	wantGPUs(t, "pod whole", pods["whole"].Env, wholeGPU(t, whole))
 }

@@ -72,7 +72,8 @@ func mustInt64(t *testing.T, s string) int64 {
 }
 
 // TestDemoWholeGPU runs demo/specs/20-whole-gpu.yaml: the pod gets one whole
-// GPU, sees exactly its UUID, and no share limits.
+// GPU, sees exactly that GPU (TESSERA_GPU_<minor>=<uuid>), and no share
+// limits or isolation backend.
 func TestDemoWholeGPU(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
@@ -86,8 +87,8 @@ func TestDemoWholeGPU(t *testing.T) {
 	if uuid == "" || !strings.HasPrefix(uuid, "GPU-") {
 		t.Fatalf("device %s advertises uuid %q", dev.Result.Device, uuid)
 	}
-	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
-	noLimitEnv(t, p)
+	wantGPUs(t, "pod whole", p.Env, wholeGPU(t, dev))
+	noShareEnv(t, "pod whole", p.Env)
 	claim, _ := PodClaimName(p.Pod, "gpu")
 	checkStatusData(t, c, ns, claim, []Allocated{dev}, 0, 0, "")
 	t.Logf("pod whole: device %s (minor %s), uuid %s", dev.Result.Device, dev.Attribute("minor"), uuid)
@@ -96,9 +97,9 @@ func TestDemoWholeGPU(t *testing.T) {
 // TestDemoNVLinkPair runs demo/specs/30-nvlink-pair.yaml. On hgx-h100 all
 // GPUs share one NVLink domain, so the first subrequest, gpus/nvlink, is
 // satisfied: two distinct whole GPUs of one domain. The container sees both
-// UUIDs, comma-separated, in the plugin's order (NVLink domain, then PCI bus,
-// which on hgx-h100 ascends with the minor), the same order the plugin
-// records in the claim's status.
+// GPUs (TESSERA_GPU_<minor>=<uuid> for each) and no other, without limits;
+// the plugin records them in the claim's status in its order (NVLink domain,
+// then PCI bus, which on hgx-h100 ascends with the minor).
 func TestDemoNVLinkPair(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
@@ -130,8 +131,8 @@ func TestDemoNVLinkPair(t *testing.T) {
 			cmp.Compare(mustInt64(t, a.Attribute("minor")), mustInt64(t, b.Attribute("minor"))))
 	})
 	want := ordered[0].Attribute("uuid") + "," + ordered[1].Attribute("uuid")
-	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": want, "CUDA_VISIBLE_DEVICES": want})
-	noLimitEnv(t, p)
+	wantGPUs(t, "pod nvlink-pair", p.Env, wholeGPU(t, devs[0]), wholeGPU(t, devs[1]))
+	noShareEnv(t, "pod nvlink-pair", p.Env)
 
 	claim, _ := PodClaimName(p.Pod, "gpus")
 	var statusOrder []string
@@ -139,9 +140,9 @@ func TestDemoNVLinkPair(t *testing.T) {
 		statusOrder = append(statusOrder, d.UUID)
 	}
 	if got := strings.Join(statusOrder, ","); got != want {
-		t.Errorf("claim status.devices in order %s; the container saw %s", got, want)
+		t.Errorf("claim status.devices in order %s; want the plugin's order (NVLink domain, minor) %s", got, want)
 	}
-	t.Logf("pod nvlink-pair: allocated %s and %s (request %s), container order %s",
+	t.Logf("pod nvlink-pair: allocated %s and %s (request %s), status order %s",
 		devs[0].Result.Device, devs[1].Result.Device, devs[0].Result.Request, want)
 }
 
@@ -180,13 +181,8 @@ func TestDemoSharedClaimTwoPods(t *testing.T) {
 	wantConsumed(t, "team-a", dev, map[string]string{"memory": "10Gi", "cores": "10"})
 	uuid := dev.Attribute("uuid")
 	for _, p := range []SpecPod{a, b} {
-		wantEnv(t, p, map[string]string{
-			"NVIDIA_VISIBLE_DEVICES":    uuid,
-			"CUDA_VISIBLE_DEVICES":      uuid,
-			"TESSERA_MEMORY_LIMIT":      bytesOf("10Gi"),
-			"TESSERA_CORES_LIMIT":       "10",
-			"TF_FORCE_GPU_ALLOW_GROWTH": "true",
-		})
+		wantGPUs(t, "pod "+p.Pod.Name, p.Env, shareGPU(t, dev, "10Gi", 10))
+		wantEnv(t, p, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
 	}
 	checkStatusData(t, c, ns, "team-share", []Allocated{dev}, mustInt64(t, bytesOf("10Gi")), 10, "Advisory")
 	t.Logf("claim team-share: one share %s of %s (uuid %s) reserved for %v", *dev.Result.ShareID, dev.Result.Device, uuid, reserved)
@@ -195,8 +191,8 @@ func TestDemoSharedClaimTwoPods(t *testing.T) {
 // TestDemoMPSShare runs demo/specs/50-mps-share.yaml: a 16Gi/30-core share
 // with isolation MPS and computeLimit 50. The scheduler accounts the
 // guarantee (30 cores); the container's limit is the computeLimit (50), both
-// as TESSERA_CORES_LIMIT and as MPS's active thread percentage, and its
-// memory limit is MPS's pinned device memory limit in MiB.
+// as TESSERA_GPU_<minor>_CORES_LIMIT and as MPS's active thread percentage,
+// and its memory limit is MPS's pinned device memory limit in MiB.
 func TestDemoMPSShare(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
@@ -205,11 +201,8 @@ func TestDemoMPSShare(t *testing.T) {
 	dev := claimOf(t, c, p, "gpu")
 	wantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
 	uuid := dev.Attribute("uuid")
+	wantGPUs(t, "pod mps", p.Env, shareGPU(t, dev, "16Gi", 50))
 	wantEnv(t, p, map[string]string{
-		"NVIDIA_VISIBLE_DEVICES":            uuid,
-		"CUDA_VISIBLE_DEVICES":              uuid,
-		"TESSERA_MEMORY_LIMIT":              bytesOf("16Gi"),
-		"TESSERA_CORES_LIMIT":               "50",
 		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
@@ -224,7 +217,7 @@ func TestDemoMPSShare(t *testing.T) {
 // that asks for tessera.dev/gpu: 1 and no claim. The scheduler (DRA extended
 // resources, GA in 1.37) creates a claim for it from the DeviceClass
 // gpu.tessera.dev, which names that extended resource; the pod gets one whole
-// GPU and sees its UUID.
+// GPU and sees exactly that GPU.
 func TestDemoExtendedResource(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
@@ -259,8 +252,8 @@ func TestDemoExtendedResource(t *testing.T) {
 		t.Fatalf("claim %s: devices %+v, want one whole GPU", ers.ResourceClaimName, devs)
 	}
 	uuid := devs[0].Attribute("uuid")
-	wantEnv(t, p, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
-	noLimitEnv(t, p)
+	wantGPUs(t, "pod extended", p.Env, wholeGPU(t, devs[0]))
+	noShareEnv(t, "pod extended", p.Env)
 	if q := p.Pod.Spec.Containers[0].Resources.Limits[corev1.ResourceName("tessera.dev/gpu")]; q.Value() != 1 {
 		t.Errorf("pod limits %v", p.Pod.Spec.Containers[0].Resources.Limits)
 	}

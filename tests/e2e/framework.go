@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -427,9 +428,32 @@ func ParseEnv(log string) map[string]string {
 // SpecPod is what one pod of an applied spec printed.
 type SpecPod struct {
 	Pod *corev1.Pod
+	// Env and Log are those of the pod's first (main) container.
 	Env map[string]string
 	// Log is the container's log up to and including EnvDoneMarker.
 	Log string
+	// Containers is what every container printed: the init containers
+	// first, then the main ones, each in the pod's order.
+	Containers []ContainerEnv
+}
+
+// ContainerEnv is what one container of a pod printed.
+type ContainerEnv struct {
+	Name string
+	Init bool
+	Env  map[string]string
+	// Log is the container's log up to and including EnvDoneMarker.
+	Log string
+}
+
+// Container returns what the named container (init or main) printed.
+func (p SpecPod) Container(name string) (ContainerEnv, bool) {
+	for _, c := range p.Containers {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return ContainerEnv{}, false
 }
 
 // RunSpec applies a demo spec (demo/specs/*.yaml), waits for each of its pods to
@@ -467,47 +491,154 @@ func (c *Cluster) WaitForSpecPods(t testing.TB, objs []*unstructured.Unstructure
 	return out
 }
 
-// WaitForEnvPod waits for one pod to run and its first container to print
-// EnvDoneMarker, and returns the pod (as it was once the marker showed) and
-// its env.
+// WaitForEnvPod waits for one pod to run and each of its containers, init
+// containers included, to print EnvDoneMarker, and returns the pod (as it was
+// once the markers showed) and what each container printed. Every container
+// of the pod must print its env and the marker (EnvCommand, InitEnvCommand).
 func (c *Cluster) WaitForEnvPod(ctx context.Context, ns, name string) (SpecPod, error) {
 	pod, err := c.WaitForPodRunning(ctx, ns, name)
 	if err != nil {
 		return SpecPod{}, err
 	}
-	ctr := pod.Spec.Containers[0].Name
-	log, err := c.WaitForLog(ctx, ns, name, ctr, EnvDoneMarker)
-	if err != nil {
-		return SpecPod{}, fmt.Errorf("%w\n%s", err, log)
+	var out SpecPod
+	type ctr struct {
+		name string
+		init bool
 	}
-	if i := strings.Index(log, EnvDoneMarker); i >= 0 {
-		log = log[:i+len(EnvDoneMarker)]
+	var ctrs []ctr
+	for _, ic := range pod.Spec.InitContainers {
+		ctrs = append(ctrs, ctr{ic.Name, true})
+	}
+	for _, mc := range pod.Spec.Containers {
+		ctrs = append(ctrs, ctr{mc.Name, false})
+	}
+	for _, ct := range ctrs {
+		log, err := c.WaitForLog(ctx, ns, name, ct.name, EnvDoneMarker)
+		if err != nil {
+			return SpecPod{}, fmt.Errorf("container %s: %w\n%s", ct.name, err, log)
+		}
+		if i := strings.Index(log, EnvDoneMarker); i >= 0 {
+			log = log[:i+len(EnvDoneMarker)]
+		}
+		ce := ContainerEnv{Name: ct.name, Init: ct.init, Env: ParseEnv(log), Log: log}
+		out.Containers = append(out.Containers, ce)
+		if ct.name == pod.Spec.Containers[0].Name {
+			out.Env, out.Log = ce.Env, ce.Log
+		}
 	}
 	// The pod as of now: status.resourceClaimStatuses and container
 	// start times are filled in by then.
 	if p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
 		pod = p
 	}
-	return SpecPod{Pod: pod, Env: ParseEnv(log), Log: log}, nil
+	out.Pod = pod
+	return out, nil
 }
 
-// LogSpecPod logs a pod, its node and every line of env it printed.
+// LogSpecPod logs a pod, its node and every line of env each of its
+// containers printed.
 func LogSpecPod(t testing.TB, p SpecPod) {
 	t.Helper()
-	keys := make([]string, 0, len(p.Env))
-	for k := range p.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var b strings.Builder
 	fmt.Fprintf(&b, "pod %s/%s on node %s saw:", p.Pod.Namespace, p.Pod.Name, p.Pod.Spec.NodeName)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "\n    %s=%s", k, p.Env[k])
+	ctrs := p.Containers
+	if len(ctrs) == 0 {
+		ctrs = []ContainerEnv{{Env: p.Env}}
 	}
-	if len(keys) == 0 {
-		b.WriteString(" (no env)")
+	for _, c := range ctrs {
+		indent := "\n    "
+		if len(ctrs) > 1 {
+			kind := "container"
+			if c.Init {
+				kind = "init container"
+			}
+			fmt.Fprintf(&b, "\n  %s %s:", kind, c.Name)
+			indent = "\n      "
+		}
+		keys := make([]string, 0, len(c.Env))
+		for k := range c.Env {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s%s=%s", indent, k, c.Env[k])
+		}
+		if len(keys) == 0 {
+			b.WriteString(" (no env)")
+		}
 	}
 	t.Log(b.String())
+}
+
+// GPUVarPrefix starts the per-GPU variables a container gets from the driver
+// (pkg/isolation.DeviceEdits): TESSERA_GPU_<minor>=<uuid> for each GPU it
+// references and, for a share, TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes> and
+// TESSERA_GPU_<minor>_CORES_LIMIT=<percent>. The minor is the N of the
+// device gpu-N or gpu-N-shared.
+const GPUVarPrefix = "TESSERA_GPU_"
+
+// Suffixes of a share's limit variables.
+const (
+	MemoryLimitSuffix = "_MEMORY_LIMIT"
+	CoresLimitSuffix  = "_CORES_LIMIT"
+)
+
+// GPUVar is the variable holding the UUID of GPU minor in a container.
+func GPUVar(minor int) string { return GPUVarPrefix + strconv.Itoa(minor) }
+
+// VisibleGPUs returns the GPUs a container sees, minor → UUID, from its
+// TESSERA_GPU_<minor>=<uuid> variables; the _MEMORY_LIMIT and _CORES_LIMIT
+// variables are limits, not GPUs. A TESSERA_GPU_ variable of any other form
+// is an error.
+func VisibleGPUs(env map[string]string) (map[int]string, error) {
+	gpus := map[int]string{}
+	var bad []string
+	for k, v := range env {
+		rest, ok := strings.CutPrefix(k, GPUVarPrefix)
+		if !ok {
+			continue
+		}
+		isLimit := false
+		for _, suffix := range []string{MemoryLimitSuffix, CoresLimitSuffix} {
+			if r, ok := strings.CutSuffix(rest, suffix); ok {
+				rest, isLimit = r, true
+				break
+			}
+		}
+		minor, ok := parseMinor(rest)
+		switch {
+		case !ok:
+			bad = append(bad, k)
+		case !isLimit:
+			gpus[minor] = v
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return gpus, fmt.Errorf("%s: neither %s<minor> nor its %s or %s", strings.Join(bad, ", "), GPUVarPrefix, MemoryLimitSuffix, CoresLimitSuffix)
+	}
+	return gpus, nil
+}
+
+// DeviceMinor is the minor of a Tessera device: the N of gpu-N or gpu-N-shared.
+func DeviceMinor(device string) (int, error) {
+	rest, ok := strings.CutPrefix(device, "gpu-")
+	if ok {
+		rest = strings.TrimSuffix(rest, "-shared")
+		if minor, ok := parseMinor(rest); ok {
+			return minor, nil
+		}
+	}
+	return 0, fmt.Errorf("device %q is not gpu-<minor> or gpu-<minor>-shared", device)
+}
+
+// parseMinor parses a canonical decimal minor ("0", "12"; not "", "-1", "01").
+func parseMinor(s string) (int, bool) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || strconv.Itoa(n) != s {
+		return 0, false
+	}
+	return n, true
 }
 
 // Allocated is one device allocated to a claim, with the device as published.
@@ -732,7 +863,15 @@ func (c *Cluster) ClaimStatusDevices(ctx context.Context, ns, claimName string) 
 
 // EnvCommand is what the demo specs' containers run: print the GPU env the
 // driver gave them, then EnvDoneMarker, then sleep.
-const EnvCommand = `env | grep -E "^(NVIDIA_|CUDA_|TESSERA_|TF_FORCE)" | sort; echo ` + EnvDoneMarker + `; exec sleep 2147483647`
+const EnvCommand = envPrint + `; exec sleep 2147483647`
+
+// InitEnvCommand is EnvCommand for an init container: it prints and exits.
+const InitEnvCommand = envPrint
+
+const envPrint = `env | grep -E "^(NVIDIA_|CUDA_|TESSERA_|TF_FORCE)" | sort; echo ` + EnvDoneMarker
+
+// EnvImage is the image of the env-printing containers.
+const EnvImage = "docker.io/library/busybox:1.36"
 
 // EnvPod returns a pod like the demo specs' that uses one claim as its claim
 // entry "gpu": the named ResourceClaim, or, with template, a claim generated
@@ -753,11 +892,87 @@ func EnvPod(name, claim string, template bool) *unstructured.Unstructured {
 			"resourceClaims":                []any{ref},
 			"containers": []any{map[string]any{
 				"name":      "ctr",
-				"image":     "docker.io/library/busybox:1.36",
+				"image":     EnvImage,
 				"command":   []any{"sh", "-c", EnvCommand},
 				"resources": map[string]any{"claims": []any{map[string]any{"name": "gpu"}}},
 			}},
 		},
+	}}
+}
+
+// PodClaim is one entry of a pod's spec.resourceClaims: Name, and either
+// Claim (a ResourceClaim's name) or Template (a ResourceClaimTemplate's).
+type PodClaim struct {
+	Name, Claim, Template string
+}
+
+// EnvContainer is one container of an EnvPodWith pod. Claims are the pod's
+// claim entries it references: "entry" (all of the claim) or
+// "entry/request" (one request of it).
+type EnvContainer struct {
+	Name   string
+	Init   bool
+	Claims []string
+}
+
+// EnvPodWith is EnvPod with any claims and containers: every container
+// prints its env and EnvDoneMarker (a main container then sleeps, an init
+// container exits), so WaitForEnvPod returns what each one saw.
+func EnvPodWith(name string, claims []PodClaim, ctrs ...EnvContainer) *unstructured.Unstructured {
+	var podClaims []any
+	for _, c := range claims {
+		ref := map[string]any{"name": c.Name}
+		if c.Template != "" {
+			ref["resourceClaimTemplateName"] = c.Template
+		} else {
+			ref["resourceClaimName"] = c.Claim
+		}
+		podClaims = append(podClaims, ref)
+	}
+	var inits, mains []any
+	for _, c := range ctrs {
+		var refs []any
+		for _, r := range c.Claims {
+			entry, request, _ := strings.Cut(r, "/")
+			ref := map[string]any{"name": entry}
+			if request != "" {
+				ref["request"] = request
+			}
+			refs = append(refs, ref)
+		}
+		cmd := EnvCommand
+		if c.Init {
+			cmd = InitEnvCommand
+		}
+		ctr := map[string]any{
+			"name":    c.Name,
+			"image":   EnvImage,
+			"command": []any{"sh", "-c", cmd},
+		}
+		if len(refs) > 0 {
+			ctr["resources"] = map[string]any{"claims": refs}
+		}
+		if c.Init {
+			inits = append(inits, ctr)
+		} else {
+			mains = append(mains, ctr)
+		}
+	}
+	spec := map[string]any{
+		"terminationGracePeriodSeconds": int64(1),
+		"containers":                    mains,
+	}
+	if len(podClaims) > 0 {
+		spec["resourceClaims"] = podClaims
+	}
+	if len(inits) > 0 {
+		spec["initContainers"] = inits
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1",
+		"kind":       "Pod",
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"tessera.dev/e2e": "true"}},
+		"spec":       spec,
 	}}
 }
 

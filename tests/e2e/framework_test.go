@@ -3,9 +3,16 @@
 package e2e
 
 import (
+	"maps"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
 func TestParseCRILog(t *testing.T) {
@@ -23,5 +30,151 @@ func TestParseEnv(t *testing.T) {
 	want := map[string]string{"A": "1", "B": "x=y"}
 	if diff := cmp.Diff(want, ParseEnv(log)); diff != "" {
 		t.Errorf("ParseEnv (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseVisibleGPUs(t *testing.T) {
+	env := map[string]string{
+		"NVIDIA_VISIBLE_DEVICES":         "void",
+		"CUDA_DEVICE_ORDER":              "PCI_BUS_ID",
+		"TESSERA_GPU_0":                  "GPU-a",
+		"TESSERA_GPU_0_MEMORY_LIMIT":     "8589934592",
+		"TESSERA_GPU_0_CORES_LIMIT":      "10",
+		"TESSERA_GPU_12":                 "GPU-b",
+		"TF_FORCE_GPU_ALLOW_GROWTH":      "true",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENT": "50",
+	}
+	got, err := VisibleGPUs(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[int]string{0: "GPU-a", 12: "GPU-b"}, got); diff != "" {
+		t.Errorf("VisibleGPUs (-want +got):\n%s", diff)
+	}
+	if got, err := VisibleGPUs(map[string]string{"PATH": "/bin"}); err != nil || len(got) != 0 {
+		t.Errorf("VisibleGPUs without GPUs = %v, %v; want none", got, err)
+	}
+	for _, k := range []string{"TESSERA_GPU_", "TESSERA_GPU_x", "TESSERA_GPU_01", "TESSERA_GPU_-1", "TESSERA_GPU_0_LIMIT", "TESSERA_GPU__MEMORY_LIMIT"} {
+		if _, err := VisibleGPUs(map[string]string{"TESSERA_GPU_1": "GPU-c", k: "1"}); err == nil {
+			t.Errorf("VisibleGPUs with %s: no error", k)
+		}
+	}
+}
+
+func TestParseDeviceMinor(t *testing.T) {
+	for in, want := range map[string]int{"gpu-0": 0, "gpu-7-shared": 7, "gpu-12": 12} {
+		if got, err := DeviceMinor(in); err != nil || got != want {
+			t.Errorf("DeviceMinor(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "gpu-", "gpu-x", "gpu-01", "gpu--1", "gpu-1-shared-shared", "mig-1", "gpu-1-p2-0"} {
+		if got, err := DeviceMinor(in); err == nil {
+			t.Errorf("DeviceMinor(%q) = %d; want an error", in, got)
+		}
+	}
+}
+
+// TestParseEnvPodWith: the pod EnvPodWith builds is a valid Pod (no unknown
+// field) with the claims and containers asked for.
+func TestParseEnvPodWith(t *testing.T) {
+	obj := EnvPodWith("p",
+		[]PodClaim{{Name: "gpu", Claim: "two-requests"}, {Name: "whole", Template: "whole-gpu"}},
+		EnvContainer{Name: "first", Init: true, Claims: []string{"whole"}},
+		EnvContainer{Name: "small", Claims: []string{"gpu/small"}},
+		EnvContainer{Name: "both", Claims: []string{"gpu", "whole"}},
+	)
+	var pod corev1.Pod
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(obj.Object, &pod, true); err != nil {
+		t.Fatal(err)
+	}
+	want := corev1.PodSpec{
+		TerminationGracePeriodSeconds: ptr.To[int64](1),
+		ResourceClaims: []corev1.PodResourceClaim{
+			{Name: "gpu", ResourceClaimName: ptr.To("two-requests")},
+			{Name: "whole", ResourceClaimTemplateName: ptr.To("whole-gpu")},
+		},
+		InitContainers: []corev1.Container{{
+			Name: "first", Image: EnvImage, Command: []string{"sh", "-c", InitEnvCommand},
+			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "whole"}}},
+		}},
+		Containers: []corev1.Container{{
+			Name: "small", Image: EnvImage, Command: []string{"sh", "-c", EnvCommand},
+			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu", Request: "small"}}},
+		}, {
+			Name: "both", Image: EnvImage, Command: []string{"sh", "-c", EnvCommand},
+			Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}, {Name: "whole"}}},
+		}},
+	}
+	if diff := cmp.Diff(want, pod.Spec); diff != "" {
+		t.Errorf("EnvPodWith spec (-want +got):\n%s", diff)
+	}
+	if !strings.HasSuffix(InitEnvCommand, EnvDoneMarker) || !strings.HasPrefix(EnvCommand, InitEnvCommand+";") {
+		t.Errorf("InitEnvCommand %q must print the env and the marker and exit; EnvCommand %q the same, then sleep", InitEnvCommand, EnvCommand)
+	}
+}
+
+// TestParseGPUEnv: what wantGPUs accepts and refuses, on environments merged
+// from pkg/isolation.DeviceEdits the way the runtime merges CDI devices (in
+// order, the last value of a variable wins).
+func TestParseGPUEnv(t *testing.T) {
+	merge := func(gpus ...isolation.GPU) map[string]string {
+		env := map[string]string{}
+		for _, g := range gpus {
+			edits, err := isolation.DeviceEdits(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kv := range edits.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+		}
+		return env
+	}
+	share := isolation.GPU{UUID: "GPU-3", Minor: 3, Shared: true, MemoryLimit: 8 << 30, CoresLimit: 10}
+	whole := isolation.GPU{UUID: "GPU-5", Minor: 5}
+	seenShare := seenGPU{device: "gpu-3-shared", minor: 3, uuid: "GPU-3", share: true, memory: 8 << 30, cores: 10}
+	seenWhole := seenGPU{device: "gpu-5", minor: 5, uuid: "GPU-5"}
+
+	with := func(env map[string]string, kv ...string) map[string]string {
+		env = maps.Clone(env)
+		for i := 0; i < len(kv); i += 2 {
+			if kv[i+1] == "" {
+				delete(env, kv[i])
+			} else {
+				env[kv[i]] = kv[i+1]
+			}
+		}
+		return env
+	}
+	both := merge(share, whole)
+	tests := []struct {
+		name string
+		env  map[string]string
+		want []seenGPU
+		ok   bool
+	}{
+		{"share", merge(share), []seenGPU{seenShare}, true},
+		{"whole", merge(whole), []seenGPU{seenWhole}, true},
+		{"share and whole", both, []seenGPU{seenShare, seenWhole}, true},
+		{"whole and share", merge(whole, share), []seenGPU{seenWhole, seenShare}, true},
+		{"a GPU too many", both, []seenGPU{seenShare}, false},
+		{"a GPU missing", merge(share), []seenGPU{seenShare, seenWhole}, false},
+		{"another UUID", with(both, "TESSERA_GPU_5", "GPU-6"), []seenGPU{seenShare, seenWhole}, false},
+		{"another memory limit", with(both, "TESSERA_GPU_3_MEMORY_LIMIT", "1"), []seenGPU{seenShare, seenWhole}, false},
+		{"no cores limit", with(both, "TESSERA_GPU_3_CORES_LIMIT", ""), []seenGPU{seenShare, seenWhole}, false},
+		{"limits on a whole GPU", with(both, "TESSERA_GPU_5_CORES_LIMIT", "10"), []seenGPU{seenShare, seenWhole}, false},
+		{"old memory limit", with(both, "TESSERA_MEMORY_LIMIT", "1"), []seenGPU{seenShare, seenWhole}, false},
+		{"a UUID list", with(both, "CUDA_VISIBLE_DEVICES", "GPU-3,GPU-5"), []seenGPU{seenShare, seenWhole}, false},
+		{"NVIDIA_VISIBLE_DEVICES not void", with(both, "NVIDIA_VISIBLE_DEVICES", "GPU-3"), []seenGPU{seenShare, seenWhole}, false},
+		{"no CUDA_DEVICE_ORDER", with(both, "CUDA_DEVICE_ORDER", ""), []seenGPU{seenShare, seenWhole}, false},
+		{"a malformed GPU variable", with(both, "TESSERA_GPU_x", "GPU-7"), []seenGPU{seenShare, seenWhole}, false},
+		{"nothing", map[string]string{}, []seenGPU{seenShare}, false},
+	}
+	for _, tc := range tests {
+		problems := gpuProblems("ctr", tc.env, tc.want...)
+		if tc.ok != (len(problems) == 0) {
+			t.Errorf("%s: env %v, want %v: problems %q; want ok=%v", tc.name, tc.env, tc.want, problems, tc.ok)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -361,8 +362,8 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 				"terminationGracePeriodSeconds": int64(1),
 				"resourceClaims":                []any{map[string]any{"name": "gpu", "resourceClaimTemplateName": name}},
 				"containers": []any{map[string]any{
-					"name": "ctr", "image": "docker.io/library/busybox:1.36",
-					"command":   []any{"sh", "-c", `env | grep -E "^(NVIDIA_|CUDA_|TESSERA_)" | sort; echo ` + EnvDoneMarker + `; exec sleep 2147483647`},
+					"name": "ctr", "image": EnvImage,
+					"command":   []any{"sh", "-c", EnvCommand},
 					"resources": map[string]any{"claims": []any{map[string]any{"name": "gpu"}}},
 				}},
 			},
@@ -382,13 +383,33 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 			continue
 		}
 		claim, _ := PodClaimName(p, "gpu")
-		devs, _ := cluster.AllocatedDevices(ctx, ns, claim)
-		var names []string
+		devs, err := cluster.AllocatedDevices(ctx, ns, claim)
+		if err != nil {
+			t.Errorf("tessera claim-template %s: %v", v.name, err)
+			continue
+		}
+		// The container sees exactly the claim's GPUs; the limits are the
+		// template's (checked by the other tests), logged here.
+		env := ParseEnv(log)
+		want := map[int]string{}
+		var names, limits []string
 		for _, d := range devs {
 			names = append(names, d.Result.Device)
+			minor, err := DeviceMinor(d.Result.Device)
+			if err != nil {
+				t.Errorf("tessera claim-template %s: %v", v.name, err)
+				continue
+			}
+			want[minor] = d.Attribute("uuid")
+			if m := env[GPUVar(minor)+MemoryLimitSuffix]; m != "" {
+				limits = append(limits, fmt.Sprintf("%s: %s bytes, %s%% cores", d.Result.Device, m, env[GPUVar(minor)+CoresLimitSuffix]))
+			}
 		}
-		env := ParseEnv(log)
-		t.Logf("tessera claim-template %s: pod %s runs on %v (TESSERA_MEMORY_LIMIT=%s TESSERA_CORES_LIMIT=%s)",
-			v.name, v.pod, names, env["TESSERA_MEMORY_LIMIT"], env["TESSERA_CORES_LIMIT"])
+		got, err := VisibleGPUs(env)
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("tessera claim-template %s: pod %s sees GPUs %s (%v); want exactly %s, its claim's", v.name, v.pod, gpuList(got), err, gpuList(want))
+		}
+		t.Logf("tessera claim-template %s: pod %s runs on %v, sees %s, limits %v",
+			v.name, v.pod, names, gpuList(got), limits)
 	}
 }

@@ -166,11 +166,7 @@ spec:
 	after := c.RunObjects(t, ns, EnvPod("share-after", "share", true))["share-after"]
 	t.Logf("%s: pod share-after running", at())
 	dev := claimOf(t, c, after, "gpu")
-	wantEnv(t, after, map[string]string{
-		"NVIDIA_VISIBLE_DEVICES": dev.Attribute("uuid"),
-		"TESSERA_MEMORY_LIMIT":   bytesOf("8Gi"),
-		"TESSERA_CORES_LIMIT":    "10",
-	})
+	wantGPUs(t, "pod share-after", after.Env, shareGPU(t, dev, "8Gi", 10))
 
 	// Deleting the old pods unprepares their claims through the new plugin.
 	for _, n := range names {

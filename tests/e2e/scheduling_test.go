@@ -21,7 +21,7 @@ const unschedulableClaims = "cannot allocate all claims"
 // TestFifthQuarterLandsOnSecondGPU: the four quarters of
 // 10-quarter-gpu-shares.yaml fill one GPU (4 x 19Gi of 81559Mi, 4 x 25
 // cores), so a fifth pod from the same template gets a share of another GPU,
-// and sees that GPU's UUID.
+// and sees that GPU, and only it, with the quarter's limits.
 func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
@@ -53,12 +53,7 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 		t.Errorf("the fifth quarter got device %s of type %q, want a share", d.Result.Device, d.Attribute("type"))
 	}
 	wantConsumed(t, "quarter-4", d, map[string]string{"memory": "19Gi", "cores": "25"})
-	wantEnv(t, fifth, map[string]string{
-		"NVIDIA_VISIBLE_DEVICES": uuid,
-		"CUDA_VISIBLE_DEVICES":   uuid,
-		"TESSERA_MEMORY_LIMIT":   bytesOf("19Gi"),
-		"TESSERA_CORES_LIMIT":    "25",
-	})
+	wantGPUs(t, "pod quarter-4", fifth.Env, shareGPU(t, d, "19Gi", 25))
 	t.Logf("quarters 0-3 on %s (%s); quarter-4 on %s (%s)", firstDev, firstUUID, d.Result.Device, uuid)
 }
 
@@ -151,7 +146,7 @@ spec:
 // whole (the whole and the shared device consume the same counters). A claim
 // for that very GPU (a CEL selector on its minor) stays Pending while the
 // shares run; once the share pods are deleted, its pod starts on that GPU and
-// sees its UUID.
+// sees exactly that GPU, without limits.
 func TestWholeGPUWaitsForSharesToGo(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
@@ -224,7 +219,7 @@ spec:
 	if dev.Result.Device != wholeName || dev.Attribute("uuid") != uuid {
 		t.Fatalf("pod whole got %s (uuid %s), want %s (uuid %s), the GPU the shares left", dev.Result.Device, dev.Attribute("uuid"), wholeName, uuid)
 	}
-	wantEnv(t, whole, map[string]string{"NVIDIA_VISIBLE_DEVICES": uuid, "CUDA_VISIBLE_DEVICES": uuid})
-	noLimitEnv(t, whole)
+	wantGPUs(t, "pod whole", whole.Env, wholeGPU(t, dev))
+	noShareEnv(t, "pod whole", whole.Env)
 	t.Logf("pod whole started on %s (uuid %s) once its shares were gone", dev.Result.Device, uuid)
 }

@@ -2,7 +2,9 @@
 # Runs the demo specs on the local cluster (cluster.sh up && install.sh first)
 # and prints a table of what each pod got: node, devices (from its claims'
 # allocation), the GPU UUIDs and limits its container saw (from its log, where
-# the demo containers print their env), and the isolation behind them.
+# the demo containers print their env: TESSERA_GPU_<minor>=<uuid> per GPU and,
+# for a share, TESSERA_GPU_<minor>_MEMORY_LIMIT and _CORES_LIMIT), and the
+# isolation behind them.
 #   demo.sh [SPEC...]   apply SPECs (default: every demo/specs/[1-9]*.yaml) into
 #                       namespace tessera-demo, wait for the pods, print the table
 #   demo.sh table       print the table for the pods already there
@@ -58,17 +60,31 @@ table() {
     if [ "$ready" = True ]; then
       local log
       log=$(kubectl -n "$NS" logs "$pod" 2>/dev/null | sed "/^$MARKER\$/q") || log=""
-      local nvidia memlimit corelimit mps hami tf
-      nvidia=$(sed -n 's/^NVIDIA_VISIBLE_DEVICES=//p' <<<"$log")
-      memlimit=$(sed -n 's/^TESSERA_MEMORY_LIMIT=//p' <<<"$log")
-      corelimit=$(sed -n 's/^TESSERA_CORES_LIMIT=//p' <<<"$log")
+      # One TESSERA_GPU_<minor>=<uuid> per GPU the container sees and, for a
+      # share, TESSERA_GPU_<minor>_MEMORY_LIMIT and _CORES_LIMIT; listed in
+      # minor order, one entry per GPU in each column ("whole" for a whole
+      # GPU; just "whole" when all are).
+      local minor uuid memlimit corelimit shares=0 wholes=0 mps hami tf
+      uuids="" mem="" cores=""
+      while read -r minor uuid; do
+        [ -n "$minor" ] || continue
+        memlimit=$(sed -n "s/^TESSERA_GPU_${minor}_MEMORY_LIMIT=//p" <<<"$log")
+        corelimit=$(sed -n "s/^TESSERA_GPU_${minor}_CORES_LIMIT=//p" <<<"$log")
+        uuids+="${uuids:+,}$uuid"
+        if [ -n "$memlimit" ]; then
+          mem+="${mem:+,}$(gib "$memlimit")"
+          cores+="${cores:+,}$corelimit%"
+          shares=$((shares + 1))
+        else
+          mem+="${mem:+,}whole"
+          cores+="${cores:+,}whole"
+          wholes=$((wholes + 1))
+        fi
+      done < <(sed -n 's/^TESSERA_GPU_\([0-9][0-9]*\)=/\1 /p' <<<"$log" | sort -n)
       mps=$(sed -n 's/^CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=//p' <<<"$log")
       hami=$(sed -n 's/^CUDA_DEVICE_SM_LIMIT=//p' <<<"$log")
       tf=$(sed -n 's/^TF_FORCE_GPU_ALLOW_GROWTH=//p' <<<"$log")
-      uuids=${nvidia:-none}
-      if [ -n "$memlimit" ]; then
-        mem=$(gib "$memlimit")
-        cores="$corelimit%"
+      if [ "$shares" -gt 0 ]; then
         if [ -n "$mps" ]; then
           iso="MPS (threads $mps%)"
         elif [ -n "$hami" ]; then
@@ -78,8 +94,11 @@ table() {
         else
           iso=unknown
         fi
-      elif [ -n "$nvidia" ]; then
+        if [ "$wholes" -gt 0 ]; then iso="exclusive+$iso"; fi
+      elif [ "$wholes" -gt 0 ]; then
         mem=whole cores=whole iso=exclusive
+      else
+        uuids=none mem=- cores=-
       fi
     else
       uuids="($phase${why:+, $why})"
