@@ -1,6 +1,7 @@
 // Command tessera-webhook is Tessera's validating admission webhook for the
 // GpuConfig in ResourceClaims and ResourceClaimTemplates (pkg/webhook). It
-// parses flags and runs webhook.Server until SIGTERM or SIGINT.
+// parses flags, connects to the API server (in-cluster, or --kubeconfig) to
+// read DeviceClasses, and runs webhook.Server until SIGTERM or SIGINT.
 package main
 
 import (
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/webhook"
@@ -27,13 +31,18 @@ func main() {
 
 func newCommand() *cobra.Command {
 	server := &webhook.Server{}
+	var kubeconfig string
+	var classTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "tessera-webhook",
 		Short: "Validating admission webhook for gpu.tessera.dev GpuConfig in ResourceClaims and ResourceClaimTemplates",
 		Long: "Serves AdmissionReview v1 on " + webhook.ValidatePath + " over TLS, and " +
 			webhook.HealthzPath + " and " + webhook.ReadyzPath + " on the same port.\n" +
 			"On SIGTERM, " + webhook.ReadyzPath + " fails at once, requests are still served for --drain-delay, " +
-			"then the server stops after the requests in flight (at most --shutdown-timeout).",
+			"then the server stops after the requests in flight (at most --shutdown-timeout).\n" +
+			"It reads the DeviceClasses that claims name (get, list, watch on deviceclasses.resource.k8s.io), " +
+			"to refuse a claim whose sharing.isolation its class's sharing.allowedIsolations does not allow; " +
+			"a class that cannot be read lets the claim through with a warning (prepare checks it again).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -41,6 +50,13 @@ func newCommand() *cobra.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			ctx = klog.NewContext(ctx, klog.Background().WithName("tessera-webhook"))
+			classes, err := deviceClasses(kubeconfig)
+			if err != nil {
+				return err
+			}
+			classes.Timeout = classTimeout
+			classes.Start(ctx)
+			server.Classes = classes
 			return server.Run(ctx)
 		},
 	}
@@ -50,8 +66,32 @@ func newCommand() *cobra.Command {
 	flags.StringVar(&server.KeyFile, "tls-key-file", "/etc/tessera-webhook/tls/tls.key", "serving key (PEM), reloaded when it changes")
 	flags.DurationVar(&server.DrainDelay, "drain-delay", 5*time.Second, "after SIGTERM, keep serving this long with "+webhook.ReadyzPath+" failing")
 	flags.DurationVar(&server.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "after the drain, wait at most this long for requests in flight")
+	flags.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for the API server; empty: the pod's service account (in-cluster)")
+	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
+		"bound on reading a DeviceClass from the API server when the cache does not hold it; keep it below the webhook's timeoutSeconds")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	flags.AddGoFlagSet(klogFlags)
 	return cmd
+}
+
+// deviceClasses connects to the API server: with kubeconfig when set, else
+// with the pod's service account.
+func deviceClasses(kubeconfig string) (*webhook.DeviceClasses, error) {
+	var config *rest.Config
+	var err error
+	if kubeconfig != "" {
+		config, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		config, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connect to the API server to read DeviceClasses (--kubeconfig, or the pod's service account token): %w", err)
+	}
+	config.UserAgent = "tessera-webhook"
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the API server: %w", err)
+	}
+	return webhook.NewDeviceClasses(client), nil
 }

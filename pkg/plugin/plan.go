@@ -67,6 +67,8 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 	}
 	alloc := claim.Status.Allocation.Devices
 	configs := map[string]*configapi.GpuConfig{}
+	// isolationFrom says, per request, who chose its sharing.isolation.
+	isolationFrom := map[string]isolationSource{}
 	configFor := func(request string) (*configapi.GpuConfig, error) {
 		if c, ok := configs[request]; ok {
 			return c, nil
@@ -75,10 +77,12 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		if err != nil {
 			return nil, fmt.Errorf("request %q: %w", request, err)
 		}
-		if !isolationSet(alloc.Config, request) && p.opts.DefaultIsolation != "" {
+		source := isolationSetBy(alloc.Config, request)
+		if source == isolationFromNode && p.opts.DefaultIsolation != "" {
 			c.Sharing.Isolation = p.opts.DefaultIsolation
 		}
 		configs[request] = c
+		isolationFrom[request] = source
 		return c, nil
 	}
 
@@ -132,6 +136,10 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 				return nil, deviceError(r.Device, "share %s has a memory limit of %d bytes", d.shareID, d.memoryLimit)
 			}
 			d.isolation = cfg.Sharing.Isolation
+			if !cfg.Sharing.Allows(d.isolation) {
+				return nil, deviceError(r.Device, "request %q: %s", r.Request,
+					floorError(d.isolation, isolationFrom[r.Request], cfg.Sharing.AllowedIsolations))
+			}
 			if pl.isolation != "" && pl.isolation != d.isolation {
 				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other shares; a claim uses one isolation backend", d.isolation, pl.isolation)
 			}
@@ -155,24 +163,67 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 	return pl, nil
 }
 
-// isolationSet reports whether any config entry that applies to request sets
-// sharing.isolation, so that the node's --default-isolation fills only what
-// neither class nor claim chose. Entries were validated by ConfigForRequest.
-func isolationSet(configs []resourceapi.DeviceAllocationConfiguration, request string) bool {
-	parent, _, _ := strings.Cut(request, "/")
+// isolationSource is who chose a request's sharing.isolation.
+type isolationSource int
+
+const (
+	// isolationFromNode: no config that applies sets it; the node's
+	// --default-isolation (Advisory unless changed) fills it in.
+	isolationFromNode isolationSource = iota
+	// isolationFromClass: a DeviceClass config sets it, no claim config does.
+	isolationFromClass
+	// isolationFromClaim: a claim config sets it; it wins over the class's.
+	isolationFromClaim
+)
+
+// isolationSetBy reports who sets sharing.isolation for request: a claim
+// config that applies to it, else a class config, else nobody (the node's
+// --default-isolation fills only what neither class nor claim chose). Entries
+// were validated by ConfigForRequest.
+func isolationSetBy(configs []resourceapi.DeviceAllocationConfiguration, request string) isolationSource {
+	source := isolationFromNode
 	for _, c := range configs {
-		if c.Opaque == nil || c.Opaque.Driver != model.DriverName {
+		if c.Opaque == nil || c.Opaque.Driver != model.DriverName || !configapi.AppliesTo(c.Requests, request) {
 			continue
 		}
-		if len(c.Requests) > 0 && !slices.Contains(c.Requests, request) && !slices.Contains(c.Requests, parent) {
+		raw := c.Opaque.Parameters.Raw
+		if len(raw) == 0 && c.Opaque.Parameters.Object != nil {
+			// Set by Go callers that build an allocation in memory, as
+			// ConfigForRequest reads it.
+			raw, _ = json.Marshal(c.Opaque.Parameters.Object)
+		}
+		cfg, err := configapi.DecodeLenient(raw)
+		if err != nil || cfg.Sharing == nil || cfg.Sharing.Isolation == "" {
 			continue
 		}
-		cfg, err := configapi.DecodeLenient(c.Opaque.Parameters.Raw)
-		if err == nil && cfg.Sharing != nil && cfg.Sharing.Isolation != "" {
-			return true
+		switch c.Source {
+		case resourceapi.AllocationConfigSourceClaim:
+			return isolationFromClaim
+		case resourceapi.AllocationConfigSourceClass:
+			source = isolationFromClass
 		}
 	}
-	return false
+	return source
+}
+
+// floorError explains why a share's isolation is refused: the device class's
+// sharing.allowedIsolations does not list it. It names the isolation, who
+// chose it and what the class allows, and what to change.
+func floorError(isolation configapi.Isolation, source isolationSource, allowed []configapi.Isolation) string {
+	var chosenBy, hint string
+	switch source {
+	case isolationFromClaim:
+		chosenBy = "set by the claim's config"
+		hint = "; the claim may ask only for one of those, or leave sharing.isolation to the class"
+	case isolationFromClass:
+		chosenBy = "set by the device class's config"
+		hint = "; the class's sharing.isolation must be one of its sharing.allowedIsolations"
+	default:
+		chosenBy = "the node's --default-isolation, as neither the claim's nor the class's config sets one"
+		hint = "; the admin sets sharing.isolation in the class's config to one it allows, or the claim asks for one"
+	}
+	return fmt.Sprintf("isolation %s (%s) is not allowed by the device class's config (allowed: %s)%s",
+		isolation, chosenBy, configapi.FormatIsolations(allowed), hint)
 }
 
 // stricter orders NVLink policies Required > Preferred > Ignore.

@@ -68,17 +68,31 @@ const (
 // Shares with adminAccess get no limits and no backend at prepare, so their
 // limits and isolation are not checked either.
 //
+// A claim's config may not set sharing.allowedIsolations: only a DeviceClass
+// config may (configapi.GpuConfig.ValidateForClaim).
+//
 // Requests are told apart by their DeviceClass name (wholeClassName,
 // sharedClassName); requests of other classes are not checked and add no
-// device of this driver. What the claim does not show cannot be checked: a
-// DeviceClass config (spec.config) or the node's --default-isolation can still
-// make prepare refuse a claim this allows.
+// device of this driver. What the claim does not show cannot be checked here:
+// a DeviceClass config (spec.config) or the node's --default-isolation can
+// still make prepare refuse a claim this allows. ValidateDeviceClaimWithClasses
+// also reads the classes, for their sharing.allowedIsolations.
 //
 // warnings are for what prepare accepts but users rarely mean: a share that
 // names no memory is allocated all of its GPU's memory (the shared device's
 // requestPolicy default). They start with the field path.
 func ValidateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path) (errs field.ErrorList, warnings []string) {
-	return validateDeviceClaim(devices, path, false)
+	return validateDeviceClaim(devices, path, false, nil)
+}
+
+// ValidateDeviceClaimWithClasses is ValidateDeviceClaim, and also checks the
+// claim against the floor of each DeviceClass its requests name: the class's
+// sharing.allowedIsolations (see checkFloor). classes reads a class by name;
+// it is the only input besides devices, so the check stays pure when classes
+// is (a map in tests, the API server's classes in the webhook). A nil classes
+// reads none: the same as ValidateDeviceClaim.
+func ValidateDeviceClaimWithClasses(devices *resourceapi.DeviceClaim, path *field.Path, classes DeviceClassLookup) (errs field.ErrorList, warnings []string) {
+	return validateDeviceClaim(devices, path, false, classes)
 }
 
 // unit is one way a request of the claim is allocated: the request itself, or
@@ -134,10 +148,10 @@ type claimChecker struct {
 	decoded []*configapi.GpuConfig
 }
 
-// validateDeviceClaim is ValidateDeviceClaim; inline says that the fields of
-// an exact request sit in the request itself (resource.k8s.io/v1beta1), which
-// only changes the field paths.
-func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inline bool) (field.ErrorList, []string) {
+// validateDeviceClaim is ValidateDeviceClaimWithClasses; inline says that the
+// fields of an exact request sit in the request itself
+// (resource.k8s.io/v1beta1), which only changes the field paths.
+func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inline bool, classes DeviceClassLookup) (field.ErrorList, []string) {
 	c := &claimChecker{devices: devices, path: path}
 	c.collectUnits(inline)
 	warnings := c.warnings()
@@ -158,6 +172,11 @@ func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inl
 	errs = append(errs, c.checkShareLimits()...)
 	errs = append(errs, c.checkIsolation()...)
 	errs = append(errs, c.checkNVLink()...)
+	if classes != nil {
+		floorErrs, floorWarnings := c.checkFloor(classes)
+		errs = append(errs, floorErrs...)
+		warnings = append(warnings, floorWarnings...)
+	}
 	return errs, warnings
 }
 
@@ -247,7 +266,7 @@ func (c *claimChecker) decodeConfigs() (field.ErrorList, []resourceapi.DeviceAll
 			errs = append(errs, field.Invalid(paramsPath, "", err.Error()))
 			continue
 		}
-		for _, e := range cfg.Validate() {
+		for _, e := range append(cfg.Validate(), cfg.ValidateForClaim()...) {
 			rooted := *e
 			rooted.Field = paramsPath.String() + "." + e.Field
 			errs = append(errs, &rooted)

@@ -12,9 +12,17 @@
 // shutdown.
 //
 // The webhook is an early, friendlier copy of checks the plugin makes anyway
-// (configapi.ConfigForRequest, GpuConfig.ShareLimits, the MPS and NVLink checks
-// at prepare), not a security boundary: a claim that slipped past it (webhook
-// not installed, failurePolicy changed) still fails at prepare. It sees only
-// the claim: a DeviceClass config or the node's --default-isolation can still
-// make prepare refuse a claim it allowed.
+// (configapi.ConfigForRequest, GpuConfig.ShareLimits, the MPS, NVLink and
+// isolation-floor checks at prepare), not a security boundary: a claim that
+// slipped past it (webhook not installed, failurePolicy changed) still fails
+// at prepare.
+//
+// Besides the claim it reads the DeviceClasses the claim's requests name
+// ([DeviceClasses]: an informer's cache, a GET for what the cache does not
+// hold), for one thing only: a class's sharing.allowedIsolations, the floor
+// that a claim's sharing.isolation must stay within
+// ([ValidateDeviceClaimWithClasses]). A class that cannot be read does not
+// block the claim: it is allowed with a warning, and prepare checks the floor.
+// The rest of a DeviceClass config and the node's --default-isolation can
+// still make prepare refuse a claim it allowed.
 package webhook

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"net/http"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 )
 
@@ -18,11 +21,22 @@ const maxReviewBytes = 7 << 20
 // Handler serves AdmissionReview v1 requests (POST, application/json) with
 // [Review]'s decision. Malformed requests get HTTP 400 and no review; the API
 // server then applies the webhook's failurePolicy.
-type Handler struct{}
+type Handler struct {
+	// Classes reads the DeviceClasses a claim's requests name, for their
+	// sharing.allowedIsolations; reads are bounded by the request's context.
+	// Nil reads none (the floor is then checked only at prepare).
+	Classes DeviceClassReader
+}
+
+// DeviceClassReader reads a DeviceClass by name, as DeviceClassLookup does,
+// within ctx. *DeviceClasses is the one the webhook runs with.
+type DeviceClassReader interface {
+	Get(ctx context.Context, name string) (*resourceapi.DeviceClass, error)
+}
 
 var _ http.Handler = Handler{}
 
-func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	logger := klog.FromContext(r.Context())
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -52,7 +66,19 @@ func (Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := review.Request
-	resp := Review(req)
+	var classes DeviceClassLookup
+	if h.Classes != nil {
+		ctx := r.Context()
+		classes = func(name string) (*resourceapi.DeviceClass, error) {
+			class, err := h.Classes.Get(ctx, name)
+			if err != nil && !apierrors.IsNotFound(err) {
+				logger.Error(err, "Cannot read a DeviceClass; allowing the claim with a warning",
+					"deviceClass", name, "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name)
+			}
+			return class, err
+		}
+	}
+	resp := Review(req, classes)
 	if !resp.Allowed {
 		logger.V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
 			"operation", req.Operation, "uid", req.UID, "reason", resp.Result.Message)

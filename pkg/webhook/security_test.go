@@ -15,14 +15,16 @@ import (
 // TestGpuConfigHasOnlyTypedFields proves that a GpuConfig cannot carry
 // environment variables, mounts, hooks or host paths: every field a user can
 // set is listed here with its type, and each is an enum, a bounded integer or a
-// quantity. There is no free-form string, map or list anywhere in the type, so
-// nothing in a config can become an env name, a path or a command on the node.
+// quantity, or a list of an enum. There is no free-form string, map or list
+// anywhere in the type, so nothing in a config can become an env name, a path
+// or a command on the node.
 // Adding a field fails this test on purpose: whoever adds one must show here
 // that it keeps that property.
 func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 	want := []string{
 		"apiVersion string (TypeMeta; must be gpu.tessera.dev/v1alpha1)",
 		"kind string (TypeMeta; must be GpuConfig)",
+		"sharing.allowedIsolations []v1alpha1.Isolation (list of the enum)",
 		"sharing.computeLimit *int32",
 		"sharing.isolation v1alpha1.Isolation (enum)",
 		"sharing.memoryLimit *resource.Quantity",
@@ -49,6 +51,8 @@ func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 			switch {
 			case ft == reflect.TypeFor[configapi.Isolation]() || ft == reflect.TypeFor[configapi.NVLinkPolicy]():
 				got = append(got, path+" "+ft.String()+" (enum)")
+			case ft == reflect.TypeFor[[]configapi.Isolation]():
+				got = append(got, path+" "+ft.String()+" (list of the enum)")
 			case ft == reflect.TypeFor[*int32]() || ft == reflect.TypeFor[*resource.Quantity]():
 				got = append(got, path+" "+ft.String())
 			case ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct:
@@ -77,10 +81,13 @@ func TestEnumsAreClosed(t *testing.T) {
 			if len(errs) != 0 {
 				t.Errorf("empty enums (unset) rejected: %v", errs)
 			}
-			continue
-		}
-		if len(errs) != 2 {
+		} else if len(errs) != 2 {
 			t.Errorf("%q: want both enums rejected, got %v", value, errs)
+		}
+		// In a list, an empty value is no isolation either.
+		list := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{AllowedIsolations: []configapi.Isolation{configapi.IsolationMPS, iso}}}
+		if errs := list.Validate(); len(errs) != 1 {
+			t.Errorf("allowedIsolations [MPS, %q]: want the second rejected, got %v", value, errs)
 		}
 	}
 }

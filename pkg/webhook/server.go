@@ -41,6 +41,9 @@ type Server struct {
 	// ShutdownTimeout bounds the wait for requests in flight after the drain.
 	// Zero means 10s.
 	ShutdownTimeout time.Duration
+	// Classes reads the DeviceClasses that claims name (Handler.Classes); nil
+	// reads none.
+	Classes DeviceClassReader
 
 	// listening, when set, receives the bound address once the listener is up
 	// (tests listen on port 0).
@@ -63,7 +66,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	var shuttingDown atomic.Bool
 	mux := http.NewServeMux()
-	mux.Handle(ValidatePath, Handler{})
+	mux.Handle(ValidatePath, Handler{Classes: s.Classes})
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
 		if shuttingDown.Load() {

@@ -23,8 +23,10 @@ const ResourceGroup = "resource.k8s.io"
 // except that v1beta1 puts the fields of requests[].exactly into the request.
 var Versions = []string{"v1", "v1beta2", "v1beta1"}
 
-// Review decides one admission request. It is pure: no I/O, no clock, safe for
-// concurrent use.
+// Review decides one admission request. It is pure when classes is (no I/O,
+// no clock) and safe for concurrent use. classes reads the DeviceClasses the
+// claim's requests name, for their sharing.allowedIsolations (see
+// ValidateDeviceClaimWithClasses); nil reads none.
 //
 // It denies the CREATE of a ResourceClaim or ResourceClaimTemplate (any of
 // Versions) that ValidateDeviceClaim refuses: an opaque config for driver
@@ -34,7 +36,9 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // prepares the claim), or a config whose values the claim's own requests make
 // impossible at prepare (a computeLimit below the share's cores, a memoryLimit
 // above its memory, MPS on more than one GPU, NVLink Required without a
-// constraint that keeps the GPUs in one domain).
+// constraint that keeps the GPUs in one domain), a config that sets
+// sharing.allowedIsolations (only a DeviceClass may), or a sharing.isolation
+// that the request's DeviceClass does not allow.
 //
 // The denial's message lists every problem with its field path, for example
 //
@@ -42,15 +46,15 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 //	spec.devices.config[1].opaque.parameters.sharing.computeLimit: Invalid value: 0: must be between 1 and 100
 //
 // and its Result carries the same problems as StatusCauses. ValidateDeviceClaim's
-// warnings (a share that names no memory) become the response's Warnings, which
-// kubectl prints; they do not deny. Opaque configs of other drivers are not
+// warnings (a share that names no memory, a DeviceClass that could not be read)
+// become the response's Warnings, which kubectl prints; they do not deny. Opaque configs of other drivers are not
 // read. Every other request (other kinds, other operations, objects without our
 // config) is allowed. UPDATEs are allowed because the spec of both kinds is
 // immutable: re-checking it could only block metadata updates (finalizers) of a
 // claim created before the webhook existed. A request whose object cannot be
 // parsed at all is denied with a BadRequest status: the API server produced it,
 // so that is a bug worth seeing rather than waving through.
-func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+func Review(req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation != admissionv1.Create {
 		return resp
@@ -78,7 +82,7 @@ func Review(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		}
 		return resp
 	}
-	errs, warnings := validateDeviceClaim(devices, root.Child("devices"), inline)
+	errs, warnings := validateDeviceClaim(devices, root.Child("devices"), inline, classes)
 	resp.Warnings = warnings
 	if len(errs) == 0 {
 		return resp

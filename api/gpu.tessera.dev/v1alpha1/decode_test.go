@@ -254,6 +254,22 @@ func TestBadConfigs(t *testing.T) {
 			want: `topology.nvlink: Unsupported value: "Maybe": supported values: "Required", "Preferred", "Ignore"`,
 		},
 		{
+			name: "allowedIsolations empty",
+			in:   header + "sharing:\n  allowedIsolations: []\n",
+			want: `sharing.allowedIsolations: Required value: must name at least one isolation; leave the field out to allow every isolation`,
+		},
+		{
+			name: "allowedIsolations with an unknown and a repeated isolation",
+			in:   header + "sharing:\n  allowedIsolations: [MPS, mps, MPS]\n",
+			want: `[sharing.allowedIsolations[1]: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", ` +
+				`sharing.allowedIsolations[2]: Duplicate value: "MPS"]`,
+		},
+		{
+			name: "allowedIsolations not a list",
+			in:   header + "sharing:\n  allowedIsolations: MPS\n",
+			want: `invalid GpuConfig: sharing.allowedIsolations: must be a list, not a string`,
+		},
+		{
 			name: "every value wrong",
 			in:   header + "sharing:\n  isolation: Foo\n  computeLimit: 0\n  memoryLimit: 0\ntopology:\n  nvlink: Maybe\n",
 			want: `[sharing.isolation: Unsupported value: "Foo": supported values: "Advisory", "MPS", "HAMiCore", ` +
@@ -329,6 +345,15 @@ func TestGoodConfigs(t *testing.T) {
 				Sharing: &SharingConfig{ComputeLimit: ptr.To[int32](100), MemoryLimit: ptr.To(resource.MustParse("20G"))}},
 			defaulted: &GpuConfig{TypeMeta: typeMeta,
 				Sharing:  &SharingConfig{Isolation: IsolationAdvisory, ComputeLimit: ptr.To[int32](100), MemoryLimit: ptr.To(resource.MustParse("20G"))},
+				Topology: defaultTopology},
+		},
+		{
+			name: "a class's floor: allowedIsolations with isolation",
+			in:   header + "sharing:\n  isolation: MPS\n  allowedIsolations: [MPS, HAMiCore]\n",
+			decoded: &GpuConfig{TypeMeta: typeMeta,
+				Sharing: &SharingConfig{Isolation: IsolationMPS, AllowedIsolations: []Isolation{IsolationMPS, IsolationHAMiCore}}},
+			defaulted: &GpuConfig{TypeMeta: typeMeta,
+				Sharing:  &SharingConfig{Isolation: IsolationMPS, AllowedIsolations: []Isolation{IsolationMPS, IsolationHAMiCore}},
 				Topology: defaultTopology},
 		},
 		{

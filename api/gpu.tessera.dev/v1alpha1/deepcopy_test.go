@@ -14,9 +14,10 @@ func fullConfig() *GpuConfig {
 	return &GpuConfig{
 		TypeMeta: metav1.TypeMeta{APIVersion: "gpu.tessera.dev/v1alpha1", Kind: "GpuConfig"},
 		Sharing: &SharingConfig{
-			Isolation:    IsolationMPS,
-			ComputeLimit: ptr.To[int32](50),
-			MemoryLimit:  ptr.To(resource.MustParse("16Gi")),
+			Isolation:         IsolationMPS,
+			ComputeLimit:      ptr.To[int32](50),
+			MemoryLimit:       ptr.To(resource.MustParse("16Gi")),
+			AllowedIsolations: []Isolation{IsolationMPS, IsolationHAMiCore},
 		},
 		Topology: &TopologyConfig{NVLink: NVLinkRequired},
 	}
@@ -40,6 +41,7 @@ func TestDeepCopyDoesNotAlias(t *testing.T) {
 	*copied.Sharing.ComputeLimit = 99
 	copied.Sharing.MemoryLimit.Add(resource.MustParse("1Gi"))
 	copied.Topology.NVLink = NVLinkIgnore
+	copied.Sharing.AllowedIsolations[0] = IsolationAdvisory
 	if diff := cmp.Diff(fullConfig(), original); diff != "" {
 		t.Errorf("changing the copy changed the original (-want +got):\n%s", diff)
 	}

@@ -28,6 +28,14 @@ import (
 // by field: one that sets only sharing.computeLimit keeps the isolation an earlier
 // one set. Then Default fills what is still unset.
 //
+// sharing.allowedIsolations, the class's floor, merges differently: only
+// FromClass entries may set it (a FromClaim entry that does is an error, see
+// ValidateForClaim), and when several do, the result holds the isolations
+// every one of them lists, in the order of the first; an entry that leaves
+// none in common is an error. ConfigForRequest does not check isolation
+// against the list, since the node's --default-isolation may still fill it in:
+// the caller does (SharingConfig.Allows), once the isolation is final.
+//
 // Every applicable entry is decoded with DecodeStrict and validated on its own, so
 // an error names the entry that is wrong, by its index in configs, its source and
 // its requests, for example
@@ -57,6 +65,17 @@ func ConfigForRequest(configs []resourceapi.DeviceAllocationConfiguration, reque
 		config, err := decodeEntry(configs[i])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", describeEntry(i, configs[i]), err)
+		}
+		if configs[i].Source == resourceapi.AllocationConfigSourceClaim {
+			if errs := config.ValidateForClaim(); len(errs) > 0 {
+				return nil, fmt.Errorf("%s: invalid GpuConfig: %s", describeEntry(i, configs[i]), joinErrors(errs))
+			}
+		}
+		if merged.Sharing != nil && merged.Sharing.AllowedIsolations != nil && config.Sharing != nil && config.Sharing.AllowedIsolations != nil &&
+			len(intersect(merged.Sharing.AllowedIsolations, config.Sharing.AllowedIsolations)) == 0 {
+			return nil, fmt.Errorf("%s: sharing.allowedIsolations (%s) has no isolation in common with the %s that earlier class configs allow, "+
+				"so no share of the class could be prepared", describeEntry(i, configs[i]),
+				FormatIsolations(config.Sharing.AllowedIsolations), FormatIsolations(merged.Sharing.AllowedIsolations))
 		}
 		merged.mergeFrom(config)
 	}
@@ -135,6 +154,14 @@ func (c *GpuConfig) mergeFrom(src *GpuConfig) {
 			limit := src.Sharing.MemoryLimit.DeepCopy()
 			c.Sharing.MemoryLimit = &limit
 		}
+		if src.Sharing.AllowedIsolations != nil {
+			// Every list must allow the isolation: keep what all of them name.
+			if c.Sharing.AllowedIsolations == nil {
+				c.Sharing.AllowedIsolations = slices.Clone(src.Sharing.AllowedIsolations)
+			} else {
+				c.Sharing.AllowedIsolations = intersect(c.Sharing.AllowedIsolations, src.Sharing.AllowedIsolations)
+			}
+		}
 	}
 	if src.Topology != nil {
 		if c.Topology == nil {
@@ -144,4 +171,16 @@ func (c *GpuConfig) mergeFrom(src *GpuConfig) {
 			c.Topology.NVLink = src.Topology.NVLink
 		}
 	}
+}
+
+// intersect returns the isolations of a that b also names, in a's order, in a
+// new slice.
+func intersect(a, b []Isolation) []Isolation {
+	out := []Isolation{}
+	for _, isolation := range a {
+		if slices.Contains(b, isolation) {
+			out = append(out, isolation)
+		}
+	}
+	return out
 }

@@ -239,6 +239,53 @@ func TestConfigForRequest(t *testing.T) {
 			wantErr: `config 0 (FromClaim, all requests): invalid GpuConfig: the input is empty; expected an object with apiVersion gpu.tessera.dev/v1alpha1 and kind GpuConfig`,
 		},
 		{
+			name: "the class's allowedIsolations is kept; the claim's isolation is not checked against it here",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS","allowedIsolations":["MPS","HAMiCore"]}`), "gpus"),
+				fromClaim(cfg(`"sharing":{"isolation":"Advisory"}`), "gpus"),
+			},
+			request: "gpus",
+			want: func() *GpuConfig {
+				c := merged(IsolationAdvisory, nil, "", NVLinkIgnore)
+				c.Sharing.AllowedIsolations = []Isolation{IsolationMPS, IsolationHAMiCore}
+				return c
+			}(),
+		},
+		{
+			name: "several class entries with allowedIsolations: what all of them allow",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"allowedIsolations":["HAMiCore","MPS"]}`), "gpus"),
+				fromClass(cfg(`"sharing":{"computeLimit":50}`), "gpus"),
+				fromClass(cfg(`"sharing":{"allowedIsolations":["MPS","Advisory"]}`), "gpus"),
+			},
+			request: "gpus",
+			want: func() *GpuConfig {
+				c := merged(IsolationAdvisory, ptr.To[int32](50), "", NVLinkIgnore)
+				c.Sharing.AllowedIsolations = []Isolation{IsolationMPS}
+				return c
+			}(),
+		},
+		{
+			name: "class entries with nothing in common",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"allowedIsolations":["MPS"]}`), "gpus"),
+				fromClass(cfg(`"sharing":{"allowedIsolations":["HAMiCore"]}`), "gpus"),
+			},
+			request: "gpus",
+			wantErr: `config 1 (FromClass, requests "gpus"): sharing.allowedIsolations (HAMiCore) has no isolation in common ` +
+				`with the MPS that earlier class configs allow, so no share of the class could be prepared`,
+		},
+		{
+			name: "a claim entry may not set allowedIsolations",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"sharing":{"isolation":"MPS","allowedIsolations":["MPS"]}`), "gpus"),
+				fromClaim(cfg(`"sharing":{"isolation":"Advisory","allowedIsolations":["Advisory"]}`), "gpus"),
+			},
+			request: "gpus",
+			wantErr: `config 1 (FromClaim, requests "gpus"): invalid GpuConfig: sharing.allowedIsolations: Forbidden: ` +
+				`only a DeviceClass config may set it; a claim chooses sharing.isolation among the isolations its class allows`,
+		},
+		{
 			name: "unknown source",
 			configs: []resourceapi.DeviceAllocationConfiguration{
 				opaque("FromNamespace", GroupName, cfg(``)),
@@ -316,5 +363,53 @@ func TestAppliesTo(t *testing.T) {
 		if got := AppliesTo(tc.requests, tc.request); got != tc.want {
 			t.Errorf("AppliesTo(%q, %q) = %v, want %v", tc.requests, tc.request, got, tc.want)
 		}
+	}
+}
+
+func TestValidateForClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		config *GpuConfig
+		want   string
+	}{
+		{name: "nil"},
+		{name: "no sharing", config: &GpuConfig{}},
+		{name: "isolation only", config: &GpuConfig{Sharing: &SharingConfig{Isolation: IsolationAdvisory}}},
+		{
+			name:   "allowedIsolations",
+			config: &GpuConfig{Sharing: &SharingConfig{AllowedIsolations: []Isolation{IsolationMPS}}},
+			want: `sharing.allowedIsolations: Forbidden: only a DeviceClass config may set it; ` +
+				`a claim chooses sharing.isolation among the isolations its class allows`,
+		},
+		{
+			name:   "even empty",
+			config: &GpuConfig{Sharing: &SharingConfig{AllowedIsolations: []Isolation{}}},
+			want: `sharing.allowedIsolations: Forbidden: only a DeviceClass config may set it; ` +
+				`a claim chooses sharing.isolation among the isolations its class allows`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := joinErrors(tc.config.ValidateForClaim())
+			if got != tc.want {
+				t.Errorf("ValidateForClaim:\n got: %s\nwant: %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSharingConfigAllows(t *testing.T) {
+	var unset *SharingConfig
+	for _, isolation := range SupportedIsolations {
+		if !unset.Allows(isolation) || !(&SharingConfig{}).Allows(isolation) {
+			t.Errorf("no allowedIsolations must allow %s", isolation)
+		}
+	}
+	floor := &SharingConfig{AllowedIsolations: []Isolation{IsolationMPS, IsolationHAMiCore}}
+	if floor.Allows(IsolationAdvisory) || !floor.Allows(IsolationMPS) || !floor.Allows(IsolationHAMiCore) {
+		t.Errorf("[MPS, HAMiCore] allows Advisory %v, MPS %v, HAMiCore %v", floor.Allows(IsolationAdvisory),
+			floor.Allows(IsolationMPS), floor.Allows(IsolationHAMiCore))
+	}
+	if got := FormatIsolations(floor.AllowedIsolations); got != "MPS, HAMiCore" {
+		t.Errorf("FormatIsolations = %q", got)
 	}
 }

@@ -82,6 +82,26 @@ type SharingConfig struct {
 	// refuses a claim whose own config sets it above the memory its request
 	// asks for; a share that asks for no memory is allocated all of its GPU's.
 	MemoryLimit *resource.Quantity `json:"memoryLimit,omitempty"`
+	// AllowedIsolations is a DeviceClass's floor: the isolation backends a
+	// share of the class may end up with, each one of SupportedIsolations,
+	// listed once, at least one. Leaving it out allows every backend.
+	//
+	// Only a DeviceClass config may set it. A claim's config that sets it is
+	// refused (ValidateForClaim; ConfigForRequest refuses a FromClaim entry with
+	// it, and so does the admission webhook): a claim chooses sharing.isolation
+	// among what its class allows, it cannot widen the list.
+	//
+	// The isolation a share gets (the claim's config, else the class's, else the
+	// node's --default-isolation) must be in the list, or the kubelet plugin
+	// refuses to prepare the claim; the admission webhook refuses a claim whose
+	// own config asks for an isolation outside it. When several class configs
+	// that apply to a request set it, the isolation must be in every one of
+	// them: merged (ConfigForRequest), the field holds the isolations all of
+	// them list. Whole GPUs have no isolation backend; the list does not apply
+	// to them. An admin who pins enforced shares sets both, for example
+	// isolation MPS and allowedIsolations [MPS, HAMiCore], so that claims that
+	// set no isolation get MPS rather than the node's default.
+	AllowedIsolations []Isolation `json:"allowedIsolations,omitempty"`
 }
 
 // NVLinkPolicy says what a multi-GPU claim needs from NVLink.

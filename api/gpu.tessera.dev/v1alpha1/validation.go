@@ -33,7 +33,12 @@ var (
 //   - sharing.computeLimit is between 1 and 100;
 //   - sharing.memoryLimit is greater than zero, at least 1Mi, a whole number of
 //     bytes, and below 8Ei (fits in an int64);
+//   - sharing.allowedIsolations, when set, names at least one isolation, each
+//     one of Advisory, MPS, HAMiCore and none twice;
 //   - topology.nvlink is empty or one of Required, Preferred, Ignore.
+//
+// Validate accepts sharing.allowedIsolations, which only a DeviceClass config
+// may set: ValidateForClaim refuses it in a claim's config.
 //
 // Limits that depend on the allocation (computeLimit at least the allocated cores,
 // memoryLimit at most the allocated memory) are checked by ShareLimits.
@@ -72,7 +77,56 @@ func (s *SharingConfig) validate(path *field.Path) field.ErrorList {
 	if s.MemoryLimit != nil {
 		errs = append(errs, validateMemoryLimit(path.Child("memoryLimit"), *s.MemoryLimit)...)
 	}
+	if s.AllowedIsolations != nil {
+		allowedPath := path.Child("allowedIsolations")
+		if len(s.AllowedIsolations) == 0 {
+			errs = append(errs, field.Required(allowedPath, "must name at least one isolation; leave the field out to allow every isolation"))
+		}
+		for i, isolation := range s.AllowedIsolations {
+			switch {
+			case !slices.Contains(SupportedIsolations, isolation):
+				errs = append(errs, field.NotSupported(allowedPath.Index(i), isolation, SupportedIsolations))
+			case slices.Contains(s.AllowedIsolations[:i], isolation):
+				errs = append(errs, field.Duplicate(allowedPath.Index(i), isolation))
+			}
+		}
+	}
 	return errs
+}
+
+// ValidateForClaim checks what only a DeviceClass config may set, for a config
+// written into a ResourceClaim or ResourceClaimTemplate (or its allocation
+// entry of source FromClaim): sharing.allowedIsolations is the class's floor,
+// and a claim cannot widen it. It complements Validate, which checks values
+// and accepts the field. A nil receiver is valid; the result is nil when c may
+// stand in a claim, for example
+// "sharing.allowedIsolations: Forbidden: only a DeviceClass config may set it; …".
+func (c *GpuConfig) ValidateForClaim() field.ErrorList {
+	if c == nil || c.Sharing == nil || c.Sharing.AllowedIsolations == nil {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("sharing", "allowedIsolations"),
+		"only a DeviceClass config may set it; a claim chooses sharing.isolation among the isolations its class allows")}
+}
+
+// Allows reports whether a share may use isolation under this sharing
+// config's sharing.allowedIsolations: always when the list is not set (nil
+// receiver included), otherwise when the list names it.
+func (s *SharingConfig) Allows(isolation Isolation) bool {
+	if s == nil || s.AllowedIsolations == nil {
+		return true
+	}
+	return slices.Contains(s.AllowedIsolations, isolation)
+}
+
+// FormatIsolations renders a list of isolations as error messages name them:
+// "MPS, HAMiCore".
+func FormatIsolations(isolations []Isolation) string {
+	names := make([]string, len(isolations))
+	for i, isolation := range isolations {
+		names[i] = string(isolation)
+	}
+	return strings.Join(names, ", ")
 }
 
 func validateMemoryLimit(path *field.Path, q resource.Quantity) field.ErrorList {

@@ -1,5 +1,5 @@
 // Code written by hand in the style of deepcopy-gen. Keep it in step with types.go:
-// TestDeepCopyDoesNotAlias fails when a pointer field is shared between copies.
+// TestDeepCopyDoesNotAlias fails when a pointer or slice field is shared between copies.
 
 package v1alpha1
 
@@ -54,6 +54,11 @@ func (in *SharingConfig) DeepCopyInto(out *SharingConfig) {
 		in, out := &in.MemoryLimit, &out.MemoryLimit
 		x := (*in).DeepCopy()
 		*out = &x
+	}
+	if in.AllowedIsolations != nil {
+		in, out := &in.AllowedIsolations, &out.AllowedIsolations
+		*out = make([]Isolation, len(*in))
+		copy(*out, *in)
 	}
 }
 

@@ -1,0 +1,212 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// floorSharedSelector selects Tessera's shared devices, as the chart's
+// shared.gpu.tessera.dev does (deployments/helm/tessera/templates/deviceclasses.yaml).
+const floorSharedSelector = `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "shared"`
+
+// floorClass creates a DeviceClass of Tessera's shares whose config is the
+// given GpuConfig (JSON), and deletes it when the test ends. A class left
+// behind by an interrupted run is replaced. Create it before the test's
+// namespace, so that the namespace (with its claims) goes first.
+func floorClass(t *testing.T, c *Cluster, name, gpuConfig string) {
+	t.Helper()
+	ctx := context.Background()
+	classes := c.Client.ResourceV1().DeviceClasses()
+	if err := classes.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatalf("delete a leftover DeviceClass %s: %v", name, err)
+	}
+	class := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/e2e": "true"}},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: floorSharedSelector}}},
+			Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: Driver, Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)}},
+			}}},
+		},
+	}
+	if _, err := classes.Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create DeviceClass %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := classes.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("cleanup: delete DeviceClass %s: %v", name, err)
+		}
+	})
+}
+
+// floorDevices is a claim's devices: one share of class, with gpuConfig
+// (JSON) as its opaque config for gpu.tessera.dev; no config when empty.
+func floorDevices(class, gpuConfig string) resourceapi.DeviceClaim {
+	devices := resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: class,
+				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+					"memory": resource.MustParse("4Gi"),
+					"cores":  resource.MustParse("10"),
+				}},
+			},
+		}},
+	}
+	if gpuConfig != "" {
+		devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{"gpu"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver:     Driver,
+				Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)},
+			}},
+		}}
+	}
+	return devices
+}
+
+// TestFloorRefusesWeakerIsolationAtAdmission: an admin pins enforced shares
+// with a DeviceClass whose config sets isolation MPS and allowedIsolations
+// [MPS]; a claim (or claim template) of that class whose own config asks for
+// Advisory is refused when it is created, with the config's field path and
+// the class's list; so is a claim config that sets allowedIsolations itself.
+// A claim that asks for MPS is admitted.
+func TestFloorRefusesWeakerIsolationAtAdmission(t *testing.T) {
+	c := needCluster(t)
+	requireWebhook(t, c)
+	const class = "e2e-pinned.gpu.tessera.dev"
+	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"MPS","allowedIsolations":["MPS"]}}`)
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-floor")
+
+	const reason = `Invalid value: "Advisory": request "gpu" is of DeviceClass ` + class + `, whose config allows only MPS (sharing.allowedIsolations); ` +
+		`a claim may choose only an isolation its class allows, so prepare would refuse the claim`
+	tests := []struct {
+		name      string
+		gpuConfig string
+		template  bool
+		want      string // "" means admitted
+	}{
+		{
+			name:      "advisory",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory"}}`,
+			want: `admission webhook "resourceclaims.gpu.tessera.dev" denied the request: ` +
+				`spec.devices.config[0].opaque.parameters.sharing.isolation: ` + reason,
+		},
+		{
+			name:      "advisory-template",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory","computeLimit":50}}`,
+			template:  true,
+			want: `admission webhook "resourceclaimtemplates.gpu.tessera.dev" denied the request: ` +
+				`spec.spec.devices.config[0].opaque.parameters.sharing.isolation: ` + reason,
+		},
+		{
+			name:      "claim-widens-the-floor",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory","allowedIsolations":["Advisory"]}}`,
+			want: `admission webhook "resourceclaims.gpu.tessera.dev" denied the request: ` +
+				`spec.devices.config[0].opaque.parameters.sharing.allowedIsolations: Forbidden: only a DeviceClass config may set it`,
+		},
+		{
+			name:      "mps",
+			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"MPS","computeLimit":50}}`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.template {
+				_, err = c.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
+					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
+					Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: floorDevices(class, tc.gpuConfig)}},
+				}, metav1.CreateOptions{})
+			} else {
+				_, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
+					Spec:       resourceapi.ResourceClaimSpec{Devices: floorDevices(class, tc.gpuConfig)},
+				}, metav1.CreateOptions{})
+			}
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("a claim the class allows was refused: %v", err)
+				}
+				t.Logf("admitted: %s", tc.gpuConfig)
+				return
+			}
+			if err == nil {
+				t.Fatalf("created; want it refused with %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refused with\n  %v\nwant the message\n  %s", err, tc.want)
+			}
+			t.Logf("refused at create: %v", err)
+		})
+	}
+}
+
+// TestFloorRefusesAtPrepare: the kubelet plugin enforces the floor too, on
+// what admission does not see. A claim with no config of its own is not sent
+// to the webhook; its class sets isolation Advisory outside its own
+// allowedIsolations [MPS], so prepare refuses the share and writes why into
+// the claim's status (Ready=False), naming the isolation, who chose it and
+// the class's list. The pod does not start.
+func TestFloorRefusesAtPrepare(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	const class = "e2e-broken-floor.gpu.tessera.dev"
+	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory","allowedIsolations":["MPS"]}}`)
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-floor-prepare")
+
+	if _, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "weak"},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: floorDevices(class, "")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the claim: %v", err)
+	}
+	c.Apply(t, ns, EnvPod("weak", "weak", false))
+
+	const want = `isolation Advisory (set by the device class's config) is not allowed by the device class's config (allowed: MPS)`
+	var message string
+	err := Poll(ctx, "the plugin to refuse the claim with Ready=False", PodTimeout, func(ctx context.Context) (bool, error) {
+		devices, err := c.ClaimStatusDevices(ctx, ns, "weak")
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		for _, d := range devices {
+			for _, cond := range d.Conditions {
+				if cond.Type == "Ready" && cond.Status == metav1.ConditionFalse {
+					message = cond.Message
+					return true, nil
+				}
+			}
+		}
+		return false, retry("status.devices %+v", devices)
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.describePod(ctx, ns, "weak"))
+	}
+	if !strings.Contains(message, want) {
+		t.Fatalf("Ready=False with\n  %s\nwant the message to contain\n  %s", message, want)
+	}
+	t.Logf("refused at prepare: %s", message)
+
+	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "weak", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.State.Running != nil {
+			t.Errorf("container %s runs although its claim was refused", s.Name)
+		}
+	}
+}
