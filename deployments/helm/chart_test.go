@@ -226,7 +226,7 @@ func TestDeviceClassesMatchModel(t *testing.T) {
 }
 
 // TestPluginRBAC: the plugin's ClusterRole grants exactly the calls it makes,
-// and the webhook gets no token at all.
+// and the webhook's only what it reads (DeviceClasses).
 func TestPluginRBAC(t *testing.T) {
 	objs := objects(t, render(t))
 	role := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-kubelet-plugin")
@@ -260,9 +260,20 @@ func TestPluginRBAC(t *testing.T) {
 				t.Error("the webhook's ServiceAccount mounts a token; it needs none")
 			}
 		}
-		if (o.GetKind() == "RoleBinding" || o.GetKind() == "ClusterRoleBinding") && strings.Contains(o.GetName(), "webhook") {
-			t.Errorf("%s %s: the webhook needs no API access", o.GetKind(), o.GetName())
+		if o.GetKind() == "RoleBinding" && strings.Contains(o.GetName(), "webhook") {
+			t.Errorf("RoleBinding %s: the webhook needs no namespaced API access", o.GetName())
 		}
+	}
+	// The webhook reads DeviceClasses (their sharing.allowedIsolations), and
+	// nothing else.
+	webhookRole := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook")
+	wantWebhook := []rbacv1.PolicyRule{{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"deviceclasses"}, Verbs: []string{"get", "list", "watch"}}}
+	if diff := cmp.Diff(wantWebhook, webhookRole.Rules); diff != "" {
+		t.Errorf("webhook ClusterRole (-want +got):\n%s", diff)
+	}
+	binding := find[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding", "tessera-webhook")
+	if binding.RoleRef.Name != "tessera-webhook" || len(binding.Subjects) != 1 || binding.Subjects[0].Name != "tessera-webhook" {
+		t.Errorf("webhook ClusterRoleBinding %+v: want ClusterRole tessera-webhook for ServiceAccount tessera-webhook", binding)
 	}
 }
 

@@ -20,6 +20,7 @@ type schemaNode struct {
 	Properties map[string]*schemaNode `json:"properties"`
 	Minimum    *float64               `json:"minimum"`
 	Maximum    *float64               `json:"maximum"`
+	Items      *schemaNode            `json:"items"`
 }
 
 func loadSchema(t *testing.T) (root *schemaNode, definitions map[string]*schemaNode) {
@@ -74,12 +75,16 @@ func TestSchemaFollowsTheCode(t *testing.T) {
 		}
 	}
 	slices.Sort(paths)
-	want := []string{"sharing.computeLimit", "sharing.isolation", "sharing.memoryLimit", "topology.nvlink"}
+	want := []string{"sharing.allowedIsolations", "sharing.computeLimit", "sharing.isolation", "sharing.memoryLimit", "topology.nvlink"}
 	if diff := cmp.Diff(want, paths); diff != "" {
 		t.Errorf("gpuConfig fields in the schema differ from GpuConfig's (-code +schema):\n%s", diff)
 	}
 	if diff := cmp.Diff(isolations, stringValues(cfg["sharing"].Properties["isolation"].Enum)); diff != "" {
 		t.Errorf("gpuConfig sharing.isolation enum (-code +schema):\n%s", diff)
+	}
+	if items := cfg["sharing"].Properties["allowedIsolations"].Items; items == nil ||
+		!cmp.Equal(isolations, stringValues(items.Enum)) {
+		t.Errorf("gpuConfig sharing.allowedIsolations items must be the isolations %v", isolations)
 	}
 	var policies []string
 	for _, p := range configapi.SupportedNVLinkPolicies {
