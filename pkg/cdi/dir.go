@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -50,13 +51,18 @@ func (d *Dir) Path(claimUID types.UID) string {
 
 // Write validates and writes the spec of one claim, replacing any earlier
 // spec of the same claim, and returns the qualified CDI device ID of each
-// device in the order given. record, when not empty, is kept in the spec's
-// [RecordAnnotation]. On error nothing new is on disk (an earlier spec of the
-// claim, if any, is untouched).
+// device in the order given. record, when not empty, is written first to a
+// file beside the spec (see [Dir.Record]). On error no new spec is on disk (an
+// earlier spec of the claim, if any, is untouched).
 func (d *Dir) Write(claimUID types.UID, devices []Device, record []byte) ([]string, error) {
-	spec, err := Build(claimUID, devices, record)
+	spec, err := Build(claimUID, devices)
 	if err != nil {
 		return nil, err
+	}
+	if len(record) > 0 {
+		if err := writeAtomic(d.recordPath(claimUID), record); err != nil {
+			return nil, fmt.Errorf("cdi: write claim record: %w", err)
+		}
 	}
 	if err := d.cache.WriteSpec(spec, specFileName(claimUID)+".json"); err != nil {
 		return nil, fmt.Errorf("cdi: write spec %s: %w", d.Path(claimUID), err)
@@ -68,20 +74,17 @@ func (d *Dir) Write(claimUID types.UID, devices []Device, record []byte) ([]stri
 	return ids, nil
 }
 
-// Current reports whether the claim's spec on disk is exactly what Write
-// would write for devices and record. A missing or unreadable spec is not
-// current; only an error other than a missing file is returned.
+// Current reports whether the claim's spec and record on disk are exactly
+// what Write would write for devices and record. A missing or unreadable spec
+// is not current; only errors other than that are returned.
 func (d *Dir) Current(claimUID types.UID, devices []Device, record []byte) (bool, error) {
-	want, err := Build(claimUID, devices, record)
+	want, err := Build(claimUID, devices)
 	if err != nil {
 		return false, err
 	}
 	got, err := d.read(claimUID)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
 	if err != nil {
-		return false, nil //nolint:nilerr // an unreadable spec is rewritten, not reported
+		return false, nil //nolint:nilerr // a missing or unreadable spec is rewritten, not reported
 	}
 	a, err := json.Marshal(want)
 	if err != nil {
@@ -91,20 +94,34 @@ func (d *Dir) Current(claimUID types.UID, devices []Device, record []byte) (bool
 	if err != nil {
 		return false, err
 	}
-	return bytes.Equal(a, b), nil
+	if !bytes.Equal(a, b) {
+		return false, nil
+	}
+	if len(record) == 0 {
+		return true, nil
+	}
+	onDisk, err := os.ReadFile(d.recordPath(claimUID))
+	return err == nil && bytes.Equal(onDisk, record), nil
 }
 
-// Record returns the [RecordAnnotation] of the claim's spec: nil (no error)
+// Record returns the record written beside the claim's spec: nil (no error)
 // if the spec has none; an error wrapping fs.ErrNotExist if there is no spec.
 func (d *Dir) Record(claimUID types.UID) ([]byte, error) {
-	spec, err := d.read(claimUID)
+	if _, err := os.Stat(d.Path(claimUID)); err != nil {
+		return nil, fmt.Errorf("cdi: spec of claim %s: %w", claimUID, err)
+	}
+	data, err := os.ReadFile(d.recordPath(claimUID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cdi: read claim record: %w", err)
 	}
-	if r, ok := spec.Annotations[RecordAnnotation]; ok {
-		return []byte(r), nil
-	}
-	return nil, nil
+	return data, nil
+}
+
+func (d *Dir) recordPath(claimUID types.UID) string {
+	return d.root + string(os.PathSeparator) + specFileName(claimUID) + recordExt
 }
 
 func (d *Dir) read(claimUID types.UID) (*cdispec.Spec, error) {
@@ -119,10 +136,42 @@ func (d *Dir) read(claimUID types.UID) (*cdispec.Spec, error) {
 	return spec, nil
 }
 
-// Remove deletes the spec of the claim. A claim without a spec is not an error.
+// writeAtomic replaces path with data: a temporary file in the same
+// directory, synced, renamed over path.
+func writeAtomic(path string, data []byte) error {
+	dir, base := filepath.Split(path)
+	f, err := os.CreateTemp(dir, "."+base+".tmp-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o600)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
+}
+
+// Remove deletes the spec of the claim and then its record. A claim without
+// a spec is not an error.
 func (d *Dir) Remove(claimUID types.UID) error {
 	if err := d.cache.RemoveSpec(specFileName(claimUID) + ".json"); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cdi: remove spec %s: %w", d.Path(claimUID), err)
+	}
+	if err := os.Remove(d.recordPath(claimUID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cdi: remove claim record: %w", err)
 	}
 	return nil
 }

@@ -20,10 +20,12 @@ const (
 	// DefaultRoot is where transient specs go by default (a tmpfs, which
 	// is right: nothing prepared survives a reboot).
 	DefaultRoot = cdiapi.DefaultDynamicDir
-	// RecordAnnotation is the spec annotation that carries the plugin's
-	// record of the claim (its checkpoint entry), so that the checkpoint can
-	// be rebuilt from the specs on disk if it is ever lost.
-	RecordAnnotation = "gpu.tessera.dev/claim-record"
+	// recordExt is the extension of the file beside each spec that holds the
+	// plugin's record of the claim (its checkpoint entry), so that the
+	// checkpoint can be rebuilt from the CDI root if it is ever lost. CDI
+	// reads only .json and .yaml files, and a spec annotation would raise the
+	// spec to CDI 0.6.0, which older runtimes refuse.
+	recordExt = ".tessera-record"
 )
 
 // Device is one CDI device of a claim's spec: the edits the runtime applies to
@@ -77,10 +79,9 @@ func claimUIDFromFile(base string) (types.UID, bool) {
 	return types.UID(uid), true
 }
 
-// Build returns the raw CDI spec of one claim, with record (if any) in its
-// [RecordAnnotation]. It does not validate: [Dir.Write] validates with the
-// CDI library before writing.
-func Build(claimUID types.UID, devices []Device, record []byte) (*cdispec.Spec, error) {
+// Build returns the raw CDI spec of one claim. It does not validate:
+// [Dir.Write] validates with the CDI library before writing.
+func Build(claimUID types.UID, devices []Device) (*cdispec.Spec, error) {
 	if claimUID == "" {
 		return nil, fmt.Errorf("cdi spec: empty claim uid")
 	}
@@ -90,9 +91,6 @@ func Build(claimUID types.UID, devices []Device, record []byte) (*cdispec.Spec, 
 	spec := &cdispec.Spec{
 		Kind:    Kind,
 		Devices: make([]cdispec.Device, 0, len(devices)),
-	}
-	if len(record) > 0 {
-		spec.Annotations = map[string]string{RecordAnnotation: string(record)}
 	}
 	for _, d := range devices {
 		spec.Devices = append(spec.Devices, cdispec.Device{

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -11,7 +12,8 @@ import (
 )
 
 // ToolkitKind is the CDI kind of the NVIDIA container toolkit's generated spec
-// ("nvidia-ctk cdi generate"), whose devices are named by GPU UUID.
+// ("nvidia-ctk cdi generate"), whose devices are named by GPU UUID
+// (--device-name-strategy=uuid) or by NVML index (the default).
 const ToolkitKind = "nvidia.com/gpu"
 
 // ToolkitDeviceID is the CDI device ID of the GPU with this UUID in the
@@ -43,10 +45,11 @@ func NewToolkitSpecs(dirs ...string) (*ToolkitSpecs, error) {
 	return &ToolkitSpecs{cache: cache}, nil
 }
 
-// DeviceID returns "nvidia.com/gpu=<uuid>" when a spec in the directories
-// defines that device, and ok=false otherwise. Broken spec files of other
-// vendors do not matter; the error is only for unreadable directories.
-func (t *ToolkitSpecs) DeviceID(uuid string) (id string, ok bool, err error) {
+// DeviceID returns "nvidia.com/gpu=<uuid>" or, failing that,
+// "nvidia.com/gpu=<index>" when a spec in the directories defines that
+// device, and ok=false otherwise. Broken spec files of other vendors do not
+// matter; the error is only for unreadable directories.
+func (t *ToolkitSpecs) DeviceID(uuid string, index int) (id string, ok bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Refresh returns the errors of every broken spec file in the dirs;
@@ -57,19 +60,20 @@ func (t *ToolkitSpecs) DeviceID(uuid string) (id string, ok bool, err error) {
 			return "", false, fmt.Errorf("cdi: toolkit spec dir %s: %w", dir, err)
 		}
 	}
-	id = ToolkitDeviceID(uuid)
-	if t.cache.GetDevice(id) == nil {
-		return "", false, nil
+	for _, name := range []string{uuid, strconv.Itoa(index)} {
+		if id := ToolkitDeviceID(name); t.cache.GetDevice(id) != nil {
+			return id, true, nil
+		}
 	}
-	return id, true, nil
+	return "", false, nil
 }
 
 // StaticToolkit is a fake of [ToolkitSpecs] for tests: the set of GPU UUIDs
 // for which a toolkit device exists.
 type StaticToolkit map[string]bool
 
-// DeviceID implements the same lookup as [ToolkitSpecs.DeviceID].
-func (s StaticToolkit) DeviceID(uuid string) (string, bool, error) {
+// DeviceID implements the same lookup as [ToolkitSpecs.DeviceID], by UUID.
+func (s StaticToolkit) DeviceID(uuid string, _ int) (string, bool, error) {
 	if !s[uuid] {
 		return "", false, nil
 	}

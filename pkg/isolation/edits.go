@@ -59,13 +59,23 @@ func (g GPU) check() error {
 //	TESSERA_GPU_<minor>=<uuid>
 //	TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes>   shares only
 //	TESSERA_GPU_<minor>_CORES_LIMIT=<percent>  shares only
-func DeviceEdits(g GPU) (cdispec.ContainerEdits, error) {
+//
+// With legacyRuntime (a real node without the NVIDIA toolkit's CDI device
+// for the GPU) NVIDIA_VISIBLE_DEVICES is the GPU's UUID instead, so that a
+// legacy-mode NVIDIA runtime adds the driver's libraries; if the container
+// has several such GPUs the runtime keeps one of their UUIDs, which is
+// enough for the libraries and names no GPU the container was not given.
+func DeviceEdits(g GPU, legacyRuntime bool) (cdispec.ContainerEdits, error) {
 	if err := g.check(); err != nil {
 		return cdispec.ContainerEdits{}, err
 	}
+	visible := "void"
+	if legacyRuntime {
+		visible = g.UUID
+	}
 	prefix := GPUVariable(g.Minor)
 	env := []string{
-		"NVIDIA_VISIBLE_DEVICES=void",
+		"NVIDIA_VISIBLE_DEVICES=" + visible,
 		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 		prefix + "=" + g.UUID,
 	}
@@ -81,9 +91,8 @@ func DeviceEdits(g GPU) (cdispec.ContainerEdits, error) {
 // in a container, and the prefix of its limit variables.
 func GPUVariable(minor int) string { return "TESSERA_GPU_" + strconv.Itoa(minor) }
 
-// Claim is the input of [BackendEdits]: the claim's distinct GPUs in device
-// order (the order of CUDA indices when the container's GPUs are exactly the
-// claim's) and how its shares are isolated.
+// Claim is the input of [BackendEdits]: the claim's distinct GPUs and how its
+// shares are isolated.
 type Claim struct {
 	GPUs []GPU
 	// Isolation is the backend of the claim's shares; ignored without shares.
@@ -98,9 +107,16 @@ type Claim struct {
 
 // BackendEdits returns the isolation backend's edits for the claim's shares;
 // the plugin adds them to every share device of the claim. They are empty for
-// a claim without shares. Unlike [DeviceEdits], MPS's and HAMi-core's
-// variables are per process or keyed by CUDA index, as those backends read
-// them: they are right for a container whose GPUs are the claim's.
+// a claim without shares.
+//
+// MPS and HAMi-core read per-process variables keyed by CUDA index, which no
+// per-device scheme can compose, so an MPS or HAMiCore claim must be exactly
+// one share, and its device also sets CUDA_VISIBLE_DEVICES to that GPU: in
+// any container it is then the one GPU CUDA uses (index 0), with its limits.
+// A container that references other GPUs besides still gets their device
+// nodes and TESSERA_GPU_* variables, but CUDA hides them; two enforced shares
+// in one container leave CUDA the last one, whose variables all win together.
+// The limits never apply to the wrong GPU.
 func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	if len(c.GPUs) == 0 {
 		return cdispec.ContainerEdits{}, errors.New("no GPUs")
@@ -122,14 +138,21 @@ func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	switch c.Isolation {
 	case configapi.IsolationAdvisory, "":
 		edits.Env = append(edits.Env, "TF_FORCE_GPU_ALLOW_GROWTH=true")
-	case configapi.IsolationMPS:
-		if len(c.GPUs) != 1 {
-			return cdispec.ContainerEdits{}, fmt.Errorf("isolation MPS: the claim has %d GPUs; an MPS claim must be exactly one share (a client talks to one MPS daemon, which serves one GPU)", len(c.GPUs))
-		}
+		return edits, nil
+	case configapi.IsolationMPS, configapi.IsolationHAMiCore:
+	default:
+		return cdispec.ContainerEdits{}, fmt.Errorf("unknown isolation %q (want %s, %s or %s)", c.Isolation,
+			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
+	}
+	if len(c.GPUs) != 1 {
+		return cdispec.ContainerEdits{}, fmt.Errorf("isolation %s: the claim has %d GPUs; an %s claim must be exactly one share (its limits are per process, for the one GPU CUDA uses)", c.Isolation, len(c.GPUs), c.Isolation)
+	}
+	g := c.GPUs[0]
+	edits.Env = append(edits.Env, "CUDA_VISIBLE_DEVICES="+g.UUID)
+	if c.Isolation == configapi.IsolationMPS {
 		if c.MPS.PipeDir == "" || c.MPS.LogDir == "" {
 			return cdispec.ContainerEdits{}, errors.New("isolation MPS: no MPS daemon for the share")
 		}
-		g := c.GPUs[0]
 		edits.Env = append(edits.Env,
 			"CUDA_MPS_PIPE_DIRECTORY="+MPSPipeContainerDir,
 			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="+itoa(g.MemoryLimit>>20)+"M",
@@ -137,24 +160,17 @@ func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 		edits.Mounts = append(edits.Mounts,
 			bindMount(c.MPS.PipeDir, MPSPipeContainerDir, "rw"),
 			bindMount(c.MPS.LogDir, MPSLogContainerDir, "rw"))
-	case configapi.IsolationHAMiCore:
-		if c.HAMiCore.Library == "" || c.HAMiCore.PreloadFile == "" {
-			return cdispec.ContainerEdits{}, errors.New("isolation HAMiCore: HAMi-core is not configured on this node (--hami-core-library is empty)")
-		}
-		smLimit := int64(100)
-		for _, i := range shares {
-			g := c.GPUs[i]
-			edits.Env = append(edits.Env, "CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(i)+"="+itoa(g.MemoryLimit>>20)+"m")
-			smLimit = min(smLimit, g.CoresLimit)
-		}
-		edits.Env = append(edits.Env, "CUDA_DEVICE_SM_LIMIT="+itoa(smLimit))
-		edits.Mounts = append(edits.Mounts,
-			bindMount(c.HAMiCore.Library, HAMiCoreContainerLibrary, "ro"),
-			bindMount(c.HAMiCore.PreloadFile, PreloadContainerFile, "ro"))
-	default:
-		return cdispec.ContainerEdits{}, fmt.Errorf("unknown isolation %q (want %s, %s or %s)", c.Isolation,
-			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
+		return edits, nil
 	}
+	if c.HAMiCore.Library == "" || c.HAMiCore.PreloadFile == "" {
+		return cdispec.ContainerEdits{}, errors.New("isolation HAMiCore: HAMi-core is not configured on this node (--hami-core-library is empty)")
+	}
+	edits.Env = append(edits.Env,
+		"CUDA_DEVICE_MEMORY_LIMIT_0="+itoa(g.MemoryLimit>>20)+"m",
+		"CUDA_DEVICE_SM_LIMIT="+itoa(g.CoresLimit))
+	edits.Mounts = append(edits.Mounts,
+		bindMount(c.HAMiCore.Library, HAMiCoreContainerLibrary, "ro"),
+		bindMount(c.HAMiCore.PreloadFile, PreloadContainerFile, "ro"))
 	return edits, nil
 }
 

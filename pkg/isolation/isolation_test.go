@@ -59,7 +59,7 @@ func TestMPSRefcount(t *testing.T) {
 
 	// Restore: held daemons run, orphans stop.
 	_ = r.Start(ctx, m.Daemon("GPU-orphan"))
-	if err := m.Restore(ctx, map[string][]types.UID{"GPU-3": {"d"}}); err != nil {
+	if err := m.Restore(ctx, map[string][]types.UID{"GPU-3": {"d"}}, true); err != nil {
 		t.Fatal(err)
 	}
 	running, _ := r.Running(ctx)
@@ -103,7 +103,7 @@ func TestDeviceEditsCompose(t *testing.T) {
 			if mask&(1<<i) == 0 {
 				continue
 			}
-			edits, err := DeviceEdits(g)
+			edits, err := DeviceEdits(g, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestDeviceEditsCompose(t *testing.T) {
 			t.Errorf("devices %b: NVIDIA_VISIBLE_DEVICES=%q, want void", mask, merged["NVIDIA_VISIBLE_DEVICES"])
 		}
 	}
-	if _, err := DeviceEdits(GPU{Minor: 3}); err == nil {
+	if _, err := DeviceEdits(GPU{Minor: 3}, false); err == nil {
 		t.Error("DeviceEdits without a UUID: no error")
 	}
 }

@@ -123,9 +123,10 @@ func (m *MPS) Holders() map[string][]types.UID {
 
 // Restore replaces the holder sets with holders (from the checkpoint), makes
 // sure the daemon of every held GPU runs (after a plugin restart they may
-// have died with the old container) and stops running daemons that nobody
-// holds. It returns the joined errors and keeps going past each one.
-func (m *MPS) Restore(ctx context.Context, holders map[string][]types.UID) error {
+// have died with the old container) and, with stopOrphans, stops running
+// daemons that nobody holds (only right when holders is known to be
+// complete). It returns the joined errors and keeps going past each one.
+func (m *MPS) Restore(ctx context.Context, holders map[string][]types.UID, stopOrphans bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var errs []error
@@ -142,6 +143,9 @@ func (m *MPS) Restore(ctx context.Context, holders map[string][]types.UID) error
 			set[c] = struct{}{}
 		}
 		m.holders[uuid] = set
+	}
+	if !stopOrphans {
+		return errors.Join(errs...)
 	}
 	running, err := m.runner.Running(ctx)
 	if err != nil {

@@ -41,12 +41,12 @@ func TestContainerSeesClaim(t *testing.T) {
 				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
 			},
 		},
-		"whole GPU on a real node without the toolkit: device nodes": {
+		"whole GPU on a real node without the toolkit: device nodes, its UUID for a legacy NVIDIA runtime": {
 			claim:       newClaim("uid-whole-real", []result{whole("gpu", "gpu-2")}),
 			realGPUs:    true,
 			wantDevices: []string{"gpu-2"},
 			wantEnv: func(*env) []string {
-				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
+				return append(base, "NVIDIA_VISIBLE_DEVICES=GPU-00000002", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
 			},
 			wantNodes: []oci.LinuxDevice{
 				{Path: "/dev/nvidia2", Type: "c", Major: 195, Minor: 2},
@@ -73,6 +73,7 @@ func TestContainerSeesClaim(t *testing.T) {
 				return append(base,
 					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_1=GPU-00000001",
 					"TESSERA_GPU_1_MEMORY_LIMIT=10737418240", "TESSERA_GPU_1_CORES_LIMIT=50",
+					"CUDA_VISIBLE_DEVICES=GPU-00000001",
 					"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
 					"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
 					"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50")
@@ -93,6 +94,7 @@ func TestContainerSeesClaim(t *testing.T) {
 				return append(base,
 					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_3=GPU-00000003",
 					"TESSERA_GPU_3_MEMORY_LIMIT=17179869184", "TESSERA_GPU_3_CORES_LIMIT=30",
+					"CUDA_VISIBLE_DEVICES=GPU-00000003",
 					"CUDA_DEVICE_MEMORY_LIMIT_0=16384m", "CUDA_DEVICE_SM_LIMIT=30")
 			},
 			wantMounts: func(e *env) []oci.Mount {

@@ -393,14 +393,22 @@ func TestRecoveryAtStart(t *testing.T) {
 		}
 		ev := e.events.list()
 		if len(ev) != 2 || !strings.HasPrefix(ev[0], "Warning CheckpointRecovered: ") ||
-			!strings.HasPrefix(ev[1], "Warning CheckpointRebuilt: rebuilt 2 of 3 claims") {
-			t.Errorf("events %q, want CheckpointRecovered and CheckpointRebuilt (2 of 3)", ev)
+			!strings.HasPrefix(ev[1], "Warning CheckpointRebuilt: adopted 2 claims from their CDI specs into the checkpoint; kept 1 specs") {
+			t.Errorf("events %q, want CheckpointRecovered and CheckpointRebuilt (2 adopted, 1 kept)", ev)
 		}
 		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
 			t.Errorf("specs after recovery %v: a spec was deleted", uids)
 		}
 		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(running, []string{uuidOf(1)}) {
 			t.Errorf("MPS daemons after recovery %v, want the share's", running)
+		}
+		// The next start (the checkpoint is valid now) deletes nothing either.
+		p = e.start(nil)
+		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
+			t.Errorf("specs after the next restart %v: a spec was deleted", uids)
+		}
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(running, []string{uuidOf(1)}) {
+			t.Errorf("MPS daemons after the next restart %v, want the share's", running)
 		}
 		// The rebuilt entries answer as before and still hold their GPUs.
 		if got := mustPrepare(t, p.Plugin, c1); !cmp.Equal(got, want1) {
@@ -432,8 +440,15 @@ func TestRecoveryAtStart(t *testing.T) {
 		e.assertClean(p) // stale spec removed, orphaned daemon stopped
 	})
 	t.Run("stray spec and foreign files", func(t *testing.T) {
+		// A spec the checkpoint lacks is adopted from its record, or kept
+		// when it has none; files that are not ours are never touched.
 		e := newEnv(t)
 		p := e.start(nil)
+		c := newClaim("uid-lost", []result{whole("gpu", "gpu-2")})
+		want := mustPrepare(t, p.Plugin, c)
+		if err := p.store.Delete(c.UID); err != nil { // as if the entry were lost
+			t.Fatal(err)
+		}
 		if _, err := p.specs.Write("uid-stray", []cdi.Device{{Name: "gpu-0", Edits: cdiEnv("A=1")}}, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -442,14 +457,19 @@ func TestRecoveryAtStart(t *testing.T) {
 			t.Fatal(err)
 		}
 		p = e.start(nil)
-		if uids, _ := p.specs.List(); len(uids) != 0 {
-			t.Errorf("stray spec not removed: %v", uids)
+		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-lost", "uid-stray"}) {
+			t.Errorf("specs after restart %v, want both kept", uids)
+		}
+		if got, ok := p.store.Get(c.UID); !ok || got.State != checkpoint.PrepareCompleted {
+			t.Errorf("the lost entry was not adopted: %+v %v", got, ok)
+		}
+		if got := mustPrepare(t, p.Plugin, c); !cmp.Equal(got, want) {
+			t.Errorf("prepare after adoption = %v, want %v", got, want)
 		}
 		if _, err := os.Stat(foreign); err != nil {
 			t.Errorf("a file that is not ours was touched: %v", err)
 		}
-	})
-}
+	})}
 
 // TestRollingUpdateInstancesShareTheCheckpoint runs two instances over the same
 // dirs, as the old and new pod of a surge rolling update do. The kubelet plugin

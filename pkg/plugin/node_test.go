@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -202,12 +203,13 @@ func TestRecoveryWaitsForTheLock(t *testing.T) {
 	}
 	old := e.start(nil)
 
-	// The old instance is inside a prepare: the helper holds the lock, the
-	// checkpoint says PrepareStarted.
-	unlock, err := lockNode(ctxFor(t), lockPath)
+	// The old instance is inside a prepare: the helper holds the lock (taken
+	// as kubeletplugin takes it), the checkpoint says PrepareStarted.
+	held, err := fileutil.LockFile(lockPath, os.O_RDWR|os.O_CREATE, 0o666)
 	if err != nil {
 		t.Fatal(err)
 	}
+	unlock := func() { _ = held.Close() }
 	c := newClaim("uid-mid", []result{share("gpu", "gpu-1-shared", "s", "4Gi", "10")}, claimConfig(isolationConfig(configapi.IsolationMPS)))
 	if err := old.store.Put(checkpoint.Claim{UID: c.UID, Namespace: "default", Name: c.Name, State: checkpoint.PrepareStarted}); err != nil {
 		t.Fatal(err)
@@ -266,6 +268,12 @@ func TestPrepareRewritesMissingSpec(t *testing.T) {
 	c := newClaim("uid-gone", []result{share("gpu", "gpu-0-shared", "s", "8Gi", "10")})
 	devs := mustPrepare(t, p.Plugin, c)
 	want := inject(t, cdiIDs(devs), e.cdiRoot).Process.Env
+	mustPrepare(t, p.Plugin, c)
+	for _, ev := range e.events.list() {
+		if strings.Contains(ev, "CDISpecRewritten") {
+			t.Fatalf("an intact spec was rewritten: %s", ev)
+		}
+	}
 
 	for name, damage := range map[string]func(path string) error{
 		"removed":   os.Remove,
@@ -281,6 +289,15 @@ func TestPrepareRewritesMissingSpec(t *testing.T) {
 		if got := inject(t, cdiIDs(again), e.cdiRoot).Process.Env; !cmp.Equal(got, want) {
 			t.Errorf("%s: env after rewrite %v, want %v", name, got, want)
 		}
+	}
+	// The kubelet does not prepare a prepared claim again; a restarted
+	// plugin checks every spec at start.
+	if err := os.Remove(p.specs.Path(c.UID)); err != nil {
+		t.Fatal(err)
+	}
+	p = e.start(nil)
+	if got := inject(t, cdiIDs(devs), e.cdiRoot).Process.Env; !cmp.Equal(got, want) {
+		t.Errorf("after restart: env %v, want %v", got, want)
 	}
 	mustUnprepare(t, p.Plugin, c.UID)
 	e.assertClean(p)

@@ -44,7 +44,7 @@ type Specs interface {
 // Toolkit finds the NVIDIA container toolkit's CDI device of a GPU;
 // [cdi.ToolkitSpecs] is the real one, [cdi.StaticToolkit] a fake.
 type Toolkit interface {
-	DeviceID(uuid string) (id string, ok bool, err error)
+	DeviceID(uuid string, index int) (id string, ok bool, err error)
 }
 
 // EventRecorder emits events on this node's Node object and on claims.
@@ -108,6 +108,10 @@ type Plugin struct {
 
 	// grants is the double-grant index, guarded by its own mutex.
 	grants grants
+
+	// complete is set at start when every CDI spec on disk is accounted for
+	// in the checkpoint, so that orphaned MPS daemons may be stopped.
+	complete bool
 
 	// facts are the allocations and pods of prepared claims, for metrics.
 	facts facts

@@ -18,7 +18,9 @@ import (
 	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/model"
 )
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin; see the package
@@ -61,7 +63,7 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 
 	if prev, ok := p.opts.Store.Get(claim.UID); ok {
 		if prev.State == checkpoint.PrepareCompleted {
-			if err := p.ensureSpec(ctx, claim, prev); err != nil {
+			if err := p.ensureSpec(ctx, prev); err != nil {
 				return nil, err
 			}
 			p.rememberClaim(claim)
@@ -133,14 +135,36 @@ type specDevice struct {
 	toolkit string
 }
 
-// containerEdits computes the edits of every device without side effects:
-// each device carries its own GPU's visibility and limits
-// ([isolation.DeviceEdits]), share devices also the claim's backend edits
-// ([isolation.BackendEdits]), and on real nodes the GPU's device nodes.
+// containerEdits computes the edits of every planned device without side
+// effects, looking up the toolkit's device of each GPU.
 func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
-	in := isolation.Claim{Isolation: pl.isolation}
-	for _, d := range pl.devices {
+	return p.editsFor(pl.devices, pl.isolation, func(d plannedDevice) (string, error) {
+		if p.opts.Mock || p.opts.Toolkit == nil {
+			return "", nil
+		}
+		id, ok, err := p.opts.Toolkit.DeviceID(d.gpu.UUID, d.gpu.Index)
+		if err != nil {
+			return "", deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
+		}
+		if !ok {
+			return "", nil
+		}
+		return id, nil
+	})
+}
+
+// editsFor computes the CDI devices of a claim: each device carries its own
+// GPU's visibility and limits ([isolation.DeviceEdits]), share devices also
+// the claim's backend edits ([isolation.BackendEdits]), and on real nodes
+// without a toolkit device (toolkitOf returns "") the GPU's device nodes.
+func (p *Plugin) editsFor(devs []plannedDevice, iso configapi.Isolation, toolkitOf func(plannedDevice) (string, error)) ([]specDevice, error) {
+	in := isolation.Claim{Isolation: iso}
+	var shareDevice string
+	for _, d := range devs {
 		g := isolationGPU(d)
+		if g.Shared && shareDevice == "" {
+			shareDevice = d.device
+		}
 		// Two shares of one GPU in one claim (two requests) are one GPU to
 		// the backend, with the sum of their limits.
 		i := slices.IndexFunc(in.GPUs, func(x isolation.GPU) bool { return x.UUID == g.UUID })
@@ -153,28 +177,36 @@ func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
 			in.GPUs[i].CoresLimit = min(in.GPUs[i].CoresLimit+g.CoresLimit, configapi.MaxCores)
 		}
 	}
-	switch pl.isolation {
+	if shareDevice == "" {
+		shareDevice = devs[0].device
+	}
+	switch iso {
 	case configapi.IsolationMPS:
 		if p.opts.MPS == nil {
-			return nil, deviceError(pl.devices[0].device, "isolation MPS is not available on this node (no MPS root configured)")
+			return nil, deviceError(shareDevice, "isolation MPS is not available on this node (no MPS root configured)")
 		}
 		// The daemon's paths are known before it runs; it is acquired later.
-		in.MPS = p.opts.MPS.Daemon(pl.devices[0].gpu.UUID)
+		in.MPS = p.opts.MPS.Daemon(devs[0].gpu.UUID)
 	case configapi.IsolationHAMiCore:
 		if err := p.opts.HAMiCore.Check(); err != nil {
-			return nil, deviceError(firstShare(pl).device, "%v", err)
+			return nil, deviceError(shareDevice, "%v", err)
 		}
 		in.HAMiCore = p.opts.HAMiCore
 	}
 	backend, err := isolation.BackendEdits(in)
 	if err != nil {
-		return nil, deviceError(firstShare(pl).device, "%v", err)
+		return nil, deviceError(shareDevice, "%v", err)
 	}
 
-	out := make([]specDevice, 0, len(pl.devices))
-	for _, d := range pl.devices {
+	out := make([]specDevice, 0, len(devs))
+	for _, d := range devs {
+		toolkitID, err := toolkitOf(d)
+		if err != nil {
+			return nil, err
+		}
 		g := isolationGPU(d)
-		edits, err := isolation.DeviceEdits(g)
+		legacy := !p.opts.Mock && toolkitID == ""
+		edits, err := isolation.DeviceEdits(g, legacy)
 		if err != nil {
 			return nil, deviceError(d.device, "%v", err)
 		}
@@ -182,24 +214,12 @@ func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
 			edits.Env = append(edits.Env, backend.Env...)
 			edits.Mounts = append(edits.Mounts, slices.Clone(backend.Mounts)...)
 		}
-		var toolkitID string
-		if !p.opts.Mock {
-			if p.opts.Toolkit != nil {
-				id, ok, err := p.opts.Toolkit.DeviceID(d.gpu.UUID)
-				if err != nil {
-					return nil, deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
-				}
-				if ok {
-					toolkitID = id
-				}
+		if legacy {
+			nodes, err := p.opts.DevNodes.Nodes(d.gpu.Minor)
+			if err != nil {
+				return nil, deviceError(d.device, "%v", err)
 			}
-			if toolkitID == "" {
-				nodes, err := p.opts.DevNodes.Nodes(d.gpu.Minor)
-				if err != nil {
-					return nil, deviceError(d.device, "%v", err)
-				}
-				edits.DeviceNodes = nodes
-			}
+			edits.DeviceNodes = nodes
 		}
 		out = append(out, specDevice{cdi: cdi.Device{Name: cdi.DeviceName(d.device, d.shareID), Edits: edits}, toolkit: toolkitID})
 	}
@@ -210,17 +230,8 @@ func isolationGPU(d plannedDevice) isolation.GPU {
 	return isolation.GPU{UUID: d.gpu.UUID, Minor: d.gpu.Minor, Shared: d.shared && !d.adminAccess, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
 }
 
-func firstShare(pl *plan) plannedDevice {
-	for _, d := range pl.devices {
-		if d.shared {
-			return d
-		}
-	}
-	return pl.devices[0]
-}
-
 // applyEffects acquires the MPS daemon (if any) and writes the CDI spec, with
-// record (as it will be once complete) in the spec's record annotation; it
+// record (as it will be once complete) beside the spec; it
 // fills in record's CDI device IDs and marks it PrepareCompleted. On error it
 // may have done part of the work; the caller rolls back.
 func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
@@ -257,48 +268,84 @@ func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl 
 	return nil
 }
 
-// ensureSpec makes sure the CDI spec of an already prepared claim is on disk
-// as prepare would write it now (a cleared /var/run/cdi, a spec edited or
-// truncated by someone else): the kubelet gets the checkpointed IDs again,
-// and they must resolve. A claim that cannot be planned any more (its GPU
-// left the inventory) keeps an existing spec; without one it is an error.
-func (p *Plugin) ensureSpec(ctx context.Context, claim *resourceapi.ResourceClaim, prev checkpoint.Claim) error {
-	raw, err := json.Marshal(prev)
+// ensureSpec makes sure the CDI spec of the prepared claim c is on disk as
+// its record says (a cleared /var/run/cdi, a spec edited or truncated by
+// someone else), rewriting it from the record if not: the kubelet has the
+// recorded IDs, and they must resolve. It replays the record; it does not
+// re-plan, so a changed node default or toolkit cannot change a prepared
+// claim's spec.
+func (p *Plugin) ensureSpec(ctx context.Context, c checkpoint.Claim) error {
+	raw, err := json.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("encode claim record: %w", err)
 	}
-	devices, err := p.specOf(claim)
+	devs, err := p.specFromRecord(c)
 	if err != nil {
-		if _, rerr := p.opts.Specs.Record(claim.UID); rerr == nil {
-			return nil
-		}
-		return fmt.Errorf("the claim is prepared but its CDI spec is missing and cannot be written again: %w", err)
+		return fmt.Errorf("rebuild the CDI spec of a prepared claim from its record: %w", err)
 	}
-	if ok, err := p.opts.Specs.Current(claim.UID, devices, raw); err != nil || ok {
+	devices := make([]cdi.Device, len(devs))
+	for i, d := range devs {
+		devices[i] = d.cdi
+	}
+	if ok, err := p.opts.Specs.Current(c.UID, devices, raw); err != nil || ok {
 		return err
 	}
-	if _, err := p.opts.Specs.Write(claim.UID, devices, raw); err != nil {
+	if _, err := p.opts.Specs.Write(c.UID, devices, raw); err != nil {
 		return fmt.Errorf("write the missing CDI spec of a prepared claim again: %w", err)
 	}
-	klog.FromContext(ctx).Info("Rewrote the CDI spec of a prepared claim: it was missing or differed", "claim", klog.KObj(claim))
+	klog.FromContext(ctx).Info("Rewrote the CDI spec of a prepared claim from its record: it was missing or differed", "claim", c.String())
+	p.event(corev1.EventTypeWarning, "CDISpecRewritten", fmt.Sprintf("claim %s: its CDI spec was missing or changed and was written again", c))
 	return nil
 }
 
-// specOf computes the CDI devices a claim's spec holds.
-func (p *Plugin) specOf(claim *resourceapi.ResourceClaim) ([]cdi.Device, error) {
-	pl, err := p.planClaim(claim)
-	if err != nil {
-		return nil, err
+// ensureSpecs runs ensureSpec for every prepared claim (at start: the kubelet
+// does not prepare a claim again that it has prepared, so a lost spec would
+// otherwise break its containers' restarts).
+func (p *Plugin) ensureSpecs(ctx context.Context) {
+	for _, c := range p.opts.Store.List() {
+		if c.State != checkpoint.PrepareCompleted {
+			continue
+		}
+		if err := p.ensureSpec(ctx, c); err != nil {
+			klog.FromContext(ctx).Error(err, "Checking the CDI spec of a prepared claim failed", "claim", c.String())
+		}
 	}
-	devs, err := p.containerEdits(pl)
-	if err != nil {
-		return nil, err
+}
+
+// specFromRecord computes the CDI devices of a prepared claim from its
+// checkpoint record: the devices in their recorded order, with their recorded
+// limits and isolation, and the toolkit's device where one was recorded.
+func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
+	devs := make([]plannedDevice, len(c.Devices))
+	toolkit := map[int]string{}
+	var iso configapi.Isolation
+	for i, d := range c.Devices {
+		_, shared, err := model.ParseDeviceName(d.Device)
+		if err != nil {
+			return nil, deviceError(d.Device, "%v", err)
+		}
+		g, _ := p.gpuByMinor(d.Minor)
+		if g.UUID != d.UUID {
+			g = gpu.GPU{UUID: d.UUID, Minor: d.Minor}
+		}
+		devs[i] = plannedDevice{
+			request: d.Request, pool: d.Pool, device: d.Device, shareID: types.UID(d.ShareID),
+			adminAccess: d.AdminAccess, gpu: g, shared: shared,
+			isolation: configapi.Isolation(d.Isolation), memoryLimit: d.MemoryLimit, coresLimit: d.CoresLimit,
+		}
+		if shared && !d.AdminAccess && iso == "" {
+			iso = configapi.Isolation(d.Isolation)
+		}
+		if len(d.CDIDeviceIDs) > 1 {
+			toolkit[i] = d.CDIDeviceIDs[0]
+		}
 	}
-	out := make([]cdi.Device, len(devs))
-	for i, d := range devs {
-		out[i] = d.cdi
+	if len(devs) == 0 {
+		return nil, errors.New("the record has no devices")
 	}
-	return out, nil
+	return p.editsFor(devs, iso, func(d plannedDevice) (string, error) {
+		return toolkit[slices.IndexFunc(devs, func(x plannedDevice) bool { return x.device == d.device && x.shareID == d.shareID })], nil
+	})
 }
 
 // rollback undoes every effect of a (possibly partial) prepare recorded in c:

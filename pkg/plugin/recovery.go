@@ -4,28 +4,32 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 )
 
 // recover brings the node in line with the checkpoint at start:
 //  1. it logs what opening the checkpoint found and, when claims may have
 //     been lost (corrupt file, reboot), emits a Warning event on the Node;
-//  2. if the checkpoint was corrupt, its emptiness says nothing about what
-//     is prepared: the entries are rebuilt from the records kept in the CDI
-//     specs on disk, and nothing is cleaned up on the grounds that the
-//     checkpoint lacks it (containers of those claims may be running);
+//  2. unless the node rebooted, it adopts into the checkpoint every claim
+//     whose CDI spec is on disk with its record but which the checkpoint
+//     lacks (a corrupt or deleted checkpoint, or an earlier start that could
+//     not finish this). A spec without a usable record is kept, never
+//     deleted on the grounds that the checkpoint lacks it: its containers
+//     may be running, and the kubelet's unprepare removes it;
 //  3. it rebuilds the double-grant index and the MPS holder sets from the
-//     checkpoint (restarting held daemons, stopping orphaned ones);
+//     checkpoint, restarting held daemons and, only when every spec on disk
+//     is accounted for, stopping orphaned ones;
 //  4. it rolls back claims left PrepareStarted by a crash (the kubelet never
 //     got their devices, so nothing uses them; its retry prepares afresh);
-//  5. it removes CDI specs of claims the checkpoint does not hold.
+//  5. after a reboot (nothing prepared survives one), it removes the CDI
+//     specs of claims the checkpoint does not hold.
 //
 // Every failure is logged (and reported as an event) and recovery goes on:
 // a plugin that refuses to start cannot unprepare anything either.
@@ -39,16 +43,11 @@ func (p *Plugin) recover(ctx context.Context) {
 	case r.Kind != "" && r.Kind != checkpoint.RecoveryNone:
 		logger.Info("Checkpoint recovered", "kind", r.Kind, "message", r.Message)
 	}
-	// Cleaning up is safe only when the checkpoint knows every prepared claim.
-	trusted := true
-	if r.Untrusted() {
-		trusted = p.rebuildFromSpecs(ctx)
-	}
+	rebooted := r.Kind == checkpoint.RecoveryRebooted
+	p.complete = rebooted || p.adoptSpecs(ctx, r.Untrusted())
 
-	p.rebuildHolds(ctx, trusted)
-	claims := p.opts.Store.List()
-
-	for _, c := range claims {
+	p.rebuildHolds(ctx, p.complete)
+	for _, c := range p.opts.Store.List() {
 		if c.State != checkpoint.PrepareStarted {
 			continue
 		}
@@ -59,9 +58,8 @@ func (p *Plugin) recover(ctx context.Context) {
 		}
 		logger.Info("Rolled back unfinished prepare from before restart", "claim", c.String())
 	}
-
-	if !trusted {
-		logger.Error(nil, "Not removing CDI specs or MPS daemons: the checkpoint was lost and not every spec could be adopted; they go when the kubelet unprepares their claims")
+	p.ensureSpecs(ctx)
+	if !rebooted {
 		return
 	}
 	specs, err := p.opts.Specs.List()
@@ -74,17 +72,18 @@ func (p *Plugin) recover(ctx context.Context) {
 			continue
 		}
 		if err := p.opts.Specs.Remove(uid); err != nil {
-			logger.Error(err, "Removing stale CDI spec failed", "claimUID", uid)
+			logger.Error(err, "Removing CDI spec from before the reboot failed", "claimUID", uid)
 			continue
 		}
-		logger.Info("Removed CDI spec of a claim not in the checkpoint", "claimUID", uid)
+		logger.Info("Removed CDI spec from before the reboot", "claimUID", uid)
 	}
 }
 
-// rebuildFromSpecs puts the claim record kept in every CDI spec on disk back
-// into the checkpoint, and reports whether every spec was adopted (only then
-// is the rebuilt checkpoint complete).
-func (p *Plugin) rebuildFromSpecs(ctx context.Context) bool {
+// adoptSpecs puts the record kept beside every CDI spec whose claim the
+// checkpoint lacks back into the checkpoint, and reports whether every spec
+// on disk is now accounted for. untrusted says the checkpoint was found
+// corrupt: the outcome is then always reported.
+func (p *Plugin) adoptSpecs(ctx context.Context, untrusted bool) bool {
 	logger := klog.FromContext(ctx)
 	uids, err := p.opts.Specs.List()
 	if err != nil {
@@ -92,7 +91,8 @@ func (p *Plugin) rebuildFromSpecs(ctx context.Context) bool {
 		p.event(corev1.EventTypeWarning, "CheckpointRebuildFailed", err.Error())
 		return false
 	}
-	adopted, complete := 0, true
+	var adopted int
+	var kept []string
 	for _, uid := range uids {
 		if _, ok := p.opts.Store.Get(uid); ok {
 			continue
@@ -102,19 +102,21 @@ func (p *Plugin) rebuildFromSpecs(ctx context.Context) bool {
 			err = p.opts.Store.Put(c)
 		}
 		if err != nil {
-			logger.Error(err, "Adopting a CDI spec into the checkpoint failed", "claimUID", uid)
-			complete = false
+			logger.Error(err, "Adopting a CDI spec into the checkpoint failed; the spec is kept", "claimUID", uid)
+			kept = append(kept, string(uid))
 			continue
 		}
 		adopted++
 		logger.Info("Rebuilt checkpoint entry from its CDI spec", "claim", c.String())
 	}
-	msg := fmt.Sprintf("rebuilt %d of %d claims from the CDI specs in the checkpoint", adopted, len(uids))
-	if !complete {
-		msg += "; specs without a usable record are kept until the kubelet unprepares their claims"
+	if adopted > 0 || len(kept) > 0 || untrusted {
+		msg := fmt.Sprintf("adopted %d claims from their CDI specs into the checkpoint", adopted)
+		if len(kept) > 0 {
+			msg += fmt.Sprintf("; kept %d specs without a usable record (claims %s) until the kubelet unprepares them, and no MPS daemon is stopped meanwhile", len(kept), strings.Join(kept, ", "))
+		}
+		p.event(corev1.EventTypeWarning, "CheckpointRebuilt", msg)
 	}
-	p.event(corev1.EventTypeWarning, "CheckpointRebuilt", msg)
-	return complete
+	return len(kept) == 0
 }
 
 // specRecord decodes the claim record kept in the claim's CDI spec.
@@ -124,7 +126,7 @@ func (p *Plugin) specRecord(uid types.UID) (checkpoint.Claim, error) {
 		return checkpoint.Claim{}, err
 	}
 	if raw == nil {
-		return checkpoint.Claim{}, fmt.Errorf("spec of claim %s has no %s annotation (written by an older Tessera)", uid, cdi.RecordAnnotation)
+		return checkpoint.Claim{}, fmt.Errorf("spec of claim %s has no record beside it (written by an older Tessera)", uid)
 	}
 	var c checkpoint.Claim
 	if err := json.Unmarshal(raw, &c); err != nil {
@@ -160,17 +162,7 @@ func (p *Plugin) rebuildHolds(ctx context.Context, stopOrphans bool) {
 	if p.opts.MPS == nil {
 		return
 	}
-	if !stopOrphans {
-		for uuid, uids := range holders {
-			for _, uid := range uids {
-				if _, err := p.opts.MPS.Acquire(ctx, uuid, uid); err != nil {
-					logger.Error(err, "Restarting MPS daemon failed", "gpu", uuid)
-				}
-			}
-		}
-		return
-	}
-	if err := p.opts.MPS.Restore(ctx, holders); err != nil {
+	if err := p.opts.MPS.Restore(ctx, holders, stopOrphans); err != nil {
 		logger.Error(err, "Restoring MPS daemons failed")
 		p.event(corev1.EventTypeWarning, "MPSRestoreFailed", err.Error())
 	}
@@ -188,7 +180,7 @@ func (p *Plugin) refresh(ctx context.Context) error {
 	}
 	if changed {
 		klog.FromContext(ctx).Info("Checkpoint changed by another plugin instance, rebuilding holds")
-		p.rebuildHolds(ctx, true)
+		p.rebuildHolds(ctx, p.complete)
 	}
 	return nil
 }

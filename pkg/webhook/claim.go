@@ -52,7 +52,7 @@ const (
 //     capacity.requests memory (rounded up to whole MiB, as the scheduler
 //     allocates it), is refused: configapi.GpuConfig.ShareLimits decides, as at
 //     prepare;
-//   - a share with sharing.isolation MPS must be the claim's only GPU: its
+//   - a share with sharing.isolation MPS or HAMiCore must be the claim's only GPU: its
 //     request must ask for one device (count 1, not allocationMode All), and no
 //     other request may add a gpu.tessera.dev device, unless both are shares
 //     that a matchAttribute gpu.tessera.dev/uuid constraint puts on one GPU;
@@ -399,8 +399,16 @@ func allocatedMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (
 	return n * step, true
 }
 
-// checkIsolation refuses an MPS share that is not the claim's only GPU, and
-// shares of different requests with different isolation backends.
+// oneShareOnly are the backends whose claims must be exactly one share, and
+// why.
+var oneShareOnly = map[configapi.Isolation]string{
+	configapi.IsolationMPS:      "a client talks to one MPS daemon, which serves one GPU",
+	configapi.IsolationHAMiCore: "its limits are per process, for the one GPU CUDA sees",
+}
+
+// checkIsolation refuses an MPS or HAMiCore share that is not the claim's
+// only GPU, and shares of different requests with different isolation
+// backends.
 func (c *claimChecker) checkIsolation() field.ErrorList {
 	var errs field.ErrorList
 	reportedRequest := map[int]bool{}
@@ -415,10 +423,10 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 			continue
 		}
 		isolationPath := c.paramsPath(u.isolation).Child("sharing", "isolation")
-		if isolation == configapi.IsolationMPS {
-			mps := fmt.Sprintf("request %q has isolation MPS (%s) and may get %s; an MPS claim must be exactly one share "+
-				"(a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim",
-				u.name, isolationPath, u.describeCount())
+		if why, ok := oneShareOnly[isolation]; ok {
+			mps := fmt.Sprintf("request %q has isolation %s (%s) and may get %s; an %s claim must be exactly one share "+
+				"(%s), so prepare would refuse the claim",
+				u.name, isolation, isolationPath, u.describeCount(), isolation, why)
 			switch {
 			case u.all:
 				errs = append(errs, field.Invalid(u.path.Child("allocationMode"), string(resourceapi.DeviceAllocationModeAll), mps))
@@ -432,9 +440,9 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 				}
 				reportedRequest[j] = true
 				errs = append(errs, field.Invalid(c.path.Child("requests").Index(j), "", fmt.Sprintf(
-					"request %q adds a second %s device to a claim whose request %q has isolation MPS (%s); an MPS claim must be exactly one share, "+
+					"request %q adds a second %s device to a claim whose request %q has isolation %s (%s); an %s claim must be exactly one share, "+
 						"so prepare would refuse the claim (two shares are one GPU only when a matchAttribute %s constraint covers both requests)",
-					c.devices.Requests[j].Name, driverName, u.name, isolationPath, uuidAttribute)))
+					c.devices.Requests[j].Name, driverName, u.name, isolation, isolationPath, isolation, uuidAttribute)))
 			}
 		}
 		// One backend per claim: compare with the shares of earlier requests.

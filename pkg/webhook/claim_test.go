@@ -285,6 +285,9 @@ config:
 - requests: [more]
   opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: Advisory}}}`,
 			wantErrors: []string{
+				`spec.devices.requests[1]: request "more" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation HAMiCore (` +
+					params0 + `.sharing.isolation); an HAMiCore claim must be exactly one share, so prepare would refuse the claim ` +
+					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
 				`spec.devices.config[1].opaque.parameters.sharing.isolation: Invalid value: "Advisory": request "more" would use isolation Advisory, ` +
 					`but request "gpus" uses HAMiCore (` + params0 + `.sharing.isolation); a claim uses one isolation backend, so prepare would refuse the claim`,
 			},
