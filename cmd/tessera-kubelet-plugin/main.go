@@ -225,6 +225,9 @@ func run(ctx context.Context, f flags) error {
 
 	m := metrics.New(f.nodeName)
 	opts.Metrics = m
+	if nvmlLib != nil {
+		opts.Processes = func(uuid string) (int, error) { return gpu.ComputeProcesses(nvmlLib, uuid) }
+	}
 
 	// With rolling updates the helper serializes prepare and unprepare
 	// across the two pods with this lock; opening the checkpoint and

@@ -227,3 +227,17 @@ func loadError(lib nvml.Interface) error {
 	return libraryError(fmt.Sprintf("NVML library under driver root %q could not be loaded: %s (%s)",
 		l.driverRoot, reason, remedy))
 }
+
+// ComputeProcesses returns how many processes NVML sees running compute work
+// on the GPU with this UUID.
+func ComputeProcesses(lib nvml.Interface, uuid string) (int, error) {
+	dev, ret := lib.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("nvml: GPU %s: %v", uuid, nvml.ErrorString(ret))
+	}
+	procs, ret := dev.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("nvml: GPU %s: compute processes: %v", uuid, nvml.ErrorString(ret))
+	}
+	return len(procs), nil
+}

@@ -469,7 +469,8 @@ func TestRecoveryAtStart(t *testing.T) {
 		if _, err := os.Stat(foreign); err != nil {
 			t.Errorf("a file that is not ours was touched: %v", err)
 		}
-	})}
+	})
+}
 
 // TestRollingUpdateInstancesShareTheCheckpoint runs two instances over the same
 // dirs, as the old and new pod of a surge rolling update do. The kubelet plugin

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -335,4 +336,49 @@ func TestForceDeletedHolderIsReleased(t *testing.T) {
 	mustUnprepare(t, p.Plugin, "uid-old") // the kubelet's late unprepare is a no-op
 	mustUnprepare(t, p.Plugin, "uid-next")
 	e.assertClean(p)
+}
+
+// notDurableStore reports every Delete as written but not durable
+// (checkpoint.ErrNotDurable), as a failing directory sync does.
+type notDurableStore struct{ checkpoint.Store }
+
+func (s notDurableStore) Delete(uid types.UID) error {
+	if err := s.Store.Delete(uid); err != nil {
+		return err
+	}
+	return fmt.Errorf("checkpoint: %w", checkpoint.ErrNotDurable)
+}
+
+// TestNotDurableDeleteLeavesNoHold: an unprepare whose checkpoint delete was
+// not durable is still done: the GPU is free for the next claim.
+func TestNotDurableDeleteLeavesNoHold(t *testing.T) {
+	e := newEnv(t)
+	p := e.start(func(o *Options) { o.Store = notDurableStore{o.Store} })
+	mustPrepare(t, p.Plugin, newClaim("uid-a", []result{whole("gpu", "gpu-0")}))
+	mustUnprepare(t, p.Plugin, "uid-a")
+	mustPrepare(t, p.Plugin, newClaim("uid-b", []result{whole("gpu", "gpu-0")}))
+}
+
+// TestGoneHolderWithProcessesIsKept: a gone claim whose GPU still runs
+// compute processes (its force-deleted pod's containers are still ending) is
+// not released: the next claim waits for the kubelet's unprepare.
+func TestGoneHolderWithProcessesIsKept(t *testing.T) {
+	e := newEnv(t)
+	client := fake.NewClientset() // the holder is gone from the API server
+	p := e.start(func(o *Options) {
+		o.Client = client
+		o.Processes = func(uuid string) (int, error) {
+			if uuid == uuidOf(0) {
+				return 1, nil
+			}
+			return 0, nil
+		}
+	})
+	mustPrepare(t, p.Plugin, newClaim("uid-old", []result{whole("gpu", "gpu-0")}))
+	if r := prepare(t, p.Plugin, newClaim("uid-next", []result{whole("gpu", "gpu-0")})); r.Err == nil {
+		t.Fatal("gpu-0 given to a second claim while a process of the first runs on it")
+	}
+	if _, ok := p.store.Get("uid-old"); !ok {
+		t.Error("the holder was released while its process runs")
+	}
 }

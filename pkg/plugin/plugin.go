@@ -92,6 +92,10 @@ type Options struct {
 	// HealthResend is how often WatchHealthStatus re-sends an unchanged
 	// report; zero means DefaultHealthResend.
 	HealthResend time.Duration
+	// Processes counts the compute processes on a GPU (by UUID); a stale
+	// claim is released only while none run on its GPUs. nil: no GPU
+	// processes can be seen (mock nodes), so none are assumed.
+	Processes func(uuid string) (int, error)
 	// Metrics records prepare/unprepare latency and errors; nil records none.
 	Metrics *metrics.Metrics
 }

@@ -24,8 +24,9 @@ import (
 )
 
 // PrepareResourceClaims implements kubeletplugin.DRAPlugin; see the package
-// documentation for the contract. It never returns an overall error: every
-// problem is reported for the claim it belongs to.
+// documentation for the contract. Every problem with a claim is reported for
+// the claim it belongs to; the only overall error is a checkpoint that cannot
+// be re-read (the kubelet retries the whole call).
 func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	if err := p.refresh(ctx); err != nil {
@@ -46,6 +47,9 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		if err != nil {
 			err = fmt.Errorf("claim %s/%s (uid %s): %w", claim.Namespace, claim.Name, claim.UID, err)
 			klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
+			if errors.As(err, &conflict) && conflict.oversubscribed {
+				p.claimEvent(claim, corev1.EventTypeWarning, "GPUOversubscribed", conflict.Error())
+			}
 			p.claimEvent(claim, corev1.EventTypeWarning, "PrepareFailed", err.Error())
 			p.writeFailure(ctx, claim, err)
 			result[claim.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -97,14 +101,14 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		Config:    pl.config,
 	}
 	if err := p.grants.reserve(claim.UID, record.String(), grantRequests(record), p.memoryOf); err != nil {
-		var conflict *grantConflict
-		if errors.As(err, &conflict) && conflict.oversubscribed {
-			p.claimEvent(claim, corev1.EventTypeWarning, "GPUOversubscribed", err.Error())
-		}
 		return nil, err
 	}
 	if err := p.opts.Store.Put(record); err != nil {
-		p.grants.release(claim.UID)
+		// A write that reached the disk but not durably (ErrNotDurable) left
+		// the entry in the store: take it out again with everything else.
+		if rbErr := p.rollback(ctx, record); rbErr != nil {
+			logger.Error(rbErr, "Rolling back failed prepare failed", "claim", klog.KObj(claim))
+		}
 		return nil, fmt.Errorf("record prepare start in checkpoint: %w", err)
 	}
 
@@ -367,7 +371,9 @@ func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
-		if err := p.opts.Store.Delete(c.UID); err != nil {
+		// ErrNotDurable: the entry is gone from memory and disk, only a
+		// power loss could bring it back; the rollback is done.
+		if err := p.opts.Store.Delete(c.UID); err != nil && !errors.Is(err, checkpoint.ErrNotDurable) {
 			errs = append(errs, err)
 		}
 	}

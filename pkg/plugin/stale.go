@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,8 +15,10 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 )
 
-// staleCheckTimeout bounds the API call that asks whether a holder is gone.
-const staleCheckTimeout = 10 * time.Second
+// staleCheckTimeout bounds all the API calls of one releaseStale: it runs
+// inside the helper's lock, which every prepare and unprepare on the node
+// waits for, within the kubelet's deadline for the call.
+const staleCheckTimeout = 5 * time.Second
 
 // releaseStale unprepares those of holders (claims in the way of a prepare)
 // that the API server no longer has with the allocation they were prepared
@@ -23,17 +26,27 @@ const staleCheckTimeout = 10 * time.Second
 // --force --grace-period=0 leaves its claims prepared until the kubelet gets
 // round to unpreparing them (about 90 s); meanwhile the scheduler may have
 // given their GPUs to a new claim. Holders that still exist, or whose state
-// cannot be read, are kept: the refusal stands.
+// cannot be read, or on whose GPUs compute processes still run (a
+// force-deleted pod's containers may still be ending), are kept: the refusal
+// stands.
 func (p *Plugin) releaseStale(ctx context.Context, holders []types.UID) int {
 	logger := klog.FromContext(ctx)
+	apiCtx, cancel := context.WithTimeout(ctx, staleCheckTimeout)
+	defer cancel()
 	released := 0
 	for _, uid := range holders {
 		c, ok := p.opts.Store.Get(uid)
 		if !ok {
 			continue
 		}
-		why := p.holderGone(ctx, c)
+		why := p.holderGone(apiCtx, c)
 		if why == "" {
+			continue
+		}
+		if busy := p.busyGPUs(c); busy != "" {
+			// The claim is gone, but a force-deleted pod's processes may
+			// still be ending on the GPU: wait for the kubelet.
+			logger.Info("Not releasing a gone claim while processes run on its GPUs", "claim", c.String(), "reason", why, "busy", busy)
 			continue
 		}
 		if err := p.unprepareClaim(ctx, uid); err != nil {
@@ -51,11 +64,9 @@ func (p *Plugin) releaseStale(ctx context.Context, holders []types.UID) int {
 // holderGone says why the checkpointed claim c no longer holds its devices
 // according to the API server, or "" if it still does (or nobody can tell).
 func (p *Plugin) holderGone(ctx context.Context, c checkpoint.Claim) string {
-	if p.opts.Client == nil {
+	if p.opts.Client == nil || ctx.Err() != nil {
 		return ""
 	}
-	ctx, cancel := context.WithTimeout(ctx, staleCheckTimeout)
-	defer cancel()
 	claim, err := p.opts.Client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -85,4 +96,28 @@ func (p *Plugin) holderGone(ctx context.Context, c checkpoint.Claim) string {
 		}
 	}
 	return ""
+}
+
+// busyGPUs names the GPUs of c on which compute processes run (or whose
+// processes cannot be read), "" if none.
+func (p *Plugin) busyGPUs(c checkpoint.Claim) string {
+	if p.opts.Processes == nil {
+		return ""
+	}
+	var busy []string
+	seen := map[string]bool{}
+	for _, d := range c.Devices {
+		if seen[d.UUID] {
+			continue
+		}
+		seen[d.UUID] = true
+		n, err := p.opts.Processes(d.UUID)
+		switch {
+		case err != nil:
+			busy = append(busy, fmt.Sprintf("%s (%v)", d.UUID, err))
+		case n > 0:
+			busy = append(busy, fmt.Sprintf("%s (%d processes)", d.UUID, n))
+		}
+	}
+	return strings.Join(busy, ", ")
 }

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -40,7 +41,18 @@ func (p *Plugin) unprepareClaim(ctx context.Context, uid types.UID) error {
 	p.forgetClaim(uid)
 	if !ok {
 		// Not prepared, or unprepared before; a stray spec (from a crash
-		// before the first checkpoint write) goes too.
+		// before the first checkpoint write) goes too, and so do holds an
+		// earlier failed rollback may have left behind.
+		p.grants.release(uid)
+		if p.opts.MPS != nil {
+			for uuid, holders := range p.opts.MPS.Holders() {
+				if slices.Contains(holders, uid) {
+					if err := p.opts.MPS.Release(ctx, uuid, uid); err != nil {
+						return err
+					}
+				}
+			}
+		}
 		return p.opts.Specs.Remove(uid)
 	}
 	if err := p.rollback(ctx, c); err != nil {
