@@ -282,7 +282,7 @@ func run(ctx context.Context, f flags) error {
 	defer helper.Stop()
 
 	inv.Publisher = helper
-	if _, err := inv.Sync(ctx); err != nil && !inv.Synced() {
+	if _, err := inv.Sync(ctx); err != nil && !errors.Is(err, plugin.ErrDiscovery) {
 		// Publishing failed; discovery errors are reported by the inventory.
 		return err
 	}

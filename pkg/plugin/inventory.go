@@ -3,6 +3,7 @@ package plugin
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -65,7 +66,8 @@ func NVMLDiscovery(lib nvml.Interface, openErr error) func() (gpu.Discovery, err
 // GPUs that were described are published, a GPU that failed is reported
 // (Node event, [Inventory.Status], the discovery metrics) and, when it can be
 // described, published tainted [DiscoveryFailedTaint]; a node without GPUs,
-// or without usable NVML, publishes an empty pool. The plugin keeps running
+// or without usable NVML, publishes nothing (with NVML and no GPUs: an empty
+// pool). The plugin keeps running
 // in every case, so that claims prepared earlier can be unprepared.
 type Inventory struct {
 	NodeName string
@@ -150,8 +152,9 @@ type discoveryStatus struct {
 //   - When discovery fails as a whole (no usable NVML, no GPU count), the
 //     last published GPUs are republished if their taints changed (a GPU
 //     that fell off the bus can make discovery fail, and its taint must
-//     still go out); before the first publication an empty pool is
-//     published, so that the node says "no devices" rather than nothing.
+//     still go out); before the first publication nothing is published, so
+//     that an instance that cannot see the GPUs (a wrong driver root in a
+//     rolling update) never replaces the node's slices with an empty pool.
 //     The error is returned.
 //   - On any other error (model, publishing) the previous publication stays.
 //
@@ -166,8 +169,16 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	d, discoverErr := i.discover()
 	var gpus []gpu.GPU
 	if discoverErr != nil {
-		discoverErr = fmt.Errorf("discover GPUs: %w", discoverErr)
-		gpus = i.published // nil before the first publication: an empty pool
+		discoverErr = fmt.Errorf("%w: %w", ErrDiscovery, discoverErr)
+		if !i.synced {
+			// Nothing to publish is not "no devices": a misconfigured
+			// instance (a wrong driver root in a rolling update) must not
+			// replace the slices another instance published with an empty
+			// pool. On a node without GPUs there are none to replace.
+			i.report(ctx, d, discoverErr, 0)
+			return false, discoverErr
+		}
+		gpus = i.published
 	} else {
 		gpus, i.failed = i.withFailed(d)
 	}
@@ -194,6 +205,11 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	}
 	return true, discoverErr
 }
+
+// ErrDiscovery wraps the errors of a discovery that failed as a whole; Sync
+// returns them after publishing what it could (or, before the first
+// publication, nothing).
+var ErrDiscovery = errors.New("discover GPUs")
 
 // Synced reports whether a Sync has published.
 func (i *Inventory) Synced() bool {
@@ -368,6 +384,9 @@ func (i *Inventory) Status() string {
 	defer i.statusMu.Unlock()
 	s := i.status
 	if !s.synced {
+		if errors.Is(s.err, gpu.ErrUnavailable) || errors.Is(s.err, gpu.ErrLibraryNotFound) {
+			return "ok: no GPUs: " + s.err.Error() + " (nothing published)"
+		}
 		if s.err != nil {
 			return "starting: GPU inventory not published yet: " + s.err.Error()
 		}
