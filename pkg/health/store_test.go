@@ -195,3 +195,20 @@ func TestTrackerStateSharedByTwoInstances(t *testing.T) {
 		t.Errorf("the file holds %v, %v; want all three GPUs", got, err)
 	}
 }
+
+// Refresh also lifts taints whose recovery period has passed, so a restored
+// taint cannot outlive its period where no event watcher runs (NVML events
+// unsupported) to call Recover.
+func TestRefreshRecovers(t *testing.T) {
+	store := testStore(t)
+	before, _ := persisted(t, store, t0)
+	before.Observe(Event{UUID: uuidA, Kind: KindXID, XID: 79})
+	after, clk := persisted(t, store, t0.Add(time.Minute))
+	if after.Status(uuidA).Healthy {
+		t.Fatal("the fault was not restored")
+	}
+	clk.SetTime(t0.Add(DefaultRecoveryPeriod))
+	if !after.Refresh() || !after.Status(uuidA).Healthy {
+		t.Errorf("after Refresh at fault + period: %+v, want healthy", after.Status(uuidA))
+	}
+}

@@ -396,6 +396,12 @@ func (t *Tracker) Refresh() (changed bool) {
 	if changed = t.Restore(states); changed {
 		t.logger.Info("GPU health restored from the state file", "path", t.store.Path, "unhealthy", len(t.Unhealthy()))
 	}
+	// Recovery is due here too: the event watcher, which otherwise drives
+	// it, may not run (NVML events unsupported), and restored taints must
+	// not outlive their period.
+	if t.recover() {
+		changed = true
+	}
 	data, err := encode(t.Unhealthy())
 	if err == nil && !bytes.Equal(data, old) {
 		err = t.store.write(data)
