@@ -30,23 +30,20 @@
 //
 // Per backend, on every share device of the claim:
 //   - Advisory: TF_FORCE_GPU_ALLOW_GROWTH=true (nothing enforces the limit).
-//   - MPS: CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,
+//   - MPS: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,
 //     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,
 //     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>, and the GPU's daemon pipe
 //     and log directories mounted at /tmp/nvidia-mps and /var/log/nvidia-mps.
-//     An MPS claim must consist of exactly one share: a client talks to one
-//     control daemon, and the daemons are per GPU.
-//   - HAMiCore: CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m for each share at CUDA
-//     index i among the claim's GPUs, CUDA_DEVICE_SM_LIMIT=<percent> (the
-//     smallest core limit of the claim's shares), the host's libvgpu.so
-//     mounted read-only at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload
-//     naming it. Fails closed: without the library, preparation fails.
+//   - HAMiCore: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m,
+//     CUDA_DEVICE_SM_LIMIT=<percent>, the host's libvgpu.so mounted read-only
+//     at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload naming it.
+//     Fails closed: without the library, preparation fails.
 //
-// MPS and HAMi-core read per-process or per-CUDA-index variables, so their
-// limits are right for a container whose GPUs are those of its one enforced
-// claim; a container that combines an enforced claim with other GPUs gets
-// the per-GPU TESSERA_* variables right but the backend's indices may not
-// match.
+// MPS and HAMi-core read per-process variables keyed by CUDA index, so an MPS
+// or HAMiCore claim must be exactly one share, and CUDA_VISIBLE_DEVICES makes
+// it the one GPU CUDA uses in any container that references it (index 0): the
+// limits never apply to another GPU. Other GPUs of such a container keep their
+// device nodes and TESSERA_GPU_* variables but are hidden from CUDA.
 //
 // A claim uses one isolation backend for all its shares.
 package isolation
