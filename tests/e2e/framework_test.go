@@ -120,7 +120,7 @@ func TestParseGPUEnv(t *testing.T) {
 	merge := func(gpus ...isolation.GPU) map[string]string {
 		env := map[string]string{}
 		for _, g := range gpus {
-			edits, err := isolation.DeviceEdits(g)
+			edits, err := isolation.DeviceEdits(g, false)
 			if err != nil {
 				t.Fatal(err)
 			}
