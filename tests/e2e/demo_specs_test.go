@@ -201,7 +201,9 @@ func TestDemoMPSShare(t *testing.T) {
 	dev := claimOf(t, c, p, "gpu")
 	wantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
 	uuid := dev.Attribute("uuid")
-	wantGPUs(t, "pod mps", p.Env, shareGPU(t, dev, "16Gi", 50))
+	seen := shareGPU(t, dev, "16Gi", 50)
+	seen.enforced = true
+	wantGPUs(t, "pod mps", p.Env, seen)
 	wantEnv(t, p, map[string]string{
 		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",

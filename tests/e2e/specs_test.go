@@ -92,6 +92,9 @@ type seenGPU struct {
 	share  bool
 	memory int64 // bytes
 	cores  int64 // percent
+	// enforced: an MPS or HAMiCore share, whose device also sets
+	// CUDA_VISIBLE_DEVICES to its UUID (the one GPU CUDA uses).
+	enforced bool
 }
 
 // wholeGPU is what a container that references an allocated whole GPU (or
@@ -131,7 +134,8 @@ func (g seenGPU) String() string {
 
 // wantGPUs checks that a container sees exactly these GPUs, as
 // pkg/isolation.DeviceEdits gives them: NVIDIA_VISIBLE_DEVICES=void,
-// CUDA_DEVICE_ORDER=PCI_BUS_ID, no CUDA_VISIBLE_DEVICES, one
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA_VISIBLE_DEVICES only for an enforced
+// (MPS, HAMiCore) share and then its UUID, one
 // TESSERA_GPU_<minor>=<uuid> per GPU and no other; for a share
 // TESSERA_GPU_<minor>_MEMORY_LIMIT and _CORES_LIMIT with its limits, for a
 // whole GPU neither; and no other TESSERA_* variable. who names the
@@ -145,10 +149,16 @@ func wantGPUs(t *testing.T, who string, env map[string]string, want ...seenGPU) 
 
 // gpuProblems is what wantGPUs reports.
 func gpuProblems(who string, env map[string]string, want ...seenGPU) []string {
+	cudaVisible := ""
+	for _, g := range want {
+		if g.enforced {
+			cudaVisible = g.uuid
+		}
+	}
 	out := varProblems(who, env, map[string]string{
 		"NVIDIA_VISIBLE_DEVICES": "void",
 		"CUDA_DEVICE_ORDER":      "PCI_BUS_ID",
-		"CUDA_VISIBLE_DEVICES":   "",
+		"CUDA_VISIBLE_DEVICES":   cudaVisible,
 	})
 	got, err := VisibleGPUs(env)
 	if err != nil {
