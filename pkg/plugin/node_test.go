@@ -382,3 +382,22 @@ func TestGoneHolderWithProcessesIsKept(t *testing.T) {
 		t.Error("the holder was released while its process runs")
 	}
 }
+
+// TestUnsetIsolationFollowsTheClaim: a share request whose configs set no
+// isolation takes the backend another share request of the claim sets, not
+// the node's default (which would make the claim's backends differ).
+func TestUnsetIsolationFollowsTheClaim(t *testing.T) {
+	e := newEnv(t)
+	p := e.start(func(o *Options) { o.DefaultIsolation = configapi.IsolationMPS })
+	c := newClaim("uid-mixed", []result{
+		share("a", "gpu-0-shared", "s-a", "8Gi", "10"),
+		share("b", "gpu-1-shared", "s-b", "8Gi", "10"),
+	}, claimConfig(isolationConfig(configapi.IsolationAdvisory), "a"))
+	mustPrepare(t, p.Plugin, c)
+	got, _ := p.store.Get(c.UID)
+	for _, d := range got.Devices {
+		if d.Isolation != string(configapi.IsolationAdvisory) {
+			t.Errorf("device %s: isolation %s, want Advisory", d.Device, d.Isolation)
+		}
+	}
+}

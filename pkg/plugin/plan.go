@@ -69,6 +69,20 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 	configs := map[string]*configapi.GpuConfig{}
 	// isolationFrom says, per request, who chose its sharing.isolation.
 	isolationFrom := map[string]isolationSource{}
+	// A claim uses one backend: a share request whose configs set no
+	// isolation takes the one another share request of the claim sets, and
+	// only failing that the node's default.
+	var claimIsolation configapi.Isolation
+	for _, r := range alloc.Results {
+		_, shared, err := model.ParseDeviceName(r.Device)
+		if r.Driver != model.DriverName || err != nil || !shared || (r.AdminAccess != nil && *r.AdminAccess) ||
+			isolationSetBy(alloc.Config, r.Request) == isolationFromNode {
+			continue
+		}
+		if c, err := configapi.ConfigForRequest(alloc.Config, r.Request); err == nil && claimIsolation == "" {
+			claimIsolation = c.Sharing.Isolation
+		}
+	}
 	configFor := func(request string) (*configapi.GpuConfig, error) {
 		if c, ok := configs[request]; ok {
 			return c, nil
@@ -78,7 +92,11 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 			return nil, fmt.Errorf("request %q: %w", request, err)
 		}
 		source := isolationSetBy(alloc.Config, request)
-		if source == isolationFromNode && p.opts.DefaultIsolation != "" {
+		switch {
+		case source != isolationFromNode:
+		case claimIsolation != "":
+			c.Sharing.Isolation = claimIsolation
+		case p.opts.DefaultIsolation != "":
 			c.Sharing.Isolation = p.opts.DefaultIsolation
 		}
 		configs[request] = c
