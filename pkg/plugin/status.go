@@ -3,13 +3,14 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
-	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/model"
@@ -38,49 +39,41 @@ const (
 	statusWriteTimeout    = 10 * time.Second
 )
 
-// fieldManager owns this node's entries of status.devices; entries of other
-// drivers (and other fields) are left alone by server-side apply.
-func (p *Plugin) fieldManager() string { return model.DriverName + "/" + p.opts.NodeName }
-
-// writeStatus applies status.devices for the claim's devices of this driver.
+// writeStatus writes status.devices for the claim's devices of this driver.
 // Errors are logged only (see the package documentation).
 func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pl *plan) {
 	if p.opts.Client == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
-	defer cancel()
 	now := metav1.NewTime(time.Now())
-	status := resourceac.ResourceClaimStatus()
+	var entries []resourceapi.AllocatedDeviceStatus
 	for _, d := range pl.devices {
 		data, err := json.Marshal(DeviceData{UUID: d.gpu.UUID, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit, Isolation: string(d.isolation)})
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Encoding device status failed", "claim", klog.KObj(claim))
 			return
 		}
-		conditions := []*metav1ac.ConditionApplyConfiguration{
-			metav1ac.Condition().WithType(ConditionReady).WithStatus(metav1.ConditionTrue).
-				WithReason(ReasonPrepared).WithMessage("prepared on node " + p.opts.NodeName).
-				WithObservedGeneration(claim.Generation).WithLastTransitionTime(now),
-		}
+		conditions := []metav1.Condition{{
+			Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonPrepared,
+			Message: "prepared on node " + p.opts.NodeName, ObservedGeneration: claim.Generation, LastTransitionTime: now,
+		}}
 		if pl.nvlinkWarning != "" {
-			conditions = append(conditions, metav1ac.Condition().WithType(ConditionNVLink).WithStatus(metav1.ConditionFalse).
-				WithReason(ReasonNVLinkMissing).WithMessage("topology.nvlink is Preferred: "+pl.nvlinkWarning).
-				WithObservedGeneration(claim.Generation).WithLastTransitionTime(now))
+			conditions = append(conditions, metav1.Condition{
+				Type: ConditionNVLink, Status: metav1.ConditionFalse, Reason: ReasonNVLinkMissing,
+				Message: "topology.nvlink is Preferred: " + pl.nvlinkWarning, ObservedGeneration: claim.Generation, LastTransitionTime: now,
+			})
 		}
-		entry := resourceac.AllocatedDeviceStatus().
-			WithDriver(model.DriverName).WithPool(d.pool).WithDevice(d.device).
-			WithConditions(conditions...).
-			WithData(runtime.RawExtension{Raw: data})
+		entry := resourceapi.AllocatedDeviceStatus{
+			Driver: model.DriverName, Pool: d.pool, Device: d.device,
+			Conditions: conditions, Data: &runtime.RawExtension{Raw: data},
+		}
 		if d.shareID != "" {
-			entry.WithShareID(string(d.shareID))
+			id := string(d.shareID)
+			entry.ShareID = &id
 		}
-		status.WithDevices(entry)
+		entries = append(entries, entry)
 	}
-	apply := resourceac.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
-	_, err := p.opts.Client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply,
-		metav1.ApplyOptions{FieldManager: p.fieldManager(), Force: true})
-	if err != nil {
+	if err := p.patchDevices(ctx, claim, entries); err != nil {
 		klog.FromContext(ctx).Error(err, "Writing claim status failed; the claim is prepared anyway", "claim", klog.KObj(claim))
 	}
 }
@@ -88,7 +81,7 @@ func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 // maxConditionMessage is the API's limit on a condition message.
 const maxConditionMessage = 32768
 
-// writeFailure applies a Ready=False condition with the error to
+// writeFailure writes a Ready=False condition with the error into
 // status.devices for the claim's devices on this node, so that
 // `kubectl describe resourceclaim` says why the pod cannot start. Errors are
 // logged only.
@@ -101,31 +94,77 @@ func (p *Plugin) writeFailure(ctx context.Context, claim *resourceapi.ResourceCl
 		msg = msg[:maxConditionMessage]
 	}
 	now := metav1.NewTime(time.Now())
-	status := resourceac.ResourceClaimStatus()
-	n := 0
+	var entries []resourceapi.AllocatedDeviceStatus
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != model.DriverName || r.Pool != p.opts.NodeName {
 			continue
 		}
-		entry := resourceac.AllocatedDeviceStatus().
-			WithDriver(model.DriverName).WithPool(r.Pool).WithDevice(r.Device).
-			WithConditions(metav1ac.Condition().WithType(ConditionReady).WithStatus(metav1.ConditionFalse).
-				WithReason(ReasonPrepareFailed).WithMessage(msg).
-				WithObservedGeneration(claim.Generation).WithLastTransitionTime(now))
-		if r.ShareID != nil {
-			entry.WithShareID(string(*r.ShareID))
+		entry := resourceapi.AllocatedDeviceStatus{
+			Driver: model.DriverName, Pool: r.Pool, Device: r.Device,
+			Conditions: []metav1.Condition{{
+				Type: ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonPrepareFailed,
+				Message: msg, ObservedGeneration: claim.Generation, LastTransitionTime: now,
+			}},
 		}
-		status.WithDevices(entry)
-		n++
+		if r.ShareID != nil {
+			id := string(*r.ShareID)
+			entry.ShareID = &id
+		}
+		entries = append(entries, entry)
 	}
-	if n == 0 {
+	if len(entries) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
-	defer cancel()
-	apply := resourceac.ResourceClaim(claim.Name, claim.Namespace).WithStatus(status)
-	if _, err := p.opts.Client.ResourceV1().ResourceClaims(claim.Namespace).ApplyStatus(ctx, apply,
-		metav1.ApplyOptions{FieldManager: p.fieldManager(), Force: true}); err != nil {
+	if err := p.patchDevices(ctx, claim, entries); err != nil {
 		klog.FromContext(ctx).Error(err, "Writing the prepare failure into the claim status failed", "claim", klog.KObj(claim))
 	}
 }
+
+// patchDevices replaces this node's entries of the claim's status.devices
+// with entries, keeping every other driver's and node's, with a JSON merge
+// patch of status.devices guarded by the claim's resourceVersion (a conflict
+// re-reads the claim and tries again).
+//
+// Not server-side apply: applying status makes the API server re-encode the
+// claim's status.allocation, whose opaque config parameters may then differ
+// byte for byte from what is stored (key order), and it refuses the change
+// of an allocation ("field cannot be modified once set"); a merge patch
+// leaves status.allocation alone.
+func (p *Plugin) patchDevices(ctx context.Context, claim *resourceapi.ResourceClaim, entries []resourceapi.AllocatedDeviceStatus) error {
+	ctx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
+	defer cancel()
+	claims := p.opts.Client.ResourceV1().ResourceClaims(claim.Namespace)
+	current := claim
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if current == nil {
+			fresh, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if fresh.UID != claim.UID {
+				return fmt.Errorf("claim was deleted and created again (uid now %s)", fresh.UID)
+			}
+			current = fresh
+		}
+		devices := make([]resourceapi.AllocatedDeviceStatus, 0, len(current.Status.Devices)+len(entries))
+		for _, d := range current.Status.Devices {
+			if d.Driver != model.DriverName || d.Pool != p.opts.NodeName {
+				devices = append(devices, d)
+			}
+		}
+		devices = append(devices, entries...)
+		patch, err := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": current.ResourceVersion, "uid": claim.UID},
+			"status":   map[string]any{"devices": devices},
+		})
+		if err != nil {
+			return err
+		}
+		_, err = claims.Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: p.fieldManager()}, "status")
+		current = nil
+		return err
+	})
+}
+
+// fieldManager names this node's plugin as the writer of its status entries.
+func (p *Plugin) fieldManager() string { return model.DriverName + "/" + p.opts.NodeName }
