@@ -3,6 +3,7 @@ package plugin
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -160,10 +161,16 @@ func TestContainerSeesClaim(t *testing.T) {
 				t.Errorf("MPS daemons (-want +got):\n%s", diff)
 			}
 
-			// Idempotent: the same IDs again, nothing new started.
+			// Idempotent: the same IDs again, nothing new started, and the
+			// spec replayed from the record is the one prepare wrote.
 			again := mustPrepare(t, p.Plugin, tc.claim)
 			if diff := cmp.Diff(devs, again); diff != "" {
 				t.Errorf("second prepare differs (-first +second):\n%s", diff)
+			}
+			for _, ev := range e.events.list() {
+				if strings.Contains(ev, "CDISpecRewritten") {
+					t.Errorf("the spec replayed from the record differs from the prepared one: %s", ev)
+				}
 			}
 
 			mustUnprepare(t, p.Plugin, tc.claim.UID)
@@ -205,6 +212,14 @@ func TestToolkitDeviceFirst(t *testing.T) {
 	wantEnv := []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002"}
 	if diff := cmp.Diff(wantEnv, spec.Process.Env); diff != "" {
 		t.Errorf("env (-want +got):\n%s", diff)
+	}
+	if again := mustPrepare(t, p.Plugin, c); !cmp.Equal(again, devs) {
+		t.Errorf("second prepare = %v, want %v", again, devs)
+	}
+	for _, ev := range e.events.list() {
+		if strings.Contains(ev, "CDISpecRewritten") {
+			t.Errorf("the spec replayed from the record differs from the prepared one: %s", ev)
+		}
 	}
 	wantNodes := []oci.LinuxDevice{{Path: "/dev/nvidia2", Type: "c", Major: 195, Minor: 2}}
 	if diff := cmp.Diff(wantNodes, spec.Linux.Devices, cmpopts.IgnoreFields(oci.LinuxDevice{}, "FileMode", "UID", "GID")); diff != "" {
