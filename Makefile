@@ -9,12 +9,26 @@ LOCAL := demo/clusters/local
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
 LOCKED := flock -o -w 3600 $(CLUSTER_LOCK)
 
-.PHONY: all build test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full clean
+.PHONY: all build kubectl-plugin test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full bench-lending bench-reclaim bench-podstart bench-scale bench-sim-check gpu-check clean
 
 all: build
 
+# Version and commit of the binaries (tessera --version): git describe and the
+# checked-out commit, "dev" and "unknown" outside a git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BUILD_LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(BUILD_LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+## kubectl-plugin: bin/kubectl-tessera (the tessera CLI, which kubectl runs as
+## "kubectl tessera") and bin/kubectl_complete-tessera (kubectl >= 1.26 runs it to
+## complete "kubectl tessera ..."); put bin/ in PATH or copy both into a PATH directory
+kubectl-plugin:
+	$(GO) build -ldflags "$(BUILD_LDFLAGS)" -o $(BIN)/kubectl-tessera ./cmd/tessera
+	printf '#!/bin/sh\n# kubectl runs this to complete "kubectl tessera ..."\nexec kubectl-tessera __complete "$$@"\n' >$(BIN)/kubectl_complete-tessera
+	chmod +x $(BIN)/kubectl_complete-tessera
 
 ## test: unit tests + the end-to-end suite on a local cluster (what CI runs)
 test: unit e2e
@@ -28,7 +42,7 @@ unit: tools
 ## hold GPUs the tests count on), install Tessera, run tests/e2e, stop the cluster
 e2e: tools
 	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && \
-		TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/'
+		TESSERA_CLUSTER_LOCK_HELD=1 TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 $(GO) test -tags e2e -count=1 -v -timeout 30m ./tests/e2e/'
 
 ## tools: build the pinned cluster binaries into the cache (no-op when cached)
 tools:
@@ -75,15 +89,66 @@ helm-lint: tools
 helm-golden: tools
 	$(GO) test ./deployments/helm -run TestGolden -update
 
-## bench: Go benchmarks (allocator cost, prepare latency, checkpoint writes) and the
-## quick fleet simulation (results/fleet-quick.md, .png; under a minute)
+## bench: Go benchmarks (allocator cost, prepare latency, checkpoint writes), the
+## quick fleet simulation (results/fleet-quick.md, .png; under a minute) and the
+## lending simulation (bench-lending)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/tessera-bench -quick -out results
+	$(GO) run ./cmd/tessera-bench -lending -eviction-latency $(EVICTION_LATENCY) -out results
+
+## bench-lending: the lending simulation (64 owned GPUs, 72 h; idle period × grace;
+## results/fleet-lending.md, .json; seconds). EVICTION_LATENCY is from the end of a
+## borrower's grace to its pod gone (take it from make bench-reclaim)
+EVICTION_LATENCY ?= 3s
+bench-lending:
+	$(GO) run ./cmd/tessera-bench -lending -eviction-latency $(EVICTION_LATENCY) -out results
+
+## gpu-check: on a machine with an NVIDIA GPU and its driver (no Kubernetes): real
+## discovery and slices, prepare of two shares per backend through the plugin, then
+## probes of memory and compute limits (docs/gpu-check.md). Fails fast without a GPU.
+## Flags go in GPU_CHECK_FLAGS, e.g. GPU_CHECK_FLAGS="--hami-core-library=/opt/libvgpu.so"
+gpu-check:
+	GO=$(GO) BIN=$(abspath $(BIN)) hack/gpu-check.sh $(GPU_CHECK_FLAGS)
+
+## bench-reclaim: reclaim latency of lent GPUs on a fresh local cluster: RECLAIMS
+## cycles (default 20) of an idle owner lending to a borrower and taking the GPU back
+## (results/reclaim-latency.md; about 25 s a cycle)
+RECLAIMS ?= 20
+bench-reclaim: tools
+	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && TESSERA_CLUSTER_LOCK_HELD=1 TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 \
+		TESSERA_E2E_RECLAIMS=$(RECLAIMS) TESSERA_E2E_RESULTS=$(CURDIR)/results/reclaim-latency.md \
+		$(GO) test -tags e2e -count=1 -v -timeout 40m -run TestLendingReclaimLatency ./tests/e2e/'
 
 ## bench-full: the 128-GPU fleet simulation (results/fleet.md, .png; a few minutes)
 bench-full:
 	$(GO) run ./cmd/tessera-bench -out results
+
+## bench-podstart: pod start (create→Running, create→ContainersReady) of plain pods and
+## pods with a share or whole-GPU claim on a fresh local cluster, PODSTARTS rounds
+## (default 20), one pod at a time (results/pod-start.md; about 10 s a round)
+PODSTARTS ?= 20
+bench-podstart: tools
+	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && TESSERA_CLUSTER_LOCK_HELD=1 TESSERA_E2E_START=1 TESSERA_E2E_INSTALL=1 \
+		TESSERA_E2E_PODSTARTS=$(PODSTARTS) TESSERA_E2E_RESULTS=$(CURDIR)/results/pod-start.md \
+		$(GO) test -tags e2e -count=1 -v -timeout 40m -run TestPodStartLatency ./tests/e2e/'
+
+## bench-scale: kube-scheduler's pods/s and create→bound latency on SCALE_NODES kwok
+## nodes × 8 GPUs publishing Tessera's slices, per workload (hack/scale, docs/scale.md;
+## results/scale.md, .png, .json; about 25 min). Stops a running local cluster first.
+SCALE_NODES ?= 100,500,1000
+bench-scale: tools
+	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && trap "hack/scale/cluster.sh down" EXIT && \
+		TESSERA_CLUSTER_LOCK_HELD=1 hack/scale/cluster.sh up 0 && \
+		hack/scale/cluster.sh bench -nodes $(SCALE_NODES) -out results'
+
+## bench-sim-check: the fleet simulator against the real kube-scheduler: the KubeShare
+## stream replayed on 4 kwok nodes × 8 GPUs (about 15 min; results/sim-vs-scheduler.md)
+bench-sim-check: tools
+	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && trap "hack/scale/cluster.sh down" EXIT && \
+		TESSERA_CLUSTER_LOCK_HELD=1 hack/scale/cluster.sh up 4 && \
+		$(GO) run ./cmd/tessera-bench -replay -kubeconfig /tmp/tessera-scale/admin.kubeconfig \
+			-replay-nodes 4 -replay-jobs 600 -replay-speed 15 -out results'
 
 clean:
 	rm -rf $(BIN)

@@ -5,6 +5,10 @@
 //	tessera-bench -quick -out results   # results/fleet-quick.{md,png}, under a minute
 //	tessera-bench -out results          # results/fleet.{md,png}, a few minutes
 //	tessera-bench -node=false ...       # without the node side
+//	tessera-bench -lending -out results # results/fleet-lending.{md,json}: lending idle GPUs
+//	tessera-bench -quick -dist 'discrete:1/8=2,1/4=1,1/2=1' -dist 'pareto:0.05,1.5|cores=0.5*mem'
+//	tessera-bench -quick -trace jobs.csv -queue fifo -node-choice first
+//	tessera-bench -replay -kubeconfig /tmp/tessera-scale/admin.kubeconfig  # on hack/scale's cluster
 //
 // The node side runs in child processes (this binary re-executed with
 // -node-child as its first argument), one per repetition, so that the
@@ -23,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/tessera-dev/tessera/pkg/fleet"
 	"github.com/tessera-dev/tessera/pkg/nodebench"
@@ -38,6 +43,12 @@ func main() {
 	noCost := flag.Bool("no-cost", false, "skip the scheduler cost measurement")
 	node := flag.Bool("node", true, "measure the node side (prepare/unprepare latency, plugin RSS, API writes) in child processes")
 	nodeRuns := flag.Int("node-runs", 3, "child processes for the node side; the report shows the spread over them")
+	lend := flag.Bool("lending", false, "run only the lending simulation (idle periods × graces) into fleet-lending.{md,json}")
+	evictionLatency := flag.Duration("eviction-latency", 3*time.Second, "lending: from the end of a borrower's grace to its pod gone and claim unprepared")
+	lendGPUs := flag.Int("lending-gpus", 0, "lending: override the number of owned GPUs (default 64)")
+	lendHorizon := flag.Duration("lending-horizon", 0, "lending: override the simulated time (default 72h)")
+	sim := registerSimFlags(flag.CommandLine)
+	rep := registerReplayFlags(flag.CommandLine)
 	if len(os.Args) > 1 && os.Args[1] == nodeChildArg {
 		os.Exit(nodeChild(os.Args[2:]))
 	}
@@ -45,6 +56,28 @@ func main() {
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "tessera-bench: unexpected arguments %q\n", flag.Args())
 		os.Exit(2)
+	}
+
+	command := strings.TrimSpace("go run ./cmd/tessera-bench " + strings.Join(os.Args[1:], " "))
+	if *lend {
+		if *evictionLatency < 0 {
+			fmt.Fprintf(os.Stderr, "tessera-bench: -eviction-latency %s: must not be negative\n", *evictionLatency)
+			os.Exit(2)
+		}
+		c := lendingConfig{seed: *seed, evictionLatency: *evictionLatency, gpus: *lendGPUs, horizon: *lendHorizon, command: command}
+		if err := runLending(c, *out); err != nil {
+			fmt.Fprintf(os.Stderr, "tessera-bench: lending: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+
+	if rep.on {
+		if err := rep.run(*seed, *out, command); err != nil {
+			fmt.Fprintf(os.Stderr, "tessera-bench: replay: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 
 	cfg, name := fleet.FullConfig(*seed), "fleet"
@@ -61,7 +94,11 @@ func main() {
 		cfg.CostNodes = nil
 	}
 	cfg.Parallel = *parallel
-	cfg.Command = strings.TrimSpace("go run ./cmd/tessera-bench " + strings.Join(os.Args[1:], " "))
+	cfg.Command = command
+	if err := sim.apply(&cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "tessera-bench: %v\n", err)
+		os.Exit(2)
+	}
 	var nodeCfg *nodeConfig
 	if *node {
 		nodeCfg = &nodeConfig{runs: *nodeRuns, opts: fullNode}

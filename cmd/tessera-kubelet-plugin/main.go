@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -33,8 +35,11 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/lending"
 	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/metricsserver"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 )
 
@@ -48,7 +53,12 @@ type flags struct {
 	mockProfile       string
 	defaultIsolation  string
 	hamiCoreLibrary   string
+	hostDriverRoot    string
+	hostRoot          string
+	nvidiaCDIHookPath string
+	legacyRuntime     bool
 	mpsRoot           string
+	mps               mpsFlags
 	nvidiaCDISpecDirs []string
 	rediscoverEvery   time.Duration
 
@@ -59,9 +69,23 @@ type flags struct {
 	healthRecoveryPeriod time.Duration
 
 	metricsAddress     string
+	metricsTLSCert     string
+	metricsTLSKey      string
+	metricsTimeout     time.Duration
+	metricsMaxInFlight int
 	procRoot           string
 	mockFaultInjection bool
+	mockKnobAddress    string
 	mockFailDiscovery  []string
+	mockDriverMemory   bool
+
+	lending               bool
+	localityVerdicts      bool
+	lendingIdlePeriod     time.Duration
+	lendingSampleInterval time.Duration
+	lendingBusyThreshold  uint
+	lendingReserve        string
+	lendingMin            string
 }
 
 func main() {
@@ -93,8 +117,21 @@ func newCommand() *cobra.Command {
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "root of the NVIDIA driver installation (libnvidia-ml.so.1, /dev/nvidia*)")
 	fs.StringVar(&f.mockProfile, "mock-profile", "", "use this mock node profile instead of real GPUs (one of: "+strings.Join(gpu.Profiles(), ", ")+"); never chosen implicitly")
 	fs.StringVar(&f.defaultIsolation, "default-isolation", string(configapi.IsolationAdvisory), "isolation of shares whose class and claim configs do not set one: Advisory, MPS or HAMiCore")
-	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so; empty: HAMiCore shares fail to prepare")
-	fs.StringVar(&f.mpsRoot, "mps-root", "", "host directory for the MPS daemons' pipe and log directories (default <plugin-data-dir>/mps)")
+	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so (the chart's hamiCore.image installs it); empty: HAMiCore shares fail to prepare")
+	fs.StringVar(&f.hostDriverRoot, "host-driver-root", "", "the host path of --driver-root, written into CDI specs (device nodes' hostPath, the DriverMemory hook's --driver-root); default: --driver-root")
+	fs.StringVar(&f.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads <host-root>/sys/fs/cgroup/cgroup.controllers and <host-root><nvidia-cdi-hook-path>")
+	fs.StringVar(&f.nvidiaCDIHookPath, "nvidia-cdi-hook-path", isolation.DefaultNVIDIACDIHookPath, "host path of the NVIDIA container toolkit's nvidia-cdi-hook, which the container runtime runs to apply a DriverMemory share's limits")
+	fs.BoolVar(&f.legacyRuntime, "legacy-nvidia-runtime", false, "the node's container runtime is the NVIDIA runtime in legacy mode, which adds the driver's libraries for NVIDIA_VISIBLE_DEVICES=<uuid>: GPUs without a device in the toolkit's CDI spec get Tessera's device nodes and that variable instead of failing to prepare")
+	fs.StringVar(&f.mpsRoot, "mps-root", "", "host directory for the MPS daemons' pipe, shared-memory and log directories (default <plugin-data-dir>/mps); the plugin must see it at the same path")
+	fs.StringVar(&f.mps.image, "mps-image", "", "image of the MPS control daemon pods (the plugin's image: it runs this binary's mps-daemon command); empty: MPS shares fail to prepare")
+	fs.StringVar(&f.mps.pullPolicy, "mps-image-pull-policy", string(corev1.PullIfNotPresent), "image pull policy of the MPS control daemon pods")
+	fs.StringSliceVar(&f.mps.pullSecrets, "mps-image-pull-secrets", nil, "image pull secrets (in --mps-namespace) of the MPS control daemon pods")
+	fs.StringVar(&f.mps.namespace, "mps-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the MPS control daemon pods (env POD_NAMESPACE)")
+	fs.StringVar(&f.mps.hostDriverRoot, "mps-host-driver-root", "", "host path of the NVIDIA driver root, mounted into the MPS control daemon pods (default --driver-root)")
+	fs.StringVar(&f.mps.priorityClass, "mps-priority-class", "", "priority class of the MPS control daemon pods")
+	fs.DurationVar(&f.mps.readyTimeout, "mps-ready-timeout", mpsdaemon.DefaultReadyTimeout, "how long a prepare waits for its GPU's MPS control daemon pod to be Ready")
+	fs.StringToStringVar(&f.mps.requests, "mps-requests", nil, "resource requests of the MPS control daemon pods, as cpu=QUANTITY,memory=QUANTITY (also ephemeral-storage); with neither this nor --mps-limits: cpu=100m,memory=128Mi")
+	fs.StringToStringVar(&f.mps.limits, "mps-limits", nil, "resource limits of the MPS control daemon pods, as cpu=QUANTITY,memory=QUANTITY; empty: none. Equal to --mps-requests gives the pods Guaranteed QoS (docs/mps.md)")
 	fs.StringSliceVar(&f.nvidiaCDISpecDirs, "nvidia-cdi-spec-dirs", []string{"/etc/cdi", "/var/run/cdi"}, "where to look for the NVIDIA container toolkit's CDI spec (nvidia.com/gpu)")
 	fs.DurationVar(&f.rediscoverEvery, "rediscover-interval", time.Minute, "how often to rediscover GPUs and republish when the inventory changed")
 	fs.BoolVar(&f.health, "health", true, "watch NVML error events: taint unhealthy GPUs' devices ("+health.TaintKey+") and report device health to the kubelet")
@@ -102,13 +139,71 @@ func newCommand() *cobra.Command {
 	fs.UintSliceVar(&f.healthFatalXIDs, "health-fatal-xids", toUint(health.DefaultFatalXIDs), "XIDs that taint with --health-fatal-effect; other critical XIDs taint NoSchedule")
 	fs.StringVar(&f.healthFatalEffect, "health-fatal-effect", string(resourceapi.DeviceTaintEffectNoExecute), "taint effect of fatal XIDs, double-bit ECC errors and lost GPUs: NoExecute (evict), NoSchedule or None")
 	fs.DurationVar(&f.healthRecoveryPeriod, "health-recovery-period", health.DefaultRecoveryPeriod, "how long an unhealthy GPU must go without a counted error before its taint is removed")
-	fs.StringVar(&f.metricsAddress, "metrics-address", ":9477", "address of the HTTP server for /metrics (Prometheus) and /healthz; empty: no server")
+	fs.StringVar(&f.metricsAddress, "metrics-address", ":9477", "host:port of the HTTPS server for /metrics (Prometheus; needs a bearer token allowed to get the non-resource URL /metrics) and /healthz (unauthenticated); empty host: every interface; empty: no server")
+	fs.StringVar(&f.metricsTLSCert, "metrics-tls-cert-file", "", "PEM certificate of the metrics server (re-read when it changes); empty: a self-signed certificate generated at start")
+	fs.StringVar(&f.metricsTLSKey, "metrics-tls-key-file", "", "PEM private key of --metrics-tls-cert-file")
+	fs.DurationVar(&f.metricsTimeout, "metrics-request-timeout", metricsserver.DefaultRequestTimeout, "the longest a /metrics or /healthz request may take")
+	fs.IntVar(&f.metricsMaxInFlight, "metrics-max-in-flight", metricsserver.DefaultMaxInFlight, "how many /metrics requests are served at once (each reads NVML and /proc); more get 429")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "where /proc of the host's PID namespace is (NVML reports host PIDs; per-pod GPU memory reads <proc-root>/<pid>/cgroup)")
-	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe, /mock/lost and /mock/discovery on the metrics server to inject NVML events and discovery failures")
+	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe, /mock/lost, /mock/discovery and /mock/process (plain HTTP, no authentication) on --mock-fault-injection-address to inject NVML events, discovery failures and GPU processes")
+	fs.StringVar(&f.mockKnobAddress, "mock-fault-injection-address", "127.0.0.1:9476", "TEST KNOB: address of the --mock-fault-injection server (it also serves /healthz)")
+	fs.BoolVar(&f.mockDriverMemory, "mock-driver-memory-limits", false, "TEST KNOB, mock profiles only: report the node able to enforce DriverMemory shares (publish driverMemoryLimits=true; the spec carries the --nvidia-cdi-hook-path hook, which the runtime runs)")
 	fs.StringSliceVar(&f.mockFailDiscovery, "mock-fail-discovery", nil, "TEST KNOB, mock profiles only: GPUs that fail discovery, as INDEX[:CALL] with CALL one of "+strings.Join(gpu.MockDiscoveryCalls, ", ")+" (default "+gpu.DefaultMockDiscoveryCall+")")
+	fs.BoolVar(&f.localityVerdicts, "locality-verdicts", false, "publish the shared devices with the binding conditions of the locality controller (GpuConfig locality): every share then waits for its verdict before its pod binds; on without a running controller, shares wait until the scheduler's binding timeout and are allocated again")
+	fs.BoolVar(&f.lending, "lending", false, "publish a lending device gpu-N-lent per GPU and lend GPUs whose owners consent (GpuConfig lending.lendWhenIdle) while they idle")
+	fs.DurationVar(&f.lendingIdlePeriod, "lending-idle-period", lending.DefaultPolicy().IdlePeriod, "how long a GPU's owners must be idle before it is lent")
+	fs.DurationVar(&f.lendingSampleInterval, "lending-sample-interval", 2*time.Second, "how often owner activity is sampled (NVML per-process utilization); a busy owner is seen within this")
+	fs.UintVar(&f.lendingBusyThreshold, "lending-busy-threshold", 5, "SM utilization (percent) at or above which an owner's process is busy")
+	fs.StringVar(&f.lendingReserve, "lending-reserve", "1Gi", "GPU memory kept back for the owners when lending")
+	fs.StringVar(&f.lendingMin, "lending-min", "1Gi", "least GPU memory worth lending")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
+	cmd.AddCommand(newMPSDaemonCommand(), newDoctorCommand(&f, fs))
+	return cmd
+}
+
+// mpsFlags configure the MPS control daemon pods (pkg/mpsdaemon).
+type mpsFlags struct {
+	image, pullPolicy, namespace, hostDriverRoot, priorityClass string
+	pullSecrets                                                 []string
+	readyTimeout                                                time.Duration
+	requests, limits                                            map[string]string
+	resources                                                   corev1.ResourceRequirements
+}
+
+// newMPSDaemonCommand is the program of the MPS control daemon pods that
+// the plugin creates: "mps-daemon run" runs the daemon, "mps-daemon ready"
+// is their readiness probe.
+func newMPSDaemonCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mps-daemon",
+		Short: "Run a GPU's MPS control daemon (in the daemon pods the plugin creates)",
+	}
+	o := mpsdaemon.Options{Log: os.Stdout}
+	run := &cobra.Command{
+		Use:          "run",
+		Short:        "Run the MPS control daemon of one GPU until SIGTERM",
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return mpsdaemon.Run(ctx, o)
+		},
+	}
+	run.Flags().StringVar(&o.GPU, "gpu", "", "UUID of the GPU (CUDA_VISIBLE_DEVICES of the daemon)")
+	run.Flags().StringVar(&o.DriverRoot, "driver-root", "", "container path of the driver root to run nvidia-cuda-mps-control in (chroot)")
+	run.Flags().BoolVar(&o.Fake, "fake", false, "run a fake daemon (mock GPU profiles): a control socket and pid file, no GPU")
+	run.Flags().StringVar(&o.ReadyFile, "ready-file", "", "file written once the daemon accepts clients")
+	var readyFile string
+	ready := &cobra.Command{
+		Use:          "ready",
+		Short:        "Exit 0 when the daemon of --ready-file runs and accepts clients (the pod's probe)",
+		SilenceUsage: true,
+		RunE:         func(*cobra.Command, []string) error { return mpsdaemon.Ready(readyFile) },
+	}
+	ready.Flags().StringVar(&readyFile, "ready-file", "", "the daemon's --ready-file")
+	cmd.AddCommand(run, ready)
 	return cmd
 }
 
@@ -118,10 +213,8 @@ func run(ctx context.Context, f flags) error {
 		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
 	}
 	iso := configapi.Isolation(f.defaultIsolation)
-	switch iso {
-	case configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore:
-	default:
-		return fmt.Errorf("--default-isolation %q: want Advisory, MPS or HAMiCore", f.defaultIsolation)
+	if !slices.Contains(configapi.SupportedIsolations, iso) {
+		return fmt.Errorf("--default-isolation %q: want %s", f.defaultIsolation, configapi.FormatIsolations(configapi.SupportedIsolations))
 	}
 	if err := os.MkdirAll(f.pluginDataDir, 0o750); err != nil {
 		return fmt.Errorf("create --plugin-data-dir: %w", err)
@@ -129,14 +222,23 @@ func run(ctx context.Context, f flags) error {
 	if f.mpsRoot == "" {
 		f.mpsRoot = filepath.Join(f.pluginDataDir, "mps")
 	}
+	mpsRequests, err := mpsdaemon.ParseResourceList(f.mps.requests)
+	if err != nil {
+		return fmt.Errorf("--mps-requests: %w", err)
+	}
+	mpsLimits, err := mpsdaemon.ParseResourceList(f.mps.limits)
+	if err != nil {
+		return fmt.Errorf("--mps-limits: %w", err)
+	}
+	f.mps.resources = corev1.ResourceRequirements{Requests: mpsRequests, Limits: mpsLimits}
 
 	// GPUs: a mock profile only when asked for. A node without usable NVML
 	// (no library, no kernel module) runs without GPUs: it publishes an empty
 	// pool, says why (log, Node event, /healthz) and can still unprepare the
 	// claims prepared before; once NVML can be opened the plugin restarts.
 	mock := f.mockProfile != ""
-	if (f.mockFaultInjection || len(f.mockFailDiscovery) > 0) && !mock {
-		return fmt.Errorf("--mock-fault-injection and --mock-fail-discovery need --mock-profile: they are test knobs for mock GPUs")
+	if (f.mockFaultInjection || len(f.mockFailDiscovery) > 0 || f.mockDriverMemory) && !mock {
+		return fmt.Errorf("--mock-fault-injection, --mock-fail-discovery and --mock-driver-memory-limits need --mock-profile: they are test knobs for mock GPUs")
 	}
 	ctx, restart := context.WithCancelCause(ctx)
 	defer restart(nil)
@@ -181,22 +283,28 @@ func run(ctx context.Context, f flags) error {
 		DefaultIsolation: iso,
 		Client:           client,
 	}
-	if mock {
-		// No GPU, so no MPS daemon can run: the fake keeps the bookkeeping.
-		opts.MPS = isolation.NewMPS(f.mpsRoot, mockMPSRunner{isolation.NewFakeRunner()})
-	} else {
-		opts.MPS = isolation.NewMPS(f.mpsRoot, isolation.ExecRunner{Root: f.mpsRoot})
-		opts.DevNodes = isolation.HostDevNodes{DriverRoot: f.driverRoot}
+	mpsDaemons := mpsRunner(ctx, f, client, mock)
+	opts.MPS = isolation.NewMPS(f.mpsRoot, mpsDaemons)
+	if !mock {
+		opts.DevNodes = isolation.HostDevNodes{DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot}
+		opts.ToolkitSpecDirs = f.nvidiaCDISpecDirs
+		opts.LegacyRuntime = f.legacyRuntime
 		if opts.Toolkit, err = cdi.NewToolkitSpecs(f.nvidiaCDISpecDirs...); err != nil {
 			return err
 		}
 	}
+	opts.DriverMemory = driverMemory(f, mock, discovered.GPUs)
+	logger.Info("Driver-enforced memory limits (isolation DriverMemory)", "capable", opts.DriverMemory.Capable, "reason", opts.DriverMemory.Reason)
+	// The claims' shared-region directories are known even without HAMi-core,
+	// so that HAMiCore claims prepared before it was turned off are cleaned
+	// up at unprepare (their prepare still fails closed: no library).
+	opts.HAMiCore = isolation.HAMiCore{ClaimRoot: filepath.Join(f.pluginDataDir, "hami", "claims")}
 	if f.hamiCoreLibrary != "" {
 		preload, err := isolation.WritePreloadFile(filepath.Join(f.pluginDataDir, "hami"))
 		if err != nil {
 			return err
 		}
-		opts.HAMiCore = isolation.HAMiCore{Library: f.hamiCoreLibrary, PreloadFile: preload}
+		opts.HAMiCore.Library, opts.HAMiCore.PreloadFile = f.hamiCoreLibrary, preload
 		if err := opts.HAMiCore.Check(); err != nil {
 			logger.Error(err, "HAMiCore shares will fail to prepare until this is fixed")
 		}
@@ -242,9 +350,17 @@ func run(ctx context.Context, f flags) error {
 	}
 	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events}
 	if !mock {
-		// Mock GPUs' bus ids exist in no sysfs; real ones get the standard
-		// resource.kubernetes.io/pcieRoot attribute.
-		inv.Model = append(inv.Model, model.WithPCIeRoots(gpu.SysfsPCIeRoots{}))
+		// Mock GPUs' bus ids exist in no sysfs (their profile gives their
+		// roots); real ones get the standard resource.kubernetes.io/pcieRoot
+		// attribute from sysfs, or are logged and published without it.
+		inv.Model = append(inv.Model, model.WithPCIeRoots(gpu.NewSysfsPCIeRoots(logger)))
+		// Fail-closed toolkit requirement: say so at start, not only at
+		// the first prepare.
+		p.CheckToolkit(ctx)
+	}
+	inv.Model = append(inv.Model, model.WithDriverMemoryLimits(opts.DriverMemory.Capable))
+	if f.localityVerdicts {
+		inv.Model = append(inv.Model, model.WithLocalityVerdicts())
 	}
 	if tracker != nil {
 		inv.Taints = plugin.HealthTaints(tracker)
@@ -255,15 +371,48 @@ func run(ctx context.Context, f flags) error {
 	}
 	m.AddState(p, usage)
 	m.AddDiscovery(inv)
+	// /healthz fails when the helper's gRPC servers stop answering or the
+	// inventory loop that publishes the slices has stopped; a node without
+	// GPUs is reported, not failed (see plugin.Inventory.HealthzHandler).
+	var sockets metricsserver.Sockets
+	var publisher metricsserver.Alive
+	healthz := &metricsserver.Health{Status: inv.Status}
+	healthz.Add("kubelet-plugin-grpc", sockets.Check)
+	healthz.Add("slice-publisher", publisher.Check)
 	if f.metricsAddress != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", m.Handler())
-		mux.Handle("/healthz", inv.HealthzHandler())
-		if node, ok := nvmlLib.(*gpu.MockNode); ok && f.mockFaultInjection {
-			logger.Info("TEST KNOB: NVML fault injection served on the metrics address", "paths", "/mock/xid, /mock/dbe, /mock/lost, /mock/discovery")
-			mux.Handle("/mock/", node.FaultHandler())
+		// Reviews of scrapers' tokens use a client of their own, limited
+		// to metricsserver.DelegatedQPS.
+		auth, err := metricsserver.NewDelegatedForConfig(config)
+		if err != nil {
+			return err
 		}
-		go serveMetrics(ctx, f.metricsAddress, mux)
+		srv := &metricsserver.Server{
+			Address:        f.metricsAddress,
+			Certificate:    &metricsserver.Certificate{CertFile: f.metricsTLSCert, KeyFile: f.metricsTLSKey, Host: f.nodeName},
+			Auth:           auth,
+			Metrics:        m.Handler(),
+			Health:         healthz,
+			RequestTimeout: f.metricsTimeout,
+			MaxInFlight:    f.metricsMaxInFlight,
+		}
+		if _, err := srv.Handler(); err != nil {
+			return err
+		}
+		if _, err := srv.Certificate.Load(); err != nil {
+			return fmt.Errorf("--metrics-tls-cert-file/--metrics-tls-key-file: %w", err)
+		}
+		go func() {
+			if err := srv.Run(ctx); err != nil {
+				logger.Error(err, "Metrics server stopped", "address", f.metricsAddress)
+			}
+		}()
+	}
+	if node, ok := nvmlLib.(*gpu.MockNode); ok && f.mockFaultInjection {
+		logger.Info("TEST KNOB: NVML fault injection served without authentication", "address", f.mockKnobAddress, "paths", "/mock/xid, /mock/dbe, /mock/lost, /mock/discovery, /mock/process, /healthz")
+		mux := http.NewServeMux()
+		mux.Handle("/mock/", node.FaultHandler())
+		mux.Handle("/healthz", healthz)
+		go serveMockKnob(ctx, f.mockKnobAddress, mux)
 	}
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(model.DriverName),
@@ -271,6 +420,8 @@ func run(ctx context.Context, f flags) error {
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.PluginDataDirectoryPath(f.pluginDataDir),
 		kubeletplugin.RegistrarDirectoryPath(f.registrarDir),
+		kubeletplugin.PluginListener(sockets.Listen),
+		kubeletplugin.RegistrarListener(sockets.Listen),
 	}
 	if uid := os.Getenv("POD_UID"); uid != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(types.UID(uid)))
@@ -281,12 +432,26 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer helper.Stop()
 
+	var lender *plugin.Lender
+	if f.lending {
+		if lender, err = newLender(ctx, f, p, nvmlLib, bootID, lockPath, inv.Trigger, mpsDaemons); err != nil {
+			return err
+		}
+	}
+	if lender != nil {
+		inv.Lending = lender.Lent
+		m.AddLending(lender)
+		go lender.Run(ctx, f.lendingSampleInterval)
+	} else {
+		// Borrowers prepared while lending was on are evicted.
+		inv.Lending = p.StrandedBorrowers
+	}
 	inv.Publisher = helper
 	if _, err := inv.Sync(ctx); err != nil && !errors.Is(err, plugin.ErrDiscovery) {
 		// Publishing failed; discovery errors are reported by the inventory.
 		return err
 	}
-	go inv.Run(ctx, f.rediscoverEvery)
+	go publisher.Run(func() { inv.Run(ctx, f.rediscoverEvery) })
 	if tracker != nil {
 		go plugin.FollowHealth(ctx, tracker, inv)
 	}
@@ -325,28 +490,67 @@ func run(ctx context.Context, f flags) error {
 	return nil
 }
 
+// driverMemory is what the node can do for DriverMemory shares: detected on
+// real GPUs, the test knob's answer on mock ones.
+func driverMemory(f flags, mock bool, gpus []gpu.GPU) isolation.DriverMemory {
+	var d isolation.DriverMemory
+	if mock {
+		d = isolation.DriverMemory{HookPath: f.nvidiaCDIHookPath, Capable: f.mockDriverMemory}
+		if !d.Capable {
+			d.Reason = "mock GPUs (the test knob --mock-driver-memory-limits is off)"
+		}
+	} else {
+		version := ""
+		for _, g := range gpus {
+			if g.DriverVersion != "" {
+				version = g.DriverVersion
+				break
+			}
+		}
+		d = isolation.DriverMemoryProbe{HostRoot: f.hostRoot, HookPath: f.nvidiaCDIHookPath, DriverVersion: version}.Detect()
+	}
+	d.DriverRoot = f.hostDriverRoot
+	if d.DriverRoot == "" {
+		d.DriverRoot = f.driverRoot
+	}
+	return d
+}
+
 // errNVMLAvailable ends a plugin that started without NVML once NVML can be
 // opened.
 var errNVMLAvailable = errors.New("NVML became available")
 
-// mockMPSRunner keeps the fake runner's bookkeeping and creates the daemon's
-// pipe and log directories, which the CDI spec of an MPS share mounts into
-// the container: without them the runtime refuses to start it.
-type mockMPSRunner struct{ *isolation.FakeRunner }
-
-func (r mockMPSRunner) Start(ctx context.Context, d isolation.Daemon) error {
-	for _, dir := range []string{d.PipeDir, d.LogDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("mock MPS daemon for %s: %w", d.UUID, err)
-		}
+// mpsRunner runs the MPS control daemons in pods (a fake daemon in them on
+// mock nodes). A configuration that cannot work is logged and makes every
+// MPS share fail to prepare with the reason.
+func mpsRunner(ctx context.Context, f flags, client kubernetes.Interface, mock bool) isolation.DaemonRunner {
+	hostRoot := f.mps.hostDriverRoot
+	if hostRoot == "" {
+		hostRoot = f.driverRoot
 	}
-	return r.FakeRunner.Start(ctx, d)
+	pods, err := mpsdaemon.NewPods(client, mpsdaemon.Config{
+		Namespace:         f.mps.namespace,
+		NodeName:          f.nodeName,
+		Image:             f.mps.image,
+		ImagePullPolicy:   corev1.PullPolicy(f.mps.pullPolicy),
+		ImagePullSecrets:  f.mps.pullSecrets,
+		PriorityClassName: f.mps.priorityClass,
+		Mock:              mock,
+		DriverRoot:        hostRoot,
+		ReadyTimeout:      f.mps.readyTimeout,
+		Resources:         f.mps.resources,
+	})
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "MPS shares will fail to prepare until this is fixed")
+		return mpsdaemon.Unavailable{Err: err}
+	}
+	return pods
 }
 
-// serveMetrics serves mux on addr until ctx is done. A busy address (the
-// other pod of a surge rolling update on the host network still holds it) is
-// retried every few seconds instead of failing the plugin.
-func serveMetrics(ctx context.Context, addr string, mux *http.ServeMux) {
+// serveMockKnob serves the test knob's mux on addr until ctx is done. A busy
+// address (the other pod of a surge rolling update on the host network still
+// holds it) is retried every few seconds instead of failing the plugin.
+func serveMockKnob(ctx context.Context, addr string, mux *http.ServeMux) {
 	logger := klog.FromContext(ctx)
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -356,12 +560,12 @@ func serveMetrics(ctx context.Context, addr string, mux *http.ServeMux) {
 		_ = srv.Shutdown(shutdownCtx)
 	}()
 	for {
-		logger.Info("Serving metrics", "address", addr)
+		logger.Info("Serving the mock fault-injection knob", "address", addr)
 		err := srv.ListenAndServe()
 		if errors.Is(err, http.ErrServerClosed) || ctx.Err() != nil {
 			return
 		}
-		logger.Error(err, "Metrics server failed; retrying", "address", addr)
+		logger.Error(err, "Mock fault-injection server failed; retrying", "address", addr)
 		select {
 		case <-ctx.Done():
 			return
@@ -407,4 +611,50 @@ func openNVML(f flags) (nvml.Interface, error) {
 		return nil, err
 	}
 	return node, nil
+}
+
+// newLender starts lending on the node's GPUs; nil (and a log line) where
+// NVML cannot be read: owner activity cannot be seen, so nothing is lent.
+func newLender(ctx context.Context, f flags, p *plugin.Plugin, lib nvml.Interface, bootID, lockPath string, republish func(), mpsDaemons isolation.DaemonRunner) (*plugin.Lender, error) {
+	policy := lending.DefaultPolicy()
+	policy.IdlePeriod = f.lendingIdlePeriod
+	for _, q := range []struct {
+		flag, value string
+		into        *int64
+	}{{"--lending-reserve", f.lendingReserve, &policy.Reserve}, {"--lending-min", f.lendingMin, &policy.MinLend}} {
+		v, err := resource.ParseQuantity(q.value)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", q.flag, q.value, err)
+		}
+		*q.into = v.Value()
+	}
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("--lending-*: %w", err)
+	}
+	if f.lendingSampleInterval <= 0 || f.lendingBusyThreshold > 100 {
+		return nil, fmt.Errorf("--lending-sample-interval %s, --lending-busy-threshold %d: want a positive interval and a threshold of at most 100", f.lendingSampleInterval, f.lendingBusyThreshold)
+	}
+	if lib == nil {
+		klog.FromContext(ctx).Info("Lending is on but NVML is not usable: no GPU is lent")
+		return nil, nil
+	}
+	podOf := lending.ProcPods(f.procRoot)
+	if node, ok := lib.(*gpu.MockNode); ok {
+		podOf = node.PodOfProcess
+	}
+	sampler := &lending.Sampler{Lib: lib, PodOf: podOf, Threshold: uint32(f.lendingBusyThreshold)}
+	var service func(context.Context) (map[types.UID]bool, error)
+	if pods, ok := mpsDaemons.(*mpsdaemon.Pods); ok {
+		service = pods.PodUIDs
+	}
+	return plugin.NewLender(ctx, p, plugin.LenderOptions{
+		ServicePods:   service,
+		LockPath:      lockPath,
+		Policy:        policy,
+		BusyThreshold: uint32(f.lendingBusyThreshold),
+		Sample:        sampler.Sample,
+		Store:         lending.Store{Path: filepath.Join(f.pluginDataDir, lending.StateFile)},
+		BootID:        bootID,
+		Republish:     republish,
+	})
 }

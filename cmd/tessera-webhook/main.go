@@ -42,7 +42,9 @@ func newCommand() *cobra.Command {
 			"then the server stops after the requests in flight (at most --shutdown-timeout).\n" +
 			"It reads the DeviceClasses that claims name (get, list, watch on deviceclasses.resource.k8s.io), " +
 			"to refuse a claim whose sharing.isolation its class's sharing.allowedIsolations does not allow; " +
-			"a class that cannot be read lets the claim through with a warning (prepare checks it again).",
+			"a class that cannot be read lets the claim through with a warning (prepare checks it again). " +
+			"On " + webhook.MutatePath + " it expands ResourceClaims annotated gpu.tessera.dev/fraction into a share of each GPU model " +
+			"the cluster's ResourceSlices publish (list, watch on resourceslices.resource.k8s.io).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -57,6 +59,10 @@ func newCommand() *cobra.Command {
 			classes.Timeout = classTimeout
 			classes.Start(ctx)
 			server.Classes = classes
+			models := webhook.NewGPUModels(classes.Client())
+			models.Timeout = classTimeout
+			models.Start(ctx)
+			server.Models = models
 			return server.Run(ctx)
 		},
 	}
@@ -66,12 +72,16 @@ func newCommand() *cobra.Command {
 	flags.StringVar(&server.KeyFile, "tls-key-file", "/etc/tessera-webhook/tls/tls.key", "serving key (PEM), reloaded when it changes")
 	flags.DurationVar(&server.DrainDelay, "drain-delay", 5*time.Second, "after SIGTERM, keep serving this long with "+webhook.ReadyzPath+" failing")
 	flags.DurationVar(&server.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "after the drain, wait at most this long for requests in flight")
+	flags.IntVar(&server.MaxInFlight, "max-in-flight", webhook.DefaultMaxInFlight, "reviews served at once; more wait up to --max-wait, then get 429")
+	flags.DurationVar(&server.MaxWait, "max-wait", webhook.DefaultMaxWait, "how long a review waits for a slot when --max-in-flight are served")
+	flags.BoolVar(&server.ReusePort, "reuse-port", false, "listen with SO_REUSEPORT, so that replicas in the host's network namespace of one node share --bind-address")
 	flags.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for the API server; empty: the pod's service account (in-cluster)")
 	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
 		"bound on reading a DeviceClass from the API server when the cache does not hold it; keep it below the webhook's timeoutSeconds")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	flags.AddGoFlagSet(klogFlags)
+	cmd.AddCommand(newLocalityCommand())
 	return cmd
 }
 

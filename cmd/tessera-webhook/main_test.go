@@ -63,3 +63,23 @@ current-context: x
 		t.Fatalf("deviceClasses(%s): %v", file, err)
 	}
 }
+
+// TestLocalityControllerFlags: the subcommand takes the Lease from the pod's
+// environment, and refuses leader election without a namespace.
+func TestLocalityControllerFlags(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "tessera")
+	t.Setenv("POD_NAME", "locality-0")
+	cmd := newLocalityCommand()
+	for name, want := range map[string]string{"lease-namespace": "tessera", "identity": "locality-0", "lease-name": "tessera-locality", "leader-elect": "true"} {
+		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
+			t.Errorf("--%s = %q, want %q", name, got, want)
+		}
+	}
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	root := newCommand()
+	root.SetArgs([]string{"locality-controller"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "connect to the API server") {
+		t.Fatalf("Execute = %v, want an error about the API server", err)
+	}
+}

@@ -9,9 +9,14 @@ import (
 func newDeviceClassesCommand() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
-		Use:   "deviceclasses",
+		Use:   "deviceclasses [-o yaml|json]",
 		Short: "Print the DeviceClasses Tessera installs (deployments/deviceclasses.yaml)",
-		Args:  cobra.NoArgs,
+		Long: `Print the DeviceClasses Tessera installs: gpu.tessera.dev (whole GPUs, also the
+extended resource tessera.dev/gpu), shared.gpu.tessera.dev (shares of a GPU) and
+lent.gpu.tessera.dev (idle GPUs lent to preemptible borrowers).`,
+		Example: `  tessera deviceclasses | kubectl apply -f -
+  tessera deviceclasses -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(output); err != nil {
 				return err

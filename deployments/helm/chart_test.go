@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -264,10 +266,13 @@ func TestPluginRBAC(t *testing.T) {
 			t.Errorf("RoleBinding %s: the webhook needs no namespaced API access", o.GetName())
 		}
 	}
-	// The webhook reads DeviceClasses (their sharing.allowedIsolations), and
-	// nothing else.
+	// The webhook reads DeviceClasses (their sharing.allowedIsolations) and
+	// ResourceSlices (the GPU models of fraction claims), and nothing else.
 	webhookRole := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook")
-	wantWebhook := []rbacv1.PolicyRule{{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"deviceclasses"}, Verbs: []string{"get", "list", "watch"}}}
+	wantWebhook := []rbacv1.PolicyRule{
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"deviceclasses"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"list", "watch"}},
+	}
 	if diff := cmp.Diff(wantWebhook, webhookRole.Rules); diff != "" {
 		t.Errorf("webhook ClusterRole (-want +got):\n%s", diff)
 	}
@@ -315,5 +320,50 @@ func TestSchemaRejects(t *testing.T) {
 				t.Errorf("--set %s: message does not name %q:\n%s", tc.set, tc.want, out)
 			}
 		})
+	}
+}
+
+// TestPluginMPSRole: the plugin may manage pods (its MPS control daemon
+// pods) in its own namespace only, and only with the calls it makes; it is
+// told the namespace and the image the pods run (the plugin's by default).
+func TestPluginMPSRole(t *testing.T) {
+	objs := objects(t, render(t))
+	role := find[rbacv1.Role](t, objs, "Role", "tessera-kubelet-plugin-mps")
+	want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list", "delete"}}}
+	if diff := cmp.Diff(want, role.Rules); diff != "" || role.Namespace != "tessera" {
+		t.Errorf("Role %s/%s rules (-want +got):\n%s", role.Namespace, role.Name, diff)
+	}
+	binding := find[rbacv1.RoleBinding](t, objs, "RoleBinding", "tessera-kubelet-plugin-mps")
+	if binding.RoleRef.Kind != "Role" || binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 ||
+		binding.Subjects[0].Name != "tessera-kubelet-plugin" || binding.Subjects[0].Namespace != "tessera" {
+		t.Errorf("RoleBinding %+v: want Role %s for ServiceAccount tessera/tessera-kubelet-plugin", binding, role.Name)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRole" && o.GetName() == "tessera-kubelet-plugin" && strings.Contains(fmt.Sprint(o.Object["rules"]), "pods") {
+			t.Error("the plugin's ClusterRole grants pods: daemon pods are namespaced (the Role)")
+		}
+	}
+
+	for name, tc := range map[string]struct {
+		set  []string
+		want []string
+	}{
+		"default": {nil, []string{"--mps-image=ghcr.io/tessera-dev/tessera-kubelet-plugin:", "--mps-image-pull-policy=IfNotPresent", "--mps-priority-class=system-node-critical", "--mps-ready-timeout=30s", "--mps-host-driver-root=/"}},
+		"own image": {[]string{"--set", "kubeletPlugin.mps.image.repository=example.com/mps,kubeletPlugin.mps.image.tag=v9,kubeletPlugin.mps.image.pullPolicy=Always,kubeletPlugin.mps.priorityClassName=mps"},
+			[]string{"--mps-image=example.com/mps:v9", "--mps-image-pull-policy=Always", "--mps-priority-class=mps"}},
+	} {
+		ds := find[appsv1.DaemonSet](t, objects(t, render(t, tc.set...)), "DaemonSet", "tessera-kubelet-plugin")
+		ctr := ds.Spec.Template.Spec.Containers[0]
+		args := strings.Join(ctr.Args, " ")
+		for _, w := range tc.want {
+			if !strings.Contains(args, w) {
+				t.Errorf("%s: plugin args %q lack %q", name, args, w)
+			}
+		}
+		if !slices.ContainsFunc(ctr.Env, func(e corev1.EnvVar) bool {
+			return e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace"
+		}) {
+			t.Errorf("%s: no POD_NAMESPACE from metadata.namespace in %v", name, ctr.Env)
+		}
 	}
 }

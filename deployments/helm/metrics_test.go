@@ -126,11 +126,13 @@ func TestPluginMetricsAndHealth(t *testing.T) {
 		if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 9477 }) {
 			t.Errorf("no containerPort metrics 9477: %+v", c.Ports)
 		}
-		if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "metrics" {
-			t.Errorf("livenessProbe %+v, want GET /healthz on port metrics", p)
+		if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "metrics" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+			t.Errorf("livenessProbe %+v, want GET /healthz on port metrics over HTTPS", p)
 		}
-		if !ds.Spec.Template.Spec.HostPID {
-			t.Error("no hostPID on real GPUs: per-pod GPU memory needs the host's PIDs")
+		// Host PIDs come from the host's /proc mounted read-only
+		// (security_test.go), not from the host's PID namespace.
+		if ds.Spec.Template.Spec.HostPID {
+			t.Error("hostPID on real GPUs by default")
 		}
 	})
 	t.Run("mock", func(t *testing.T) {

@@ -20,9 +20,27 @@
 // The plugin treats every error as a failure and undoes what it did with
 // further Put and Delete calls, which work as usual after either outcome.
 //
-// What the plugin may assume after a crash at any point: the file holds
-// either the content from before or the content from after every Put or
-// Delete that was in flight, never a mix and never a torn file; after a power
+// # Group commit
+//
+// Concurrent Put and Delete calls share writes: the calls that arrive while
+// one write is in progress queue, and the next write applies all of them,
+// in the order of the calls, to the claims and writes the file once. Each
+// call returns when that write has finished, with its outcome: nil once the
+// file with its change (and every change queued before it) is durable, and
+// the write's error, for every call of the batch, otherwise (a Delete of a
+// claim the store does not hold changes nothing and returns nil). Validation
+// errors (no UID, unknown state, bad Config) are returned before a call
+// queues, so they never fail other calls. A single call pays for one write,
+// as without batching; n concurrent calls pay for about two writes instead
+// of n. A batch's directory sync runs while the next batch is written;
+// renames keep the order of the batches, and a batch's calls return only
+// after its own directory sync. The file format is unchanged by this: every write is still the whole
+// file as described below.
+//
+// What the plugin may assume after a crash at any point: the file holds the
+// content after some prefix of the sequence of changes, that is before or
+// after every change of the batch that was in flight and after every batch
+// written before it, never part of a batch and never a torn file; after a power
 // loss, a write that returned [ErrNotDurable] may or may not be on disk. This
 // is why the plugin records [PrepareStarted] before any side effect (CDI
 // spec, MPS daemon) and [PrepareCompleted] only after all of them: a claim

@@ -26,6 +26,11 @@ type faultFS struct {
 
 	mu   sync.Mutex
 	fail map[op]error
+	// hooks run at the start of a step, before its failure (if any) and
+	// the real call; a hook's error fails the step. Tests use them to hold
+	// a write at one step while other calls queue, or to fail one step of
+	// one particular write.
+	hooks map[op]func() error
 }
 
 func newFaultFS() *faultFS { return &faultFS{fail: map[op]error{}} }
@@ -40,7 +45,31 @@ func (f *faultFS) set(o op, err error) {
 	f.fail[o] = err
 }
 
+// hook sets the hook of step o; nil removes it.
+func (f *faultFS) hook(o op, h func() error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.hooks == nil {
+		f.hooks = map[op]func() error{}
+	}
+	if h == nil {
+		delete(f.hooks, o)
+		return
+	}
+	f.hooks[o] = h
+}
+
+// err runs step o's hook, then returns the hook's error or the failure set
+// for o.
 func (f *faultFS) err(o op) error {
+	f.mu.Lock()
+	h := f.hooks[o]
+	f.mu.Unlock()
+	if h != nil {
+		if err := h(); err != nil {
+			return err
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.fail[o]

@@ -22,7 +22,12 @@ import (
 //
 // Get and List never wait for disk I/O. Writes are serialized; each one
 // writes a temporary file next to the checkpoint, fsyncs it, renames it over
-// the checkpoint and fsyncs the directory. A full disk or any other write
+// the checkpoint and fsyncs the directory. Calls that arrive while a write
+// is in progress are committed together by the next write (group commit):
+// their changes are applied in the order of the calls, the file is written
+// once for all of them, and each call returns once that write is durable,
+// with that write's outcome. The next write may start while the previous
+// one's directory sync runs; renames keep the order of the changes. A full disk or any other write
 // error is returned naming the path, the temporary file is removed and both
 // the old file and the in-memory state stay as they were. The one step after
 // the rename, the directory sync, fails differently: the error wraps
@@ -33,16 +38,37 @@ type File struct {
 	fsys   fileSystem
 	logger klog.Logger
 
-	// writeMu serializes writers for the whole write, so that the file
-	// always reflects the sequence of successful calls.
+	// writeMu is held by a write from applying its changes up to the
+	// rename (and by Refresh when it reloads), so that renames happen in
+	// the order of the changes and the file always reflects a prefix of
+	// their sequence (see commit).
 	writeMu sync.Mutex
+	// queueMu guards queue, the Puts and Deletes waiting for the next
+	// write, in the order they were called, and leading, which is true
+	// while one caller is writing a batch or has been told to write the
+	// next one.
+	queueMu sync.Mutex
+	queue   []*change
+	leading bool
 	// mu guards claims. Writers replace the map (never mutate it) under mu,
 	// so readers hold it only for a map lookup or copy.
 	mu     sync.RWMutex
 	claims map[types.UID]Claim
+	// enc holds every claim of claims encoded as the file holds it, so
+	// that a write encodes only the claims it changes; nil when claims were
+	// replaced by a read (Open, Refresh) and not encoded since. Guarded
+	// like sum's writes (writeMu, or Open).
+	enc map[types.UID]encodedClaim
+	// sumMu guards sum and renaming, so that Refresh can compare the file
+	// with them without waiting for a write in progress.
+	sumMu sync.Mutex
 	// sum is the SHA-256 of the file content this File last read or wrote,
 	// so Refresh can tell whether another process replaced the file.
 	sum [sha256.Size]byte
+	// renaming is the SHA-256 of the content a write in progress is putting
+	// in place (nil when none is): from its rename until the write sets
+	// sum, the file holds it.
+	renaming *[sha256.Size]byte
 	// newerMinor is the version of the file as last read when it is a newer
 	// minor of CurrentVersion ("" otherwise): the next write downgrades it,
 	// and says so in the log. Guarded like sum (writeMu, or Open).
@@ -111,7 +137,7 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 		return nil, Recovery{}, fmt.Errorf("checkpoint %s: read: %w", path, err)
 	}
 
-	f.sum = sha256.Sum256(data)
+	f.setSum(sha256.Sum256(data))
 	c, err := decode(data)
 	var newer *newerError
 	if errors.As(err, &newer) {
@@ -225,47 +251,166 @@ func (f *File) List() []Claim {
 }
 
 // Put implements [Store]. c must have a UID and a known State; Config, if
-// set, must be valid JSON.
+// set, must be valid JSON. A claim that fails these checks is refused before
+// it is queued, so it never fails the other calls of a batch.
 func (f *File) Put(c Claim) error {
 	n, err := normalize(c)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: put: %w", f.path, err)
 	}
-	f.writeMu.Lock()
-	defer f.writeMu.Unlock()
-	// Only writers replace f.claims and writeMu is held, so reading it
-	// without mu cannot race with a change.
-	next := maps.Clone(f.claims)
-	next[n.UID] = n
-	if err := f.write(next); err != nil {
-		return fmt.Errorf("put claim %s: %w", n, err)
+	// Encoded here, concurrently with other callers, not by the writer.
+	e, err := encodeClaim(n)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: put: %w", f.path, err)
 	}
-	return nil
+	return f.commit(&change{put: n, enc: e})
 }
 
 // Delete implements [Store].
 func (f *File) Delete(uid types.UID) error {
+	return f.commit(&change{del: uid})
+}
+
+// change is one Put (put set) or Delete (del set) waiting to be written.
+// The writer of its batch sets err and then closes done; lead tells its
+// caller to write the next batch instead.
+type change struct {
+	put  Claim
+	enc  encodedClaim // put's encoding
+	del  types.UID
+	done chan struct{}
+	lead chan struct{}
+	err  error
+}
+
+// commit queues ch and returns once a write that contains it is durable, or
+// failed. One caller at a time leads: it takes the whole queue (its own
+// change and everything queued before it) as one batch, applies it to the
+// claims and renames the new file into place, then hands the lead to the
+// caller of the first change queued meanwhile, which writes the next batch,
+// and syncs the directory. The other callers wait for their batch's outcome
+// without touching any lock, so a batch of n calls wakes n goroutines once
+// each.
+//
+// The next batch is encoded, written and fsynced while the previous one's
+// directory sync runs. Renames happen under writeMu in the order of the
+// batches, so the file always holds the content after some prefix of the
+// changes, and a batch whose directory sync succeeded is durable together
+// with every batch before it.
+func (f *File) commit(ch *change) error {
+	ch.done = make(chan struct{})
+	ch.lead = make(chan struct{}, 1)
+	f.queueMu.Lock()
+	f.queue = append(f.queue, ch)
+	lead := !f.leading
+	f.leading = true
+	f.queueMu.Unlock()
+	if !lead {
+		select {
+		case <-ch.done:
+			return ch.err
+		case <-ch.lead:
+		}
+	}
+
 	f.writeMu.Lock()
-	defer f.writeMu.Unlock()
-	old, ok := f.claims[uid]
-	if !ok {
-		return nil
+	f.queueMu.Lock()
+	batch := f.queue
+	f.queue = nil
+	f.queueMu.Unlock()
+	names, installed, err := f.installBatch(batch)
+	f.writeMu.Unlock()
+	f.passLead()
+	if installed {
+		err = f.syncDir()
 	}
+	for i, c := range batch {
+		if err != nil && names[i] != "" {
+			c.err = fmt.Errorf("%s: %w", names[i], err)
+		}
+		close(c.done)
+	}
+	if len(batch) > 1 {
+		f.logger.V(5).Info("Wrote checkpoint changes as one batch", "changes", len(batch), "err", err)
+	}
+	return ch.err
+}
+
+// passLead makes the caller of the first queued change the next leader, or
+// ends leading when nothing is queued.
+func (f *File) passLead() {
+	f.queueMu.Lock()
+	defer f.queueMu.Unlock()
+	if len(f.queue) == 0 {
+		f.leading = false
+		return
+	}
+	f.queue[0].lead <- struct{}{}
+}
+
+// installBatch applies the changes of batch in order to a copy of the
+// claims and puts the result in place ([File.install]). It returns the name
+// of each change for its error ("" for a Delete of a claim the store did not
+// hold, which changes nothing and never fails), whether the file was
+// renamed (the directory sync is left to the caller), and the error of a
+// write that failed before the rename. A batch that changes nothing writes
+// nothing. The caller holds writeMu.
+func (f *File) installBatch(batch []*change) (names []string, installed bool, err error) {
+	// Only writers replace f.claims and writeMu is held, so reading it
+	// without mu cannot race with a change.
 	next := maps.Clone(f.claims)
-	delete(next, uid)
-	if err := f.write(next); err != nil {
-		return fmt.Errorf("delete claim %s: %w", old, err)
+	names = make([]string, len(batch))
+	changed := false
+	for i, ch := range batch {
+		if ch.del == "" {
+			next[ch.put.UID] = ch.put
+			names[i] = fmt.Sprintf("put claim %s", ch.put)
+			changed = true
+			continue
+		}
+		if old, ok := next[ch.del]; ok {
+			delete(next, ch.del)
+			names[i] = fmt.Sprintf("delete claim %s", old)
+			changed = true
+		}
 	}
-	return nil
+	if !changed {
+		return names, false, nil
+	}
+	enc := f.enc
+	if enc == nil {
+		if enc, err = encodeClaims(f.claims); err != nil {
+			return names, false, fmt.Errorf("checkpoint %s: %w", f.path, err)
+		}
+	}
+	nextEnc := maps.Clone(enc)
+	for _, ch := range batch {
+		if ch.del == "" {
+			nextEnc[ch.put.UID] = ch.enc
+		} else {
+			delete(nextEnc, ch.del)
+		}
+	}
+	if err := f.install(next, nextEnc); err != nil {
+		return names, false, err
+	}
+	return names, true, nil
 }
 
 // Refresh implements [Store]. It costs one read of the file; it decodes only
-// when the content differs from what this File last read or wrote. A file
-// that vanished is written again from memory. A newer minor version is read
-// as Open reads it. A file another process left unreadable, or one in a
-// newer major version, is an error and changes nothing: unlike at Open, a
-// running plugin must not discard claims it may be serving.
+// when the content differs from what this File last read or wrote. Content
+// this File wrote, including a write still in progress, is no change, and
+// is recognized without waiting for that write. A file that vanished is
+// written again from memory. A newer minor version is read as Open reads
+// it. A file another process left unreadable, or one in a newer major
+// version, is an error and changes nothing: unlike at Open, a running plugin
+// must not discard claims it may be serving.
 func (f *File) Refresh() (bool, error) {
+	if data, err := f.fsys.ReadFile(f.path); err == nil && f.isOwn(sha256.Sum256(data)) {
+		return false, nil
+	}
+	// Another process wrote, the file is gone or cannot be read: look again
+	// with writes of this File held off.
 	f.writeMu.Lock()
 	defer f.writeMu.Unlock()
 	data, err := f.fsys.ReadFile(f.path)
@@ -277,7 +422,7 @@ func (f *File) Refresh() (bool, error) {
 		return false, fmt.Errorf("checkpoint %s: refresh: %w", f.path, err)
 	}
 	sum := sha256.Sum256(data)
-	if sum == f.sum {
+	if f.isOwn(sum) {
 		return false, nil
 	}
 	c, err := decode(data)
@@ -285,13 +430,38 @@ func (f *File) Refresh() (bool, error) {
 		return false, fmt.Errorf("checkpoint %s: refresh: another writer left it unreadable: %w", f.path, err)
 	}
 	f.swap(c.Claims)
-	f.sum = sum
+	f.enc = nil
+	f.setSum(sum)
 	f.newerMinor = ""
 	if c.NewerMinor {
 		f.newerMinor = c.Version
 	}
 	f.logger.V(2).Info("Reloaded checkpoint written by another instance", "claims", len(c.Claims))
 	return true, nil
+}
+
+// isOwn reports whether sum is that of the content this File last read or
+// wrote, or of the content a write in progress is renaming into place.
+func (f *File) isOwn(sum [sha256.Size]byte) bool {
+	f.sumMu.Lock()
+	defer f.sumMu.Unlock()
+	return sum == f.sum || (f.renaming != nil && sum == *f.renaming)
+}
+
+// setSum records the content the file holds now, and that no write is
+// renaming anything.
+func (f *File) setSum(sum [sha256.Size]byte) {
+	f.sumMu.Lock()
+	defer f.sumMu.Unlock()
+	f.sum, f.renaming = sum, nil
+}
+
+// setRenaming records the content a write is about to rename into place,
+// or none (nil) after a write that failed before its rename.
+func (f *File) setRenaming(sum *[sha256.Size]byte) {
+	f.sumMu.Lock()
+	defer f.sumMu.Unlock()
+	f.renaming = sum
 }
 
 func (f *File) swap(next map[types.UID]Claim) {
@@ -308,42 +478,77 @@ func (f *File) swap(next map[types.UID]Claim) {
 // error wraps [ErrNotDurable]), so that they never disagree with the file.
 // The caller holds writeMu, or is Open.
 func (f *File) write(claims map[types.UID]Claim) error {
-	data, err := encode(f.bootID, claims)
+	enc, err := encodeClaims(claims)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", f.path, err)
 	}
-	err = f.replace(f.path, data)
-	if err != nil && !errors.Is(err, ErrNotDurable) {
+	if err := f.install(claims, enc); err != nil {
+		return err
+	}
+	return f.syncDir()
+}
+
+// install is write up to and including the rename: afterwards the file,
+// memory and f.sum hold claims, but the rename is not durable until the
+// directory is synced ([File.syncDir]). enc is claims encoded one by one.
+// An error leaves everything as it was. The caller holds writeMu, or is
+// Open.
+func (f *File) install(claims map[types.UID]Claim, enc map[types.UID]encodedClaim) error {
+	data, err := encodeFrom(f.bootID, enc)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+	}
+	sum := sha256.Sum256(data)
+	f.setRenaming(&sum)
+	if err := f.renameInto(f.path, data); err != nil {
+		f.setRenaming(nil)
 		return err
 	}
 	f.swap(claims)
-	f.sum = sha256.Sum256(data)
+	f.enc = enc
+	f.setSum(sum)
 	if f.newerMinor != "" {
 		f.logger.Info("Rewrote checkpoint of a newer minor format in the current one, dropping what this version does not know", "from", f.newerMinor, "to", CurrentVersion)
 		f.newerMinor = ""
-	}
-	if err != nil {
-		return err
 	}
 	f.logger.V(5).Info("Wrote checkpoint", "claims", len(claims), "bytes", len(data))
 	return nil
 }
 
-// replace makes data the content of target (the checkpoint or a backup of
-// it): it writes a temporary file in target's directory, fsyncs it, renames
-// it over target and fsyncs the directory. An error before the rename
-// leaves target as it was and removes the temporary file; an error from
-// the directory sync, after the rename, wraps [ErrNotDurable].
-func (f *File) replace(target string, data []byte) (err error) {
+// syncDir makes renames in the checkpoint's directory durable; its error
+// wraps [ErrNotDurable].
+func (f *File) syncDir() error {
+	if err := f.fsys.SyncDir(filepath.Dir(f.path)); err != nil {
+		return fmt.Errorf("checkpoint %s: %w: fsync directory: %w", f.path, ErrNotDurable, err)
+	}
+	return nil
+}
+
+// replace makes data the content of target (a backup of the checkpoint):
+// [File.renameInto], then a sync of the directory, whose error wraps
+// [ErrNotDurable].
+func (f *File) replace(target string, data []byte) error {
+	if err := f.renameInto(target, data); err != nil {
+		return err
+	}
+	if err := f.fsys.SyncDir(filepath.Dir(target)); err != nil {
+		return fmt.Errorf("checkpoint %s: %w: fsync directory: %w", target, ErrNotDurable, err)
+	}
+	return nil
+}
+
+// renameInto writes data to a temporary file in target's directory, fsyncs
+// and closes it, and renames it over target. An error leaves target as it
+// was and removes the temporary file.
+func (f *File) renameInto(target string, data []byte) (err error) {
 	dir := filepath.Dir(target)
 	tmp, err := f.fsys.CreateTemp(dir, tempPrefix(filepath.Base(f.path))+"*")
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: create temporary file: %w", target, err)
 	}
 	tmpName := tmp.Name()
-	renamed := false
 	defer func() {
-		if err == nil || renamed {
+		if err == nil {
 			return
 		}
 		_ = tmp.Close() // may be the second Close; the error is already on its way
@@ -362,10 +567,6 @@ func (f *File) replace(target string, data []byte) (err error) {
 	}
 	if err := f.fsys.Rename(tmpName, target); err != nil {
 		return fmt.Errorf("checkpoint %s: replace with temporary file: %w", target, err)
-	}
-	renamed = true
-	if err := f.fsys.SyncDir(dir); err != nil {
-		return fmt.Errorf("checkpoint %s: %w: fsync directory: %w", target, ErrNotDurable, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -218,18 +219,62 @@ func readV1(top map[string]json.RawMessage) (content, error) {
 	return c, nil
 }
 
-// encode writes claims in the current version. It writes the
-// members in the order version, bootID, checksum, claims, indented, and builds the checksum input and the
-// file from the claims encoding directly: json.Marshal output is already
-// compact and escaped, so re-encoding it (twice) would only cost time.
-func encode(bootID string, claims map[types.UID]Claim) ([]byte, error) {
-	if claims == nil {
-		claims = map[types.UID]Claim{}
-	}
-	claimsJSON, err := json.Marshal(claims)
+// encodedClaim is one claim as the file holds it: its key (the UID as a
+// JSON string), its compact encoding, which the checksum covers, and its
+// encoding indented as it appears in the file.
+type encodedClaim struct {
+	key, compact, indented []byte
+}
+
+// encodeClaim encodes c the way json.Marshal and json.MarshalIndent encode
+// it as a value of the claims map.
+func encodeClaim(c Claim) (encodedClaim, error) {
+	key, err := json.Marshal(string(c.UID))
 	if err != nil {
-		return nil, fmt.Errorf("encode claims: %w", err)
+		return encodedClaim{}, err
 	}
+	compact, err := json.Marshal(c)
+	if err != nil {
+		return encodedClaim{}, fmt.Errorf("encode claim %s: %w", c, err)
+	}
+	var indented bytes.Buffer
+	indented.Grow(len(compact) * 2)
+	// A claim sits two levels deep in the file, under "claims".
+	if err := json.Indent(&indented, compact, "    ", "  "); err != nil {
+		return encodedClaim{}, fmt.Errorf("encode claim %s: %w", c, err)
+	}
+	return encodedClaim{key: key, compact: compact, indented: indented.Bytes()}, nil
+}
+
+// encodeClaims encodes every claim of claims.
+func encodeClaims(claims map[types.UID]Claim) (map[types.UID]encodedClaim, error) {
+	enc := make(map[types.UID]encodedClaim, len(claims))
+	for uid, c := range claims {
+		e, err := encodeClaim(c)
+		if err != nil {
+			return nil, err
+		}
+		enc[uid] = e
+	}
+	return enc, nil
+}
+
+// encode writes claims in the current version.
+func encode(bootID string, claims map[types.UID]Claim) ([]byte, error) {
+	enc, err := encodeClaims(claims)
+	if err != nil {
+		return nil, err
+	}
+	return encodeFrom(bootID, enc)
+}
+
+// encodeFrom writes a file in the current version from claims already
+// encoded one by one, so that a write re-encodes only the claims that
+// changed. It writes the members in the order version, bootID, checksum,
+// claims, indented, exactly as json.MarshalIndent would (keys of the claims
+// map sorted as encoding/json sorts them), and builds the checksum input,
+// the compact form checksumOf computes, from the same pieces.
+func encodeFrom(bootID string, enc map[types.UID]encodedClaim) ([]byte, error) {
 	versionJSON, err := json.Marshal(CurrentVersion)
 	if err != nil {
 		return nil, err
@@ -238,34 +283,59 @@ func encode(bootID string, claims map[types.UID]Claim) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	// The canonical form checksumOf computes: members sorted by name, compact.
-	h := sha256.New()
-	for _, part := range [][]byte{
-		[]byte(`{"bootID":`), bootJSON,
-		[]byte(`,"claims":`), claimsJSON,
-		[]byte(`,"version":`), versionJSON,
-		[]byte(`}`),
-	} {
-		h.Write(part)
+	uids := make([]types.UID, 0, len(enc))
+	size := 0
+	for uid, e := range enc {
+		uids = append(uids, uid)
+		size += len(e.key) + len(e.indented) + 16
 	}
+	slices.Sort(uids)
+
+	// The canonical form checksumOf computes: members sorted by name,
+	// compact, the claims map with its keys sorted.
+	h := sha256.New()
+	h.Write([]byte(`{"bootID":`))
+	h.Write(bootJSON)
+	h.Write([]byte(`,"claims":{`))
+	for i, uid := range uids {
+		if i > 0 {
+			h.Write([]byte(","))
+		}
+		e := enc[uid]
+		h.Write(e.key)
+		h.Write([]byte(":"))
+		h.Write(e.compact)
+	}
+	h.Write([]byte(`},"version":`))
+	h.Write(versionJSON)
+	h.Write([]byte(`}`))
 	sumJSON, err := json.Marshal(checksumPrefix + hex.EncodeToString(h.Sum(nil)))
 	if err != nil {
 		return nil, err
 	}
 
 	var buf bytes.Buffer
-	buf.Grow(len(claimsJSON)*2 + 256)
+	buf.Grow(size + 256)
 	buf.WriteString("{\n  \"version\": ")
 	buf.Write(versionJSON)
 	buf.WriteString(",\n  \"bootID\": ")
 	buf.Write(bootJSON)
 	buf.WriteString(",\n  \"checksum\": ")
 	buf.Write(sumJSON)
-	buf.WriteString(",\n  \"claims\": ")
-	if err := json.Indent(&buf, claimsJSON, "  ", "  "); err != nil {
-		return nil, fmt.Errorf("encode checkpoint: %w", err)
+	buf.WriteString(",\n  \"claims\": {")
+	for i, uid := range uids {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		e := enc[uid]
+		buf.WriteString("\n    ")
+		buf.Write(e.key)
+		buf.WriteString(": ")
+		buf.Write(e.indented)
 	}
-	buf.WriteString("\n}\n")
+	if len(uids) > 0 {
+		buf.WriteString("\n  ")
+	}
+	buf.WriteString("}\n}\n")
 	return buf.Bytes(), nil
 }

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -99,5 +100,106 @@ func TestDeviceFieldsRoundTrip(t *testing.T) {
 	g, _ := mustOpen(t, path, bootA, osFS{})
 	if diff := cmp.Diff([]Claim{c}, g.List()); diff != "" {
 		t.Fatalf("after reopen (-put +got):\n%s", diff)
+	}
+}
+
+// TestEncodeFromMatchesMarshalIndent checks the piecewise encoder against
+// encoding/json for claim sets of every size the layout distinguishes, with
+// keys whose order or escaping could differ (HTML characters, non-ASCII,
+// prefixes of each other).
+func TestEncodeFromMatchesMarshalIndent(t *testing.T) {
+	uids := []string{"", "a", "ab", "a<b", "a&b", "Z", "é", "日本", "a\u2028b", "0"}
+	for n := 0; n <= len(uids); n++ {
+		claims := map[types.UID]Claim{}
+		for _, uid := range uids[:n] {
+			if uid == "" {
+				continue
+			}
+			c := mustNormalize(t, testClaim(uid, PrepareCompleted))
+			c.Name = "name " + uid + " <&>"
+			claims[c.UID] = c
+		}
+		data, err := encode(bootA, claims)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := json.MarshalIndent(struct {
+			Version  string              `json:"version"`
+			BootID   string              `json:"bootID"`
+			Checksum string              `json:"checksum"`
+			Claims   map[types.UID]Claim `json:"claims"`
+		}{CurrentVersion, bootA, "", claims}, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(data, &top); err != nil {
+			t.Fatalf("%d claims: not JSON: %v\n%s", len(claims), err, data)
+		}
+		sum, err := checksumOf(top)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append([]byte(stringsReplaceChecksum(string(want), sum)), '\n')
+		if diff := cmp.Diff(string(want), string(data)); diff != "" {
+			t.Fatalf("%d claims: layout (-MarshalIndent +encode):\n%s", len(claims), diff)
+		}
+		if _, err := decode(data); err != nil {
+			t.Fatalf("%d claims: %v", len(claims), err)
+		}
+	}
+}
+
+// A File re-encodes only the claims a write changes; what it writes is
+// still exactly what encoding every claim gives, also after a Refresh
+// replaced its claims with another instance's.
+func TestFileWritesTheFullEncoding(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	f, _ := mustOpen(t, path, bootA, osFS{})
+	other, _ := mustOpen(t, path, bootA, osFS{})
+	check := func(when string) {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := encode(bootA, toMap(f.List()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(string(want), string(data)); diff != "" {
+			t.Fatalf("%s: file differs from encoding all claims (-want +got):\n%s", when, diff)
+		}
+	}
+	for _, uid := range []string{"b", "a", "c"} {
+		if err := f.Put(testClaim(uid, PrepareStarted)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("after three Puts")
+	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Delete("b"); err != nil {
+		t.Fatal(err)
+	}
+	check("after a replace and a Delete")
+	if _, err := other.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	c := testClaim("a", PrepareCompleted)
+	c.Name = "changed by the other instance"
+	if err := other.Put(c); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := f.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh = %v, %v; want true, nil", changed, err)
+	}
+	if err := f.Put(testClaim("d", PrepareStarted)); err != nil {
+		t.Fatal(err)
+	}
+	check("after a Refresh and a Put")
+	if got, _ := f.Get("a"); got.Name != c.Name {
+		t.Errorf("claim a is named %q, want the other instance's %q", got.Name, c.Name)
 	}
 }

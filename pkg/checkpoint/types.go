@@ -44,6 +44,9 @@ type Device struct {
 	// can differ from the limits (GpuConfig may lower a limit).
 	ConsumedMemory int64 `json:"consumedMemory,omitempty"`
 	ConsumedCores  int64 `json:"consumedCores,omitempty"`
+	// Lend is the owner's consent (GpuConfig lending.lendWhenIdle) to lend
+	// the GPU of this whole or shared device while it idles.
+	Lend bool `json:"lend,omitempty"`
 }
 
 // Grants reports whether the device holds part of its GPU: false for admin

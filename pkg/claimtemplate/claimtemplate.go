@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -56,6 +57,13 @@ type Options struct {
 	Isolation string
 	// ComputeLimit caps a share's compute above its guaranteed Cores (percent).
 	ComputeLimit int
+	// Fraction, instead of Memory and Cores, makes the request a share of
+	// this fraction of whichever GPU model it lands on ("1/4", "0.5"), one
+	// firstAvailable subrequest per model in Models.
+	Fraction string
+	// Models are the GPU models a Fraction is computed for (fraction.Models
+	// of the cluster's or a profile's ResourceSlices).
+	Models []fraction.Model
 }
 
 // Build returns the ResourceClaimTemplate for opts, with warnings about what it
@@ -79,7 +87,21 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	if gpus < 0 || gpus > resourceapi.AllocationResultsMaxSize {
 		errs = append(errs, fmt.Errorf("--gpus %d: must be between 1 and %d", opts.GPUs, resourceapi.AllocationResultsMaxSize))
 	}
-	shared := opts.Memory != "" || opts.Cores != 0
+	shared := opts.Memory != "" || opts.Cores != 0 || opts.Fraction != ""
+	var frac fraction.Fraction
+	if opts.Fraction != "" {
+		f, err := fraction.Parse(opts.Fraction)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--fraction: %w", err))
+		case opts.Memory != "" || opts.Cores != 0:
+			errs = append(errs, errors.New("--fraction sets the share's memory and cores: drop --memory and --cores"))
+		case gpus != 1 || opts.NVLink != NVLinkNone:
+			errs = append(errs, errors.New("--fraction is a share of one GPU: drop --gpus and --nvlink"))
+		default:
+			frac = f
+		}
+	}
 	var memory resource.Quantity
 	if opts.Memory != "" {
 		q, err := resource.ParseQuantity(opts.Memory)
@@ -105,6 +127,14 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	}
 	if !shared && (opts.Isolation != "" || opts.ComputeLimit != 0) {
 		errs = append(errs, errors.New("--isolation and --compute-limit apply to shares: add --memory and/or --cores"))
+	}
+	var fractionRequest resourceapi.DeviceRequest
+	if frac.Den != 0 {
+		req, err := fraction.Request(RequestName, frac, opts.Models)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--fraction %s: %w", frac, err))
+		}
+		fractionRequest = req
 	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
@@ -143,8 +173,10 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	devices := resourceapi.DeviceClaim{}
 	nvlinkDomain := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrNVLinkDomain))
 	uuid := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrUUID))
-	switch opts.NVLink {
-	case NVLinkPrefer:
+	switch {
+	case frac.Den != 0:
+		devices.Requests = []resourceapi.DeviceRequest{fractionRequest}
+	case opts.NVLink == NVLinkPrefer:
 		devices.Requests = []resourceapi.DeviceRequest{{Name: RequestName, FirstAvailable: []resourceapi.DeviceSubRequest{sub("nvlink"), sub("any")}}}
 		devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{RequestName + "/nvlink"}, MatchAttribute: &nvlinkDomain}}
 	default:

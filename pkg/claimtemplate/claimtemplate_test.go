@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -19,16 +20,20 @@ func TestBuildErrors(t *testing.T) {
 		opts Options
 		want []string
 	}{
-		"no name":            {Options{}, []string{`--name "":`}},
-		"bad name":           {Options{Name: "Big_Name"}, []string{`--name "Big_Name":`}},
-		"negative gpus":      {Options{Name: "x", GPUs: -1}, []string{"--gpus -1: must be between 1 and 32"}},
-		"too many gpus":      {Options{Name: "x", GPUs: 33}, []string{"--gpus 33: must be between 1 and 32"}},
-		"bad memory":         {Options{Name: "x", Memory: "lots"}, []string{`--memory "lots": not a quantity`}},
-		"zero memory":        {Options{Name: "x", Memory: "0"}, []string{`--memory "0": must be positive`}},
-		"cores over 100":     {Options{Name: "x", Cores: 150}, []string{"--cores 150: must be between 0 and 100"}},
-		"bad nvlink":         {Options{Name: "x", GPUs: 2, NVLink: "always"}, []string{`--nvlink "always": must be prefer or require`}},
-		"nvlink one gpu":     {Options{Name: "x", NVLink: NVLinkRequire}, []string{"--nvlink require: needs --gpus 2 or more"}},
-		"isolation on whole": {Options{Name: "x", Isolation: "MPS"}, []string{"--isolation and --compute-limit apply to shares"}},
+		"no name":               {Options{}, []string{`--name "":`}},
+		"bad name":              {Options{Name: "Big_Name"}, []string{`--name "Big_Name":`}},
+		"negative gpus":         {Options{Name: "x", GPUs: -1}, []string{"--gpus -1: must be between 1 and 32"}},
+		"too many gpus":         {Options{Name: "x", GPUs: 33}, []string{"--gpus 33: must be between 1 and 32"}},
+		"bad memory":            {Options{Name: "x", Memory: "lots"}, []string{`--memory "lots": not a quantity`}},
+		"zero memory":           {Options{Name: "x", Memory: "0"}, []string{`--memory "0": must be positive`}},
+		"cores over 100":        {Options{Name: "x", Cores: 150}, []string{"--cores 150: must be between 0 and 100"}},
+		"bad nvlink":            {Options{Name: "x", GPUs: 2, NVLink: "always"}, []string{`--nvlink "always": must be prefer or require`}},
+		"nvlink one gpu":        {Options{Name: "x", NVLink: NVLinkRequire}, []string{"--nvlink require: needs --gpus 2 or more"}},
+		"isolation on whole":    {Options{Name: "x", Isolation: "MPS"}, []string{"--isolation and --compute-limit apply to shares"}},
+		"bad fraction":          {Options{Name: "x", Fraction: "2/1", Models: testModels}, []string{`--fraction: fraction "2/1": must be at most 1`}},
+		"fraction and memory":   {Options{Name: "x", Fraction: "1/4", Memory: "1Gi", Models: testModels}, []string{"drop --memory and --cores"}},
+		"fraction of two gpus":  {Options{Name: "x", Fraction: "1/4", GPUs: 2, Models: testModels}, []string{"drop --gpus and --nvlink"}},
+		"fraction of no models": {Options{Name: "x", Fraction: "1/4"}, []string{"--fraction 1/4: no GPU model"}},
 		"several at once": {Options{Name: "x", Cores: -1, Memory: "x"}, []string{
 			`--memory "x": not a quantity`, "--cores -1: must be between 0 and 100",
 		}},
@@ -72,7 +77,7 @@ func TestBuildRefusesWhatAdmissionRefuses(t *testing.T) {
 		{
 			name: "isolation spelled in lower case",
 			opts: Options{Name: "x", Memory: "10Gi", Isolation: "mps"},
-			want: prefix + `spec.spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"`,
+			want: prefix + `spec.spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory"`,
 		},
 		{
 			name: "MPS on two shares",
@@ -237,4 +242,31 @@ func decodeConfig(t *testing.T, raw []byte) *configapi.GpuConfig {
 		t.Fatalf("generated GpuConfig does not decode strictly: %v\n%s", err, raw)
 	}
 	return cfg
+}
+
+var testModels = []fraction.Model{
+	{Products: []string{"NVIDIA L4"}, Memory: resource.MustParse("23034Mi"), MemoryStep: resource.MustParse("1Mi"), Cores: 100, CoresStep: 1},
+	{Products: []string{"NVIDIA H100 80GB HBM3"}, Memory: resource.MustParse("81559Mi"), MemoryStep: resource.MustParse("1Mi"), Cores: 100, CoresStep: 1},
+}
+
+// TestBuildFraction: --fraction 1/4 is one firstAvailable subrequest per
+// model with its quarter, and an isolation config targets the request.
+func TestBuildFraction(t *testing.T) {
+	tmpl, _, err := Build(Options{Name: "q", Fraction: "1/4", Models: testModels, Isolation: "MPS"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := tmpl.Spec.Spec.Devices
+	if len(d.Requests) != 1 || d.Requests[0].Name != RequestName || len(d.Requests[0].FirstAvailable) != 2 {
+		t.Fatalf("requests %+v", d.Requests)
+	}
+	for i, want := range []string{"5758Mi", "20389Mi"} {
+		sub := d.Requests[0].FirstAvailable[i]
+		if got := sub.Capacity.Requests[model.Memory]; got.String() != want || sub.DeviceClassName != model.SharedClassName {
+			t.Errorf("subrequest %s: memory %s of %s, want %s of %s", sub.Name, got.String(), sub.DeviceClassName, want, model.SharedClassName)
+		}
+	}
+	if len(d.Config) != 1 || d.Config[0].Requests[0] != RequestName {
+		t.Errorf("config %+v: want one for request %s", d.Config, RequestName)
+	}
 }

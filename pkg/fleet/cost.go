@@ -41,7 +41,7 @@ type CostScenario struct {
 	Nodes, Shares int
 
 	slices  []*resourceapi.ResourceSlice
-	classes classLister
+	classes model.ClassLister
 	cel     *cel.Cache
 	state   structured.AllocatedState
 	node    *v1.Node
@@ -54,7 +54,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 		return nil, fmt.Errorf("cost scenario: want nodes >= 1 and 0 <= shares <= 64, got %d, %d", nodes, shares)
 	}
 	var m deviceModel
-	var claimJob = &Job{ID: 0, Demand: 0.125}
+	var claimJob = &Job{ID: 0, Memory: 0.125, Cores: 0.125, Demand: 0.125}
 	switch kind {
 	case CostWhole:
 		m = wholeModel{}
@@ -103,7 +103,11 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 	case CostWhole, CostTesseraWhole:
 		s.claim = claimFor(claimJob, WholeClass, nil)
 	case CostPartition:
-		s.claim = m.claim(claimJob)
+		c, err := m.claim(claimJob)
+		if err != nil {
+			return nil, err
+		}
+		s.claim = c
 	case CostTesseraShared:
 		s.claim = claimFor(claimJob, SharedClass, eighth)
 	}
@@ -112,7 +116,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 
 // NewAllocator is the per-pod part of the scheduler's work (PreFilter).
 func (s *CostScenario) NewAllocator(ctx context.Context) (structured.Allocator, error) {
-	return structured.NewAllocator(ctx, SchedulerFeatures, s.state, s.classes, s.slices, s.cel)
+	return structured.NewAllocator(ctx, model.SchedulerFeatures, s.state, s.classes, s.slices, s.cel)
 }
 
 // AllocateOnce is the per-node part (Filter) on the last node with a fresh allocator.

@@ -20,7 +20,7 @@
 //     the same Workload and Options give the same Result (wall-clock timing appears
 //     only in MeasureCost and Bench's informative durations).
 //   - Every placement for (a), (b), (c) is a real structured.Allocator call with the
-//     feature set kube-scheduler 1.37 enables (SchedulerFeatures) against the node's
+//     feature set kube-scheduler 1.37 enables (model.SchedulerFeatures) against the node's
 //     current AllocatedState, which is updated from the results the way the
 //     scheduler does. The allocator is rebuilt after every change of a node's state
 //     because it caches the counters left in each pool.
@@ -30,4 +30,31 @@
 // The node side (prepare/unprepare latency, plugin memory, ResourceSlice writes)
 // is measured by pkg/nodebench; Report carries its results so that one report
 // holds both halves.
+//
+// # Lending
+//
+// RunLending models issue #11's lending of idle GPUs (LendingBench sweeps it;
+// `make bench-lending`, results/fleet-lending.md): owners that hold a GPU
+// whole all horizon long and are busy part of the time in bursts, and a
+// queue of preemptible batch borrowers that checkpoint. What the caller may
+// assume:
+//
+//   - Every lend and reclaim decision is pkg/lending's Step, called for every
+//     GPU at every sample interval of the simulated clock with what the plugin
+//     would observe (the owner busy at any time since the previous sample, its
+//     memory and processes, the borrowers on the GPU).
+//   - A borrower is allocated only a GPU that Step left Lent, the earliest
+//     arrival first (kube-scheduler's queue order for equal priorities; an
+//     evicted borrower keeps its arrival); one borrower per GPU (it asks for
+//     all the lent cores).
+//   - Entering Reclaiming is the NoExecute taint: the borrower is gone after
+//     its grace (tolerationSeconds) plus the eviction latency, an input. A
+//     grace of at least CheckpointWrite saves its work at the taint; a shorter
+//     one keeps its last periodic checkpoint.
+//   - The owner's extra wait is the time it is busy while a borrower is still
+//     on its GPU; memory pressure and slowdown while they share are not
+//     modelled.
+//   - The same workload and options give the same result; Trace records the
+//     phases and the borrowers' stays so tests can check the rules without the
+//     simulator's own bookkeeping.
 package fleet

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -57,13 +56,17 @@ const (
 	// TesseraBestFit is Tessera's capacities packed best-fit by an oracle instead of
 	// the allocator's first-fit; it shows what first-fit costs. Not the scheduler.
 	TesseraBestFit Kind = "tessera-bestfit"
+	// Bound is the GPU-boundary bound: a job starts iff the share requests of
+	// the running jobs and its own can be packed into the fleet's GPUs, every
+	// running job free to move (optimal repacking at every event). See boundPlacer.
+	Bound Kind = "bound"
 	// Fluid is the ideal bound: a job runs iff the fleet's total free capacity
 	// covers its demand (no GPU boundaries, no fragmentation).
 	Fluid Kind = "fluid"
 )
 
 // AllKinds is the report order.
-var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Fluid}
+var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Bound, Fluid}
 
 // deviceModel is an allocation model whose devices the real allocator hands out.
 type deviceModel interface {
@@ -72,11 +75,12 @@ type deviceModel interface {
 	slices(node string) ([]*resourceapi.ResourceSlice, error)
 	classes() []*resourceapi.DeviceClass
 	// claim is the ResourceClaim a job with this demand creates.
-	claim(j *Job) *resourceapi.ResourceClaim
-	// sizeKey orders claims by size: if a claim of size k fails on an unchanged node,
-	// every claim of size >= k fails there too. The simulation relies on this to
-	// skip allocator calls it knows the answer of.
-	sizeKey(j *Job) float64
+	claim(j *Job) (*resourceapi.ResourceClaim, error)
+	// sizeKey orders claims by size in two dimensions: if a claim of size k fails
+	// on an unchanged node, every claim at least as large in both fails there too,
+	// and if it fits, every claim at most as large in both fits. The simulation
+	// relies on this to skip allocator calls it knows the answer of.
+	sizeKey(j *Job) size
 	// use maps one allocated device to its GPU (0..7) on the node and what it takes
 	// of that GPU.
 	use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error)
@@ -152,8 +156,10 @@ func (wholeModel) classes() []*resourceapi.DeviceClass {
 	return []*resourceapi.DeviceClass{class(WholeClass, typeSelector("gpu"))}
 }
 
-func (wholeModel) claim(j *Job) *resourceapi.ResourceClaim { return claimFor(j, WholeClass, nil) }
-func (wholeModel) sizeKey(*Job) float64                    { return 1 }
+func (wholeModel) claim(j *Job) (*resourceapi.ResourceClaim, error) {
+	return claimFor(j, WholeClass, nil), nil
+}
+func (wholeModel) sizeKey(*Job) size { return size{1, 1} }
 func (wholeModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
 	minor, _, err := model.ParseDeviceName(r.Device)
 	return minor, gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100, slots: 0xff}, err
@@ -228,11 +234,14 @@ func (partitionModel) classes() []*resourceapi.DeviceClass {
 	return out
 }
 
-func (partitionModel) claim(j *Job) *resourceapi.ResourceClaim {
-	return claimFor(j, partitionClass(partitionEighths(j.Demand)), nil)
+func (partitionModel) claim(j *Job) (*resourceapi.ResourceClaim, error) {
+	return claimFor(j, partitionClass(partitionEighths(j.Demand)), nil), nil
 }
 
-func (partitionModel) sizeKey(j *Job) float64 { return float64(partitionEighths(j.Demand)) }
+func (partitionModel) sizeKey(j *Job) size {
+	e := float64(partitionEighths(j.Demand))
+	return size{e, e}
+}
 
 func (partitionModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
 	var g, eighths, k int
@@ -255,21 +264,9 @@ func (tesseraModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
 
 func (tesseraModel) classes() []*resourceapi.DeviceClass { return tesseraClasses() }
 
-// ShareRequest is the capacity a job of this demand asks for: memory = demand×GPU memory
-// rounded up to 1Mi, cores = ceil(demand×100).
-func ShareRequest(demand float64) (memory, cores resource.Quantity) {
-	const mi = 1 << 20
-	mib := int64(math.Ceil(demand * float64(gpuMemory.Value()) / mi))
-	c := int64(math.Ceil(demand*100 - 1e-9))
-	return *resource.NewQuantity(mib*mi, resource.BinarySI), *resource.NewQuantity(c, resource.DecimalSI)
-}
+func (tesseraModel) claim(j *Job) (*resourceapi.ResourceClaim, error) { return shareClaim(j) }
 
-func (tesseraModel) claim(j *Job) *resourceapi.ResourceClaim {
-	mem, cores := ShareRequest(j.Demand)
-	return claimFor(j, SharedClass, map[resourceapi.QualifiedName]resource.Quantity{"memory": mem, "cores": cores})
-}
-
-func (tesseraModel) sizeKey(j *Job) float64 { return j.Demand }
+func (tesseraModel) sizeKey(j *Job) size { return size{j.Memory, j.Cores} }
 
 // use counts what the device holds by package accounting, the rule the
 // plugin's metrics and `tessera status` count by.

@@ -2,22 +2,19 @@ package fleet
 
 import (
 	"fmt"
-	"image"
 	"image/color"
-	"image/png"
 	"io"
-	"math"
-	"strings"
-)
+	"sort"
 
-// The plot is drawn with the standard library only (image/png plus a 3×5 bitmap
-// font below): one line chart does not justify a plotting dependency in go.mod.
+	"github.com/tessera-dev/tessera/pkg/chart"
+)
 
 var kindColors = map[Kind]color.RGBA{
 	Whole:          {0xd6, 0x27, 0x28, 0xff},
 	Partition:      {0xff, 0x7f, 0x0e, 0xff},
 	Tessera:        {0x1f, 0x77, 0xb4, 0xff},
 	TesseraBestFit: {0x2c, 0xa0, 0x2c, 0xff},
+	Bound:          {0x94, 0x67, 0xbd, 0xff},
 	Fluid:          {0x7f, 0x7f, 0x7f, 0xff},
 }
 
@@ -26,155 +23,30 @@ var kindLabels = map[Kind]string{
 	Partition:      "(B) PARTITIONS",
 	Tessera:        "(C) TESSERA",
 	TesseraBestFit: "(C') BEST-FIT",
-	Fluid:          "(D) FLUID BOUND",
+	Bound:          "(D) GPU BOUND",
+	Fluid:          "(E) FLUID",
 }
 
 // WritePNG draws throughput (jobs/h) against mean demand, one line per model.
 func (r *Report) WritePNG(w io.Writer) error {
-	const (
-		width, height            = 900, 560
-		left, right, top, bottom = 90, 230, 50, 70
-	)
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	fill(img, img.Bounds(), color.RGBA{0xff, 0xff, 0xff, 0xff})
-	black := color.RGBA{0, 0, 0, 0xff}
-	grey := color.RGBA{0xdd, 0xdd, 0xdd, 0xff}
-
-	maxY := 0.0
-	for _, row := range r.Results {
-		for _, res := range row {
-			maxY = max(maxY, res.JobsPerHour)
-		}
+	order := make([]int, len(r.Means))
+	for i := range order {
+		order[i] = i
 	}
-	yMax, yStep := niceAxis(maxY)
-	xMin, xMax := 0.0, 0.7
-	px := func(x float64) int { return left + int(math.Round((x-xMin)/(xMax-xMin)*float64(width-left-right))) }
-	py := func(y float64) int { return height - bottom - int(math.Round(y/yMax*float64(height-top-bottom))) }
-
-	for y := 0.0; y <= yMax+1e-9; y += yStep {
-		line(img, px(xMin), py(y), px(xMax), py(y), grey, 1)
-		s := fmt.Sprintf("%.0f", y)
-		text(img, left-10-textWidth(s, 2), py(y)-5, s, black, 2)
+	sort.SliceStable(order, func(a, b int) bool { return r.Means[order[a]] < r.Means[order[b]] })
+	c := chart.Line{
+		Title:  fmt.Sprintf("THROUGHPUT VS MEAN GPU DEMAND (%d GPUS)", r.Nodes*GPUsPerNode),
+		XLabel: "MEAN GPU DEMAND M",
+		YLabel: "JOBS/H",
+		XTicks: r.Means,
 	}
-	for _, m := range r.Means {
-		line(img, px(m), height-bottom, px(m), height-bottom+6, black, 1)
-		s := fmt.Sprintf("%.1f", m)
-		text(img, px(m)-textWidth(s, 2)/2, height-bottom+12, s, black, 2)
-	}
-	line(img, px(xMin), height-bottom, px(xMax), height-bottom, black, 1)
-	line(img, px(xMin), top, px(xMin), height-bottom, black, 1)
-	text(img, left, 15, fmt.Sprintf("THROUGHPUT VS MEAN GPU DEMAND (%d GPUS)", r.Nodes*GPUsPerNode), black, 3)
-	text(img, 10, top-16, "JOBS/H", black, 2)
-	xl := "MEAN GPU DEMAND M"
-	text(img, px((xMin+xMax)/2)-textWidth(xl, 2)/2, height-bottom+36, xl, black, 2)
-
 	for k, kind := range AllKinds {
-		c := kindColors[kind]
-		for i := range r.Means {
-			x, y := px(r.Means[i]), py(r.Results[i][k].JobsPerHour)
-			fill(img, image.Rect(x-3, y-3, x+4, y+4), c)
-			if i > 0 {
-				line(img, px(r.Means[i-1]), py(r.Results[i-1][k].JobsPerHour), x, y, c, 2)
-			}
+		s := chart.Series{Label: kindLabels[kind], Color: kindColors[kind]}
+		for _, i := range order {
+			s.X = append(s.X, r.Means[i])
+			s.Y = append(s.Y, r.Results[i][k].JobsPerHour)
 		}
-		ly := top + 20 + 28*k
-		line(img, width-right+20, ly+5, width-right+50, ly+5, c, 3)
-		text(img, width-right+58, ly, kindLabels[kind], black, 2)
+		c.Series = append(c.Series, s)
 	}
-	return png.Encode(w, img)
-}
-
-// niceAxis returns a round axis maximum ≥ v and a tick step giving 4–8 ticks.
-func niceAxis(v float64) (top, step float64) {
-	if v <= 0 {
-		return 1, 0.25
-	}
-	mag := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, f := range []float64{0.1, 0.2, 0.25, 0.5, 1, 2, 2.5, 5} {
-		step = f * mag
-		if math.Ceil(v/step) <= 8 {
-			break
-		}
-	}
-	return math.Ceil(v/step) * step, step
-}
-
-func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
-	r = r.Intersect(img.Bounds())
-	for y := r.Min.Y; y < r.Max.Y; y++ {
-		for x := r.Min.X; x < r.Max.X; x++ {
-			img.SetRGBA(x, y, c)
-		}
-	}
-}
-
-// line draws a segment of the given thickness (Bresenham with a square pen).
-func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, thick int) {
-	dx, dy := abs(x1-x0), -abs(y1-y0)
-	sx, sy := sign(x1-x0), sign(y1-y0)
-	e := dx + dy
-	for {
-		fill(img, image.Rect(x0-(thick-1)/2, y0-(thick-1)/2, x0+thick/2+1, y0+thick/2+1), c)
-		if x0 == x1 && y0 == y1 {
-			return
-		}
-		e2 := 2 * e
-		if e2 >= dy {
-			e += dy
-			x0 += sx
-		}
-		if e2 <= dx {
-			e += dx
-			y0 += sy
-		}
-	}
-}
-
-func abs(x int) int {
-	if x < 0 {
-		return -x
-	}
-	return x
-}
-
-func sign(x int) int {
-	switch {
-	case x < 0:
-		return -1
-	case x > 0:
-		return 1
-	}
-	return 0
-}
-
-func textWidth(s string, scale int) int { return len(s) * 4 * scale }
-
-// text draws s in the 3×5 font, scaled; unknown characters are blank.
-func text(img *image.RGBA, x, y int, s string, c color.RGBA, scale int) {
-	for i, ch := range strings.ToUpper(s) {
-		g := glyphs[ch]
-		for row := range 5 {
-			for col := range 3 {
-				if len(g) == 15 && g[row*3+col] == '#' {
-					fill(img, image.Rect(x+(i*4+col)*scale, y+row*scale, x+(i*4+col+1)*scale, y+(row+1)*scale), c)
-				}
-			}
-		}
-	}
-}
-
-// glyphs is a 3×5 font: five rows of three pixels, row-major.
-var glyphs = map[rune]string{
-	'0': "####.##.##.####", '1': ".#.##..#..#.###", '2': "###..#####..###", '3': "###..#.##..####",
-	'4': "#.##.####..#..#", '5': "####..###..####", '6': "####..####.####", '7': "###..#.#..#..#.",
-	'8': "####.#####.####", '9': "####.####..####", 'A': ".#.#.#####.##.#", 'B': "##.#.###.#.###.",
-	'C': ".###..#..#...##", 'D': "##.#.##.##.###.", 'E': "####..##.#..###", 'F': "####..##.#..#..",
-	'G': ".###..#.##.#.##", 'H': "#.##.#####.##.#", 'I': "###.#..#..#.###", 'J': "..#..#..##.#.#.",
-	'K': "#.##.###.#.##.#", 'L': "#..#..#..#..###", 'M': "#.########.##.#", 'N': "##.#.##.##.##.#",
-	'O': ".#.#.##.##.#.#.", 'P': "##.#.###.#..#..", 'Q': ".#.#.##.###..##", 'R': "##.#.###.#.##.#",
-	'S': ".###...#...###.", 'T': "###.#..#..#..#.", 'U': "#.##.##.##.####", 'V': "#.##.##.##.#.#.",
-	'W': "#.##.########.#", 'X': "#.##.#.#.#.##.#", 'Y': "#.##.#.#..#..#.", 'Z': "###..#.#.#..###",
-	'.': ".............#.", '/': "..#..#.#.#..#..", '(': ".#.#..#..#...#.", ')': ".#...#..#..#.#.",
-	'-': "......###......", '=': "...###...###...", ':': "....#.....#....", '\'': ".#..#..........",
-	',': "..........#.#..", '%': "#.#..#.#.#..#.#",
+	return c.WritePNG(w)
 }

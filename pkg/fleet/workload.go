@@ -10,7 +10,10 @@ type Job struct {
 	ID int
 	// Arrival is when the job is submitted, in simulated seconds.
 	Arrival float64
-	// Demand is the fraction of one GPU (memory and compute alike) the job needs, in (0, 1].
+	// Memory and Cores are the fractions of one GPU the job needs, in (0, 1].
+	Memory, Cores float64
+	// Demand is max(Memory, Cores): the share of a GPU the job blocks in the
+	// models that do not split memory from compute (fixed partitions, fluid).
 	Demand float64
 	// Runtime is how long the job runs once started, in simulated seconds. It does
 	// not depend on what shares the GPU (the paper's inference jobs are served at
@@ -18,12 +21,21 @@ type Job struct {
 	Runtime float64
 }
 
-// Workload describes a job stream as in KubeShare §5.3.
+func newJob(id int, arrival float64, d Demand, runtime float64) Job {
+	return Job{ID: id, Arrival: arrival, Memory: d.Memory, Cores: d.Cores, Demand: d.Max(), Runtime: runtime}
+}
+
+// Workload describes a job stream as in KubeShare §5.3: Poisson arrivals,
+// exponential run times, demands drawn from Dist.
 type Workload struct {
 	Seed int64
 	// Jobs is the number of jobs in the stream.
 	Jobs int
-	// MeanDemand and SDDemand parametrise the normal GPU demand, clipped to [MinDemand, 1].
+	// Dist draws the demands; nil is Normal(MeanDemand, SDDemand) clipped to
+	// [MinDemand, 1], the paper's.
+	Dist Distribution
+	// MeanDemand is the mean of Demand.Max under Dist (set by Bench for the
+	// report; computed from Dist when zero). With Dist nil it is the normal's mean.
 	MeanDemand, SDDemand float64
 	// MeanRuntime is the mean of the exponential run time, in seconds.
 	MeanRuntime float64
@@ -33,28 +45,50 @@ type Workload struct {
 	// arrival rate = Load × GPUs / (MeanDemand × MeanRuntime). Above 1 every model
 	// saturates, which is where the throughput of the models differs.
 	Load float64
+	// Trace, when set, is the stream itself (ReadTrace); Generate returns it and
+	// the fields above other than Dist's name do not apply.
+	Trace []Job
 }
 
 // MinDemand is the smallest demand a job has after clipping: one percent of the cores.
 const MinDemand = 0.01
 
+// Distribution returns Dist, or the paper's normal when Dist is nil.
+func (w Workload) Distribution() Distribution {
+	if w.Dist != nil {
+		return w.Dist
+	}
+	return Normal{w.MeanDemand, w.SDDemand}
+}
+
+// Mean is MeanDemand, or the distribution's mean when MeanDemand is zero.
+func (w Workload) Mean() float64 {
+	if w.MeanDemand > 0 {
+		return w.MeanDemand
+	}
+	return MeanDemand(w.Distribution())
+}
+
 // ArrivalRate is the Poisson arrival rate in jobs per second.
 func (w Workload) ArrivalRate() float64 {
-	return w.Load * float64(w.GPUs) / (w.MeanDemand * w.MeanRuntime)
+	return w.Load * float64(w.GPUs) / (w.Mean() * w.MeanRuntime)
 }
 
 // Generate draws the stream. The same Workload always yields the same jobs; the
 // stream does not depend on the model it is replayed against.
 func (w Workload) Generate() []Job {
-	rng := rand.New(rand.NewPCG(uint64(w.Seed), math.Float64bits(w.MeanDemand)))
+	if w.Trace != nil {
+		return append([]Job(nil), w.Trace...)
+	}
+	rng := rand.New(rand.NewPCG(uint64(w.Seed), math.Float64bits(w.Mean())))
 	rate := w.ArrivalRate()
+	dist := w.Distribution()
 	jobs := make([]Job, w.Jobs)
 	t := 0.0
 	for i := range jobs {
 		t += rng.ExpFloat64() / rate
-		d := w.MeanDemand + w.SDDemand*rng.NormFloat64()
-		d = min(max(d, MinDemand), 1)
-		jobs[i] = Job{ID: i, Arrival: t, Demand: d, Runtime: rng.ExpFloat64() * w.MeanRuntime}
+		d := dist.Sample(rng)
+		jobs[i] = newJob(i, t, d, rng.ExpFloat64()*w.MeanRuntime)
 	}
 	return jobs
 }

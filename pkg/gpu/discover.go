@@ -90,6 +90,8 @@ func (f Failure) Unwrap() error { return f.Err }
 // GetMemoryInfo, GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode,
 // GetNvLinkState, GetNvLinkRemoteDeviceType, GetNvLinkRemotePciInfo and
 // GetGpuFabricInfo. A mock must implement all of them (see NewMockNode).
+// A lib that also has a PCIeRoot(pciBusID) (string, bool) method (MockNode)
+// gives each GPU its PCIeRoot; over the real NVML it stays empty.
 func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 	driver, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
@@ -104,6 +106,7 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 		return Discovery{}, nvmlError("nvmlDeviceGetCount", ret)
 	}
 	sym := lookupSymbols(lib)
+	roots, _ := lib.(pcieRootSource)
 
 	var d Discovery
 	gpus := make([]GPU, 0, count)
@@ -115,6 +118,9 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 			continue
 		}
 		g, err := describe(dev, sym)
+		if roots != nil && g.PCIBusID != "" {
+			g.PCIeRoot, _ = roots.PCIeRoot(g.PCIBusID)
+		}
 		g.DriverVersion = driver
 		g.CUDADriverVersion = cudaDriverVersion(cudaVersion)
 		if err != nil {
@@ -137,6 +143,12 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 	slices.SortStableFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Minor, b.Minor) })
 	d.GPUs = gpus
 	return d, nil
+}
+
+// pcieRootSource is an NVML that also knows the PCIe topology: the mock
+// nodes. The real NVML has no call for it; sysfs has (SysfsPCIeRoots).
+type pcieRootSource interface {
+	PCIeRoot(pciBusID string) (string, bool)
 }
 
 // failure reports GPU index i, of which g was read before err.

@@ -32,6 +32,12 @@ type GPU struct {
 	MultiprocessorCount int `json:"multiprocessorCount"`
 	// PCIBusID in the canonical lower-case sysfs form "0000:07:00.0".
 	PCIBusID string `json:"pciBusID"`
+	// PCIeRoot is the PCIe root complex the GPU sits under, as sysfs names it
+	// ("pci0000:15"), the value of the standard resource.kubernetes.io/pcieRoot
+	// attribute; empty when discovery does not know it. NVML does not report
+	// it: mock nodes know it from their profile (MockNode.PCIeRoot), real
+	// nodes resolve it from sysfs when the model is built (SysfsPCIeRoots).
+	PCIeRoot string `json:"pcieRoot,omitempty"`
 	// NUMANode is the GPU's NUMA node, nil when unknown.
 	NUMANode *int `json:"numaNode,omitempty"`
 	// MIGEnabled is true when MIG mode is on (such GPUs are not shared by Tessera).

@@ -32,6 +32,12 @@ type mockProfile struct {
 	// buses are the PCI bus numbers of the GPUs in NVML index order; their count
 	// is the GPU count.
 	buses []uint8
+	// roots are the PCIe root complexes of the GPUs in NVML index order, as
+	// sysfs names them ("pci0000:15"): the first component of the GPU's path
+	// under /sys/devices. A root's bus number is below the bus numbers of the
+	// GPUs under it and above those of the GPUs under the previous root, as
+	// the firmware numbers them.
+	roots []string
 	// links is the number of NVLinks per GPU; 0 means a PCIe-only GPU.
 	links int
 	// switches are the PCI bus numbers of the NVSwitches; link l of every GPU
@@ -50,36 +56,59 @@ func hopperStandalone(int) nvml.GpuFabricInfo {
 
 // mockProfiles are the built-in node profiles, by name.
 var mockProfiles = map[string]mockProfile{
-	// DGX A100: 8 SXM4 GPUs, 12 NVLinks each, to 6 NVSwitches.
+	// DGX A100: 8 SXM4 GPUs, 12 NVLinks each, to 6 NVSwitches. Two GPUs
+	// (and their two NICs) per PCIe switch, one switch per root complex of
+	// the two EPYC sockets: GPUs 0-1 under pci0000:00, 2-3 under pci0000:40,
+	// 4-5 under pci0000:80, 6-7 under pci0000:a0.
 	"dgx-a100": {
 		product: "NVIDIA A100-SXM4-40GB", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
 		memoryMiB: 40960, sms: 108, pciDeviceID: 0x20B010DE, mig: true,
 		buses:    []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
+		roots:    pairs("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:a0"),
 		links:    12,
 		switches: []uint8{0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9},
 	},
-	// HGX H100: 8 SXM5 GPUs, 18 NVLinks each, to 4 NVSwitches; no NVLink network.
+	// HGX H100: 8 SXM5 GPUs, 18 NVLinks each, to 4 NVSwitches; no NVLink
+	// network. Two GPUs (and their NICs) per PCIe switch, one switch per root
+	// complex, two per socket: GPUs 0-1 under pci0000:15, 2-3 under
+	// pci0000:4e, 4-5 under pci0000:97, 6-7 under pci0000:cb.
 	"hgx-h100": {
 		product: "NVIDIA H100 80GB HBM3", arch: nvml.DEVICE_ARCH_HOPPER, ccMajor: 9, ccMinor: 0,
 		memoryMiB: 81559, sms: 132, pciDeviceID: 0x233010DE, mig: true,
 		buses:    []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
+		roots:    pairs("pci0000:15", "pci0000:4e", "pci0000:97", "pci0000:cb"),
 		links:    18,
 		switches: []uint8{0x05, 0x06, 0x07, 0x08},
 		fabric:   hopperStandalone,
 	},
-	// Four L4 cards, PCIe only.
+	// Four L4 cards, PCIe only, each in a CPU-attached slot of its own root
+	// complex: pci0000:16, pci0000:30, pci0000:b0, pci0000:c9.
 	"l4x4": {
 		product: "NVIDIA L4", arch: nvml.DEVICE_ARCH_ADA, ccMajor: 8, ccMinor: 9,
 		memoryMiB: 23034, sms: 58, pciDeviceID: 0x27B810DE,
 		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
+		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
 	},
-	// Four A100 PCIe cards, NVLink-bridged in pairs 0-1 and 2-3 (3 bridges, 12 links).
+	// Four A100 PCIe cards, NVLink-bridged in pairs 0-1 and 2-3 (3 bridges,
+	// 12 links), in the slots of the l4x4 node: one root complex per card, so
+	// an NVLink pair spans two roots.
 	"a100-pairs": {
 		product: "NVIDIA A100 80GB PCIe", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
 		memoryMiB: 81920, sms: 108, pciDeviceID: 0x20B510DE, mig: true,
 		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
+		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
 		links: 12,
 	},
+}
+
+// pairs puts two consecutive GPUs under each root: GPUs 2i and 2i+1 under
+// roots[i].
+func pairs(roots ...string) []string {
+	out := make([]string, 0, 2*len(roots))
+	for _, r := range roots {
+		out = append(out, r, r)
+	}
+	return out
 }
 
 // Profiles returns the names of the built-in mock node profiles, sorted.
@@ -96,7 +125,8 @@ func Profiles() []string {
 // Every call Discover makes is implemented; other calls panic, as go-nvml's mocks
 // do. Each mock GPU has a deterministic UUID derived from the profile name and its
 // index, a distinct PCI bus id, NUMA node 0 (first half) or 1 (second half),
-// driver 580.95.05 and CUDA 13.0.
+// driver 580.95.05 and CUDA 13.0, and the PCIe root complex a node of its kind
+// has (see PCIeRoot).
 //
 // The embedded *mock.Interface and the per-GPU Devices are exported so that tests
 // and later features (event injection for health) can replace individual calls.
@@ -108,6 +138,9 @@ type MockNode struct {
 	// Devices are the mock GPUs in NVML index order; DeviceGetHandleByIndex(i)
 	// returns Devices[i].
 	Devices []*mock.Device
+
+	// roots are the PCIe root complexes by canonical bus id.
+	roots map[string]string
 
 	// state backs the test knobs (InjectEvent, SetLost, SetProcesses,
 	// FailDiscovery).
@@ -134,6 +167,22 @@ func NewMockNode(profile string) (*MockNode, error) {
 	return newMockNode(profile, p), nil
 }
 
+// PCIeRoot returns the PCIe root complex of the mock GPU with this bus id
+// (any spelling NVML or sysfs uses), as a real node's sysfs would give it, and
+// false for a bus id of no GPU of the node. The profiles' topologies are those
+// of the real machines: two GPUs per PCIe switch and root complex on the
+// SXM boards (dgx-a100, hgx-h100), one card per root on the PCIe nodes (l4x4,
+// a100-pairs). NVML has no call for it; discovery asks the node directly (see
+// DiscoverNode), and it implements model.PCIeRoots.
+func (n *MockNode) PCIeRoot(pciBusID string) (string, bool) {
+	want, err := normalizePCIBusID(pciBusID)
+	if err != nil {
+		return "", false
+	}
+	root, ok := n.roots[want]
+	return root, ok
+}
+
 // mockSymbols are the optional NVML symbols the mock claims to export.
 var mockSymbols = []string{
 	"nvmlDeviceGetNumaNodeId",
@@ -143,9 +192,13 @@ var mockSymbols = []string{
 
 func newMockNode(name string, p mockProfile) *MockNode {
 	n := len(p.buses)
-	node := &MockNode{Interface: &mock.Interface{}, Profile: name, Devices: make([]*mock.Device, n)}
+	node := &MockNode{Interface: &mock.Interface{}, Profile: name, Devices: make([]*mock.Device, n), roots: map[string]string{}}
 	for i := range n {
 		node.Devices[i] = newMockDevice(name, p, i)
+		if i < len(p.roots) {
+			bus, _ := normalizePCIBusID(nvmlBusID(p.buses[i]))
+			node.roots[bus] = p.roots[i]
+		}
 	}
 
 	extensions := &mock.ExtendedInterface{

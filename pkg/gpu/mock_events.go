@@ -25,6 +25,9 @@ type mockState struct {
 	procs map[int][]nvml.ProcessInfo
 	// failures are the GPUs that fail discovery (see FailDiscovery).
 	failures map[int]mockFailure
+	// activity is the utilization and pod of processes, by GPU and PID
+	// (see SetProcessActivity).
+	activity map[int]map[uint32]mockActivity
 }
 
 // mockEventSet is what NVML keeps for one nvmlEventSet: which GPUs deliver
@@ -45,7 +48,9 @@ type mockDelivery struct {
 const mockEventQueue = 256
 
 func (n *MockNode) installEvents() {
-	n.state = &mockState{sets: map[*mock.EventSet]*mockEventSet{}, lost: map[int]bool{}, procs: map[int][]nvml.ProcessInfo{}}
+	n.state = &mockState{sets: map[*mock.EventSet]*mockEventSet{}, lost: map[int]bool{}, procs: map[int][]nvml.ProcessInfo{},
+		activity: map[int]map[uint32]mockActivity{}}
+	n.installActivity()
 	m := n.Interface
 	m.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		set := &mock.EventSet{}
@@ -82,6 +87,9 @@ func (n *MockNode) installEvents() {
 			}
 			mem.Free = mem.Total - min(mem.Used, mem.Total)
 			return mem, ret
+		}
+		d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			return n.processUtilization(i, uint64(time.Now().UnixMicro()))
 		}
 		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 			if n.isLost(i) {

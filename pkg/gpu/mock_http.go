@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // FaultHandler is an HTTP test knob over the node's event injection, for
@@ -20,6 +21,9 @@ import (
 //	                                      from call, default nvmlDeviceGetMemoryInfo;
 //	                                      see FailDiscovery) from the next
 //	                                      rediscovery on / describes again
+//	/mock/process?gpu=<index>&pid=<pid>[&pod=<uid>][&sm=<percent>][&memory=<bytes>][&remove=true]
+//	                                      a compute process of a pod on the GPU
+//	                                      (see SetProcessActivity)
 //
 // The answer says how many event sets received the event.
 func (n *MockNode) FaultHandler() http.Handler {
@@ -77,6 +81,40 @@ func (n *MockNode) FaultHandler() http.Handler {
 			ret = nvml.ERROR_UNKNOWN
 		}
 		return fmt.Sprintf("GPU %d fails discovery (%s)=%v", i, call, fail), n.FailDiscovery(i, call, ret)
+	})
+	handle("/mock/process", func(i int, r *http.Request) (string, error) {
+		q := r.URL.Query()
+		pid, err := strconv.ParseUint(q.Get("pid"), 10, 32)
+		if err != nil || pid == 0 {
+			return "", fmt.Errorf("pid=%q: want a process id", q.Get("pid"))
+		}
+		num := func(name string, bits int) (uint64, error) {
+			if q.Get(name) == "" {
+				return 0, nil
+			}
+			v, err := strconv.ParseUint(q.Get(name), 10, bits)
+			if err != nil {
+				return 0, fmt.Errorf("%s=%q: want a number", name, q.Get(name))
+			}
+			return v, nil
+		}
+		sm, err := num("sm", 32)
+		if err != nil {
+			return "", err
+		}
+		memory, err := num("memory", 64)
+		if err != nil {
+			return "", err
+		}
+		remove := q.Get("remove") == "true"
+		pod := types.UID(q.Get("pod"))
+		if err := n.SetProcessActivity(i, uint32(pid), pod, uint32(sm), memory, remove); err != nil {
+			return "", err
+		}
+		if remove {
+			return fmt.Sprintf("process %d removed from GPU %d", pid, i), nil
+		}
+		return fmt.Sprintf("process %d of pod %q on GPU %d: SM %d%%, %d bytes", pid, pod, i, sm, memory), nil
 	})
 	return mux
 }

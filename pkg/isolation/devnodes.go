@@ -28,12 +28,23 @@ type DevNodes interface {
 // driver installed on the host, e.g. /run/nvidia/driver for a containerized
 // one).
 type HostDevNodes struct {
+	// DriverRoot is the driver's root as the plugin sees it (the chart
+	// mounts the host's driver root at /driver-root); the nodes are read
+	// there.
 	DriverRoot string
+	// HostDriverRoot is the same directory on the host, where the container
+	// runtime looks: the nodes' hostPath is under it, never under the
+	// plugin's mount. Empty: DriverRoot (the plugin runs on the host).
+	HostDriverRoot string
 }
 
 // Nodes implements [DevNodes]. A missing node is an error naming it: a
 // container without its GPU node would fail in a confusing way later.
 func (h HostDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
+	hostRoot := h.HostDriverRoot
+	if hostRoot == "" {
+		hostRoot = h.DriverRoot
+	}
 	var out []*cdispec.DeviceNode
 	for _, name := range nodeNames(minor) {
 		host := filepath.Join(h.DriverRoot, "dev", name)
@@ -47,7 +58,7 @@ func (h HostDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
 		rdev := uint64(st.Rdev) //nolint:unconvert // uint32 on some platforms
 		out = append(out, &cdispec.DeviceNode{
 			Path:     "/dev/" + name,
-			HostPath: host,
+			HostPath: filepath.Join(hostRoot, "dev", name),
 			Type:     "c",
 			Major:    int64(unix.Major(rdev)),
 			Minor:    int64(unix.Minor(rdev)),

@@ -1,6 +1,6 @@
 // Package isolation turns the GPUs of one prepared claim, their limits and the
-// claim's isolation backend into the container edits of its CDI spec, and runs
-// the MPS control daemons that the MPS backend needs.
+// claim's isolation backend into the container edits of its CDI spec, and
+// keeps count of who holds the MPS control daemons that the MPS backend needs.
 //
 // The edits are pure functions ([DeviceEdits], [BackendEdits],
 // [DeviceNodeEdits]) of their input: same input, same edits, no I/O.
@@ -32,8 +32,10 @@
 //   - Advisory: TF_FORCE_GPU_ALLOW_GROWTH=true (nothing enforces the limit).
 //   - MPS: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,
 //     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,
-//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>, and the GPU's daemon pipe
-//     and log directories mounted at /tmp/nvidia-mps and /var/log/nvidia-mps.
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>, the GPU's daemon pipe
+//     directory mounted read-only at /tmp/nvidia-mps and its shared-memory
+//     directory at /dev/shm (never its logs). The daemon runs in a pod of
+//     its own (pkg/mpsdaemon); see docs/mps.md.
 //   - HAMiCore: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m,
 //     CUDA_DEVICE_SM_LIMIT=<percent>, the host's libvgpu.so mounted read-only
 //     at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload naming it.

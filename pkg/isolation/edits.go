@@ -12,10 +12,6 @@ import (
 
 // Container paths the backends use.
 const (
-	// MPSPipeContainerDir is where a container finds its MPS daemon's pipes.
-	MPSPipeContainerDir = "/tmp/nvidia-mps"
-	// MPSLogContainerDir is where a container finds its MPS daemon's logs.
-	MPSLogContainerDir = "/var/log/nvidia-mps"
 	// HAMiCoreContainerLibrary is where HAMi-core's library is mounted.
 	HAMiCoreContainerLibrary = "/usr/local/vgpu/libvgpu.so"
 	// PreloadContainerFile is the dynamic loader's preload list.
@@ -28,8 +24,12 @@ type GPU struct {
 	// Minor is the GPU's device minor (the N of gpu-N); the per-GPU
 	// variables are named after it.
 	Minor int
-	// Shared is true for a share (device gpu-N-shared); limits apply only then.
+	// Shared is true for a share (device gpu-N-shared or gpu-N-lent);
+	// limits apply only then.
 	Shared bool
+	// Preemptible is true for a borrower's share of a lent GPU
+	// (gpu-N-lent): the container sees TESSERA_PREEMPTIBLE=true.
+	Preemptible bool
 	// MemoryLimit is the share's memory limit in bytes.
 	MemoryLimit int64
 	// CoresLimit is the share's compute limit in percent (1..100).
@@ -59,6 +59,8 @@ func (g GPU) check() error {
 //	TESSERA_GPU_<minor>=<uuid>
 //	TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes>   shares only
 //	TESSERA_GPU_<minor>_CORES_LIMIT=<percent>  shares only
+//	TESSERA_PREEMPTIBLE=true          a borrower's share of a lent GPU: it is
+//	                                  evicted when the GPU's owner needs it
 //
 // With legacyRuntime (a real node without the NVIDIA toolkit's CDI device
 // for the GPU) NVIDIA_VISIBLE_DEVICES is the GPU's UUID instead, so that a
@@ -84,6 +86,10 @@ func DeviceEdits(g GPU, legacyRuntime bool) (cdispec.ContainerEdits, error) {
 			prefix+"_MEMORY_LIMIT="+itoa(g.MemoryLimit),
 			prefix+"_CORES_LIMIT="+itoa(g.CoresLimit))
 	}
+	if g.Preemptible {
+		// The same value on every device, so it composes.
+		env = append(env, "TESSERA_PREEMPTIBLE=true")
+	}
 	return cdispec.ContainerEdits{Env: env}, nil
 }
 
@@ -103,6 +109,12 @@ type Claim struct {
 	// HAMiCore is the node's HAMi-core installation (HAMiCore only). It must
 	// have passed [HAMiCore.Check].
 	HAMiCore HAMiCore
+	// HAMiCoreClaimDir is the host directory of the claim's HAMi-core shared
+	// region, [HAMiCore.ClaimDir] (HAMiCore only).
+	HAMiCoreClaimDir string
+	// DriverMemory is the node's driver-enforced memory limits
+	// (DriverMemory only); [DriverMemory.Check] must pass.
+	DriverMemory DriverMemory
 }
 
 // BackendEdits returns the isolation backend's edits for the claim's shares;
@@ -116,7 +128,20 @@ type Claim struct {
 // A container that references other GPUs besides still gets their device
 // nodes and TESSERA_GPU_* variables, but CUDA hides them; two enforced shares
 // in one container leave CUDA the last one, whose variables all win together.
-// The limits never apply to the wrong GPU.
+// The limits never apply to the wrong GPU, with one exception that is
+// HAMi-core's: it takes CUDA device 0 for NVML index 0 (the UUID in
+// CUDA_VISIBLE_DEVICES parses as 0), and NVML in the container enumerates
+// all of its GPUs in PCI bus order, so in a container that also holds a GPU
+// with a lower bus id HAMi-core's utilization watcher (its compute
+// throttling) reads that GPU. Admission sees claims, not pods, and cannot
+// warn; docs/ARCHITECTURE.md says what to do.
+//
+// What the limits cover is per process or per container, not per claim:
+// MPS limits each client process (N CUDA processes may pin N times the
+// memory), DriverMemory each container's cgroup (a claim used by two
+// containers gets twice the memory), and HAMi-core counts a claim's usage
+// per PID namespace (processes of two pods, or of two containers without
+// shareProcessNamespace, overwrite each other's slots).
 func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	if len(c.GPUs) == 0 {
 		return cdispec.ContainerEdits{}, errors.New("no GPUs")
@@ -139,10 +164,10 @@ func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	case configapi.IsolationAdvisory, "":
 		edits.Env = append(edits.Env, "TF_FORCE_GPU_ALLOW_GROWTH=true")
 		return edits, nil
-	case configapi.IsolationMPS, configapi.IsolationHAMiCore:
+	case configapi.IsolationMPS, configapi.IsolationHAMiCore, configapi.IsolationDriverMemory:
 	default:
-		return cdispec.ContainerEdits{}, fmt.Errorf("unknown isolation %q (want %s, %s or %s)", c.Isolation,
-			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
+		return cdispec.ContainerEdits{}, fmt.Errorf("unknown isolation %q (want %s)", c.Isolation,
+			configapi.FormatIsolations(configapi.SupportedIsolations))
 	}
 	if len(c.GPUs) != 1 {
 		return cdispec.ContainerEdits{}, fmt.Errorf("isolation %s: the claim has %d GPUs; an %s claim must be exactly one share (its limits are per process, for the one GPU CUDA uses)", c.Isolation, len(c.GPUs), c.Isolation)
@@ -150,27 +175,28 @@ func BackendEdits(c Claim) (cdispec.ContainerEdits, error) {
 	g := c.GPUs[0]
 	edits.Env = append(edits.Env, "CUDA_VISIBLE_DEVICES="+g.UUID)
 	if c.Isolation == configapi.IsolationMPS {
-		if c.MPS.PipeDir == "" || c.MPS.LogDir == "" {
-			return cdispec.ContainerEdits{}, errors.New("isolation MPS: no MPS daemon for the share")
+		mps, err := mpsEdits(g, c.MPS)
+		if err != nil {
+			return cdispec.ContainerEdits{}, err
 		}
-		edits.Env = append(edits.Env,
-			"CUDA_MPS_PIPE_DIRECTORY="+MPSPipeContainerDir,
-			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="+itoa(g.MemoryLimit>>20)+"M",
-			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+itoa(g.CoresLimit))
-		edits.Mounts = append(edits.Mounts,
-			bindMount(c.MPS.PipeDir, MPSPipeContainerDir, "rw"),
-			bindMount(c.MPS.LogDir, MPSLogContainerDir, "rw"))
+		edits.Env = append(edits.Env, mps.Env...)
+		edits.Mounts = append(edits.Mounts, mps.Mounts...)
 		return edits, nil
 	}
-	if c.HAMiCore.Library == "" || c.HAMiCore.PreloadFile == "" {
-		return cdispec.ContainerEdits{}, errors.New("isolation HAMiCore: HAMi-core is not configured on this node (--hami-core-library is empty)")
+	var backend cdispec.ContainerEdits
+	var err error
+	switch c.Isolation {
+	case configapi.IsolationHAMiCore:
+		backend, err = hamiCoreEdits(g, c.HAMiCore, c.HAMiCoreClaimDir)
+	case configapi.IsolationDriverMemory:
+		backend, err = driverMemoryEdits(g, c.DriverMemory)
 	}
-	edits.Env = append(edits.Env,
-		"CUDA_DEVICE_MEMORY_LIMIT_0="+itoa(g.MemoryLimit>>20)+"m",
-		"CUDA_DEVICE_SM_LIMIT="+itoa(g.CoresLimit))
-	edits.Mounts = append(edits.Mounts,
-		bindMount(c.HAMiCore.Library, HAMiCoreContainerLibrary, "ro"),
-		bindMount(c.HAMiCore.PreloadFile, PreloadContainerFile, "ro"))
+	if err != nil {
+		return cdispec.ContainerEdits{}, err
+	}
+	edits.Env = append(edits.Env, backend.Env...)
+	edits.Mounts = append(edits.Mounts, backend.Mounts...)
+	edits.Hooks = append(edits.Hooks, backend.Hooks...)
 	return edits, nil
 }
 

@@ -5,21 +5,46 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// Container paths of the HAMiCore backend.
+const (
+	// HAMiCoreContainerSharedDir is where a HAMiCore container finds its
+	// claim's own directory: HAMi-core's shared region (the usage of every
+	// process of the claim, in all its containers, counted against one
+	// limit) and its lock file. HAMi-core takes the lock at
+	// /tmp/vgpulock/lock (releases before 2026-02 use it to serialize the
+	// host-PID detection of a new context), so the directory is mounted
+	// there and the region file named inside it.
+	HAMiCoreContainerSharedDir = "/tmp/vgpulock"
+	// HAMiCoreContainerSharedRegion is the value of
+	// CUDA_DEVICE_MEMORY_SHARED_CACHE: HAMi-core's shared region file.
+	HAMiCoreContainerSharedRegion = HAMiCoreContainerSharedDir + "/cudevshr.cache"
 )
 
 // HAMiCore is the node's installation of HAMi-core, the library that enforces
 // a share's memory and SM limits by intercepting the CUDA driver API.
 type HAMiCore struct {
-	// Library is the host path of libvgpu.so (flag --hami-core-library).
+	// Library is the host path of libvgpu.so (flag --hami-core-library);
+	// the chart's hamiCore.image installs it there.
 	Library string
 	// PreloadFile is the host path of the ld.so.preload file mounted into
 	// containers; [WritePreloadFile] creates it.
 	PreloadFile string
+	// ClaimRoot is the host directory that holds one directory per prepared
+	// HAMiCore claim ([HAMiCore.ClaimDir]), mounted read-write into the
+	// claim's containers only: two claims never share HAMi-core's region.
+	ClaimRoot string
 }
 
 // Check fails closed: it returns an error naming the path and the flag unless
-// the library and the preload file are regular files. A share that asks for
-// HAMiCore must not run unlimited because the library is missing.
+// the library and the preload file are regular files and there is a claim
+// root. A share that asks for HAMiCore must not run unlimited because the
+// library is missing.
 func (h HAMiCore) Check() error {
 	if h.Library == "" {
 		return errors.New("isolation HAMiCore: HAMi-core is not configured on this node (--hami-core-library is empty)")
@@ -33,7 +58,104 @@ func (h HAMiCore) Check() error {
 	if err := regularFile(h.PreloadFile); err != nil {
 		return fmt.Errorf("isolation HAMiCore: preload file %s: %w", h.PreloadFile, err)
 	}
+	if h.ClaimRoot == "" {
+		return errors.New("isolation HAMiCore: no directory for the claims' shared regions")
+	}
 	return nil
+}
+
+// ClaimDir is the host directory of the claim's HAMi-core shared region. It
+// depends only on the claim's UID, so a spec rebuilt from a claim's record
+// names the same directory.
+func (h HAMiCore) ClaimDir(claimUID types.UID) string {
+	if h.ClaimRoot == "" || claimUID == "" {
+		return ""
+	}
+	return filepath.Join(h.ClaimRoot, string(claimUID))
+}
+
+// CreateClaimDir creates the claim's directory (idempotent). It is world
+// writable (mode 1777, like /tmp) because the container's processes, of any
+// user, create the region file in it; only the claim's containers mount it.
+func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
+	dir := h.ClaimDir(claimUID)
+	if dir == "" {
+		return errors.New("isolation HAMiCore: no directory for the claim's shared region")
+	}
+	if strings.ContainsAny(string(claimUID), "/\x00") || claimUID == "." || claimUID == ".." {
+		return fmt.Errorf("isolation HAMiCore: claim UID %q cannot name a directory", claimUID)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("isolation HAMiCore: create %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("isolation HAMiCore: chmod %s: %w", dir, err)
+	}
+	return nil
+}
+
+// RemoveClaimDir removes the claim's directory and what HAMi-core left in it.
+// A missing directory, or no claim root, is not an error.
+func (h HAMiCore) RemoveClaimDir(claimUID types.UID) error {
+	dir := h.ClaimDir(claimUID)
+	if dir == "" || strings.ContainsAny(string(claimUID), "/\x00") || claimUID == "." || claimUID == ".." {
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// hamiCoreEdits are the HAMiCore edits of the claim's one share g, whose
+// shared region is in the host directory claimDir ([HAMiCore.ClaimDir]):
+//
+//	CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m   HAMi-core's limit of device 0
+//	CUDA_DEVICE_SM_LIMIT_0=<percent>    its SM utilization limit of device 0
+//	CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpulock/cudevshr.cache
+//	libvgpu.so  → /usr/local/vgpu/libvgpu.so (read-only, the file only)
+//	ld.so.preload → /etc/ld.so.preload        (read-only, the file only)
+//	claimDir    → /tmp/vgpulock               (read-write)
+//
+// HAMi-core keeps its limits in arrays indexed by the device's index as
+// CUDA_VISIBLE_DEVICES maps it (utils.c parse_cuda_visible_env; a UUID
+// entry maps to 0) and reads CUDA_DEVICE_*_LIMIT_<i> for index i before the
+// unsuffixed variable, which is its fallback for every device. The claim's
+// device sets CUDA_VISIBLE_DEVICES to the share's GPU, so the share is index
+// 0. Its memory parser takes a number with a k, m or g suffix (KiB, MiB,
+// GiB); limits are whole MiB, rounded down. Only files are mounted, never a
+// directory of the image's library path, so the image's own libc stays
+// visible.
+//
+// The shared region has a slot per process, keyed by getpid() in the
+// process's own PID namespace: two containers of a pod without
+// shareProcessNamespace, or two pods, that use the claim can have processes
+// with the same PID that overwrite each other's slot, so the claim's usage
+// is undercounted and its limit does not hold. The webhook warns about a
+// HAMiCore ResourceClaim; docs/ARCHITECTURE.md says what to do.
+func hamiCoreEdits(g GPU, h HAMiCore, claimDir string) (cdispec.ContainerEdits, error) {
+	if h.Library == "" || h.PreloadFile == "" {
+		return cdispec.ContainerEdits{}, errors.New("isolation HAMiCore: HAMi-core is not configured on this node (--hami-core-library is empty)")
+	}
+	if claimDir == "" {
+		return cdispec.ContainerEdits{}, errors.New("isolation HAMiCore: no directory for the claim's shared region")
+	}
+	mib := g.MemoryLimit >> 20
+	if mib < 1 {
+		return cdispec.ContainerEdits{}, fmt.Errorf("isolation HAMiCore: share on GPU %s: memory limit %d bytes is less than 1 MiB", g.UUID, g.MemoryLimit)
+	}
+	return cdispec.ContainerEdits{
+		Env: []string{
+			"CUDA_DEVICE_MEMORY_LIMIT_0=" + itoa(mib) + "m",
+			"CUDA_DEVICE_SM_LIMIT_0=" + itoa(g.CoresLimit),
+			"CUDA_DEVICE_MEMORY_SHARED_CACHE=" + HAMiCoreContainerSharedRegion,
+		},
+		Mounts: []*cdispec.Mount{
+			bindMount(h.Library, HAMiCoreContainerLibrary, "ro"),
+			bindMount(h.PreloadFile, PreloadContainerFile, "ro"),
+			bindMount(claimDir, HAMiCoreContainerSharedDir, "rw"),
+		},
+	}, nil
 }
 
 func regularFile(path string) error {

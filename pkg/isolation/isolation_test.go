@@ -1,72 +1,15 @@
 package isolation
 
 import (
-	"context"
-	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
-
-// TestMPSRefcount: one daemon per GPU, started by the first holder and
-// stopped after the last; acquire and release are idempotent per claim.
-func TestMPSRefcount(t *testing.T) {
-	ctx := context.Background()
-	r := NewFakeRunner()
-	m := NewMPS("/run/mps", r)
-	for _, c := range []types.UID{"a", "b", "a"} {
-		d, err := m.Acquire(ctx, "GPU-1", c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.PipeDir != filepath.Join("/run/mps", "GPU-1", "pipe") || d.LogDir != filepath.Join("/run/mps", "GPU-1", "log") {
-			t.Errorf("daemon dirs %+v", d)
-		}
-	}
-	if s, _ := r.Counts(); s != 1 {
-		t.Errorf("started %d daemons, want 1", s)
-	}
-	for _, c := range []types.UID{"a", "a", "unknown"} {
-		if err := m.Release(ctx, "GPU-1", c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if running, _ := r.Running(ctx); len(running) != 1 {
-		t.Errorf("daemon stopped while b holds it")
-	}
-	if err := m.Release(ctx, "GPU-1", "b"); err != nil {
-		t.Fatal(err)
-	}
-	if s, st := r.Counts(); s != 1 || st != 1 {
-		t.Errorf("starts/stops %d/%d, want 1/1", s, st)
-	}
-
-	// A failed start leaves no holder.
-	r.FailStarts(errors.New("no binary"))
-	if _, err := m.Acquire(ctx, "GPU-2", "c"); err == nil {
-		t.Fatal("acquire succeeded without daemon")
-	}
-	if len(m.Holders()) != 0 {
-		t.Errorf("holders after failed start: %v", m.Holders())
-	}
-	r.FailStarts(nil)
-
-	// Restore: held daemons run, orphans stop.
-	_ = r.Start(ctx, m.Daemon("GPU-orphan"))
-	if err := m.Restore(ctx, map[string][]types.UID{"GPU-3": {"d"}}, true); err != nil {
-		t.Fatal(err)
-	}
-	running, _ := r.Running(ctx)
-	if diff := cmp.Diff([]string{"GPU-3"}, running); diff != "" {
-		t.Errorf("running after restore (-want +got):\n%s", diff)
-	}
-}
 
 func TestBackendEditsErrors(t *testing.T) {
 	shareGPU := GPU{UUID: "GPU-1", Shared: true, MemoryLimit: 1 << 30, CoresLimit: 10}

@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
 
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -112,6 +113,9 @@ type Metrics struct {
 	unprepareSeconds prometheus.Histogram
 	prepareErrors    prometheus.Counter
 	unprepareErrors  prometheus.Counter
+	statusErrors     prometheus.Counter
+	// lending is set by AddLending.
+	lending *lendingMetrics
 }
 
 // New registers the prepare/unprepare and process collectors for node on a
@@ -138,8 +142,13 @@ func New(node string) *Metrics {
 		unprepareErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tessera_unprepare_errors_total", Help: "Resource claims whose unprepare failed.", ConstLabels: constLabels,
 		}),
+		statusErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tessera_claim_status_write_errors_total", Help: "Writes of a claim's status.devices (the attestation of a prepared " +
+				"claim, or the reason a prepare failed) that the API server did not take; the prepare's outcome is not affected.",
+			ConstLabels: constLabels,
+		}),
 	}
-	reg.MustRegister(m.prepareSeconds, m.unprepareSeconds, m.prepareErrors, m.unprepareErrors,
+	reg.MustRegister(m.prepareSeconds, m.unprepareSeconds, m.prepareErrors, m.unprepareErrors, m.statusErrors,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -173,6 +182,15 @@ func (m *Metrics) ObserveUnprepare(d time.Duration, err error) {
 	}
 }
 
+// ObserveStatusWrite records one write of a claim's status.devices. Safe on
+// a nil *Metrics.
+func (m *Metrics) ObserveStatusWrite(err error) {
+	if m == nil || err == nil {
+		return
+	}
+	m.statusErrors.Inc()
+}
+
 // Handler serves the registry in the Prometheus text (or OpenMetrics) format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
@@ -184,7 +202,7 @@ type stateCollector struct {
 	usage *Usage
 
 	gpuInfo, gpuMemory, gpuCores, gpuAllocMemory, gpuAllocCores, gpuShares, gpuHealthy *prometheus.Desc
-	claimMemory, claimCores, claimMemoryLimit, claimCoresLimit                         *prometheus.Desc
+	claimMemory, claimCores, claimMemoryLimit, claimCoresLimit, claimLimitEnforced     *prometheus.Desc
 	podMemory                                                                          *prometheus.Desc
 }
 
@@ -219,6 +237,9 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 			"(shares only; may be lower than what the share holds)."+perResult, claimLabels, c),
 		claimCoresLimit: prometheus.NewDesc("tessera_claim_cores_limit", "Compute limit (percent) of a prepared share in the container "+
 			"(shares only; may differ from what the share holds)."+perResult, claimLabels, c),
+		claimLimitEnforced: prometheus.NewDesc("tessera_claim_limit_enforced", "1 when the isolation backend of a prepared share "+
+			"enforces its limit (label limit: memory or cores), 0 when the limit is only advertised to the container (Advisory). "+
+			"The claim's status.devices[].data (GpuAttestation) says the same."+perResult, append(slices.Clone(claimLabels), "limit"), c),
 		podMemory: prometheus.NewDesc("tessera_pod_gpu_memory_used_bytes", "GPU memory used by the processes of a pod (NVML per-process accounting). "+
 			"Processes outside any known pod are summed with empty namespace and pod.", []string{"namespace", "pod", "pod_uid", "gpu", "uuid"}, c),
 	}
@@ -226,7 +247,7 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.gpuInfo, c.gpuMemory, c.gpuCores, c.gpuAllocMemory, c.gpuAllocCores,
-		c.gpuShares, c.gpuHealthy, c.claimMemory, c.claimCores, c.claimMemoryLimit, c.claimCoresLimit, c.podMemory} {
+		c.gpuShares, c.gpuHealthy, c.claimMemory, c.claimCores, c.claimMemoryLimit, c.claimCoresLimit, c.claimLimitEnforced, c.podMemory} {
 		ch <- d
 	}
 }
@@ -237,6 +258,7 @@ type claimValues struct {
 	memory, cores           int64
 	memoryLimit, coresLimit int64
 	shared                  bool
+	enforced                configapi.EnforcedLimits
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -283,6 +305,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			v.cores += held.Cores
 			if d.Shared && !d.AdminAccess {
 				v.shared = true
+				v.enforced = configapi.Enforces(configapi.Isolation(d.Isolation))
 				v.memoryLimit += d.MemoryLimit
 				v.coresLimit += d.CoresLimit
 			}
@@ -295,6 +318,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if v.shared {
 			gauge(ch, c.claimMemoryLimit, float64(v.memoryLimit), v.labels...)
 			gauge(ch, c.claimCoresLimit, float64(v.coresLimit), v.labels...)
+			gauge(ch, c.claimLimitEnforced, boolValue(v.enforced.Memory), append(slices.Clone(v.labels), "memory")...)
+			gauge(ch, c.claimLimitEnforced, boolValue(v.enforced.Cores), append(slices.Clone(v.labels), "cores")...)
 		}
 	}
 
@@ -319,6 +344,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(ch, c.podMemory, float64(u.UsedBytes), u.Namespace, u.Pod, string(u.PodUID), "gpu-"+strconv.Itoa(u.Minor), u.UUID)
 		}
 	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {

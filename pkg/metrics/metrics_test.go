@@ -121,11 +121,18 @@ func TestMetrics(t *testing.T) {
 	m.ObservePrepare(3*time.Millisecond, nil)
 	m.ObservePrepare(7*time.Millisecond, errors.New("boom"))
 	m.ObserveUnprepare(time.Millisecond, nil)
+	m.ObserveStatusWrite(nil)
+	m.ObserveStatusWrite(errors.New("forbidden"))
 
 	text := scrape(t, m)
 	g0 := `gpu="gpu-0",node="node-a",uuid="` + uuid0 + `"`
 	g1 := `gpu="gpu-1",node="node-a",uuid="` + uuid1 + `"`
 	a := `claim="a",device="gpu-0-shared",gpu="gpu-0",isolation="MPS",namespace="ml",node="node-a",pod="train-0",request="gpu",share="s1",uid="c1",uuid="` + uuid0 + `"`
+	b := `claim="b",device="gpu-0-shared",gpu="gpu-0",isolation="Advisory",namespace="ml",node="node-a",pod="",request="gpu",share="s2",uid="c2",uuid="` + uuid0 + `"`
+	// withLimit adds the label limit to a claim series' labels, in order.
+	withLimit := func(labels, limit string) string {
+		return strings.Replace(labels, `,namespace=`, `,limit="`+limit+`",namespace=`, 1)
+	}
 	w := `claim="w",device="gpu-1",gpu="gpu-1",isolation="",namespace="ml",node="node-a",pod="",request="gpu",share="",uid="c3",uuid="` + uuid1 + `"`
 	mustContain(t, text,
 		`tessera_gpu_info{gpu="gpu-0",node="node-a",product="NVIDIA L4",uuid="`+uuid0+`"} 1`,
@@ -142,6 +149,11 @@ func TestMetrics(t *testing.T) {
 		`tessera_claim_memory_limit_bytes{`+a+`} 4.294967296e+09`,
 		`tessera_claim_cores_limit{`+a+`} 50`,
 		`tessera_claim_cores{`+a+`} 25`,
+		`tessera_claim_limit_enforced{`+withLimit(a, "memory")+`} 1`,
+		`tessera_claim_limit_enforced{`+withLimit(a, "cores")+`} 1`,
+		`tessera_claim_limit_enforced{`+withLimit(b, "memory")+`} 0`,
+		`tessera_claim_limit_enforced{`+withLimit(b, "cores")+`} 0`,
+		`tessera_claim_status_write_errors_total{node="node-a"} 1`,
 		`tessera_claim_memory_bytes{`+w+`} 2.4152899584e+10`,
 		`tessera_claim_cores{`+w+`} 100`,
 		`tessera_prepare_duration_seconds_count{node="node-a"} 2`,
@@ -152,8 +164,10 @@ func TestMetrics(t *testing.T) {
 		`tessera_pod_gpu_memory_used_bytes{gpu="gpu-0",namespace="",node="node-a",pod="",pod_uid="`+podB+`",uuid="`+uuid0+`"} 2.147483648e+09`,
 		`tessera_pod_gpu_memory_used_bytes{gpu="gpu-0",namespace="",node="node-a",pod="",pod_uid="",uuid="`+uuid0+`"} 1.048576e+08`,
 	)
-	if strings.Contains(text, `tessera_claim_memory_limit_bytes{claim="w"`) {
-		t.Error("a whole GPU has a limit series")
+	for _, name := range []string{"tessera_claim_memory_limit_bytes", "tessera_claim_limit_enforced"} {
+		if strings.Contains(text, name+`{claim="w"`) {
+			t.Errorf("a whole GPU has a %s series", name)
+		}
 	}
 	if t.Failed() {
 		t.Log(text)

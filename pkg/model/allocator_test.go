@@ -13,10 +13,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
@@ -26,55 +24,13 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 )
 
-// schedulerFeatures are the allocator features kube-scheduler 1.37 enables with
-// its default feature gates (see AllocatorFeatures in the scheduler's
-// dynamicresources plugin and pkg/features/kube_features.go):
-//
-//   - GA: DRAAdminAccess, DRAPrioritizedList, DRADeviceTaints,
-//     DRAResourceClaimDeviceStatus;
-//   - beta, on by default: DRAPartitionableDevices, DRAConsumableCapacity,
-//     DRADeviceBindingConditions (DeviceBindingAndStatus needs it and
-//     DRAResourceClaimDeviceStatus), DRAFractionalCapacityRange (beta and on in 1.37);
-//   - alpha, off: DRADeviceCompatibilityGroups, DRADerivedAttributes,
-//     DRAListTypeAttributes, DRAOptionalNodeOperations — left out.
-//
-// This is exactly the feature set of the allocator's "incubating" implementation,
-// which is therefore the one the scheduler runs and these tests exercise.
-var schedulerFeatures = structured.Features{
-	AdminAccess:             true,
-	ConsumableCapacity:      true,
-	DeviceBindingAndStatus:  true,
-	DeviceTaints:            true,
-	FractionalCapacityRange: true,
-	PartitionableDevices:    true,
-	PrioritizedList:         true,
-}
-
-// classLister serves DeviceClasses() to the allocator.
-type classLister map[string]*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
-	out := make([]*resourceapi.DeviceClass, 0, len(l))
-	for _, c := range l {
-		out = append(out, c)
-	}
-	return out, nil
-}
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	if c, ok := l[name]; ok {
-		return c, nil
-	}
-	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}, name)
-}
-
 // testNode is one node as the scheduler sees it: its published ResourceSlices and
 // the allocated state gathered from the claims allocated on it.
 type testNode struct {
 	t       testing.TB
 	node    *v1.Node
 	slices  []*resourceapi.ResourceSlice
-	classes classLister
+	classes ClassLister
 	cel     *cel.Cache
 	state   structured.AllocatedState
 	// claims holds the allocated claims by name, with status.allocation set.
@@ -100,7 +56,7 @@ func newTestNode(t testing.TB, gpus []gpu.GPU, opts ...Option) *testNode {
 	n := &testNode{
 		t:       t,
 		node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-1-uid"}},
-		classes: classLister{},
+		classes: ClassLister{},
 		cel:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}),
 		state: structured.AllocatedState{
 			AllocatedDevices:         sets.New[structured.DeviceID](),
@@ -124,7 +80,7 @@ func newTestNode(t testing.TB, gpus []gpu.GPU, opts ...Option) *testNode {
 // tryAllocate runs the allocator for one pending claim on this node, as the
 // scheduler's Filter does. It returns nil, nil when the claim does not fit.
 func (n *testNode) tryAllocate(claim *resourceapi.ResourceClaim) (*resourceapi.AllocationResult, error) {
-	alloc, err := structured.NewAllocator(context.Background(), schedulerFeatures, n.state, n.classes, n.slices, n.cel)
+	alloc, err := structured.NewAllocator(context.Background(), SchedulerFeatures, n.state, n.classes, n.slices, n.cel)
 	if err != nil {
 		return nil, fmt.Errorf("NewAllocator: %w", err)
 	}

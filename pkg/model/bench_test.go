@@ -31,7 +31,7 @@ func BenchmarkAllocate(b *testing.B) {
 			{"whole", wholeClaim("new", 1)},
 		} {
 			b.Run(fmt.Sprintf("%s/existing-shares=%d", claim.kind, existing), func(b *testing.B) {
-				alloc, err := structured.NewAllocator(context.Background(), schedulerFeatures, n.state, n.classes, n.slices, n.cel)
+				alloc, err := structured.NewAllocator(context.Background(), SchedulerFeatures, n.state, n.classes, n.slices, n.cel)
 				if err != nil {
 					b.Fatalf("NewAllocator: %v", err)
 				}

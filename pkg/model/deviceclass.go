@@ -15,6 +15,9 @@ const (
 	// SharedClassName selects the shared devices (gpu-N-shared); claims from it
 	// ask for capacity.requests {memory, cores}.
 	SharedClassName = "shared." + DriverName
+	// LentClassName selects the lending devices (gpu-N-lent): borrowers of
+	// idle GPUs, evicted when the GPU's owner needs it.
+	LentClassName = "lent." + DriverName
 	// ExtendedResourceName lets pods ask for whole GPUs as
 	// resources.limits["tessera.dev/gpu"]; the scheduler turns that into a claim of
 	// WholeClassName.
@@ -27,7 +30,7 @@ func typeSelector(typ string) string {
 }
 
 // DeviceClasses returns the DeviceClasses Tessera installs, in a fixed order
-// (whole, then shared), with apiVersion and kind set so they marshal into
+// (whole, shared, lent), with apiVersion and kind set so they marshal into
 // manifests as they are. deployments/deviceclasses.yaml is these objects, and a
 // test keeps it so. Each call returns new objects the caller may modify.
 func DeviceClasses() []resourceapi.DeviceClass {
@@ -46,6 +49,13 @@ func DeviceClasses() []resourceapi.DeviceClass {
 			ObjectMeta: metav1.ObjectMeta{Name: SharedClassName},
 			Spec: resourceapi.DeviceClassSpec{
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: typeSelector(TypeShared)}}},
+			},
+		},
+		{
+			TypeMeta:   typeMeta,
+			ObjectMeta: metav1.ObjectMeta{Name: LentClassName},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: typeSelector(TypeLent)}}},
 			},
 		},
 	}

@@ -51,10 +51,14 @@ func TestDeviceClassesFile(t *testing.T) {
 
 func TestDeviceClasses(t *testing.T) {
 	classes := DeviceClasses()
-	if len(classes) != 2 {
-		t.Fatalf("%d classes, want 2", len(classes))
+	if len(classes) != 3 {
+		t.Fatalf("%d classes, want 3", len(classes))
 	}
-	whole, shared := classes[0], classes[1]
+	whole, shared, lent := classes[0], classes[1], classes[2]
+	if lent.Name != "lent.gpu.tessera.dev" || lent.Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "lent"` ||
+		lent.Spec.ExtendedResourceName != nil {
+		t.Errorf("lent class %+v", lent)
+	}
 	if whole.Name != "gpu.tessera.dev" || shared.Name != "shared.gpu.tessera.dev" {
 		t.Errorf("class names %q, %q", whole.Name, shared.Name)
 	}

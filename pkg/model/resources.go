@@ -50,7 +50,34 @@ const (
 	TypeWhole = "gpu"
 	// TypeShared marks gpu-N-shared, the device that hands out fractions.
 	TypeShared = "shared"
+	// TypeLent marks gpu-N-lent, the device that lends a held, idle GPU.
+	TypeLent = "lent"
 )
+
+// Taints of a lending device (gpu-N-lent). Borrowers never tolerate
+// NotLentTaintKey; they may tolerate ReclaimTaintKey for a while
+// (tolerationSeconds) to save their work before they are evicted.
+const (
+	// NotLentTaintKey (effect NoSchedule) is on a lending device while its
+	// GPU is not lent: not held, held by an owner that does not lend, busy,
+	// or not idle long enough. The value says which.
+	NotLentTaintKey = DriverName + "/not-lent"
+	// ReclaimTaintKey (effect NoExecute) is on a lending device whenever
+	// NotLentTaintKey is: kube-controller-manager evicts every pod of a
+	// borrower the GPU still has (after the claim's tolerationSeconds).
+	ReclaimTaintKey = DriverName + "/reclaim"
+)
+
+// Lent is what a GPU's lending device publishes (see WithLending).
+type Lent struct {
+	// Open is true while the GPU is lent: the device has no lending taint.
+	Open bool
+	// Memory is the memory the GPU lends, in bytes; 0 publishes the GPU's
+	// whole memory (with the device tainted, nobody can take it).
+	Memory int64
+	// Reason is the value of the lending taints (NotLent when empty).
+	Reason string
+}
 
 // Request policy of the shared device's memory capacity: shares are whole MiB.
 var memoryStep = resource.MustParse("1Mi")
@@ -81,10 +108,19 @@ type Option func(*options)
 type options struct {
 	pcieRoots PCIeRoots
 	taints    map[string][]resourceapi.DeviceTaint
+	lending   map[string]Lent
+	// driverMemoryLimits is published as AttrDriverMemoryLimits when set
+	// (WithDriverMemoryLimits).
+	driverMemoryLimits *bool
+	// localityVerdicts puts the locality binding conditions on shared
+	// devices (WithLocalityVerdicts).
+	localityVerdicts bool
 }
 
 // WithPCIeRoots makes Resources publish resource.kubernetes.io/pcieRoot for the GPUs
-// whose root r knows. Without it (mock nodes, tests) the attribute is left out.
+// whose root r knows (sysfs on real nodes). Without it, or for a GPU r does not
+// know, the GPU's own PCIeRoot is published (what a mock profile's discovery
+// knows); a GPU with neither is published without the attribute.
 func WithPCIeRoots(r PCIeRoots) Option {
 	return func(o *options) { o.pcieRoots = r }
 }
@@ -96,6 +132,22 @@ func WithPCIeRoots(r PCIeRoots) Option {
 // GPU make Resources fail.
 func WithTaints(taints map[string][]resourceapi.DeviceTaint) Option {
 	return func(o *options) { o.taints = taints }
+}
+
+// WithLending publishes a third device per GPU, gpu-N-lent: it lends the
+// spare capacity of a GPU that its owners hold but do not use to preemptible
+// borrowers. It consumes none of the GPU's counters, so it can be allocated
+// while the GPU is held whole or in shares, and an owner never waits for it.
+// lent says, by GPU UUID, what each lends; a GPU not in it is published
+// tainted NotLentTaintKey=NotLent. The device carries the GPU's other taints
+// too (health).
+func WithLending(lent map[string]Lent) Option {
+	return func(o *options) {
+		o.lending = lent
+		if o.lending == nil {
+			o.lending = map[string]Lent{}
+		}
+	}
 }
 
 // Resources is what the kubelet plugin of node nodeName publishes for these GPUs:
@@ -174,12 +226,21 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counterSets})
 	}
 
-	devices := make([]resourceapi.Device, 0, 2*len(published))
+	devices := make([]resourceapi.Device, 0, 3*len(published))
 	for _, g := range published {
 		devices = append(devices, sharedDevice(g, o))
 	}
 	for _, g := range slices.Backward(published) {
 		devices = append(devices, wholeDevice(g, o))
+	}
+	if o.lending != nil {
+		for _, g := range published {
+			d, err := lentDevice(g, o)
+			if err != nil {
+				return resourceslice.DriverResources{}, err
+			}
+			devices = append(devices, d)
+		}
 	}
 	for chunk := range slices.Chunk(devices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
 		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
@@ -271,6 +332,11 @@ func taintsOf(g gpu.GPU, o options) []resourceapi.DeviceTaint {
 
 func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
 	memory, cores := memoryOf(g), coresOf()
+	var bindingConditions, bindingFailureConditions []string
+	if o.localityVerdicts {
+		bindingConditions = []string{LocalityAcceptedCondition}
+		bindingFailureConditions = []string{LocalityRejectedCondition}
+	}
 	return resourceapi.Device{
 		Name:                     SharedDeviceName(g.Minor),
 		AllowMultipleAllocations: ptr.To(true),
@@ -296,9 +362,51 @@ func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
 				},
 			}},
 		},
-		ConsumesCounters: consumesAll(g),
-		Taints:           taintsOf(g, o),
+		ConsumesCounters:         consumesAll(g),
+		Taints:                   taintsOf(g, o),
+		BindingConditions:        bindingConditions,
+		BindingFailureConditions: bindingFailureConditions,
 	}
+}
+
+// lentDevice is gpu-N-lent: capacity like a share's, no counters, and the
+// lending taints unless the GPU is lent.
+func lentDevice(g gpu.GPU, o options) (resourceapi.Device, error) {
+	l := o.lending[g.UUID]
+	memory := memoryOf(g)
+	if l.Memory > 0 && l.Memory < memory.Value() {
+		memory = *resource.NewQuantity(l.Memory, resource.BinarySI)
+	}
+	d := sharedDevice(g, o)
+	d.Name = LentDeviceName(g.Minor)
+	d.Attributes[AttrType] = resourceapi.DeviceAttribute{StringValue: ptr.To(TypeLent)}
+	d.ConsumesCounters = nil
+	// Borrowers are not judged by the locality controller (it judges shares
+	// of gpu-N-shared only): a binding condition here would never be met.
+	d.BindingConditions, d.BindingFailureConditions = nil, nil
+	mem := d.Capacity[Memory]
+	mem.Value = memory
+	mem.RequestPolicy.Default = ptr.To(memory.DeepCopy())
+	d.Capacity[Memory] = mem
+	reason := l.Reason
+	if reason == "" {
+		reason = "NotLent"
+	}
+	if errs := validation.IsValidLabelValue(reason); len(errs) > 0 {
+		return resourceapi.Device{}, fmt.Errorf("GPU %s: lending reason %q is not a valid taint value: %v", g.UUID, reason, errs)
+	}
+	if !l.Open {
+		// NoSchedule keeps borrowers off (they never tolerate it); NoExecute
+		// evicts any borrower the GPU still has, after the tolerationSeconds
+		// its claim may carry for the reclaim taint.
+		d.Taints = append(d.Taints,
+			resourceapi.DeviceTaint{Key: NotLentTaintKey, Value: reason, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+			resourceapi.DeviceTaint{Key: ReclaimTaintKey, Value: reason, Effect: resourceapi.DeviceTaintEffectNoExecute})
+	}
+	if len(d.Taints) > resourceapi.DeviceTaintsMaxLength {
+		return resourceapi.Device{}, fmt.Errorf("GPU %s: %d taints on %s, at most %d allowed", g.UUID, len(d.Taints), d.Name, resourceapi.DeviceTaintsMaxLength)
+	}
+	return d, nil
 }
 
 // attributes are the same on both devices of a GPU except for type, so that
@@ -331,10 +439,17 @@ func attributes(g gpu.GPU, typ string, o options) map[resourceapi.QualifiedName]
 	if g.NUMANode != nil && *g.NUMANode >= 0 {
 		attrs[deviceattribute.StandardDeviceAttributeNUMANode] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(*g.NUMANode))}
 	}
+	root := g.PCIeRoot
 	if o.pcieRoots != nil && g.PCIBusID != "" {
-		if root, ok := o.pcieRoots.PCIeRoot(g.PCIBusID); ok && len(root) <= resourceapi.DeviceAttributeMaxValueLength {
-			attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(root)}
+		if r, ok := o.pcieRoots.PCIeRoot(g.PCIBusID); ok {
+			root = r
 		}
+	}
+	if root != "" && len(root) <= resourceapi.DeviceAttributeMaxValueLength {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(root)}
+	}
+	if o.driverMemoryLimits != nil {
+		attrs[AttrDriverMemoryLimits] = resourceapi.DeviceAttribute{BoolValue: ptr.To(*o.driverMemoryLimits)}
 	}
 	return attrs
 }

@@ -200,8 +200,8 @@ func TestResourcesProfiles(t *testing.T) {
 							t.Errorf("%s: cudaComputeCapability %q, want %q", name, got, want)
 						}
 					}
-					if _, ok := a[deviceattribute.StandardDeviceAttributePCIeRoot]; ok {
-						t.Errorf("%s: pcieRoot published on a mock node without a PCIeRoots", name)
+					if got := ptr.Deref(a[deviceattribute.StandardDeviceAttributePCIeRoot].StringValue, ""); got == "" || got != g.PCIeRoot {
+						t.Errorf("%s: pcieRoot %q, want the mock profile's %q", name, got, g.PCIeRoot)
 					}
 					if g.NUMANode != nil {
 						if got := ptr.Deref(a[deviceattribute.StandardDeviceAttributeNUMANode].IntValue, -1); got != int64(*g.NUMANode) {
@@ -240,23 +240,34 @@ func TestResourcesNVLinkDomains(t *testing.T) {
 	}
 }
 
+// TestResourcesPCIeRoots: what PCIeRoots resolves wins over the GPU's own
+// PCIeRoot (a mock profile's); a GPU neither knows is published without
+// the attribute, on every one of its devices.
 func TestResourcesPCIeRoots(t *testing.T) {
-	gpus := fixtureGPUs(2, 80, oneDomain)
-	res, err := Resources("node-1", gpus, WithPCIeRoots(PCIeRootMap{gpus[0].PCIBusID: "pci0000:00", gpus[1].PCIBusID: ""}))
+	gpus := fixtureGPUs(3, 80, oneDomain)
+	gpus[0].PCIeRoot = "pci0000:99"
+	gpus[2].PCIeRoot = "pci0000:80"
+	res, err := Resources("node-1", gpus,
+		WithPCIeRoots(PCIeRootMap{gpus[0].PCIBusID: "pci0000:00", gpus[1].PCIBusID: ""}),
+		WithLending(map[string]Lent{}))
 	if err != nil {
 		t.Fatalf("Resources: %v", err)
 	}
+	want := map[int]string{0: "pci0000:00", 1: "", 2: "pci0000:80"}
+	seen := 0
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {
-			root, ok := d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot]
-			minor, _, _ := ParseDeviceName(d.Name)
-			switch {
-			case minor == 0 && (!ok || *root.StringValue != "pci0000:00"):
-				t.Errorf("%s: pcieRoot %v, want pci0000:00", d.Name, root.StringValue)
-			case minor == 1 && ok:
-				t.Errorf("%s: pcieRoot %q published although unknown", d.Name, *root.StringValue)
+			seen++
+			got := ptr.Deref(d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot].StringValue, "")
+			_, hasAttr := d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot]
+			minor, _, _ := ParseDevice(d.Name)
+			if got != want[minor] || hasAttr != (want[minor] != "") {
+				t.Errorf("%s: pcieRoot %q (published: %v), want %q", d.Name, got, hasAttr, want[minor])
 			}
 		}
+	}
+	if seen != 9 {
+		t.Errorf("%d devices, want 9 (whole, shared and lent per GPU)", seen)
 	}
 }
 

@@ -88,7 +88,9 @@ func startNode(ctx context.Context, profile, dir string) (*node, error) {
 		Specs:    specs,
 		Mock:     true,
 		MPS:      isolation.NewMPS(filepath.Join(dir, "mps"), isolation.NewFakeRunner()),
-		HAMiCore: isolation.HAMiCore{Library: hamiLib, PreloadFile: preload},
+		HAMiCore: isolation.HAMiCore{Library: hamiLib, PreloadFile: preload, ClaimRoot: filepath.Join(dir, "plugin", "hami", "claims")},
+		// The spec carries the hook; in mock mode no runtime runs it.
+		DriverMemory: isolation.DriverMemory{Capable: true, HookPath: "/usr/bin/nvidia-cdi-hook", DriverRoot: "/"},
 	})
 	if err != nil {
 		return nil, err

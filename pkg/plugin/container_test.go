@@ -33,6 +33,7 @@ func TestContainerSeesClaim(t *testing.T) {
 		wantEnv     func(e *env) []string
 		wantMounts  func(e *env) []oci.Mount
 		wantNodes   []oci.LinuxDevice
+		wantHooks   *oci.Hooks
 		wantDaemons []string
 	}{
 		"whole GPU (mock: env only)": {
@@ -81,8 +82,9 @@ func TestContainerSeesClaim(t *testing.T) {
 			},
 			wantMounts: func(e *env) []oci.Mount {
 				return []oci.Mount{
-					{Destination: "/tmp/nvidia-mps", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "pipe"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
-					{Destination: "/var/log/nvidia-mps", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "log"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
+					// The pipe directory read-only, the shared memory, never the logs.
+					{Destination: "/tmp/nvidia-mps", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "pipe"), Options: []string{"bind", "ro", "nosuid", "nodev"}},
+					{Destination: "/dev/shm", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "shm"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
 				}
 			},
 			wantDaemons: []string{"GPU-00000001"},
@@ -96,14 +98,35 @@ func TestContainerSeesClaim(t *testing.T) {
 					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_3=GPU-00000003",
 					"TESSERA_GPU_3_MEMORY_LIMIT=17179869184", "TESSERA_GPU_3_CORES_LIMIT=30",
 					"CUDA_VISIBLE_DEVICES=GPU-00000003",
-					"CUDA_DEVICE_MEMORY_LIMIT_0=16384m", "CUDA_DEVICE_SM_LIMIT=30")
+					"CUDA_DEVICE_MEMORY_LIMIT_0=16384m", "CUDA_DEVICE_SM_LIMIT_0=30",
+					"CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpulock/cudevshr.cache")
 			},
 			wantMounts: func(e *env) []oci.Mount {
+				// Files only, and the claim's own directory (in the
+				// order the CDI library sorts them: by depth).
 				return []oci.Mount{
 					{Destination: "/etc/ld.so.preload", Type: "bind", Source: e.preload, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+					{Destination: "/tmp/vgpulock", Type: "bind", Source: filepath.Join(e.hamiClaims(), "uid-hami"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
 					{Destination: "/usr/local/vgpu/libvgpu.so", Type: "bind", Source: e.hamiLib, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 				}
 			},
+		},
+		"share, DriverMemory: the toolkit's hook and its MiB variables": {
+			claim: newClaim("uid-dmem", []result{share("gpu", "gpu-2-shared", "share-d", "12Gi", "20")},
+				claimConfig(isolationConfig(configapi.IsolationDriverMemory))),
+			wantDevices: []string{"gpu-2-shared"},
+			wantEnv: func(*env) []string {
+				return append(base,
+					"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002",
+					"TESSERA_GPU_2_MEMORY_LIMIT=12884901888", "TESSERA_GPU_2_CORES_LIMIT=20",
+					"CUDA_VISIBLE_DEVICES=GPU-00000002",
+					"NVIDIA_GPU_MEMORY_REQUESTS=12288", "NVIDIA_GPU_MEMORY_LIMITS=12288")
+			},
+			wantHooks: &oci.Hooks{CreateRuntime: []oci.Hook{{
+				Path: "/usr/bin/nvidia-cdi-hook",
+				Args: []string{"nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", "GPU-00000002"},
+				Env:  []string{"NVIDIA_CTK_DEBUG=false"},
+			}}},
 		},
 		"two GPUs over NVLink, in PCI order": {
 			// The allocator lists gpu-0 first; gpu-1 has the lower PCI bus id.
@@ -123,7 +146,9 @@ func TestContainerSeesClaim(t *testing.T) {
 				if tc.realGPUs {
 					o.Mock = false
 					o.DevNodes = isolation.StaticDevNodes{UVMMajor: 508}
+					o.LegacyRuntime = true
 				}
+				o.DriverMemory = isolation.DriverMemory{Capable: true, HookPath: "/usr/bin/nvidia-cdi-hook", DriverRoot: "/"}
 			})
 			devs := mustPrepare(t, p.Plugin, tc.claim)
 
@@ -155,6 +180,9 @@ func TestContainerSeesClaim(t *testing.T) {
 			if diff := cmp.Diff(tc.wantNodes, spec.Linux.Devices, cmpopts.EquateEmpty(),
 				cmpopts.IgnoreFields(oci.LinuxDevice{}, "FileMode", "UID", "GID")); diff != "" {
 				t.Errorf("container device nodes (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantHooks, spec.Hooks, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("container hooks (-want +got):\n%s", diff)
 			}
 			running, _ := e.runner.Running(ctxFor(t))
 			if diff := cmp.Diff(tc.wantDaemons, running, cmpopts.EquateEmpty()); diff != "" {

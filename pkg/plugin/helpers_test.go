@@ -155,7 +155,7 @@ func (e *env) start(mutate func(*Options)) *instance {
 		Specs:    specs,
 		Mock:     true,
 		MPS:      isolation.NewMPS(e.mpsRoot, e.runner),
-		HAMiCore: isolation.HAMiCore{Library: e.hamiLib, PreloadFile: e.preload},
+		HAMiCore: isolation.HAMiCore{Library: e.hamiLib, PreloadFile: e.preload, ClaimRoot: e.hamiClaims()},
 		Events:   e.events,
 	}
 	if mutate != nil {
@@ -195,7 +195,13 @@ func (e *env) assertClean(i *instance) {
 	if n := i.grants.count(); n != 0 {
 		e.t.Errorf("%d claims still hold GPUs", n)
 	}
+	if dirs, err := os.ReadDir(e.hamiClaims()); err == nil && len(dirs) != 0 {
+		e.t.Errorf("HAMi-core claim directories left: %v", dirs)
+	}
 }
+
+// hamiClaims is the HAMi-core claim root of the env's plugins.
+func (e *env) hamiClaims() string { return filepath.Join(filepath.Dir(e.preload), "claims") }
 
 // result is one device result as the allocator writes it.
 type result struct {

@@ -86,6 +86,9 @@ type Inventory struct {
 	// Taints, when set, returns the device taints by GPU UUID (the health
 	// tracker's Taints); they go on both devices of the GPU.
 	Taints func() map[string][]resourceapi.DeviceTaint
+	// Lending, when set, returns what each GPU's lending device publishes
+	// (the Lender's Lent); with it every GPU also publishes gpu-N-lent.
+	Lending func() map[string]model.Lent
 	// Model are more options for model.Resources (model.WithPCIeRoots).
 	Model []model.Option
 	// Events, when set, gets Node events about discovery, each when its
@@ -100,6 +103,7 @@ type Inventory struct {
 	mu        sync.Mutex
 	published []gpu.GPU
 	taints    map[string][]resourceapi.DeviceTaint
+	lent      map[string]model.Lent
 	synced    bool
 	// known are the last full descriptions of the GPUs by UUID, and uuids
 	// their UUIDs by NVML index (stable while NVML stays initialised), so
@@ -184,10 +188,16 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	}
 	taints := withDiscoveryTaints(healthTaints, i.failed)
 	i.report(ctx, d, discoverErr, len(gpus))
-	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) {
+	opts := append(slices.Clone(i.Model), model.WithTaints(taints))
+	var lent map[string]model.Lent
+	if i.Lending != nil {
+		lent = i.Lending()
+		opts = append(opts, model.WithLending(lent))
+	}
+	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) && reflect.DeepEqual(lent, i.lent) {
 		return false, discoverErr
 	}
-	resources, err := model.Resources(i.NodeName, gpus, append(slices.Clone(i.Model), model.WithTaints(taints))...)
+	resources, err := model.Resources(i.NodeName, gpus, opts...)
 	if err != nil {
 		return false, fmt.Errorf("model of %d GPUs: %w", len(gpus), err)
 	}
@@ -196,7 +206,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	}
 	klog.FromContext(ctx).Info("Published GPU inventory", "gpus", len(gpus), "tainted", len(taints), "failedDiscovery", len(i.failed), "first", !i.synced)
 	gpusChanged := !i.synced || !reflect.DeepEqual(gpus, i.published)
-	i.published, i.taints, i.synced = gpus, taints, true
+	i.published, i.taints, i.lent, i.synced = gpus, taints, lent, true
 	i.statusMu.Lock()
 	i.status.synced, i.status.published = true, len(gpus)
 	i.statusMu.Unlock()

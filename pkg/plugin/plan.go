@@ -30,7 +30,11 @@ type plannedDevice struct {
 	shareID     types.UID
 	adminAccess bool
 	gpu         gpu.GPU
-	shared      bool
+	shared      bool // a share: gpu-N-shared, or gpu-N-lent
+	// lent is true for a borrower's share of a lent GPU (gpu-N-lent).
+	lent bool
+	// lend is the owner's consent to lend the GPU (whole and shared devices).
+	lend        bool
 	isolation   configapi.Isolation // shares only
 	memoryLimit int64               // shares only, bytes
 	coresLimit  int64               // shares only, percent
@@ -74,8 +78,8 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 	// only failing that the node's default.
 	var claimIsolation configapi.Isolation
 	for _, r := range alloc.Results {
-		_, shared, err := model.ParseDeviceName(r.Device)
-		if r.Driver != model.DriverName || err != nil || !shared || (r.AdminAccess != nil && *r.AdminAccess) ||
+		_, kind, err := model.ParseDevice(r.Device)
+		if r.Driver != model.DriverName || err != nil || kind == model.KindWhole || (r.AdminAccess != nil && *r.AdminAccess) ||
 			isolationSetBy(alloc.Config, r.Request) == isolationFromNode {
 			continue
 		}
@@ -113,10 +117,11 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		if r.Pool != p.opts.NodeName {
 			return nil, deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
 		}
-		minor, shared, err := model.ParseDeviceName(r.Device)
+		minor, kind, err := model.ParseDevice(r.Device)
 		if err != nil {
 			return nil, deviceError(r.Device, "%v", err)
 		}
+		shared := kind != model.KindWhole
 		g, ok := p.gpuByMinor(minor)
 		if !ok {
 			return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
@@ -131,6 +136,8 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 			device:      r.Device,
 			gpu:         g,
 			shared:      shared,
+			lent:        kind == model.KindLent,
+			lend:        kind != model.KindLent && cfg.LendsWhenIdle(),
 			adminAccess: r.AdminAccess != nil && *r.AdminAccess,
 		}
 		if r.ShareID != nil {

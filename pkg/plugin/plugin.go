@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"slices"
 	"sync"
 	"time"
 
@@ -79,6 +79,17 @@ type Options struct {
 	MPS *isolation.MPS
 	// HAMiCore is the node's HAMi-core installation, if any.
 	HAMiCore isolation.HAMiCore
+	// DriverMemory is whether (and how) the node can have the driver
+	// enforce a share's memory; DriverMemory shares fail without it.
+	DriverMemory isolation.DriverMemory
+	// LegacyRuntime says the node's container runtime is the NVIDIA runtime
+	// in legacy mode, which adds the driver's libraries for
+	// NVIDIA_VISIBLE_DEVICES=<uuid>. Without it, a real GPU without a device
+	// in the NVIDIA container toolkit's CDI spec fails to prepare: its
+	// container would get device nodes but no libcuda.
+	LegacyRuntime bool
+	// ToolkitSpecDirs are where Toolkit looks, for error messages.
+	ToolkitSpecDirs []string
 	// DefaultIsolation is used for shares whose class and claim configs
 	// leave sharing.isolation unset; empty means Advisory.
 	DefaultIsolation configapi.Isolation
@@ -107,8 +118,10 @@ type Plugin struct {
 	gpusMu sync.RWMutex
 	gpus   map[int]gpu.GPU // by minor; replaced by SetGPUs
 
-	// claimLocks serialize work on one claim (striped by UID hash).
-	claimLocks [64]sync.Mutex
+	// claimLocks serialize work on one claim: one mutex per claim UID in
+	// use, so that prepares of different claims never wait for each other
+	// here (a striped lock made unrelated claims queue behind one another).
+	claimLocks claimLocks
 
 	// grants is the double-grant index, guarded by its own mutex.
 	grants grants
@@ -119,6 +132,10 @@ type Plugin struct {
 
 	// facts are the allocations and pods of prepared claims, for metrics.
 	facts facts
+
+	// lender admits borrowers; nil while lending is off (NewLender sets it).
+	lenderMu sync.Mutex
+	lender   *Lender
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
@@ -159,11 +176,9 @@ func New(ctx context.Context, opts Options) (*Plugin, error) {
 	case !opts.Mock && opts.DevNodes == nil:
 		return nil, errors.New("plugin: device nodes are required on real GPUs")
 	}
-	switch opts.DefaultIsolation {
-	case "", configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore:
-	default:
-		return nil, fmt.Errorf("plugin: unknown default isolation %q (want %s, %s or %s)", opts.DefaultIsolation,
-			configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore)
+	if opts.DefaultIsolation != "" && !slices.Contains(configapi.SupportedIsolations, opts.DefaultIsolation) {
+		return nil, fmt.Errorf("plugin: unknown default isolation %q (want %s)", opts.DefaultIsolation,
+			configapi.FormatIsolations(configapi.SupportedIsolations))
 	}
 	p := &Plugin{opts: opts, grants: newGrants()}
 	p.SetGPUs(opts.GPUs)
@@ -191,12 +206,42 @@ func (p *Plugin) gpuByMinor(minor int) (gpu.GPU, bool) {
 	return g, ok
 }
 
-func (p *Plugin) lockClaim(uid types.UID) func() {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(uid))
-	m := &p.claimLocks[h.Sum32()%uint32(len(p.claimLocks))]
+func (p *Plugin) lockClaim(uid types.UID) func() { return p.claimLocks.lock(uid) }
+
+// claimLocks is a mutex per key, created on first use and dropped when its
+// last holder or waiter is done. The zero value is ready.
+type claimLocks struct {
+	mu    sync.Mutex
+	locks map[types.UID]*claimLock
+}
+
+type claimLock struct {
+	sync.Mutex
+	users int // holders and waiters; guarded by claimLocks.mu
+}
+
+// lock locks uid's mutex and returns its unlock.
+func (l *claimLocks) lock(uid types.UID) func() {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = map[types.UID]*claimLock{}
+	}
+	m := l.locks[uid]
+	if m == nil {
+		m = &claimLock{}
+		l.locks[uid] = m
+	}
+	m.users++
+	l.mu.Unlock()
 	m.Lock()
-	return m.Unlock
+	return func() {
+		m.Unlock()
+		l.mu.Lock()
+		if m.users--; m.users == 0 {
+			delete(l.locks, uid)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // HandleError implements kubeletplugin.DRAPlugin: background errors (such as

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,10 +85,13 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if err != nil {
 		return nil, err
 	}
+	if err := p.admitBorrowers(claim.UID, pl); err != nil {
+		return nil, err
+	}
 	if len(pl.devices) == 0 {
 		return []kubeletplugin.Device{}, nil
 	}
-	specDevices, err := p.containerEdits(pl)
+	specDevices, err := p.containerEdits(claim.UID, pl)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +131,8 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 
 	p.rememberClaim(claim)
-	p.writeStatus(ctx, claim, pl)
+	p.writeStatus(ctx, claim, pl, specDevices)
+	p.lendingChanged()
 	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "devices", len(pl.devices))
 	return resultDevices(record), nil
 }
@@ -137,31 +142,53 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 type specDevice struct {
 	cdi     cdi.Device
 	toolkit string
+	// applied is what the isolation backend got and added, for the
+	// device's attestation (status.go).
+	applied applied
 }
 
 // containerEdits computes the edits of every planned device without side
 // effects, looking up the toolkit's device of each GPU.
-func (p *Plugin) containerEdits(pl *plan) ([]specDevice, error) {
-	return p.editsFor(pl.devices, pl.isolation, func(d plannedDevice) (string, error) {
-		if p.opts.Mock || p.opts.Toolkit == nil {
+func (p *Plugin) containerEdits(claimUID types.UID, pl *plan) ([]specDevice, error) {
+	return p.editsFor(claimUID, pl.devices, pl.isolation, func(d plannedDevice) (string, error) {
+		if p.opts.Mock {
 			return "", nil
 		}
-		id, ok, err := p.opts.Toolkit.DeviceID(d.gpu.UUID, d.gpu.Index)
-		if err != nil {
-			return "", deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
+		var id string
+		var ok bool
+		if p.opts.Toolkit != nil {
+			var err error
+			if id, ok, err = p.opts.Toolkit.DeviceID(d.gpu.UUID, d.gpu.Index); err != nil {
+				return "", deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
+			}
 		}
 		if !ok {
+			if !p.opts.LegacyRuntime {
+				// Fail closed: device nodes without the driver's
+				// libraries make a container in which CUDA fails.
+				return "", deviceError(d.device, "%v", p.noToolkitDevice(d.gpu.UUID, d.gpu.Index))
+			}
 			return "", nil
 		}
 		return id, nil
 	})
 }
 
+// noToolkitDevice is the reason a GPU without a device in the NVIDIA
+// container toolkit's CDI spec cannot be prepared on this node.
+func (p *Plugin) noToolkitDevice(uuid string, index int) error {
+	return fmt.Errorf("GPU %s (index %d) has no device in the NVIDIA container toolkit's CDI spec (nvidia.com/gpu=%s or =%d, looked in %s); "+
+		"without it the container would get the GPU's device nodes but not the driver's libraries. "+
+		"Generate the spec on the node (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml), "+
+		"or start the plugin with --legacy-nvidia-runtime if the node's runtime is the NVIDIA runtime in legacy mode",
+		uuid, index, uuid, index, strings.Join(p.opts.ToolkitSpecDirs, ", "))
+}
+
 // editsFor computes the CDI devices of a claim: each device carries its own
 // GPU's visibility and limits ([isolation.DeviceEdits]), share devices also
 // the claim's backend edits ([isolation.BackendEdits]), and on real nodes
 // without a toolkit device (toolkitOf returns "") the GPU's device nodes.
-func (p *Plugin) editsFor(devs []plannedDevice, iso configapi.Isolation, toolkitOf func(plannedDevice) (string, error)) ([]specDevice, error) {
+func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configapi.Isolation, toolkitOf func(plannedDevice) (string, error)) ([]specDevice, error) {
 	in := isolation.Claim{Isolation: iso}
 	var shareDevice string
 	for _, d := range devs {
@@ -196,6 +223,12 @@ func (p *Plugin) editsFor(devs []plannedDevice, iso configapi.Isolation, toolkit
 			return nil, deviceError(shareDevice, "%v", err)
 		}
 		in.HAMiCore = p.opts.HAMiCore
+		in.HAMiCoreClaimDir = p.opts.HAMiCore.ClaimDir(claimUID)
+	case configapi.IsolationDriverMemory:
+		if err := p.opts.DriverMemory.Check(); err != nil {
+			return nil, deviceError(shareDevice, "%v", err)
+		}
+		in.DriverMemory = p.opts.DriverMemory
 	}
 	backend, err := isolation.BackendEdits(in)
 	if err != nil {
@@ -217,6 +250,7 @@ func (p *Plugin) editsFor(devs []plannedDevice, iso configapi.Isolation, toolkit
 		if g.Shared {
 			edits.Env = append(edits.Env, backend.Env...)
 			edits.Mounts = append(edits.Mounts, slices.Clone(backend.Mounts)...)
+			edits.Hooks = append(edits.Hooks, slices.Clone(backend.Hooks)...)
 		}
 		if legacy {
 			nodes, err := p.opts.DevNodes.Nodes(d.gpu.Minor)
@@ -225,13 +259,15 @@ func (p *Plugin) editsFor(devs []plannedDevice, iso configapi.Isolation, toolkit
 			}
 			edits.DeviceNodes = nodes
 		}
-		out = append(out, specDevice{cdi: cdi.Device{Name: cdi.DeviceName(d.device, d.shareID), Edits: edits}, toolkit: toolkitID})
+		out = append(out, specDevice{cdi: cdi.Device{Name: cdi.DeviceName(d.device, d.shareID), Edits: edits}, toolkit: toolkitID,
+			applied: appliedTo(in, g, backend)})
 	}
 	return out, nil
 }
 
 func isolationGPU(d plannedDevice) isolation.GPU {
-	return isolation.GPU{UUID: d.gpu.UUID, Minor: d.gpu.Minor, Shared: d.shared && !d.adminAccess, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
+	return isolation.GPU{UUID: d.gpu.UUID, Minor: d.gpu.Minor, Shared: d.shared && !d.adminAccess, Preemptible: d.lent,
+		MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
 }
 
 // applyEffects acquires the MPS daemon (if any) and writes the CDI spec, with
@@ -241,6 +277,12 @@ func isolationGPU(d plannedDevice) isolation.GPU {
 func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
 	if pl.isolation == configapi.IsolationMPS {
 		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, record.UID); err != nil {
+			return deviceError(pl.devices[0].device, "%v", err)
+		}
+	}
+	if pl.isolation == configapi.IsolationHAMiCore {
+		// The claim's own HAMi-core shared region, mounted by its spec.
+		if err := p.opts.HAMiCore.CreateClaimDir(record.UID); err != nil {
 			return deviceError(pl.devices[0].device, "%v", err)
 		}
 	}
@@ -324,17 +366,18 @@ func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
 	toolkit := map[int]string{}
 	var iso configapi.Isolation
 	for i, d := range c.Devices {
-		_, shared, err := model.ParseDeviceName(d.Device)
+		_, kind, err := model.ParseDevice(d.Device)
 		if err != nil {
 			return nil, deviceError(d.Device, "%v", err)
 		}
+		shared := kind != model.KindWhole
 		g, _ := p.gpuByMinor(d.Minor)
 		if g.UUID != d.UUID {
 			g = gpu.GPU{UUID: d.UUID, Minor: d.Minor}
 		}
 		devs[i] = plannedDevice{
 			request: d.Request, pool: d.Pool, device: d.Device, shareID: types.UID(d.ShareID),
-			adminAccess: d.AdminAccess, gpu: g, shared: shared,
+			adminAccess: d.AdminAccess, gpu: g, shared: shared, lent: kind == model.KindLent, lend: d.Lend,
 			isolation: configapi.Isolation(d.Isolation), memoryLimit: d.MemoryLimit, coresLimit: d.CoresLimit,
 		}
 		if shared && !d.AdminAccess && iso == "" {
@@ -347,7 +390,7 @@ func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
 	if len(devs) == 0 {
 		return nil, errors.New("the record has no devices")
 	}
-	return p.editsFor(devs, iso, func(d plannedDevice) (string, error) {
+	return p.editsFor(c.UID, devs, iso, func(d plannedDevice) (string, error) {
 		return toolkit[slices.IndexFunc(devs, func(x plannedDevice) bool { return x.device == d.device && x.shareID == d.shareID })], nil
 	})
 }
@@ -368,6 +411,10 @@ func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
 		}
 	}
 	if err := p.opts.Specs.Remove(c.UID); err != nil {
+		errs = append(errs, err)
+	}
+	// After the spec: a spec never names a directory that is gone.
+	if err := p.opts.HAMiCore.RemoveClaimDir(c.UID); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
@@ -411,6 +458,7 @@ func checkpointDevices(pl *plan) []checkpoint.Device {
 			AdminAccess:    d.adminAccess,
 			ConsumedMemory: d.consumedMemory,
 			ConsumedCores:  d.consumedCores,
+			Lend:           d.lend && !d.adminAccess,
 		}
 	}
 	return out

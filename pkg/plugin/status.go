@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -12,21 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
-
-// DeviceData is the driver-specific data of one prepared device in the
-// claim's status.devices[].data.
-type DeviceData struct {
-	UUID string `json:"uuid"`
-	// MemoryLimit (bytes) and CoresLimit (percent) are the enforced or
-	// advertised limits of a share; 0 for a whole GPU.
-	MemoryLimit int64 `json:"memoryLimit,omitempty"`
-	CoresLimit  int64 `json:"coresLimit,omitempty"`
-	// Isolation is the backend of a share; empty for a whole GPU.
-	Isolation string `json:"isolation,omitempty"`
-}
 
 // Condition types and reasons written into status.devices[].conditions.
 const (
@@ -39,23 +31,130 @@ const (
 	statusWriteTimeout    = 10 * time.Second
 )
 
-// writeStatus writes status.devices for the claim's devices of this driver.
-// Errors are logged only (see the package documentation).
-func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pl *plan) {
+// applied is what the isolation backend of a claim got for one device and
+// what it added to the device's CDI edits: the facts its attestation is made
+// of. editsFor fills it in for every device it computes edits for.
+type applied struct {
+	// gpu is the device's GPU as the backend got it. For a share under an
+	// enforcing backend, two shares of one GPU in one claim are one GPU with
+	// their limits summed (see editsFor); under Advisory each share device
+	// advertises its own limits.
+	gpu isolation.GPU
+	// isolation is the backend (shares only).
+	isolation configapi.Isolation
+	// edits are the backend's edits, on share devices only.
+	edits cdispec.ContainerEdits
+	// mps is the daemon the container is pointed at (MPS only).
+	mps *isolation.Daemon
+}
+
+// appliedTo records what BackendEdits got in in for the device g and what it
+// returned (backend).
+func appliedTo(in isolation.Claim, g isolation.GPU, backend cdispec.ContainerEdits) applied {
+	a := applied{gpu: g}
+	if !g.Shared {
+		return a
+	}
+	a.isolation, a.edits = in.Isolation, backend
+	if in.Isolation != configapi.IsolationAdvisory && in.Isolation != "" {
+		if i := slices.IndexFunc(in.GPUs, func(x isolation.GPU) bool { return x.UUID == g.UUID }); i >= 0 {
+			a.gpu = in.GPUs[i]
+		}
+	}
+	if in.Isolation == configapi.IsolationMPS {
+		d := in.MPS
+		a.mps = &d
+	}
+	return a
+}
+
+// attestation is the GpuAttestation of the planned device d, whose edits
+// were computed as a says, on this node. all are the claim's planned devices:
+// a share under an enforcing backend is attested with what all shares of its
+// GPU in the claim hold, as its backend applies their summed limits.
+func (p *Plugin) attestation(d plannedDevice, a applied, all []plannedDevice) *configapi.GpuAttestation {
+	att := &configapi.GpuAttestation{Node: p.opts.NodeName, UUID: d.gpu.UUID, AdminAccess: d.adminAccess}
+	if !a.gpu.Shared {
+		return att
+	}
+	att.Isolation = a.isolation
+	att.MemoryLimit, att.CoresLimit = a.gpu.MemoryLimit, a.gpu.CoresLimit
+	att.Memory, att.Cores = d.consumedMemory, d.consumedCores
+	if a.isolation != configapi.IsolationAdvisory {
+		att.Memory, att.Cores = 0, 0
+		for _, o := range all {
+			if o.gpu.UUID == d.gpu.UUID && o.shared && !o.adminAccess {
+				att.Memory += o.consumedMemory
+				att.Cores += o.consumedCores
+			}
+		}
+		att.Cores = min(att.Cores, configapi.MaxCores)
+	}
+	enforced := configapi.Enforces(a.isolation)
+	att.Enforced = &enforced
+	b := &configapi.BackendAttestation{Env: slices.Clone(a.edits.Env)}
+	for _, h := range a.edits.Hooks {
+		if h != nil {
+			b.Hooks = append(b.Hooks, configapi.AttestedHook{HookName: h.HookName, Path: h.Path, Args: slices.Clone(h.Args)})
+		}
+	}
+	for _, m := range a.edits.Mounts {
+		if m != nil {
+			b.Mounts = append(b.Mounts, configapi.AttestedMount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: slices.Contains(m.Options, "ro")})
+		}
+	}
+	if a.mps != nil {
+		b.MPSDaemon = &configapi.MPSDaemonAttestation{GPU: a.mps.UUID, PipeDirectory: a.mps.PipeDir}
+	}
+	att.Backend = b
+	return att
+}
+
+// encodeAttestation encodes att for status.devices[].data. An attestation
+// whose backend edits do not fit the API's 10 KiB is written without them
+// (the limits and the backend still are), rather than not at all.
+func encodeAttestation(att *configapi.GpuAttestation) ([]byte, error) {
+	raw, err := att.Encode()
+	if err != nil && att.Backend != nil && len(att.Backend.Env)+len(att.Backend.Hooks)+len(att.Backend.Mounts) > 0 {
+		trimmed := *att
+		trimmed.Backend = &configapi.BackendAttestation{MPSDaemon: att.Backend.MPSDaemon}
+		if raw, err2 := trimmed.Encode(); err2 == nil {
+			return raw, nil
+		}
+	}
+	return raw, err
+}
+
+// writeStatus writes status.devices for the claim's devices of this driver:
+// per device a Ready=True condition whose message says what enforces the
+// share's limits, and its GpuAttestation as data, computed from the plan
+// and the edits written (devs, in the plan's device order). Errors are
+// logged only (see the package documentation).
+func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceClaim, pl *plan, devs []specDevice) {
 	if p.opts.Client == nil {
 		return
 	}
+	logger := klog.FromContext(ctx)
 	now := metav1.NewTime(time.Now())
 	var entries []resourceapi.AllocatedDeviceStatus
-	for _, d := range pl.devices {
-		data, err := json.Marshal(DeviceData{UUID: d.gpu.UUID, MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit, Isolation: string(d.isolation)})
-		if err != nil {
-			klog.FromContext(ctx).Error(err, "Encoding device status failed", "claim", klog.KObj(claim))
-			return
+	for i, d := range pl.devices {
+		message := "prepared on node " + p.opts.NodeName
+		var data *runtime.RawExtension
+		if i < len(devs) {
+			att := p.attestation(d, devs[i].applied, pl.devices)
+			raw, err := encodeAttestation(att)
+			if err != nil {
+				// A bug, not a state of the node: the claim is prepared as
+				// planned; its status says so without the data.
+				logger.Error(err, "Encoding the device's attestation failed", "claim", klog.KObj(claim), "device", d.device)
+			} else {
+				data = &runtime.RawExtension{Raw: raw}
+				message += ": " + att.String()
+			}
 		}
 		conditions := []metav1.Condition{{
 			Type: ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonPrepared,
-			Message: "prepared on node " + p.opts.NodeName, ObservedGeneration: claim.Generation, LastTransitionTime: now,
+			Message: message, ObservedGeneration: claim.Generation, LastTransitionTime: now,
 		}}
 		if pl.nvlinkWarning != "" {
 			conditions = append(conditions, metav1.Condition{
@@ -65,7 +164,7 @@ func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 		}
 		entry := resourceapi.AllocatedDeviceStatus{
 			Driver: model.DriverName, Pool: d.pool, Device: d.device,
-			Conditions: conditions, Data: &runtime.RawExtension{Raw: data},
+			Conditions: conditions, Data: data,
 		}
 		if d.shareID != "" {
 			id := string(d.shareID)
@@ -73,8 +172,10 @@ func (p *Plugin) writeStatus(ctx context.Context, claim *resourceapi.ResourceCla
 		}
 		entries = append(entries, entry)
 	}
-	if err := p.patchDevices(ctx, claim, entries); err != nil {
-		klog.FromContext(ctx).Error(err, "Writing claim status failed; the claim is prepared anyway", "claim", klog.KObj(claim))
+	err := p.patchDevices(ctx, claim, entries)
+	p.opts.Metrics.ObserveStatusWrite(err)
+	if err != nil {
+		logger.Error(err, "Writing claim status failed; the claim is prepared anyway", "claim", klog.KObj(claim))
 	}
 }
 
@@ -115,7 +216,9 @@ func (p *Plugin) writeFailure(ctx context.Context, claim *resourceapi.ResourceCl
 	if len(entries) == 0 {
 		return
 	}
-	if err := p.patchDevices(ctx, claim, entries); err != nil {
+	err := p.patchDevices(ctx, claim, entries)
+	p.opts.Metrics.ObserveStatusWrite(err)
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "Writing the prepare failure into the claim status failed", "claim", klog.KObj(claim))
 	}
 }

@@ -35,6 +35,8 @@ func (p *Plugin) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 }
 
 func (p *Plugin) unprepareClaim(ctx context.Context, uid types.UID) error {
+	// After the claim is gone: an owner leaving takes a lent GPU back.
+	defer p.lendingChanged()
 	unlock := p.lockClaim(uid)
 	defer unlock()
 	c, ok := p.opts.Store.Get(uid)

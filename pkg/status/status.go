@@ -1,6 +1,7 @@
 // Package status builds the cluster-wide view behind `tessera status`: per
 // node and GPU, what the GPU is, how much of its memory and compute claims
-// hold, who holds it (pod and claim) and whether it is healthy. It reads only
+// hold, who holds it (pod and claim), what enforces each share's limits (the
+// plugin's attestation in the claim's status) and whether it is healthy. It reads only
 // the API (ResourceSlices and ResourceClaims), so it needs no access to the
 // nodes, and shows exactly what the scheduler sees.
 package status
@@ -13,9 +14,11 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -60,6 +63,23 @@ type GPU struct {
 	Healthy bool                      `json:"healthy"`
 	Taints  []resourceapi.DeviceTaint `json:"taints,omitempty"`
 	Holders []Holder                  `json:"holders"`
+	// Lending is the GPU's lending device (gpu-N-lent), when the node
+	// publishes one.
+	Lending *Lending `json:"lending,omitempty"`
+}
+
+// Lending is what a GPU lends to borrowers (docs/lending.md).
+type Lending struct {
+	// Phase is "Lent" while borrowers may be placed, else the value of the
+	// lending device's gpu.tessera.dev/not-lent taint ("NotLent"; the
+	// plugin's metric tessera_gpu_lending_phase says why).
+	Phase string `json:"phase"`
+	// LendableBytes is the lending device's memory capacity; it means
+	// something only while Lent.
+	LendableBytes int64 `json:"lendableBytes"`
+	// Borrowers are the claims allocated the lending device; each holds
+	// its consumedCapacity of what is lent, none of the GPU's counters.
+	Borrowers []Holder `json:"borrowers"`
 }
 
 // Holder is one allocation on the GPU: a claim and the pods it is reserved for.
@@ -75,6 +95,16 @@ type Holder struct {
 	MemoryBytes int64 `json:"memoryBytes"`
 	Cores       int64 `json:"cores"`
 	AdminAccess bool  `json:"adminAccess,omitempty"`
+	// Attestation is what the node's plugin applied to the device when it
+	// prepared it: the isolation backend and the limits in force, from the
+	// claim's status.devices[].data. Nil until the device is prepared, after
+	// a failed prepare, or when the plugin could not write the claim's
+	// status.
+	Attestation *configapi.GpuAttestation `json:"attestation,omitempty"`
+	// PrepareError is why the node's plugin could not prepare the device
+	// (its Ready=False condition), for example an isolation backend the node
+	// cannot apply.
+	PrepareError string `json:"prepareError,omitempty"`
 }
 
 // unhealthyTaint is pkg/health's TaintKey (not imported: status runs on
@@ -130,11 +160,16 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		}
 		nodeOf[s.Spec.Pool.Name] = node
 		for _, d := range s.Spec.Devices {
-			minor, shared, err := model.ParseDeviceName(d.Name)
+			minor, kind, err := model.ParseDevice(d.Name)
 			if err != nil {
 				continue
 			}
 			g := get(s.Spec.Pool.Name, minor)
+			if kind == model.KindLent {
+				g.Lending = lendingOf(d)
+				continue
+			}
+			shared := kind == model.KindShared
 			if !shared {
 				g.UUID = stringAttr(d, model.AttrUUID)
 				g.ProductName = stringAttr(d, model.AttrProductName)
@@ -182,6 +217,12 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			pods = []string{}
 		}
 		for _, res := range c.Status.Allocation.Devices.Results {
+			if b, k, ok := borrower(c, pods, res); ok {
+				if g := gpus[k]; g != nil && g.Lending != nil {
+					g.Lending.Borrowers = append(g.Lending.Borrowers, b)
+				}
+				continue
+			}
 			d, ok := accounting.FromResult(res)
 			if !ok {
 				continue // another driver's
@@ -196,6 +237,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			if res.ShareID != nil {
 				h.ShareID = string(*res.ShareID)
 			}
+			h.Attestation, h.PrepareError = deviceStatus(c.Status.Devices, res)
 			g := gpus[d.GPU]
 			g.Holders = append(g.Holders, h)
 			devices = append(devices, d)
@@ -218,10 +260,10 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		if byNode[name] == nil {
 			byNode[name] = &Node{Name: name}
 		}
-		slices.SortFunc(g.Holders, func(a, b Holder) int {
-			return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(strings.Join(a.Pods, ","), strings.Join(b.Pods, ",")),
-				cmp.Compare(a.Claim, b.Claim), cmp.Compare(a.ShareID, b.ShareID))
-		})
+		slices.SortFunc(g.Holders, compareHolders)
+		if g.Lending != nil {
+			slices.SortFunc(g.Lending.Borrowers, compareHolders)
+		}
 		byNode[name].GPUs = append(byNode[name].GPUs, *g)
 	}
 	var r Report
@@ -235,6 +277,81 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 	}
 	return r
 }
+
+func compareHolders(a, b Holder) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(strings.Join(a.Pods, ","), strings.Join(b.Pods, ",")),
+		cmp.Compare(a.Claim, b.Claim), cmp.Compare(a.ShareID, b.ShareID))
+}
+
+// lendingOf reads a lending device: Lent when it has no lending taint.
+func lendingOf(d resourceapi.Device) *Lending {
+	l := &Lending{Phase: "Lent", Borrowers: []Holder{}}
+	for _, t := range d.Taints {
+		if t.Key == model.NotLentTaintKey {
+			l.Phase = t.Value
+		}
+	}
+	if c, ok := d.Capacity[model.Memory]; ok {
+		l.LendableBytes = c.Value.Value()
+	}
+	return l
+}
+
+// borrower is the holder of a result on a lending device (gpu-N-lent) and
+// the GPU it borrows from; ok is false for every other result.
+func borrower(c resourceapi.ResourceClaim, pods []string, res resourceapi.DeviceRequestAllocationResult) (Holder, accounting.GPU, bool) {
+	if res.Driver != model.DriverName {
+		return Holder{}, accounting.GPU{}, false
+	}
+	minor, kind, err := model.ParseDevice(res.Device)
+	if err != nil || kind != model.KindLent {
+		return Holder{}, accounting.GPU{}, false
+	}
+	h := Holder{Namespace: c.Namespace, Claim: c.Name, Pods: pods, Device: res.Device, AdminAccess: res.AdminAccess != nil && *res.AdminAccess}
+	if res.ShareID != nil {
+		h.ShareID = string(*res.ShareID)
+	}
+	if q, ok := res.ConsumedCapacity[model.Memory]; ok {
+		h.MemoryBytes = q.Value()
+	}
+	if q, ok := res.ConsumedCapacity[model.Cores]; ok {
+		h.Cores = q.Value()
+	}
+	h.Attestation, h.PrepareError = deviceStatus(c.Status.Devices, res)
+	return h, accounting.GPU{Pool: res.Pool, Minor: minor}, true
+}
+
+// deviceStatus reads the plugin's status.devices entry of the allocation
+// result res: its attestation when the device's Ready condition is True, the
+// condition's message when it is False. Data that does not decode as a
+// GpuAttestation (another writer's) counts as none.
+func deviceStatus(devices []resourceapi.AllocatedDeviceStatus, res resourceapi.DeviceRequestAllocationResult) (*configapi.GpuAttestation, string) {
+	for _, d := range devices {
+		if d.Driver != res.Driver || d.Pool != res.Pool || d.Device != res.Device ||
+			(d.ShareID == nil) != (res.ShareID == nil) || (d.ShareID != nil && *d.ShareID != string(*res.ShareID)) {
+			continue
+		}
+		ready := meta.FindStatusCondition(d.Conditions, readyCondition)
+		switch {
+		case ready == nil:
+			return nil, ""
+		case ready.Status == metav1.ConditionFalse:
+			return nil, ready.Message
+		case ready.Status != metav1.ConditionTrue || d.Data == nil || len(d.Data.Raw) == 0:
+			return nil, ""
+		}
+		a, err := configapi.DecodeAttestationLenient(d.Data.Raw)
+		if err != nil {
+			return nil, ""
+		}
+		return a, ""
+	}
+	return nil, ""
+}
+
+// readyCondition is pkg/plugin's ConditionReady (not imported: status runs
+// on laptops and must not pull in the plugin).
+const readyCondition = "Ready"
 
 func stringAttr(d resourceapi.Device, name resourceapi.QualifiedName) string {
 	if a, ok := d.Attributes[name]; ok && a.StringValue != nil {

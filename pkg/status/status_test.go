@@ -119,8 +119,8 @@ func TestStatus(t *testing.T) {
 	text := squeeze(table.String())
 	for _, want := range []string{
 		"node-a gpu-0 NVIDIA H100 80GB HBM3 48Gi/79.6Gi 50/100 Healthy demo/quarter-0",
-		"demo/quarter-0 (claim quarter-0-gpu: 19Gi, 25 cores)",
-		"demo/reader,writer (claim shared: 10Gi, 0 cores)",
+		"demo/quarter-0 (claim quarter-0-gpu: 19Gi, 25 cores; not attested)",
+		"demo/reader,writer (claim shared: 10Gi, 0 cores; not attested)",
 		"node-a gpu-3 NVIDIA H100 80GB HBM3 0/79.6Gi 0/100 Unhealthy(XID-79:NoExecute) -",
 		"node-a gpu-7 NVIDIA H100 80GB HBM3 79.6Gi/79.6Gi 100/100 Healthy ml/train",
 		"ml/train (claim whole: whole GPU)",
@@ -181,5 +181,98 @@ func TestStatusAccounting(t *testing.T) {
 	}
 	if g := gpus[5]; g.Mode != ModeFree || g.AllocatedMemoryBytes != 0 || g.AllocatedCores != 0 || len(g.Holders) != 1 || !g.Holders[0].AdminAccess {
 		t.Errorf("gpu-5 (admin access only): %+v", g)
+	}
+}
+
+// withDeviceStatus adds the plugin's status.devices entry for the claim's
+// result i: Ready with its condition status and message, and data.
+func withDeviceStatus(c *resourceapi.ResourceClaim, i int, ready metav1.ConditionStatus, message, data string) *resourceapi.ResourceClaim {
+	r := c.Status.Allocation.Devices.Results[i]
+	d := resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device,
+		Conditions: []metav1.Condition{{Type: "Ready", Status: ready, Reason: "X", Message: message}}}
+	if r.ShareID != nil {
+		d.ShareID = ptr.To(string(*r.ShareID))
+	}
+	if data != "" {
+		d.Data = &runtime.RawExtension{Raw: []byte(data)}
+	}
+	c.Status.Devices = append(c.Status.Devices, d)
+	return c
+}
+
+// TestStatusAttestation: each holder carries what the plugin attested in
+// its claim's status (backend, limits, whether enforced) or why prepare
+// failed, matched by device and share; the table says it per share.
+func TestStatusAttestation(t *testing.T) {
+	objs := published(t, "node-a", "hgx-h100")
+	const head = `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuAttestation","node":"node-a","uuid":"GPU-x",`
+	mps := allocated("demo", "mps", []string{"mps-pod"}, shareResult("node-a", "gpu-0-shared", "s1", "16Gi", "30"))
+	mps = withDeviceStatus(mps, 0, metav1.ConditionTrue, "prepared", head+
+		`"isolation":"MPS","memory":17179869184,"cores":30,"memoryLimit":17179869184,"coresLimit":50,"enforced":{"memory":true,"cores":true},"newerField":1}`)
+	advisory := allocated("demo", "advisory", []string{"adv-pod"}, shareResult("node-a", "gpu-0-shared", "s2", "8Gi", "10"))
+	advisory = withDeviceStatus(advisory, 0, metav1.ConditionTrue, "prepared", head+
+		`"isolation":"Advisory","memory":8589934592,"cores":10,"memoryLimit":8589934592,"coresLimit":10,"enforced":{"memory":false,"cores":false}}`)
+	// An earlier plugin's data: no kind, read all the same.
+	old := allocated("demo", "old", []string{"old-pod"}, shareResult("node-a", "gpu-0-shared", "s3", "4Gi", "5"))
+	old = withDeviceStatus(old, 0, metav1.ConditionTrue, "prepared", `{"uuid":"GPU-x","memoryLimit":4294967296,"coresLimit":5,"isolation":"Advisory"}`)
+	failed := allocated("demo", "failed", []string{"failed-pod"}, shareResult("node-a", "gpu-1-shared", "s4", "8Gi", "10"))
+	failed = withDeviceStatus(failed, 0, metav1.ConditionFalse,
+		"claim demo/failed: device gpu-1-shared: isolation HAMiCore: library /var/lib/tessera/hami/libvgpu.so (--hami-core-library): not found; "+
+			"refusing to run the share without limits", "")
+	// An entry of another share of the same device does not apply.
+	pending := allocated("demo", "pending", []string{"pending-pod"}, shareResult("node-a", "gpu-1-shared", "s5", "8Gi", "10"))
+	pending.Status.Devices = append(pending.Status.Devices, failed.Status.Devices...)
+	whole := allocated("ml", "whole", []string{"train"}, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: model.DriverName, Pool: "node-a", Device: "gpu-7"})
+	whole = withDeviceStatus(whole, 0, metav1.ConditionTrue, "prepared", head[:len(head)-1]+`}`)
+	objs = append(objs, mps, advisory, old, failed, pending, whole)
+
+	r, err := Get(context.Background(), fake.NewClientset(objs...), "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string]Holder{}
+	for _, g := range r.Nodes[0].GPUs {
+		for _, h := range g.Holders {
+			holders[h.Claim] = h
+		}
+	}
+	if a := holders["mps"].Attestation; a == nil || a.Isolation != "MPS" || a.MemoryLimit != 16<<30 || a.CoresLimit != 50 || !a.Enforced.Cores {
+		t.Errorf("mps holder attestation %+v", a)
+	}
+	if a := holders["old"].Attestation; a == nil || a.Isolation != "Advisory" || a.CoresLimit != 5 {
+		t.Errorf("old holder attestation %+v", a)
+	}
+	if h := holders["failed"]; h.Attestation != nil || !strings.Contains(h.PrepareError, "--hami-core-library") {
+		t.Errorf("failed holder %+v", h)
+	}
+	if h := holders["pending"]; h.Attestation != nil || h.PrepareError != "" {
+		t.Errorf("pending holder took another share's status: %+v", h)
+	}
+	if a := holders["whole"].Attestation; a == nil || a.Isolation != "" {
+		t.Errorf("whole holder attestation %+v", a)
+	}
+
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	for _, want := range []string{
+		"demo/mps-pod (claim mps: 16Gi, 30 cores; MPS enforces memory 16Gi and compute 50%)",
+		"demo/adv-pod (claim advisory: 8Gi, 10 cores; Advisory, not enforced: memory 8Gi and compute 10%)",
+		"demo/old-pod (claim old: 4Gi, 5 cores; Advisory, not enforced: memory 4Gi and compute 5%)",
+		"demo/failed-pod (claim failed: 8Gi, 10 cores; not prepared: claim demo/failed: device gpu-1-shared: isolation HAMiCore: library " +
+			"/var/lib/tessera/hami/libvgpu.so (--hami-core-lib…)",
+		"demo/pending-pod (claim pending: 8Gi, 10 cores; not attested)",
+		"ml/train (claim whole: whole GPU)",
+	} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil || !strings.Contains(string(b), `"attestation":{"kind":"GpuAttestation","apiVersion":"gpu.tessera.dev/v1alpha1"`) ||
+		!strings.Contains(string(b), `"prepareError":"claim demo/failed`) {
+		t.Errorf("json lacks the attestation or the prepare error: %s %v", b, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 )
 
 // WriteTable writes the report as a table: one row per GPU (the first holder
@@ -15,6 +16,11 @@ import (
 //	NODE    GPU    MODEL                  MEMORY         CORES    HEALTH   HOLDERS
 //	node-1  gpu-0  NVIDIA H100 80GB HBM3  57Gi/79.6Gi    75/100   Healthy  demo/quarter-0 (claim quarter-0-gpu-x7k2p: 19Gi, 25 cores)
 //	                                                                       demo/quarter-1 (claim quarter-1-gpu-9fj3d: 19Gi, 25 cores)
+//	node-1  gpu-7  NVIDIA H100 80GB HBM3  79.6Gi/79.6Gi  100/100  Healthy  demo/notebook (claim notebook: whole GPU)
+//	                                                                       lent 68.6Gi to: demo/batch (claim batch-gpu-2kq8x: 20Gi, 0 cores; MPS enforces …)
+//
+// A GPU whose lending device is not lent shows "not lent (OwnerBusy)" and
+// its borrowers still being evicted, if any.
 func (r Report) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY\tCORES\tHEALTH\tHOLDERS")
@@ -27,6 +33,7 @@ func (r Report) WriteTable(w io.Writer) error {
 					holders = append(holders, h.String())
 				}
 			}
+			holders = append(holders, g.Lending.lines()...)
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%d/%d\t%s\t%s\n", n.Name, g.Device, orDash(g.ProductName),
 				Bytes(g.AllocatedMemoryBytes), Bytes(g.MemoryBytes), g.AllocatedCores, g.Cores, g.health(), holders[0])
 			for _, h := range holders[1:] {
@@ -35,6 +42,34 @@ func (r Report) WriteTable(w io.Writer) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// lines are the table rows of a GPU's lending: nothing for a GPU that is
+// neither lent nor lending to anyone.
+func (l *Lending) lines() []string {
+	if l == nil || (l.Phase != "Lent" && len(l.Borrowers) == 0) {
+		return nil
+	}
+	head := "lent " + Bytes(l.LendableBytes)
+	switch l.Phase {
+	case "Lent":
+	case "NotLent":
+		head = "not lent"
+	default:
+		head = "not lent (" + l.Phase + ")"
+	}
+	if len(l.Borrowers) == 0 {
+		return []string{head + ", no borrower"}
+	}
+	var out []string
+	for i, b := range l.Borrowers {
+		prefix := strings.Repeat(" ", len(head)+4)
+		if i == 0 {
+			prefix = head + " to: "
+		}
+		out = append(out, prefix+b.String())
+	}
+	return out
 }
 
 // health is "Healthy", "Unhealthy(XID-79:NoExecute)" for Tessera's health
@@ -58,8 +93,14 @@ func (g GPU) health() string {
 	return state + "(" + strings.Join(taints, ",") + ")"
 }
 
-// String is how a holder appears in the table:
-// "ns/pod (claim c: 19Gi, 25 cores)", "ns/pod (claim c: whole GPU)".
+// String is how a holder appears in the table: the pods, the claim, what
+// it holds and, for a share, what enforces its limits on the node:
+//
+//	ns/pod (claim c: 19Gi, 25 cores; MPS enforces memory 19Gi and compute 25%)
+//	ns/pod (claim c: 19Gi, 25 cores; Advisory, not enforced: memory 19Gi and compute 25%)
+//	ns/pod (claim c: 8Gi, 10 cores; not prepared: isolation HAMiCore: library …)
+//	ns/pod (claim c: 8Gi, 10 cores; not attested)
+//	ns/pod (claim c: whole GPU)
 func (h Holder) String() string {
 	pods := "<no pod>"
 	if len(h.Pods) > 0 {
@@ -71,6 +112,18 @@ func (h Holder) String() string {
 		what = "admin access"
 	case h.ShareID != "":
 		what = Bytes(h.MemoryBytes) + ", " + strconv.FormatInt(h.Cores, 10) + " cores"
+		switch {
+		case h.PrepareError != "":
+			what += "; not prepared: " + shorten(h.PrepareError, maxErrorInTable)
+		case h.Attestation != nil:
+			what += "; " + h.Attestation.Limits()
+		default:
+			// Not prepared yet, or the plugin's status write failed:
+			// nothing vouches for the limits.
+			what += "; not attested"
+		}
+	case h.PrepareError != "":
+		what += "; not prepared: " + shorten(h.PrepareError, maxErrorInTable)
 	}
 	return fmt.Sprintf("%s/%s (claim %s: %s)", h.Namespace, pods, h.Claim, what)
 }
@@ -91,6 +144,22 @@ func Bytes(b int64) string {
 	s := strconv.FormatFloat(v, 'f', 1, 64)
 	s = strings.TrimSuffix(s, ".0")
 	return s + units[i]
+}
+
+// maxErrorInTable is how much of a prepare error the table shows; -o json
+// and -o yaml carry all of it.
+const maxErrorInTable = 120
+
+// shorten cuts s to at most n bytes (on a rune boundary), marking the cut.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 func orDash(s string) string {

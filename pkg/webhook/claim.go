@@ -25,6 +25,9 @@ const (
 	// wholeClassName is wholeClassName, sharedClassName sharedClassName.
 	wholeClassName  = driverName
 	sharedClassName = "shared." + driverName
+	// lentClassName's devices (gpu-N-lent) are shares of a lent GPU: they
+	// get limits and an isolation backend as shares of sharedClassName do.
+	lentClassName = "lent." + driverName
 	// capacityMemory and capacityCores are capacityMemory and capacityCores.
 	capacityMemory resourceapi.QualifiedName = "memory"
 	capacityCores  resourceapi.QualifiedName = "cores"
@@ -117,10 +120,10 @@ type unit struct {
 }
 
 func (u *unit) ours() bool {
-	return u.class == wholeClassName || u.class == sharedClassName
+	return u.class == wholeClassName || u.shared()
 }
 
-func (u *unit) shared() bool { return u.class == sharedClassName }
+func (u *unit) shared() bool { return u.class == sharedClassName || u.class == lentClassName }
 
 // limited reports whether prepare computes limits and an isolation backend for
 // the unit's devices: shares, except with adminAccess.
@@ -177,7 +180,37 @@ func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inl
 		errs = append(errs, floorErrs...)
 		warnings = append(warnings, floorWarnings...)
 	}
+	if len(errs) == 0 {
+		warnings = append(warnings, c.hamiSharingWarnings()...)
+	}
 	return errs, warnings
+}
+
+// hamiSharingWarnings warns about a standalone ResourceClaim (its devices at
+// spec.devices; a template's are at spec.spec.devices) whose config picks
+// HAMiCore for a share. HAMi-core keeps the claim's usage in one shared
+// region with a slot per process, keyed by the process's PID in its own PID
+// namespace: processes of two pods (or of two containers of a pod without
+// shareProcessNamespace) that use the claim may get the same PID and
+// overwrite each other's slot, so the region undercounts and the limit no
+// longer holds. A standalone claim is the kind that several pods reference;
+// that a template's claim is used by several containers of its pod is not
+// visible here (docs/ARCHITECTURE.md, "HAMiCore and PID namespaces"). The
+// class default (DeviceClass config) is not looked at.
+func (c *claimChecker) hamiSharingWarnings() []string {
+	if c.path.String() != "spec.devices" {
+		return nil
+	}
+	for k := range c.units {
+		u := &c.units[k]
+		if !u.limited() || c.isolationOf(u) != configapi.IsolationHAMiCore {
+			continue
+		}
+		return []string{fmt.Sprintf("%s: HAMiCore counts usage per PID namespace: reference this claim from one pod only "+
+			"(several containers: shareProcessNamespace), or processes overwrite each other's usage and exceed the limit",
+			c.paramsPath(u.isolation).Child("sharing", "isolation"))}
+	}
+	return nil
 }
 
 func (c *claimChecker) collectUnits(inline bool) {
@@ -404,9 +437,11 @@ func allocatedMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (
 var oneShareOnly = map[configapi.Isolation]string{
 	configapi.IsolationMPS:      "a client talks to one MPS daemon, which serves one GPU",
 	configapi.IsolationHAMiCore: "its limits are per process, for the one GPU CUDA sees",
+	// The hook's NVIDIA_GPU_MEMORY_LIMITS is one value for the whole container.
+	configapi.IsolationDriverMemory: "the driver's memory limit variables are one value for the whole container",
 }
 
-// checkIsolation refuses an MPS or HAMiCore share that is not the claim's
+// checkIsolation refuses an MPS, HAMiCore or DriverMemory share that is not the claim's
 // only GPU, and shares of different requests with different isolation
 // backends.
 func (c *claimChecker) checkIsolation() field.ErrorList {

@@ -238,6 +238,22 @@ config:
 			},
 		},
 		{
+			name: "a borrower (lent class) is a share: MPS on a borrower and a second share is refused",
+			devices: `
+requests:
+- name: gpus
+  exactly: {deviceClassName: lent.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
+- name: more
+  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
+config:
+- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
+			wantErrors: []string{
+				`spec.devices.requests[1]: request "more" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation MPS (` + params0 +
+					`.sharing.isolation); an MPS claim must be exactly one share, so prepare would refuse the claim ` +
+					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
+			},
+		},
+		{
 			name: "MPS on two requests whose shares a uuid constraint puts on one GPU",
 			devices: `
 requests:` + share + `

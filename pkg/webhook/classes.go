@@ -46,6 +46,9 @@ func NewDeviceClasses(client kubernetes.Interface) *DeviceClasses {
 	}
 }
 
+// Client is the clientset the reader uses.
+func (d *DeviceClasses) Client() kubernetes.Interface { return d.client }
+
 // Start starts the informer; it runs until ctx is done. It does not wait for
 // the cache to sync: Get reads with a GET meanwhile.
 func (d *DeviceClasses) Start(ctx context.Context) {

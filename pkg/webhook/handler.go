@@ -14,9 +14,17 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// maxReviewBytes bounds the body Handler reads. The API server's own request
-// limit is 3 MiB; a review holds the object (and, on UPDATE, the old object).
-const maxReviewBytes = 7 << 20
+// maxReviewBytes bounds the body Handler reads: 4 MiB. The API server
+// refuses request bodies over 3 MiB, so no claim, template or class it
+// accepts is larger; the review adds the envelope (user info, kind,
+// resource) and JSON re-encoding of a body sent as protobuf or YAML. Opaque
+// parameters are 10 KiB at most each (the API server validates them before
+// validating webhooks run) and a claim has at most 32 configs, so our part
+// is at most 320 KiB; the rest of a large object (CEL selectors, annotations)
+// must not turn a valid claim into a webhook failure, which failurePolicy
+// Fail would make a denial. On UPDATE of a DeviceClass the review also holds
+// the old object, a class being far below the limit.
+const maxReviewBytes = 4 << 20
 
 // Handler serves AdmissionReview v1 requests (POST, application/json) with
 // [Review]'s decision. Malformed requests get HTTP 400 and no review; the API
@@ -38,31 +46,8 @@ var _ http.Handler = Handler{}
 
 func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	logger := klog.FromContext(r.Context())
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "only POST is served", http.StatusMethodNotAllowed)
-		return
-	}
-	if mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mediaType != "application/json" {
-		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("read the request: %v", err), http.StatusBadRequest)
-		return
-	}
-	if len(body) > maxReviewBytes {
-		http.Error(w, fmt.Sprintf("the request is larger than %d bytes", maxReviewBytes), http.StatusRequestEntityTooLarge)
-		return
-	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil {
-		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
-		return
-	}
-	if gvk := review.GroupVersionKind(); gvk != admissionv1.SchemeGroupVersion.WithKind("AdmissionReview") || review.Request == nil {
-		http.Error(w, "expected an admission.k8s.io/v1 AdmissionReview with a request", http.StatusBadRequest)
+	review, ok := readReview(w, r)
+	if !ok {
 		return
 	}
 	req := review.Request
@@ -85,6 +70,45 @@ func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		logger.V(5).Info("Allowed", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "uid", req.UID)
 	}
+	writeReview(w, review, resp)
+}
+
+// readReview reads an AdmissionReview v1 request (POST, application/json, at
+// most maxReviewBytes). On a malformed request it answers with the HTTP error
+// and returns false; the API server then applies the webhook's failurePolicy.
+func readReview(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, bool) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "only POST is served", http.StatusMethodNotAllowed)
+		return nil, false
+	}
+	if mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mediaType != "application/json" {
+		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("read the request: %v", err), http.StatusBadRequest)
+		return nil, false
+	}
+	if len(body) > maxReviewBytes {
+		http.Error(w, fmt.Sprintf("the request is larger than %d bytes", maxReviewBytes), http.StatusRequestEntityTooLarge)
+		return nil, false
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &review); err != nil {
+		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)
+		return nil, false
+	}
+	if gvk := review.GroupVersionKind(); gvk != admissionv1.SchemeGroupVersion.WithKind("AdmissionReview") || review.Request == nil {
+		http.Error(w, "expected an admission.k8s.io/v1 AdmissionReview with a request", http.StatusBadRequest)
+		return nil, false
+	}
+	return &review, true
+}
+
+// writeReview answers review with resp.
+func writeReview(w http.ResponseWriter, review *admissionv1.AdmissionReview, resp *admissionv1.AdmissionResponse) {
 	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp})
 	if err != nil {
 		http.Error(w, fmt.Sprintf("encode the review: %v", err), http.StatusInternalServerError)

@@ -24,6 +24,10 @@ func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 	want := []string{
 		"apiVersion string (TypeMeta; must be gpu.tessera.dev/v1alpha1)",
 		"kind string (TypeMeta; must be GpuConfig)",
+		"lending.lendWhenIdle *bool (a consent; it names nothing)",
+		"locality.affinity v1alpha1.LocalityLabel (a label value; only compared)",
+		"locality.antiAffinity v1alpha1.LocalityLabel (a label value; only compared)",
+		"locality.exclusion v1alpha1.LocalityLabel (a label value; only compared)",
 		"sharing.allowedIsolations []v1alpha1.Isolation (list of the enum)",
 		"sharing.computeLimit *int32",
 		"sharing.isolation v1alpha1.Isolation (enum)",
@@ -55,6 +59,12 @@ func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 				got = append(got, path+" "+ft.String()+" (list of the enum)")
 			case ft == reflect.TypeFor[*int32]() || ft == reflect.TypeFor[*resource.Quantity]():
 				got = append(got, path+" "+ft.String())
+			case ft == reflect.TypeFor[configapi.LocalityLabel]():
+				// Validate limits it to a label value (no '/', '=', space
+				// or NUL); only the locality controller reads it, to compare.
+				got = append(got, path+" "+ft.String()+" (a label value; only compared)")
+			case ft == reflect.TypeFor[*bool]():
+				got = append(got, path+" "+ft.String()+" (a consent; it names nothing)")
 			case ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct:
 				walk(path+".", ft.Elem())
 			default:

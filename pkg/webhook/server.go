@@ -10,7 +10,10 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"k8s.io/klog/v2"
 )
@@ -24,6 +27,35 @@ const (
 	// ReadyzPath answers 200 until shutdown begins, then 503.
 	ReadyzPath = "/readyz"
 )
+
+// Defaults of Server's limits.
+const (
+	// DefaultMaxInFlight reviews at once: a review is a JSON decode and a
+	// DeviceClass read from the cache, milliseconds each, so 32 keep up with
+	// the API server's bursts while bounding memory (32 × maxReviewBytes).
+	DefaultMaxInFlight = 32
+	// DefaultMaxWait for a slot: below the webhook's default timeoutSeconds (5).
+	DefaultMaxWait = 3 * time.Second
+)
+
+// limitInFlight serves at most n requests at once; the others wait for a
+// slot up to maxWait (or until their request ends) and then get 429.
+func limitInFlight(n int, maxWait time.Duration, next http.Handler) http.Handler {
+	slots := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		timer := time.NewTimer(maxWait)
+		defer timer.Stop()
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			next.ServeHTTP(w, r)
+		case <-timer.C:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("more than %d reviews in flight", n), http.StatusTooManyRequests)
+		case <-r.Context().Done():
+		}
+	})
+}
 
 // Server serves Handler over TLS. The zero value is not usable: Addr, CertFile
 // and KeyFile are required.
@@ -44,6 +76,21 @@ type Server struct {
 	// Classes reads the DeviceClasses that claims name (Handler.Classes); nil
 	// reads none.
 	Classes DeviceClassReader
+	// Models reads the GPU models the cluster publishes, for MutatePath
+	// (MutateHandler); nil serves no MutatePath.
+	Models GPUModelReader
+	// MaxInFlight caps the reviews served at once (0: DefaultMaxInFlight).
+	// A review beyond it waits for a slot, at most until its request's
+	// context ends or MaxWait passes, then gets 429 (the API server applies
+	// the webhook's failurePolicy).
+	MaxInFlight int
+	// MaxWait bounds the wait for a slot (0: DefaultMaxWait).
+	MaxWait time.Duration
+	// ReusePort sets SO_REUSEPORT on the listener: replicas in the host's
+	// network namespace of one node (running as the same user) can then all
+	// listen on Addr, the kernel spreads connections among them, and one
+	// replica going away leaves the others serving.
+	ReusePort bool
 
 	// listening, when set, receives the bound address once the listener is up
 	// (tests listen on port 0).
@@ -66,7 +113,17 @@ func (s *Server) Run(ctx context.Context) error {
 
 	var shuttingDown atomic.Bool
 	mux := http.NewServeMux()
-	mux.Handle(ValidatePath, Handler{Classes: s.Classes})
+	maxInFlight, maxWait := s.MaxInFlight, s.MaxWait
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	if maxWait <= 0 {
+		maxWait = DefaultMaxWait
+	}
+	mux.Handle(ValidatePath, limitInFlight(maxInFlight, maxWait, Handler{Classes: s.Classes}))
+	if s.Models != nil {
+		mux.Handle(MutatePath, limitInFlight(maxInFlight, maxWait, MutateHandler{Models: s.Models}))
+	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
 		if shuttingDown.Load() {
@@ -76,7 +133,19 @@ func (s *Server) Run(ctx context.Context) error {
 		_, _ = w.Write([]byte("ok"))
 	})
 
-	listener, err := net.Listen("tcp", s.Addr)
+	var lc net.ListenConfig
+	if s.ReusePort {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var sockErr error
+			if err := c.Control(func(fd uintptr) {
+				sockErr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}); err != nil {
+				return err
+			}
+			return sockErr
+		}
+	}
+	listener, err := lc.Listen(ctx, "tcp", s.Addr)
 	if err != nil {
 		return fmt.Errorf("webhook server: %w", err)
 	}

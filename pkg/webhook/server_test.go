@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -165,5 +166,69 @@ func TestServerRefusesMissingCertificate(t *testing.T) {
 	s := &Server{Addr: "127.0.0.1:0", CertFile: "/nonexistent/tls.crt", KeyFile: "/nonexistent/tls.key"}
 	if err := s.Run(context.Background()); err == nil {
 		t.Fatal("Run without a certificate succeeded")
+	}
+}
+
+// Two replicas in one network namespace share the address with ReusePort;
+// when one stops, every new connection reaches the other.
+func TestServerReusePort(t *testing.T) {
+	dir := t.TempDir()
+	cert := writeCert(t, dir, "shared", time.Now().Add(-time.Minute))
+	// A free port: bind, note it, release.
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	_ = probe.Close()
+	start := func(reuse bool) (context.CancelFunc, chan error) {
+		listening := make(chan net.Addr, 1)
+		s := &Server{Addr: addr, CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), ReusePort: reuse, listening: listening}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		select {
+		case <-listening:
+		case err := <-done:
+			cancel()
+			done <- err
+			return nil, done
+		case <-time.After(10 * time.Second):
+			t.Fatal("not listening after 10s")
+		}
+		return cancel, done
+	}
+	stopA, doneA := start(true)
+	if stopA == nil {
+		t.Fatalf("first replica: %v", <-doneA)
+	}
+	defer stopA()
+	stopB, doneB := start(true)
+	if stopB == nil {
+		t.Fatalf("second replica on the same address: %v", <-doneB)
+	}
+	// Without the option a third cannot bind: the test is not vacuous.
+	if stopC, doneC := start(false); stopC != nil {
+		stopC()
+		t.Fatal("a listener without SO_REUSEPORT bound the shared address")
+	} else if err := <-doneC; err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("third replica: %v, want address already in use", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+	stopB()
+	if err := <-doneB; err != nil {
+		t.Fatalf("second replica's shutdown: %v", err)
+	}
+	for i := range 20 {
+		resp, err := client.Get("https://" + addr + HealthzPath)
+		if err != nil {
+			t.Fatalf("request %d after one replica stopped: %v", i, err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
 	}
 }

@@ -56,10 +56,14 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // so that is a bug worth seeing rather than waving through.
 func Review(req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
-	if req.Operation != admissionv1.Create {
+	if req.Kind.Group != ResourceGroup || !supportedVersion(req.Kind.Version) {
 		return resp
 	}
-	if req.Kind.Group != ResourceGroup || !supportedVersion(req.Kind.Version) {
+	if req.Kind.Kind == "DeviceClass" {
+		// Class specs are mutable: creates and updates are reviewed.
+		return reviewDeviceClass(req)
+	}
+	if req.Operation != admissionv1.Create {
 		return resp
 	}
 	var root *field.Path

@@ -167,7 +167,7 @@ func TestReview(t *testing.T) {
 			name: "v1beta1 claim: every problem, each with its path",
 			file: "claim-v1beta1-invalid.json",
 			wantDenied: []string{
-				`spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"`,
+				`spec.devices.config[0].opaque.parameters.sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory"`,
 				"spec.devices.config[0].opaque.parameters.sharing.computeLimit: Invalid value: 0: must be between 1 and 100",
 			},
 			wantWarnings: []string{v1beta1Warning},

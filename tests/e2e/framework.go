@@ -139,7 +139,18 @@ func (c *Cluster) deleteNamespace(t testing.TB, ns string) {
 	if err != nil {
 		t.Logf("cleanup: %v", err)
 	}
+	// The namespace is gone once its claims are deleted in the API server,
+	// but kube-scheduler sees the deletions through its informers, which lag
+	// on a loaded two-core machine: a test that places shares right away can
+	// be scheduled against capacity its predecessor's claims no longer hold
+	// (first fit then skips a GPU, or a pod found unschedulable waits for the
+	// next cluster event). Give the informers a moment.
+	time.Sleep(namespaceSettle)
 }
+
+// namespaceSettle is how long deleteNamespace waits after the namespace is
+// gone.
+const namespaceSettle = 3 * time.Second
 
 // ApplyFile server-side-applies every object in a (multi-document) YAML file and
 // returns them as applied. A namespaced object is put into namespace when that is

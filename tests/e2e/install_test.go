@@ -194,7 +194,8 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 			Spec: resourceapi.ResourceSliceSpec{
 				Driver:   Driver,
 				NodeName: &node,
-				Pool:     resourceapi.ResourcePool{Name: "e2e-vap-" + node, ResourceSliceCount: 1},
+				// The policy also pins the pool to the node's own.
+				Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
 			},
 		}
 	}
@@ -238,7 +239,7 @@ func checkDenied(t *testing.T, op string, err error, want string) {
 		t.Errorf("%s: refused with %v; want the policy's message %q", op, err, want)
 		return
 	}
-	t.Logf("%s another node's slice: %v", op, err)
+	t.Logf("%s: refused: %v", op, err)
 }
 
 // TestAdminAccessNeedsLabelledNamespace: the 1.37 rule. A claim with

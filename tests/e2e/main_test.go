@@ -9,7 +9,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // cluster is the cluster every test uses; TestMain sets it. Tests get it from
@@ -45,6 +47,14 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	kubeconfig := os.Getenv("KUBECONFIG")
 	if os.Getenv("TESSERA_E2E_START") == "1" {
+		if os.Getenv("TESSERA_CLUSTER_LOCK_HELD") != "1" {
+			unlock, err := lockCluster(time.Hour)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "e2e:", err)
+				return 1
+			}
+			defer unlock()
+		}
 		local := filepath.Join(repoRoot, "demo", "clusters", "local")
 		if err := script(filepath.Join(local, "cluster.sh"), "up"); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -102,4 +112,34 @@ func script(path string, args ...string) error {
 func testdata(t testing.TB, name string) string {
 	t.Helper()
 	return filepath.Join(repoRoot, "tests", "e2e", "testdata", name)
+}
+
+// lockCluster takes the machine's local-cluster lock (the file the Makefile's
+// targets flock, TESSERA_CLUSTER_LOCK or /tmp/tessera-cluster.lock) for the
+// whole run, so that a second run, a demo or a benchmark does not start or
+// stop the one local cluster under this one. It waits at most wait.
+func lockCluster(wait time.Duration) (func(), error) {
+	path := os.Getenv("TESSERA_CLUSTER_LOCK")
+	if path == "" {
+		path = "/tmp/tessera-cluster.lock"
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("cluster lock: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for said := false; ; said = true {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if err != syscall.EWOULDBLOCK || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("cluster lock %s: %v (another run holds the local cluster)", path, err)
+		}
+		if !said {
+			fmt.Fprintf(os.Stderr, "e2e: waiting for the local cluster lock %s (another run holds it)\n", path)
+		}
+		time.Sleep(time.Second)
+	}
 }

@@ -10,6 +10,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,18 +26,118 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // operateMetricsURL is the plugin's /metrics: on the local cluster the plugin
-// runs in the host's network namespace with the default --metrics-address.
+// runs in the host's network namespace and serves HTTPS on :9478
+// (demo/clusters/local/overlay/values.yaml); scrapeMetrics sends a token.
 func operateMetricsURL() string {
 	if u := os.Getenv("TESSERA_E2E_METRICS_URL"); u != "" {
 		return u
 	}
-	return "http://127.0.0.1:9477/metrics"
+	return "https://127.0.0.1:9478/metrics"
+}
+
+// mockKnobBase is the plugin's test knob (--mock-fault-injection): plain
+// HTTP on the host's 127.0.0.1:9477 on the local cluster.
+func mockKnobBase() string {
+	if u := os.Getenv("TESSERA_E2E_MOCK_KNOB_URL"); u != "" {
+		return strings.TrimSuffix(u, "/")
+	}
+	return "http://127.0.0.1:9477"
+}
+
+// metricsReaderClusterRole is the chart's ClusterRole for scrapers
+// (templates/metrics-rbac.yaml, release tessera).
+const metricsReaderClusterRole = "tessera-metrics-reader"
+
+var (
+	metricsTokenMu sync.Mutex
+	metricsTokenV  string
+	metricsTokenAt time.Time
+)
+
+// metricsToken is a token of the ServiceAccount tessera-e2e-metrics-reader in
+// the install namespace, bound to the ClusterRole tessera-metrics-reader, as a
+// Prometheus's would be; both are created on first use and left in place
+// (later runs reuse them). Tokens last an hour and are renewed after 30
+// minutes.
+func metricsToken(ctx context.Context) (string, error) {
+	metricsTokenMu.Lock()
+	defer metricsTokenMu.Unlock()
+	if metricsTokenV != "" && time.Since(metricsTokenAt) < 30*time.Minute {
+		return metricsTokenV, nil
+	}
+	if cluster == nil {
+		return "", fmt.Errorf("no cluster to get a metrics token from")
+	}
+	const sa = "tessera-e2e-metrics-reader"
+	token, err := serviceAccountToken(ctx, cluster, sa, metricsReaderClusterRole)
+	if err != nil {
+		return "", err
+	}
+	metricsTokenV, metricsTokenAt = token, time.Now()
+	return token, nil
+}
+
+// serviceAccountToken creates (if missing) ServiceAccount sa in the install
+// namespace, binds it to clusterRole (if not empty) and returns a fresh
+// one-hour token of it.
+func serviceAccountToken(ctx context.Context, c *Cluster, sa, clusterRole string) (string, error) {
+	_, err := c.Client.CoreV1().ServiceAccounts(installNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("create ServiceAccount %s/%s: %w", installNamespace, sa, err)
+	}
+	if clusterRole != "" {
+		_, err = c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: sa},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: clusterRole},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: installNamespace}},
+		}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", fmt.Errorf("bind ServiceAccount %s/%s to ClusterRole %s: %w", installNamespace, sa, clusterRole, err)
+		}
+	}
+	expiry := int64(3600)
+	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("token of %s/%s: %w", installNamespace, sa, err)
+	}
+	return tr.Status.Token, nil
+}
+
+// metricsClient talks to the plugin's metrics server, whose certificate is
+// self-signed per pod: the test checks who may scrape, not the certificate.
+var metricsClient = &http.Client{
+	Timeout:   30 * time.Second,
+	Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}, //nolint:gosec // self-signed per pod
+}
+
+// getMetrics GETs url with token as bearer (none when empty).
+func getMetrics(ctx context.Context, url, token string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := metricsClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
 }
 
 var (
@@ -100,12 +201,18 @@ type sample struct {
 
 var labelPattern = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
 
+// scrapeMetrics reads url as a scraper bound to tessera-metrics-reader does.
 func scrapeMetrics(ctx context.Context, url string) ([]sample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	token, err := metricsToken(ctx)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := metricsClient.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -25,18 +25,34 @@ const unschedulableClaims = "cannot allocate all claims"
 func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
-	ns := c.Namespace(t, "e2e-fifth")
-	four := c.RunSpec(t, ns, specPath("10-quarter-gpu-shares.yaml"))
-	if len(four) != 4 {
-		t.Fatalf("%d pods ran, want 4", len(four))
-	}
-	first := map[string]string{} // device -> uuid
-	for _, p := range four {
-		d := claimOf(t, c, p, "gpu")
-		first[d.Result.Device] = d.Attribute("uuid")
-	}
-	if len(first) != 1 {
-		t.Fatalf("the four quarters are on %v, want one GPU", first)
+	// The scheduler places the four by first fit over what its informers
+	// say is allocated. Right after the previous test's claims are deleted
+	// that view can still hold one of them (it lags on a loaded two-core
+	// machine), and then the four legitimately split over two GPUs. Such a
+	// split is retried once, in a fresh namespace after a longer settle; a
+	// second split fails the test.
+	var ns string
+	var first map[string]string // device -> uuid
+	for attempt := 1; ; attempt++ {
+		ns = c.Namespace(t, "e2e-fifth")
+		four := c.RunSpec(t, ns, specPath("10-quarter-gpu-shares.yaml"))
+		if len(four) != 4 {
+			t.Fatalf("%d pods ran, want 4", len(four))
+		}
+		first = map[string]string{}
+		for _, p := range four {
+			d := claimOf(t, c, p, "gpu")
+			first[d.Result.Device] = d.Attribute("uuid")
+		}
+		if len(first) == 1 {
+			break
+		}
+		if attempt == 2 {
+			t.Fatalf("the four quarters are on %v, want one GPU", first)
+		}
+		t.Logf("attempt %d: the four quarters are on %v, want one GPU; retrying once after a settle", attempt, first)
+		c.deleteNamespace(t, ns)
+		time.Sleep(3 * namespaceSettle)
 	}
 	var firstDev, firstUUID string
 	for dev, uuid := range first { // the only entry

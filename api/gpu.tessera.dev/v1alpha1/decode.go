@@ -9,6 +9,7 @@ import (
 	"io"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -244,7 +245,7 @@ func describeStrictError(err error) []string {
 		if strings.HasPrefix(err.Error(), "duplicate field") {
 			problem = "duplicate field"
 		}
-		return []string{pathErr.FieldPath() + ": " + problem}
+		return []string{quotedKey(pathErr.FieldPath()) + ": " + problem}
 	}
 	matches := yamlDuplicateKey.FindAllStringSubmatch(err.Error(), -1)
 	if len(matches) == 0 {
@@ -306,6 +307,17 @@ func article(value string) string {
 		return "an " + value
 	}
 	return "a " + value
+}
+
+// quotedKey is a field path built from the input's keys as messages show it:
+// as is when every character is printable and needs no escape, else Go-quoted
+// (control characters, quotes and newlines in a key the user wrote must not
+// reach events and logs raw).
+func quotedKey(path string) string {
+	if q := strconv.Quote(path); q[1:len(q)-1] != path {
+		return q
+	}
+	return path
 }
 
 func oneLine(s string) string {

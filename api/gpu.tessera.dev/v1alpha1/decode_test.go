@@ -241,17 +241,24 @@ func TestBadConfigs(t *testing.T) {
 		{
 			name: "isolation in wrong case",
 			in:   header + "sharing:\n  isolation: mps\n",
-			want: `sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"`,
+			want: `sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory"`,
 		},
 		{
 			name: "isolation unknown",
 			in:   header + "sharing:\n  isolation: Foo\n",
-			want: `sharing.isolation: Unsupported value: "Foo": supported values: "Advisory", "MPS", "HAMiCore"`,
+			want: `sharing.isolation: Unsupported value: "Foo": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory"`,
 		},
 		{
 			name: "nvlink unknown",
 			in:   header + "topology:\n  nvlink: Maybe\n",
 			want: `topology.nvlink: Unsupported value: "Maybe": supported values: "Required", "Preferred", "Ignore"`,
+		},
+		{
+			name: "locality labels that are not label values",
+			in:   header + "locality:\n  affinity: \"-a\"\n  antiAffinity: \"a b\"\n  exclusion: " + strings.Repeat("x", 64) + "\n",
+			want: `[locality.affinity: Invalid value: "-a": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?'), ` +
+				`locality.antiAffinity: Invalid value: "a b": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?'), ` +
+				`locality.exclusion: Invalid value: "` + strings.Repeat("x", 64) + `": must be no more than 63 bytes]`,
 		},
 		{
 			name: "allowedIsolations empty",
@@ -261,7 +268,7 @@ func TestBadConfigs(t *testing.T) {
 		{
 			name: "allowedIsolations with an unknown and a repeated isolation",
 			in:   header + "sharing:\n  allowedIsolations: [MPS, mps, MPS]\n",
-			want: `[sharing.allowedIsolations[1]: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", ` +
+			want: `[sharing.allowedIsolations[1]: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory", ` +
 				`sharing.allowedIsolations[2]: Duplicate value: "MPS"]`,
 		},
 		{
@@ -272,7 +279,7 @@ func TestBadConfigs(t *testing.T) {
 		{
 			name: "every value wrong",
 			in:   header + "sharing:\n  isolation: Foo\n  computeLimit: 0\n  memoryLimit: 0\ntopology:\n  nvlink: Maybe\n",
-			want: `[sharing.isolation: Unsupported value: "Foo": supported values: "Advisory", "MPS", "HAMiCore", ` +
+			want: `[sharing.isolation: Unsupported value: "Foo": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory", ` +
 				`sharing.computeLimit: Invalid value: 0: must be between 1 and 100, ` +
 				`sharing.memoryLimit: Invalid value: "0": must be greater than zero, ` +
 				`topology.nvlink: Unsupported value: "Maybe": supported values: "Required", "Preferred", "Ignore"]`,
@@ -515,5 +522,24 @@ func TestValidateHugeQuantityFromGo(t *testing.T) {
 	want := `sharing.memoryLimit: Invalid value: "1e999999999": must be less than 8Ei`
 	if err := c.Validate().ToAggregate(); err == nil || err.Error() != want {
 		t.Errorf("got %v, want %q", err, want)
+	}
+}
+
+// A key the user wrote reaches the message Go-quoted when it holds control
+// characters or quotes, so that it cannot forge lines in events and logs.
+func TestUnknownKeyQuoted(t *testing.T) {
+	for raw, want := range map[string]string{
+		`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","bad\nkey: forged":1}`:   `"bad\nkey: forged": unknown field`,
+		`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","q\"uote":1}`:            `"q\"uote": unknown field`,
+		`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharding":{}}`:          `sharding: unknown field`,
+		`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"\u0007":1}}`: `"sharing.\a": unknown field`,
+	} {
+		_, err := DecodeStrict([]byte(raw))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("DecodeStrict(%s): %v, want %s", raw, err, want)
+		}
+		if err != nil && strings.ContainsAny(err.Error(), "\n\a") {
+			t.Errorf("DecodeStrict(%s): raw control character in %q", raw, err)
+		}
 	}
 }

@@ -20,6 +20,7 @@ func fullConfig() *GpuConfig {
 			AllowedIsolations: []Isolation{IsolationMPS, IsolationHAMiCore},
 		},
 		Topology: &TopologyConfig{NVLink: NVLinkRequired},
+		Locality: &LocalityConfig{Affinity: "a", AntiAffinity: "b", Exclusion: "c"},
 	}
 }
 
@@ -41,6 +42,7 @@ func TestDeepCopyDoesNotAlias(t *testing.T) {
 	*copied.Sharing.ComputeLimit = 99
 	copied.Sharing.MemoryLimit.Add(resource.MustParse("1Gi"))
 	copied.Topology.NVLink = NVLinkIgnore
+	copied.Locality.Exclusion = "z"
 	copied.Sharing.AllowedIsolations[0] = IsolationAdvisory
 	if diff := cmp.Diff(fullConfig(), original); diff != "" {
 		t.Errorf("changing the copy changed the original (-want +got):\n%s", diff)

@@ -2,6 +2,7 @@ package v1alpha1
 
 // Default fills what can be defaulted without knowing the allocation, in place:
 // apiVersion and kind, sharing.isolation (Advisory) and topology.nvlink (Ignore).
+// Lending stays nil when unset: LendsWhenIdle reads it as false.
 // It allocates Sharing and Topology when they are nil, so that a defaulted config
 // has both sections and readers need no nil checks on them.
 //
@@ -31,4 +32,9 @@ func (c *GpuConfig) Default() {
 	if c.Topology.NVLink == "" {
 		c.Topology.NVLink = NVLinkIgnore
 	}
+}
+
+// LendsWhenIdle reports whether the config lends its GPUs while idle.
+func (c *GpuConfig) LendsWhenIdle() bool {
+	return c != nil && c.Lending != nil && c.Lending.LendWhenIdle != nil && *c.Lending.LendWhenIdle
 }

@@ -12,7 +12,7 @@
 //	apiVersion: gpu.tessera.dev/v1alpha1
 //	kind: GpuConfig
 //	sharing:
-//	  isolation: MPS      # Advisory | MPS | HAMiCore; default: the node's --default-isolation
+//	  isolation: MPS      # Advisory | MPS | HAMiCore | DriverMemory; default: the node's --default-isolation
 //	  computeLimit: 50    # percent, 1..100, at least the cores the share was allocated
 //	  memoryLimit: 16Gi   # at most the memory the share was allocated
 //	topology:

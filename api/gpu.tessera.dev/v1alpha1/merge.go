@@ -163,6 +163,27 @@ func (c *GpuConfig) mergeFrom(src *GpuConfig) {
 			}
 		}
 	}
+	if src.Lending != nil && src.Lending.LendWhenIdle != nil {
+		lend := *src.Lending.LendWhenIdle
+		c.Lending = &LendingConfig{LendWhenIdle: &lend}
+	}
+	if src.Locality != nil {
+		if c.Locality == nil {
+			c.Locality = &LocalityConfig{}
+		}
+		for _, f := range []struct {
+			dst *LocalityLabel
+			src LocalityLabel
+		}{
+			{&c.Locality.Affinity, src.Locality.Affinity},
+			{&c.Locality.AntiAffinity, src.Locality.AntiAffinity},
+			{&c.Locality.Exclusion, src.Locality.Exclusion},
+		} {
+			if f.src != "" {
+				*f.dst = f.src
+			}
+		}
+	}
 	if src.Topology != nil {
 		if c.Topology == nil {
 			c.Topology = &TopologyConfig{}

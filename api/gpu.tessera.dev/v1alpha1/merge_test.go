@@ -112,6 +112,19 @@ func TestConfigForRequest(t *testing.T) {
 			want:    merged(IsolationMPS, ptr.To[int32](40), "4Gi", NVLinkRequired),
 		},
 		{
+			name: "locality field by field: the claim sets affinity, the class's exclusion stays",
+			configs: []resourceapi.DeviceAllocationConfiguration{
+				fromClass(cfg(`"locality":{"exclusion":"team-a","affinity":"x"}`), "gpus"),
+				fromClaim(cfg(`"locality":{"affinity":"pipeline-1"}`)),
+			},
+			request: "gpus",
+			want: func() *GpuConfig {
+				c := merged(IsolationAdvisory, nil, "", NVLinkIgnore)
+				c.Locality = &LocalityConfig{Affinity: "pipeline-1", Exclusion: "team-a"}
+				return c
+			}(),
+		},
+		{
 			name: "an empty later entry changes nothing",
 			configs: []resourceapi.DeviceAllocationConfiguration{
 				fromClaim(cfg(`"sharing":{"isolation":"MPS","computeLimit":30}`)),
@@ -227,7 +240,7 @@ func TestConfigForRequest(t *testing.T) {
 			},
 			request: "gpus",
 			wantErr: `config 0 (FromClaim, requests "gpus"): invalid GpuConfig: ` +
-				`sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore"; ` +
+				`sharing.isolation: Unsupported value: "mps": supported values: "Advisory", "MPS", "HAMiCore", "DriverMemory"; ` +
 				`sharing.computeLimit: Invalid value: 0: must be between 1 and 100`,
 		},
 		{

@@ -37,6 +37,50 @@ type GpuConfig struct {
 	Sharing *SharingConfig `json:"sharing,omitempty"`
 	// Topology applies to claims with more than one GPU.
 	Topology *TopologyConfig `json:"topology,omitempty"`
+	// Lending applies to the GPUs the claim holds, whole or in shares.
+	Lending *LendingConfig `json:"lending,omitempty"`
+	// Locality applies to shares: which other shares may be on the same GPU.
+	// It is ignored for whole GPUs, which are never shared.
+	Locality *LocalityConfig `json:"locality,omitempty"`
+}
+
+// LocalityConfig is KubeShare's three locality rules between shares of
+// independent claims (docs/locality.md). Each rule names a group by a label;
+// an empty label is not a member of any group. The rules hold only where the
+// locality controller runs (chart value locality.enabled): it accepts or
+// rejects each placement the scheduler makes, through device binding
+// conditions, before the pod binds. Without the controller the labels are
+// recorded and ignored.
+type LocalityConfig struct {
+	// Affinity puts every share with this label on one GPU: a share with
+	// the label is accepted only on the GPU that already holds the group (or
+	// anywhere, for the group's first share).
+	Affinity LocalityLabel `json:"affinity,omitempty"`
+	// AntiAffinity keeps shares with this label on different GPUs: a share is
+	// refused on a GPU that holds another share with the same label.
+	AntiAffinity LocalityLabel `json:"antiAffinity,omitempty"`
+	// Exclusion keeps a GPU to one group: a GPU holding a share labelled X
+	// takes only shares labelled X, and a share labelled X goes only to a GPU
+	// whose shares are all labelled X (or to a GPU without shares). Shares
+	// without the label are a group of their own for this rule.
+	Exclusion LocalityLabel `json:"exclusion,omitempty"`
+}
+
+// LocalityLabel names a locality group: empty (no group) or a Kubernetes
+// label value (at most 63 characters of letters, digits, '-', '_' and '.',
+// beginning and ending with a letter or digit), which Validate checks. It
+// is compared, never used as a name, path or variable on the node: the
+// kubelet plugin ignores it.
+type LocalityLabel string
+
+// LendingConfig is an owner's consent to lend its GPU while it idles.
+type LendingConfig struct {
+	// LendWhenIdle lets the node lend the GPU to preemptible borrowers (the
+	// DeviceClass lent.gpu.tessera.dev) while every claim holding the GPU
+	// lends and has been idle for the node's idle period; the GPU is taken
+	// back the moment one of them uses it again. Borrowers are evicted then,
+	// after at most their reclaim grace. Default: false (never lent).
+	LendWhenIdle *bool `json:"lendWhenIdle,omitempty"`
 }
 
 // Isolation names how a share's limits are enforced inside the container.
@@ -53,11 +97,18 @@ const (
 	// IsolationHAMiCore preloads HAMi-core's libvgpu.so, which enforces memory and
 	// SM limits by intercepting the CUDA driver API.
 	IsolationHAMiCore Isolation = "HAMiCore"
+	// IsolationDriverMemory has the NVIDIA driver (r615 and newer) enforce the
+	// share's memory in the kernel, through the cgroup v2 dmem controller, set
+	// by the NVIDIA container toolkit's apply-cuda-memory-limits CDI hook.
+	// Compute is not limited. Only nodes that publish the device attribute
+	// gpu.tessera.dev/driverMemoryLimits=true can prepare it; elsewhere
+	// prepare fails. A claim with DriverMemory must be exactly one share.
+	IsolationDriverMemory Isolation = "DriverMemory"
 )
 
 // SupportedIsolations lists the valid Isolation values, in the order error
 // messages name them.
-var SupportedIsolations = []Isolation{IsolationAdvisory, IsolationMPS, IsolationHAMiCore}
+var SupportedIsolations = []Isolation{IsolationAdvisory, IsolationMPS, IsolationHAMiCore, IsolationDriverMemory}
 
 // SharingConfig is how a share's fraction is enforced.
 type SharingConfig struct {

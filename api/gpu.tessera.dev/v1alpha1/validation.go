@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -29,13 +30,16 @@ var (
 // here" and are filled by merging and defaulting. It checks:
 //
 //   - apiVersion and kind, when set, are gpu.tessera.dev/v1alpha1 and GpuConfig;
-//   - sharing.isolation is empty or one of Advisory, MPS, HAMiCore (case-sensitive);
+//   - sharing.isolation is empty or one of Advisory, MPS, HAMiCore, DriverMemory (case-sensitive);
 //   - sharing.computeLimit is between 1 and 100;
 //   - sharing.memoryLimit is greater than zero, at least 1Mi, a whole number of
 //     bytes, and below 8Ei (fits in an int64);
 //   - sharing.allowedIsolations, when set, names at least one isolation, each
-//     one of Advisory, MPS, HAMiCore and none twice;
-//   - topology.nvlink is empty or one of Required, Preferred, Ignore.
+//     one of Advisory, MPS, HAMiCore, DriverMemory and none twice;
+//   - topology.nvlink is empty or one of Required, Preferred, Ignore;
+//   - locality.affinity, locality.antiAffinity and locality.exclusion are
+//     empty or valid label values (at most 63 characters: letters, digits,
+//     '-', '_' and '.', beginning and ending with a letter or digit).
 //
 // Validate accepts sharing.allowedIsolations, which only a DeviceClass config
 // may set: ValidateForClaim refuses it in a claim's config.
@@ -60,6 +64,28 @@ func (c *GpuConfig) Validate() field.ErrorList {
 	}
 	errs = append(errs, c.Sharing.validate(field.NewPath("sharing"))...)
 	errs = append(errs, c.Topology.validate(field.NewPath("topology"))...)
+	errs = append(errs, c.Locality.validate(field.NewPath("locality"))...)
+	return errs
+}
+
+func (l *LocalityConfig) validate(path *field.Path) field.ErrorList {
+	if l == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name  string
+		value LocalityLabel
+	}{
+		{"affinity", l.Affinity}, {"antiAffinity", l.AntiAffinity}, {"exclusion", l.Exclusion},
+	} {
+		if f.value == "" {
+			continue
+		}
+		for _, msg := range validation.IsValidLabelValue(string(f.value)) {
+			errs = append(errs, field.Invalid(path.Child(f.name), f.value, msg))
+		}
+	}
 	return errs
 }
 

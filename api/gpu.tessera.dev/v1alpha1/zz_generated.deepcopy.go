@@ -21,6 +21,19 @@ func (in *GpuConfig) DeepCopyInto(out *GpuConfig) {
 		*out = new(TopologyConfig)
 		**out = **in
 	}
+	if in.Lending != nil {
+		in, out := &in.Lending, &out.Lending
+		*out = new(LendingConfig)
+		if (*in).LendWhenIdle != nil {
+			lend := *(*in).LendWhenIdle
+			(*out).LendWhenIdle = &lend
+		}
+	}
+	if in.Locality != nil {
+		in, out := &in.Locality, &out.Locality
+		*out = new(LocalityConfig)
+		**out = **in
+	}
 }
 
 // DeepCopy returns a copy of the receiver that shares no memory with it, or nil

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/pkg/fleet/replay"
+	"github.com/tessera-dev/tessera/pkg/scalebench"
+)
+
+// replayFlags drive -replay: the KubeShare stream through the real
+// kube-scheduler of the scale cluster (hack/scale/cluster.sh), compared with
+// the simulator on the same stream.
+type replayFlags struct {
+	on         bool
+	kubeconfig string
+	nodes      int
+	jobs       int
+	speed      float64
+	means      string
+	models     string
+	namespace  string
+	from       string
+	attempt    float64
+}
+
+func registerReplayFlags(fs *flag.FlagSet) *replayFlags {
+	r := &replayFlags{}
+	fs.BoolVar(&r.on, "replay", false, "replay the stream through the real kube-scheduler of the scale cluster and compare with the simulator (results/sim-vs-scheduler.md)")
+	fs.StringVar(&r.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "replay: the scale cluster's admin kubeconfig (hack/scale/cluster.sh env)")
+	fs.IntVar(&r.nodes, "replay-nodes", 4, "replay: fake 8-GPU nodes (made or removed to match)")
+	fs.IntVar(&r.jobs, "replay-jobs", 600, "replay: jobs per stream")
+	fs.Float64Var(&r.speed, "replay-speed", 20, "replay: simulated seconds per wall-clock second")
+	fs.StringVar(&r.means, "replay-means", "0.3", "replay: mean demands of the normal streams, comma-separated")
+	fs.StringVar(&r.models, "replay-models", "whole,tessera", "replay: models, comma-separated (whole, tessera)")
+	fs.StringVar(&r.namespace, "replay-namespace", "fleet-replay", "replay: namespace of the jobs' pods and claims (created if missing)")
+	fs.StringVar(&r.from, "replay-from", "", "replay: take the real runs from this sim-vs-scheduler.json instead of a cluster and simulate them again")
+	fs.Float64Var(&r.attempt, "replay-attempt-cost", 0, "replay: simulated seconds per scheduling attempt in the simulator (0: instantaneous)")
+	return r
+}
+
+// replayRow is one stream and model, replayed and simulated.
+type replayRow struct {
+	mean                     float64
+	kind                     fleet.Kind
+	jobs                     []fleet.Job
+	real, sim, simOld        fleet.Result
+	wall, lag                time.Duration
+	attemptsSim, attemptsOld int
+}
+
+// simulate measures the real starts and simulates the row's stream with the
+// default model and the earlier one.
+func (r *replayFlags) simulate(ctx context.Context, row *replayRow, realStarts []float64) error {
+	kind, jobs := row.kind, row.jobs
+	real, err := fleet.Summarize(kind, jobs, realStarts)
+	if err != nil {
+		return err
+	}
+	w := fleet.Workload{MeanDemand: row.mean}
+	sim, err := fleet.Run(ctx, kind, w, jobs, fleet.Options{Nodes: r.nodes, AttemptCost: r.attempt})
+	if err != nil {
+		return err
+	}
+	old, err := fleet.Run(ctx, kind, w, jobs, fleet.Options{Nodes: r.nodes, Queue: fleet.QueueFIFO, NodeChoice: fleet.ChoiceFirst})
+	if err != nil {
+		return err
+	}
+	row.real = real
+	row.sim, _ = fleet.Summarize(kind, jobs, sim.Starts)
+	row.simOld, _ = fleet.Summarize(kind, jobs, old.Starts)
+	row.attemptsSim, row.attemptsOld = sim.Attempts, old.Attempts
+	fmt.Fprintf(os.Stderr, "replay: m=%.2f %s: real %.0f jobs/h, simulated %.0f (old model %.0f)\n", row.mean, kind, real.JobsPerHour, row.sim.JobsPerHour, row.simOld.JobsPerHour)
+	return nil
+}
+
+// rawRow is one replay as saved in sim-vs-scheduler.json.
+type rawRow struct {
+	Mean   float64     `json:"mean"`
+	Kind   fleet.Kind  `json:"kind"`
+	Nodes  int         `json:"nodes"`
+	Speed  float64     `json:"speed"`
+	Jobs   []fleet.Job `json:"jobs"`
+	Starts []float64   `json:"realStarts"`
+	WallS  float64     `json:"wallSeconds"`
+	LagS   float64     `json:"maxCreateLagSeconds"`
+}
+
+// rerun simulates the saved replays again (for tuning the simulator).
+func (r *replayFlags) rerun(seed int64, out, command string) error {
+	b, err := os.ReadFile(r.from)
+	if err != nil {
+		return err
+	}
+	var raw []rawRow
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("%s: %w", r.from, err)
+	}
+	var rows []replayRow
+	for _, x := range raw {
+		r.nodes, r.speed, r.jobs = x.Nodes, x.Speed, len(x.Jobs)
+		row := replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
+		if err := r.simulate(context.Background(), &row, x.Starts); err != nil {
+			return err
+		}
+		rows = append(rows, row)
+	}
+	return r.write(rows, seed, out, command)
+}
+
+func (r *replayFlags) run(seed int64, out, command string) error {
+	if r.from != "" {
+		return r.rerun(seed, out, command)
+	}
+	ctx := context.Background()
+	cfg, err := clientcmd.BuildConfigFromFlags("", r.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %q: %w", r.kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = 500, 1000
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	if err := scalebench.EnsureNodes(ctx, c, r.nodes, fleet.Profile, 8, 5*time.Minute); err != nil {
+		return fmt.Errorf("fake nodes: %w", err)
+	}
+	if err := ensureNamespace(ctx, c, r.namespace); err != nil {
+		return err
+	}
+	var rows []replayRow
+	for _, ms := range strings.Split(r.means, ",") {
+		m, err := strconv.ParseFloat(strings.TrimSpace(ms), 64)
+		if err != nil || m <= 0 || m > 1 {
+			return fmt.Errorf("-replay-means: %q is not a mean demand in (0, 1]", ms)
+		}
+		w := fleet.QuickConfig(seed).Workload
+		w.Jobs, w.MeanDemand, w.GPUs = r.jobs, m, r.nodes*fleet.GPUsPerNode
+		jobs := w.Generate()
+		for _, ks := range strings.Split(r.models, ",") {
+			kind := fleet.Kind(strings.TrimSpace(ks))
+			if kind != fleet.Whole && kind != fleet.Tessera {
+				return fmt.Errorf("-replay-models: %q: want whole or tessera", ks)
+			}
+			fmt.Fprintf(os.Stderr, "replay: m=%.2f %s: %d jobs on %d nodes at %.0f× (about %.0f s)\n", m, kind, len(jobs), r.nodes, r.speed, jobs[len(jobs)-1].Arrival/r.speed)
+			o, err := replay.Replay(ctx, replay.Config{Client: c, Namespace: r.namespace, Kind: kind, Jobs: jobs, Speed: r.speed,
+				Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+			if err != nil {
+				return err
+			}
+			row := replayRow{mean: m, kind: kind, jobs: jobs, wall: o.Wall, lag: o.MaxCreateLag}
+			if err := r.simulate(ctx, &row, o.Starts); err != nil {
+				return err
+			}
+			rows = append(rows, row)
+			// Written after every row, so that a run cut short keeps what it measured.
+			if err := r.write(rows, seed, out, command); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *replayFlags) write(rows []replayRow, seed int64, out, command string) error {
+	md := replayMarkdown(rows, r, seed, command)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	path := filepath.Join(out, "sim-vs-scheduler.md")
+	if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
+		return err
+	}
+	// The jobs and their real start times, to simulate them again later (-replay-from).
+	var raw []rawRow
+	for _, row := range rows {
+		raw = append(raw, rawRow{row.mean, row.kind, r.nodes, r.speed, row.jobs, row.real.Starts, row.wall.Seconds(), row.lag.Seconds()})
+	}
+	js, err := json.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "sim-vs-scheduler.json"), js, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s and sim-vs-scheduler.json\n", path)
+	return nil
+}
+
+func pct(a, b float64) string {
+	if b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*(a-b)/b)
+}
+
+func replayMarkdown(rows []replayRow, r *replayFlags, seed int64, command string) string {
+	var b strings.Builder
+	p := func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }
+	p("# The fleet simulator against the real kube-scheduler\n\n")
+	p("Reproduce: `hack/scale/cluster.sh up %d` then `%s`, then `hack/scale/cluster.sh down`.\n\n", r.nodes, command)
+	p("The KubeShare stream (Poisson arrivals at 1.25× the fluid capacity, demand Normal(m, 0.1), run time Exp(600 s), seed %d, %d jobs) "+
+		"replayed %.0f× faster than simulated time through the real kube-apiserver, kube-scheduler and kube-controller-manager of the scale cluster "+
+		"(hack/scale: %d kwok fake nodes × 8 GPUs, each with the ResourceSlices Tessera publishes for the hgx-h100 mock profile). "+
+		"Each job is a ResourceClaim with the spec the simulator gives the allocator (fleet.ClaimSpec) and a pod using it, created at its arrival; "+
+		"when the pod is bound it runs for its run time, then pod and claim are deleted (pkg/fleet/replay). The same stream is simulated with "+
+		"kube-scheduler's queue and node choice (the default model) and with the earlier model (FIFO with head-of-line blocking, first node first). "+
+		"The simulator's scheduling attempts take %.3g simulated seconds each. "+
+		"All three are measured by fleet.Summarize: jobs completed per hour in the window (arrival of the first tenth of the jobs to the last arrival) "+
+		"and waits from arrival to binding in simulated minutes.\n\n", seed, r.jobs, r.speed, r.nodes, r.attempt)
+	p("| m | model | real jobs/h | simulated | sim vs real | earlier model | earlier vs real | real wait mean / p95 (min) | simulated | earlier model | replay wall | max create lag |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range rows {
+		p("| %.2f | %s | %.0f | %.0f | %s | %.0f | %s | %.1f / %.1f | %.1f / %.1f | %.1f / %.1f | %s | %s |\n", row.mean, row.kind,
+			row.real.JobsPerHour, row.sim.JobsPerHour, pct(row.sim.JobsPerHour, row.real.JobsPerHour),
+			row.simOld.JobsPerHour, pct(row.simOld.JobsPerHour, row.real.JobsPerHour),
+			row.real.WaitMean/60, row.real.WaitP95/60, row.sim.WaitMean/60, row.sim.WaitP95/60, row.simOld.WaitMean/60, row.simOld.WaitP95/60,
+			row.wall.Round(time.Second), row.lag.Round(time.Millisecond))
+	}
+	p("\nTarget: simulated and real jobs/h within 10 %% for every model.\n\n")
+	for _, row := range rows {
+		d := (row.sim.JobsPerHour - row.real.JobsPerHour) / row.real.JobsPerHour
+		ok := "met"
+		if d > 0.1 || d < -0.1 {
+			ok = "**missed**"
+		}
+		p("- m=%.2f %s: %s (%s)\n", row.mean, row.kind, pct(row.sim.JobsPerHour, row.real.JobsPerHour), ok)
+	}
+	return b.String()
+}
+
+func ensureNamespace(ctx context.Context, c kubernetes.Interface, ns string) error {
+	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tessera-dev/tessera/pkg/fleet"
+)
+
+// TestReplayReportRoundTrip: a replay's rows are written as Markdown and JSON,
+// and -replay-from simulates the saved runs again into the same report.
+func TestReplayReportRoundTrip(t *testing.T) {
+	w := fleet.Workload{Seed: 3, Jobs: 120, MeanDemand: 0.3, SDDemand: 0.1, MeanRuntime: 600, GPUs: 16, Load: 1.25}
+	jobs := w.Generate()
+	sim, err := fleet.Run(context.Background(), fleet.Tessera, w, jobs, fleet.Options{Nodes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replayFlags{nodes: 2, jobs: len(jobs), speed: 10}
+	row := replayRow{mean: 0.3, kind: fleet.Tessera, jobs: jobs}
+	if err := r.simulate(context.Background(), &row, sim.Starts); err != nil {
+		t.Fatal(err)
+	}
+	if row.real.JobsPerHour != row.sim.JobsPerHour {
+		t.Errorf("the simulator's own starts measured as real: %.1f vs %.1f jobs/h", row.real.JobsPerHour, row.sim.JobsPerHour)
+	}
+	dir := t.TempDir()
+	if err := r.write([]replayRow{row}, 3, dir, "tessera-bench -replay"); err != nil {
+		t.Fatal(err)
+	}
+	again := &replayFlags{from: filepath.Join(dir, "sim-vs-scheduler.json")}
+	out := t.TempDir()
+	if err := again.run(3, out, "tessera-bench -replay -replay-from x"); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(out, "sim-vs-scheduler.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "| 0.30 | tessera |") || !strings.Contains(string(md), "+0.0% (met)") {
+		t.Errorf("report:\n%s", md)
+	}
+}

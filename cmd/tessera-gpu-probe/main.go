@@ -1,0 +1,239 @@
+// Command tessera-gpu-probe is Tessera's real-GPU check (make gpu-check):
+// "check" runs the plugin's path on this machine's GPU without Kubernetes and
+// measures each backend's limits with probe processes; "probe" is such a
+// process. It only parses flags and wires pkg/gpucheck; see
+// docs/gpu-check.md.
+package main
+
+import (
+	"errors"
+	goflag "flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpucheck"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+)
+
+// Exit codes of "check".
+const (
+	exitMissed = 1 // a target was missed or a step failed
+	exitNoGPU  = 2 // the check could not run (no GPU, driver, bad flags)
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	code := 0
+	root := &cobra.Command{
+		Use:           "tessera-gpu-probe",
+		Short:         "Real-GPU check of Tessera's isolation backends (docs/gpu-check.md)",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(checkCommand(&code), probeCommand())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-gpu-probe:", err)
+		if code == 0 {
+			code = exitNoGPU
+		}
+	}
+	return code
+}
+
+type checkFlags struct {
+	node, workDir, mockProfile, driverRoot string
+	gpuMinor                               int
+	shareMemory                            string
+	cores                                  []int
+	isolations                             []string
+	mpsControl, hamiCoreLibrary, hookPath  string
+	cdiSpecDirs                            []string
+	computeTime                            time.Duration
+	memoryTolerance, splitTolerance        float64
+	reportOnly, allowBusy, noProbes        bool
+	jsonOnly                               bool
+}
+
+func checkCommand(code *int) *cobra.Command {
+	f := checkFlags{}
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Discover, publish, prepare a share per backend and measure memory and compute limits",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			cfg, targets, cleanup, err := configFor(f)
+			if err != nil {
+				*code = exitNoGPU
+				return err
+			}
+			defer cleanup()
+			report, err := gpucheck.Run(ctx, cfg, targets)
+			if err != nil {
+				*code = exitNoGPU
+				return err
+			}
+			if !f.jsonOnly {
+				if err := report.WriteTable(os.Stdout); err != nil {
+					return err
+				}
+			}
+			if err := report.WriteJSON(os.Stdout); err != nil {
+				return err
+			}
+			if !report.Pass && !f.reportOnly {
+				*code = exitMissed
+			}
+			return nil
+		},
+	}
+	host, _ := os.Hostname()
+	fs := cmd.Flags()
+	fs.StringVar(&f.node, "node-name", strings.ToLower(host), "node (pool) name the slices are built for")
+	fs.StringVar(&f.workDir, "work-dir", "", "directory for the checkpoint, CDI specs, MPS pipes (default: a new directory under /tmp, removed at the end)")
+	fs.StringVar(&f.mockProfile, "mock-profile", "", "use a mock GPU profile instead of the real driver (prepares and reads specs; no probes): one of "+strings.Join(gpu.Profiles(), ", "))
+	fs.StringVar(&f.driverRoot, "driver-root", "/", "root of the NVIDIA driver installation")
+	fs.IntVar(&f.gpuMinor, "gpu", -1, "minor number of the GPU to check (default: the first)")
+	fs.StringVar(&f.shareMemory, "share-memory", "", "memory of each share, a quantity such as 4Gi (default: a quarter of the GPU, whole GiB)")
+	fs.IntSliceVar(&f.cores, "cores", []int{30, 70}, "cores (percent) of the two shares run together")
+	fs.StringSliceVar(&f.isolations, "isolation", isolationNames(gpucheck.DefaultIsolations), "backends to check")
+	fs.StringVar(&f.mpsControl, "mps-control", "nvidia-cuda-mps-control", "the driver's MPS control program (path or name in PATH)")
+	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so; empty skips HAMiCore")
+	fs.StringVar(&f.hookPath, "nvidia-cdi-hook-path", isolation.DefaultNVIDIACDIHookPath, "the NVIDIA container toolkit's nvidia-cdi-hook (DriverMemory)")
+	fs.StringSliceVar(&f.cdiSpecDirs, "nvidia-cdi-spec-dirs", []string{"/etc/cdi", "/var/run/cdi"}, "where the NVIDIA container toolkit's CDI spec is looked for")
+	fs.DurationVar(&f.computeTime, "compute-time", 10*time.Second, "how long the two compute probes run together")
+	fs.Float64Var(&f.memoryTolerance, "memory-tolerance-mib", gpucheck.DefaultTargets.MemoryToleranceMiB, "target: memory obtained within this many MiB of the limit")
+	fs.Float64Var(&f.splitTolerance, "split-tolerance", gpucheck.DefaultTargets.SplitTolerancePoints, "target: each share's part of the work within this many percentage points of its part of the request")
+	fs.BoolVar(&f.reportOnly, "report-only", false, "exit 0 even when a target is missed (report only)")
+	fs.BoolVar(&f.allowBusy, "allow-busy", false, "probe although other compute processes run on the GPU")
+	fs.BoolVar(&f.noProbes, "no-probes", false, "prepare and read back the specs only")
+	fs.BoolVar(&f.jsonOnly, "json", false, "print only the JSON line")
+	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	return cmd
+}
+
+func isolationNames(isos []configapi.Isolation) []string {
+	out := make([]string, len(isos))
+	for i, iso := range isos {
+		out[i] = string(iso)
+	}
+	return out
+}
+
+// configFor turns the flags into a check; cleanup shuts NVML down and
+// removes a temporary work directory.
+func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) {
+	var cfg gpucheck.Config
+	targets := gpucheck.Targets{MemoryToleranceMiB: f.memoryTolerance, SplitTolerancePoints: f.splitTolerance}
+	if len(f.cores) != 2 {
+		return cfg, targets, nil, fmt.Errorf("--cores %v: want two percentages", f.cores)
+	}
+	cfg = gpucheck.Config{
+		NodeName: f.node, GPUMinor: f.gpuMinor, Cores: [2]int64{int64(f.cores[0]), int64(f.cores[1])},
+		MPSControl: f.mpsControl, HAMiCoreLibrary: f.hamiCoreLibrary, DriverRoot: f.driverRoot,
+		NVIDIACDIHookPath: f.hookPath, NVIDIACDISpecDirs: f.cdiSpecDirs, ComputeTime: f.computeTime, AllowBusy: f.allowBusy,
+	}
+	for _, iso := range f.isolations {
+		cfg.Isolations = append(cfg.Isolations, configapi.Isolation(iso))
+	}
+	if f.shareMemory != "" {
+		q, err := resource.ParseQuantity(f.shareMemory)
+		if err != nil || q.Value() < 1<<20 {
+			return cfg, targets, nil, fmt.Errorf("--share-memory %q: want a quantity of at least 1Mi, such as 4Gi", f.shareMemory)
+		}
+		cfg.ShareMemory = q.Value()
+	}
+	if f.hamiCoreLibrary != "" {
+		if _, err := os.Stat(f.hamiCoreLibrary); err != nil {
+			return cfg, targets, nil, fmt.Errorf("--hami-core-library: %w", err)
+		}
+	}
+	if f.mockProfile != "" {
+		lib, err := gpu.NewMock(f.mockProfile)
+		if err != nil {
+			return cfg, targets, nil, fmt.Errorf("--mock-profile: %w", err)
+		}
+		if err := gpu.Open(lib); err != nil {
+			return cfg, targets, nil, err
+		}
+		cfg.NVML, cfg.Mock = lib, true
+	} else {
+		lib, err := gpu.OpenNVML(f.driverRoot)
+		if err != nil {
+			if errors.Is(err, gpu.ErrUnavailable) {
+				return cfg, targets, nil, fmt.Errorf("no usable NVIDIA GPU on this machine: %w (the check needs an NVIDIA GPU and its driver; see docs/gpu-check.md)", err)
+			}
+			return cfg, targets, nil, err
+		}
+		cfg.NVML = lib
+		if !f.noProbes {
+			self, err := os.Executable()
+			if err != nil {
+				return cfg, targets, nil, err
+			}
+			cfg.Prober = gpucheck.ExecProber{Command: []string{self, "probe"}, ProcessMemory: gpucheck.NVMLProcessMemory(lib)}
+		}
+	}
+	dir := f.workDir
+	removeDir := false
+	if dir == "" {
+		d, err := os.MkdirTemp("", "tgc")
+		if err != nil {
+			return cfg, targets, nil, err
+		}
+		dir, removeDir = d, true
+	}
+	cfg.WorkDir, _ = filepath.Abs(dir)
+	lib := cfg.NVML
+	return cfg, targets, func() {
+		_ = lib.Shutdown()
+		if removeDir {
+			_ = os.RemoveAll(dir)
+		}
+	}, nil
+}
+
+func probeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:    "probe",
+		Short:  "A probe process (run by check in a prepared environment)",
+		Hidden: true,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "memory",
+		Short: "Allocate device memory until refused; report on stdout",
+		RunE: func(*cobra.Command, []string) error {
+			return gpucheck.RunMemoryProbe(os.Stdin, os.Stdout)
+		},
+	})
+	var seconds float64
+	compute := &cobra.Command{
+		Use:   "compute",
+		Short: "Spin the PTX kernel for --seconds after a line on stdin; report the work done",
+		RunE: func(*cobra.Command, []string) error {
+			if seconds <= 0 {
+				return fmt.Errorf("--seconds %v: want a positive duration", seconds)
+			}
+			return gpucheck.RunComputeProbe(os.Stdin, os.Stdout, time.Duration(seconds*float64(time.Second)))
+		},
+	}
+	compute.Flags().Float64Var(&seconds, "seconds", 10, "wall time to spin")
+	cmd.AddCommand(compute)
+	return cmd
+}

@@ -1,0 +1,366 @@
+#!/usr/bin/env bash
+# A large simulated cluster for the scale benchmark (docs/scale.md): the local
+# cluster's real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
+# (the binaries demo/clusters/local/build-tools.sh builds, on the local cluster's
+# ports) plus kwok, which keeps fake nodes Ready and turns pods bound to them
+# Running. There is no kubelet and no container runtime: no node of this cluster
+# runs anything. Fake nodes, each with the ResourceSlices Tessera's kubelet plugin
+# publishes for a mock profile, are made by cmd/tessera-scale (-ensure-nodes N).
+#
+#   cluster.sh up [NODES]  take the machine's cluster lock, start the control plane
+#                          and kwok, install Tessera's DeviceClasses and make NODES
+#                          fake nodes (default 0); the lock is held until `down`
+#   cluster.sh down        stop what `up` started (pids in the state dir), delete the
+#                          state dir, release the lock
+#   cluster.sh status      which components run, and the node count
+#   cluster.sh bench ARGS  run the benchmark (cmd/tessera-scale) on it, e.g.
+#                          `cluster.sh bench -nodes 100,500,1000 -out results`
+#   cluster.sh env         print `export KUBECONFIG=...` for the admin kubeconfig
+#
+# Environment (defaults in brackets):
+#   TESSERA_SCALE_STATE_DIR   everything this cluster writes [/tmp/tessera-scale]
+#   TESSERA_CACHE_DIR         built binaries [~/.cache/tessera]
+#   TESSERA_APISERVER_PORT    kube-apiserver on 127.0.0.1 [6443]
+#   TESSERA_ETCD_PORT         etcd client port; peer port is +1 [2379]
+#   TESSERA_SCALE_QPS         client QPS and burst of kube-scheduler and
+#                             kube-controller-manager [5000, as scheduler_perf;
+#                             "default" keeps the components' own 50/100 and 20/30]
+#   TESSERA_SCALE_PROFILE     mock node profile of the fake nodes [hgx-h100]
+#   TESSERA_CLUSTER_LOCK      the machine's cluster lock [/tmp/tessera-cluster.lock]
+#   TESSERA_CLUSTER_LOCK_HELD=1  the caller holds the lock already (make bench-scale)
+#   TESSERA_UP_TIMEOUT        seconds to wait for each component [180]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+STATE=${TESSERA_SCALE_STATE_DIR:-/tmp/tessera-scale}
+APISERVER_PORT=${TESSERA_APISERVER_PORT:-6443}
+ETCD_PORT=${TESSERA_ETCD_PORT:-2379}
+ETCD_PEER_PORT=$((ETCD_PORT + 1))
+QPS=${TESSERA_SCALE_QPS:-5000}
+PROFILE=${TESSERA_SCALE_PROFILE:-hgx-h100}
+LOCK=${TESSERA_CLUSTER_LOCK:-/tmp/tessera-cluster.lock}
+UP_TIMEOUT=${TESSERA_UP_TIMEOUT:-180}
+SERVICE_CIDR=10.0.0.0/24
+# kwok renews each node's lease every quarter of this; long leases keep 1000 fake
+# nodes from costing the API server ~100 writes/s. The node lifecycle controller's
+# grace period is longer, so no fake node turns NotReady.
+LEASE_SECONDS=600
+NODE_GRACE=1200s
+# Start order; `down` stops in reverse. lock is the process holding the lock.
+COMPONENTS=(lock etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+log() { echo "scale-cluster: $*" >&2; }
+die() { echo "scale-cluster: error: $*" >&2; exit 1; }
+
+# Every process we start is recorded as $STATE/pids/<name> = "<pid> <binary>"; a pid
+# counts as ours only while /proc/<pid>/exe is still that binary.
+pidfile() { echo "$STATE/pids/$1"; }
+
+alive() {
+  local f pid exe
+  f=$(pidfile "$1")
+  [ -r "$f" ] || return 1
+  read -r pid exe <"$f" || return 1
+  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
+  echo "$pid"
+}
+
+start() {
+  local name=$1 bin=$2
+  shift 2
+  if alive "$name" >/dev/null; then
+    log "$name already running"
+    return 0
+  fi
+  setsid "$bin" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  echo "$! $(readlink -f "$bin")" >"$(pidfile "$name")"
+  STARTED+=("$name")
+}
+
+# STARTED: the components this invocation started, in order; a failed `up`
+# stops only these (the state dir may hold another invocation's cluster).
+STARTED=()
+LOCK_WAITER=
+stop_started() {
+  local i
+  # A start aborted while waiting for the lock: its waiter must not take it.
+  if [ -n "$LOCK_WAITER" ]; then kill "$LOCK_WAITER" 2>/dev/null || true; fi
+  for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do
+    stop "${STARTED[i]}" 30
+  done
+}
+
+stop() {
+  local name=$1 wait=${2:-30} pid i
+  if pid=$(alive "$name"); then
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < wait * 5; i++)); do
+      [ -d "/proc/$pid" ] || break
+      [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+      sleep 0.2
+    done
+    if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
+      log "$name (pid $pid) did not stop in ${wait}s: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$(pidfile "$name")"
+}
+
+wait_for() {
+  local what=$1 secs=$2 i
+  shift 2
+  for ((i = 0; i < secs; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 1
+  done
+  die "timed out after ${secs}s waiting for $what (logs: $STATE/logs/)"
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# take_lock: a child process holds the lock (flock on its inherited fd) until
+# `down` stops it; -o is not needed because nothing else inherits the fd.
+take_lock() {
+  if [ "${TESSERA_CLUSTER_LOCK_HELD:-}" = 1 ]; then
+    log "the caller holds $LOCK"
+    return 0
+  fi
+  log "waiting for the cluster lock $LOCK (up to 1 h)"
+  local ready="$STATE/lock.ready.$$"
+  rm -f "$ready"
+  # shellcheck disable=SC2016 # $1 and $2 are the inner shell's arguments
+  # The subshell takes the lock on fd 9, says so, and becomes sleep, which keeps fd 9.
+  setsid bash -c 'exec 9>>"$1" && flock -w 3600 9 && : >"$2" && exec sleep infinity' \
+    _ "$LOCK" "$ready" >"$STATE/logs/lock.log" 2>&1 </dev/null &
+  local pid=$!
+  LOCK_WAITER=$pid
+  local i
+  for ((i = 0; i < 3600 * 5; i++)); do
+    [ -e "$ready" ] && break
+    [ -d "/proc/$pid" ] || die "could not take $LOCK"
+    sleep 0.2
+  done
+  [ -e "$ready" ] || die "timed out waiting for $LOCK"
+  # The holder is ours once it has become sleep.
+  for ((i = 0; i < 50; i++)); do
+    [ "$(basename "$(readlink "/proc/$pid/exe")")" = sleep ] && break
+    sleep 0.1
+  done
+  echo "$pid $(readlink -f "/proc/$pid/exe")" >"$(pidfile lock)"
+  STARTED+=(lock)
+  LOCK_WAITER=
+  rm -f "$ready"
+  log "holding $LOCK (pid $pid)"
+}
+
+gen_pki() {
+  local p=$STATE/pki
+  [ -s "$p/tokens.csv" ] && return 0
+  mkdir -p "$p"
+  (
+    cd "$p"
+    openssl genrsa -out ca.key 2048 2>/dev/null
+    openssl req -x509 -new -key ca.key -sha256 -days 30 -subj "/CN=tessera-scale-ca" -out ca.crt 2>/dev/null
+    openssl genrsa -out apiserver.key 2048 2>/dev/null
+    openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,IP:${SERVICE_CIDR%.*}.1,DNS:localhost,DNS:kubernetes" \
+      "extendedKeyUsage=serverAuth" >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    tok() { openssl rand -hex 16; }
+    {
+      echo "$(tok),admin,admin,system:masters"
+      echo "$(tok),system:kube-scheduler,system:kube-scheduler"
+      echo "$(tok),system:kube-controller-manager,system:kube-controller-manager"
+    } >tokens.csv.tmp
+    chmod 600 ./*.key tokens.csv.tmp
+    mv tokens.csv.tmp tokens.csv
+  )
+}
+
+kubeconfig_for() {
+  local file=$1 user=$2 token
+  token=$(awk -F, -v u="$user" '$2 == u {print $1}' "$STATE/pki/tokens.csv")
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: tessera-scale
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $STATE/pki/ca.crt
+users:
+- name: $user
+  user:
+    token: $token
+contexts:
+- name: tessera-scale
+  context: {cluster: tessera-scale, user: "$user"}
+current-context: tessera-scale
+EOF
+  chmod 600 "$file"
+}
+
+# client_qps_args: kube-controller-manager's client QPS flags.
+kcm_qps_args() {
+  [ "$QPS" = default ] || echo "--kube-api-qps=$QPS --kube-api-burst=$QPS"
+}
+
+write_scheduler_config() {
+  local conn=""
+  [ "$QPS" = default ] || conn="  qps: $QPS
+  burst: $QPS"
+  cat >"$STATE/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $STATE/scheduler.kubeconfig
+$conn
+leaderElection:
+  leaderElect: false
+EOF
+}
+
+# bench ARGS: cmd/tessera-scale, built from this checkout into the state dir.
+bench() {
+  mkdir -p "$STATE/bin"
+  (cd "$repo" && go build -o "$STATE/bin/tessera-scale" ./cmd/tessera-scale) >&2
+  "$STATE/bin/tessera-scale" "$@"
+}
+
+cmd_up() {
+  local nodes=${1:-0} t0=$SECONDS
+  [[ $nodes =~ ^[0-9]+$ ]] || die "NODES must be a number, not '$nodes'"
+  for t in go openssl flock setsid curl; do
+    command -v "$t" >/dev/null || die "missing '$t'"
+  done
+  mkdir -p "$STATE"/{pids,logs,etcd}
+  if alive kube-apiserver >/dev/null && alive kwok >/dev/null; then
+    log "already up ($STATE)"
+  else
+    # A failed start stops whatever it started, the lock holder included.
+    trap 'rc=$?; if [ "$rc" != 0 ]; then log "up failed: stopping what it started"; stop_started; fi' EXIT
+    take_lock
+    # The lock keeps other users of the local cluster out; a port in use now means
+    # a cluster started without it.
+    local port
+    for port in "$APISERVER_PORT" "$ETCD_PORT" "$ETCD_PEER_PORT" 10257 10259; do
+      alive etcd >/dev/null || port_free "$port" ||
+        die "127.0.0.1:$port is in use (is the local cluster up without the lock? demo/clusters/local/cluster.sh down)"
+    done
+    local bin kwok
+    bin=$("$repo/demo/clusters/local/build-tools.sh" | tail -n1)
+    kwok=$("$here/build-kwok.sh" | tail -n1)
+    echo "$bin" >"$STATE/bindir"
+    gen_pki
+    kubeconfig_for "$STATE/admin.kubeconfig" admin
+    kubeconfig_for "$STATE/scheduler.kubeconfig" system:kube-scheduler
+    kubeconfig_for "$STATE/controller-manager.kubeconfig" system:kube-controller-manager
+    write_scheduler_config
+    (cd "$here/tools" && go run ./kwok-stages) >"$STATE/kwok-stages.yaml"
+
+    log "starting etcd on 127.0.0.1:$ETCD_PORT"
+    start etcd "$bin/etcd" --name scale --data-dir "$STATE/etcd" \
+      --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+      --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+      --initial-cluster "scale=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn \
+      --quota-backend-bytes 8589934592
+    wait_for etcd "$UP_TIMEOUT" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+
+    log "starting kube-apiserver on 127.0.0.1:$APISERVER_PORT"
+    local p=$STATE/pki
+    start kube-apiserver "$bin/kube-apiserver" \
+      --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+      --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+      --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
+      --client-ca-file "$p/ca.crt" --token-auth-file "$p/tokens.csv" \
+      --authorization-mode Node,RBAC \
+      --service-account-issuer https://kubernetes.default.svc.cluster.local \
+      --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
+      --service-cluster-ip-range "$SERVICE_CIDR" --profiling=false
+    wait_for "kube-apiserver /readyz" "$UP_TIMEOUT" \
+      curl -fsS --cacert "$p/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz"
+
+    log "starting kube-controller-manager, kube-scheduler (client QPS/burst: $QPS) and kwok"
+    # shellcheck disable=SC2046 # kcm_qps_args is zero or two words
+    start kube-controller-manager "$bin/kube-controller-manager" \
+      --kubeconfig "$STATE/controller-manager.kubeconfig" \
+      --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
+      --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
+      --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
+      --use-service-account-credentials --service-account-private-key-file "$p/sa.key" \
+      --root-ca-file "$p/ca.crt" --service-cluster-ip-range "$SERVICE_CIDR" \
+      --node-monitor-grace-period "$NODE_GRACE" $(kcm_qps_args)
+    start kube-scheduler "$bin/kube-scheduler" --config "$STATE/scheduler.yaml" \
+      --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
+      --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+      --bind-address 127.0.0.1 --secure-port 10259
+    start kwok "$kwok" --kubeconfig "$STATE/admin.kubeconfig" --config "$STATE/kwok-stages.yaml" \
+      --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+      --node-lease-duration-seconds "$LEASE_SECONDS" --server-address 127.0.0.1:10247
+    wait_for "service account default/default" 60 \
+      "$bin/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get serviceaccount default -n default
+    {
+      echo "kubernetes=$("$bin/kube-apiserver" --version | awk '{print $2}')"
+      echo "kwok=$(awk '/^require sigs.k8s.io\/kwok/ {print $3}' "$here/tools/go.mod")"
+      echo "scheduler_qps=$QPS"
+      echo "controller_manager_qps=$QPS"
+      echo "profile=$PROFILE"
+    } >"$STATE/cluster.env"
+  fi
+  bench -kubeconfig "$STATE/admin.kubeconfig" -profile "$PROFILE" -ensure-nodes "$nodes"
+  trap - EXIT
+  log "up in $((SECONDS - t0))s: $nodes fake nodes. export KUBECONFIG=$STATE/admin.kubeconfig"
+}
+
+cmd_down() {
+  [ -d "$STATE" ] || { log "not up ($STATE does not exist)"; return 0; }
+  local i
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+    stop "${COMPONENTS[i]}" 30
+  done
+  rm -rf "$STATE"
+  log "down"
+}
+
+cmd_status() {
+  local n pid rc=0
+  for n in "${COMPONENTS[@]}"; do
+    if pid=$(alive "$n"); then echo "$n: running (pid $pid)"; else echo "$n: stopped"; rc=1; fi
+  done
+  if alive kube-apiserver >/dev/null; then
+    echo "nodes: $("$(cat "$STATE/bindir")/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get nodes --no-headers | wc -l)"
+  fi
+  return "$rc"
+}
+
+case ${1:-} in
+  up) cmd_up "${2:-0}" ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  bench)
+    shift
+    alive kube-apiserver >/dev/null || die "not up (hack/scale/cluster.sh up first)"
+    cpu=""
+    for n in etcd kube-apiserver kube-controller-manager kube-scheduler kwok; do
+      if pid=$(alive "$n"); then cpu+="${cpu:+,}$n=$pid"; fi
+    done
+    bench -kubeconfig "$STATE/admin.kubeconfig" -profile "$PROFILE" -cluster-env "$STATE/cluster.env" -cpu "$cpu" "$@"
+    ;;
+  env)
+    [ -f "$STATE/admin.kubeconfig" ] || die "not up (no $STATE/admin.kubeconfig)"
+    echo "export KUBECONFIG=$STATE/admin.kubeconfig"
+    echo "export PATH=$(cat "$STATE/bindir"):\$PATH"
+    ;;
+  *)
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,551 @@
+// Package gpucheck is Tessera's real-GPU check: on a machine with an NVIDIA
+// GPU and its driver, and no Kubernetes, it runs the plugin's own path —
+// NVML discovery (pkg/gpu), the ResourceSlices the node would publish
+// (pkg/model), PrepareResourceClaims (pkg/plugin, with a fake Kubernetes
+// client) of two shares per isolation backend, the CDI spec read back and
+// applied by the CDI library — and then runs probe processes in each
+// prepared environment: one that allocates device memory until refused, and
+// two at once (30 % and 70 % of the cores) that spin a PTX kernel for a
+// fixed wall time. See docs/gpu-check.md.
+package gpucheck
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdi"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/plugin"
+)
+
+// Namespace is where the check's claims live (in its fake API server).
+const Namespace = "gpu-check"
+
+// Prober runs the probe processes in a prepared environment.
+type Prober interface {
+	// Memory runs the memory probe with env and returns what it saw; uuid
+	// is the GPU, for reading the process's memory from NVML.
+	Memory(ctx context.Context, uuid string, env []string) (MemoryProbe, error)
+	// Compute runs one compute probe per env, started together, each for d.
+	Compute(ctx context.Context, envs [][]string, d time.Duration) ([]ComputeProbe, error)
+}
+
+// Config is one check.
+type Config struct {
+	// NodeName names the node's pool; it must be a DNS subdomain.
+	NodeName string
+	// NVML is the initialised NVML: the real library, or a mock profile
+	// (then Mock is true and the plugin runs in mock mode).
+	NVML nvml.Interface
+	Mock bool
+	// WorkDir holds the checkpoint, the CDI root, the MPS and HAMi-core
+	// directories. Short paths matter: the MPS control socket lives under
+	// it and a socket path has at most 107 bytes.
+	WorkDir string
+	// GPUMinor is the GPU to check; -1: the first one discovered.
+	GPUMinor int
+	// ShareMemory is each share's memory in bytes; 0: a quarter of the
+	// GPU's memory, rounded down to a GiB (at least 1 GiB).
+	ShareMemory int64
+	// Cores are the two shares' cores in percent (issue 16: 30 and 70).
+	Cores [2]int64
+	// Isolations are the backends to check, in order.
+	Isolations []configapi.Isolation
+	// MPSControl is nvidia-cuda-mps-control (path or name in PATH); empty:
+	// the name. Mock mode runs no daemon.
+	MPSControl string
+	// HAMiCoreLibrary is the host path of libvgpu.so; empty skips HAMiCore.
+	HAMiCoreLibrary string
+	// DriverRoot is the driver's root for device nodes and the
+	// DriverMemory hook's --driver-root.
+	DriverRoot string
+	// NVIDIACDIHookPath is the toolkit's nvidia-cdi-hook (DriverMemory).
+	NVIDIACDIHookPath string
+	// NVIDIACDISpecDirs are where the toolkit's CDI spec is looked for.
+	NVIDIACDISpecDirs []string
+	// Prober runs the probes; nil prepares and reads the specs only.
+	Prober Prober
+	// ComputeTime is how long the compute probes run.
+	ComputeTime time.Duration
+	// AllowBusy runs the probes although NVML shows other compute processes
+	// on the GPU (their work would distort the figures).
+	AllowBusy bool
+}
+
+// DefaultIsolations are the backends checked by default.
+var DefaultIsolations = []configapi.Isolation{configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore, IsolationDriverMemory}
+
+// Run runs the check and returns its report, evaluated against t. An error
+// means the check could not run at all (no GPU, a broken plugin setup);
+// failures of single backends are in the report.
+func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
+	if cfg.NVML == nil {
+		return nil, errors.New("gpu check: no NVML")
+	}
+	if cfg.WorkDir == "" {
+		return nil, errors.New("gpu check: no work directory")
+	}
+	for _, c := range cfg.Cores {
+		if c < 1 || c > 100 {
+			return nil, fmt.Errorf("gpu check: cores %d%%: want 1 to 100", c)
+		}
+	}
+	if cfg.Cores[0]+cfg.Cores[1] > 100 {
+		return nil, fmt.Errorf("gpu check: cores %d%% + %d%% exceed the GPU's 100%%", cfg.Cores[0], cfg.Cores[1])
+	}
+	for _, iso := range cfg.Isolations {
+		if _, ok := Enforces[iso]; !ok {
+			return nil, fmt.Errorf("gpu check: unknown isolation %q (want one of %s)", iso, formatIsolations(DefaultIsolations))
+		}
+	}
+
+	disc, err := gpu.DiscoverNode(cfg.NVML)
+	if err != nil {
+		return nil, fmt.Errorf("gpu check: discovery: %w", err)
+	}
+	if len(disc.GPUs) == 0 {
+		return nil, fmt.Errorf("gpu check: NVML found no usable GPU (%d failed discovery: %v)", len(disc.Failed), disc.Failed)
+	}
+	r := &Report{Node: NodeSummary{Name: cfg.NodeName, DriverVersion: disc.GPUs[0].DriverVersion, CUDAVersion: disc.GPUs[0].CUDADriverVersion}}
+	for _, f := range disc.Failed {
+		r.Node.FailedGPUs = append(r.Node.FailedGPUs, f.Error())
+	}
+	var target gpu.GPU
+	for _, g := range disc.GPUs {
+		r.Node.GPUs = append(r.Node.GPUs, summarize(g))
+		if (cfg.GPUMinor < 0 && target.UUID == "") || g.Minor == cfg.GPUMinor {
+			target = g
+		}
+	}
+	if target.UUID == "" {
+		return nil, fmt.Errorf("gpu check: --gpu %d: no such GPU (discovered minors %v)", cfg.GPUMinor, minors(disc.GPUs))
+	}
+	if target.MIGEnabled {
+		return nil, fmt.Errorf("gpu check: GPU gpu-%d (%s) has MIG enabled; Tessera does not share MIG GPUs", target.Minor, target.UUID)
+	}
+	r.GPU = summarize(target)
+
+	driverMemory := isolation.DriverMemoryProbe{HostRoot: "/", HookPath: cfg.NVIDIACDIHookPath, DriverVersion: target.DriverVersion}.Detect()
+	driverMemory.DriverRoot = cfg.DriverRoot
+	if cfg.Mock {
+		driverMemory = isolation.DriverMemory{Reason: "mock GPUs: no driver to enforce it"}
+	}
+	if err := summarizeSlices(&r.Node, cfg, disc.GPUs, driverMemory.Capable); err != nil {
+		return nil, err
+	}
+
+	if cfg.Prober != nil && !cfg.AllowBusy {
+		n, err := gpu.ComputeProcesses(cfg.NVML, target.UUID)
+		if err != nil {
+			return nil, fmt.Errorf("gpu check: %w", err)
+		}
+		if n > 0 {
+			return nil, fmt.Errorf("gpu check: %d compute process(es) already run on GPU gpu-%d (%s); their work would distort the figures (stop them, pick another GPU with --gpu, or pass --allow-busy)", n, target.Minor, target.UUID)
+		}
+	}
+
+	memory := cfg.ShareMemory
+	if memory <= 0 {
+		memory = max(int64(target.MemoryBytes/4)>>30<<30, 1<<30)
+	}
+	if 2*memory > int64(target.MemoryBytes) {
+		return nil, fmt.Errorf("gpu check: two shares of %d MiB do not fit GPU gpu-%d's %d MiB", memory>>20, target.Minor, target.MemoryBytes>>20)
+	}
+
+	n := &node{cfg: cfg, gpu: target, memory: memory, driverMemory: driverMemory}
+	if err := n.start(ctx); err != nil {
+		return nil, err
+	}
+	defer n.stop(ctx)
+	for _, iso := range cfg.Isolations {
+		r.Backends = append(r.Backends, n.check(ctx, iso))
+	}
+	r.Evaluate(t)
+	return r, nil
+}
+
+func summarize(g gpu.GPU) GPUSummary {
+	return GPUSummary{Minor: g.Minor, UUID: g.UUID, Product: g.ProductName, MemoryMiB: g.MemoryBytes >> 20, SMs: g.MultiprocessorCount, NVLinkDomain: g.NVLinkDomain}
+}
+
+func minors(gpus []gpu.GPU) []int {
+	out := make([]int, len(gpus))
+	for i, g := range gpus {
+		out[i] = g.Minor
+	}
+	return out
+}
+
+func formatIsolations(isos []configapi.Isolation) string {
+	s := make([]string, len(isos))
+	for i, iso := range isos {
+		s[i] = string(iso)
+	}
+	return strings.Join(s, ", ")
+}
+
+// summarizeSlices builds the ResourceSlices the kubelet plugin would publish
+// for gpus, exactly as it does, and summarizes them.
+func summarizeSlices(n *NodeSummary, cfg Config, gpus []gpu.GPU, driverMemory bool) error {
+	opts := []model.Option{model.WithDriverMemoryLimits(driverMemory)}
+	if !cfg.Mock {
+		opts = append(opts, model.WithPCIeRoots(gpu.SysfsPCIeRoots{}))
+	}
+	res, err := model.Resources(cfg.NodeName, gpus, opts...)
+	if err != nil {
+		return fmt.Errorf("gpu check: model: %w", err)
+	}
+	if err := model.Validate(res); err != nil {
+		return fmt.Errorf("gpu check: the model is not valid: %w", err)
+	}
+	slices, err := model.ResourceSlices(cfg.NodeName, res)
+	if err != nil {
+		return fmt.Errorf("gpu check: slices: %w", err)
+	}
+	n.ResourceSlices = len(slices)
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			desc := d.Name
+			if m, ok := d.Capacity["memory"]; ok {
+				cores := d.Capacity["cores"]
+				desc += fmt.Sprintf(" (memory %s, cores %s)", m.Value.String(), cores.Value.String())
+			}
+			n.Devices = append(n.Devices, desc)
+		}
+	}
+	return nil
+}
+
+// node is the check's plugin instance and what it needs.
+type node struct {
+	cfg          Config
+	gpu          gpu.GPU
+	memory       int64
+	driverMemory isolation.DriverMemory
+
+	plugin  *plugin.Plugin
+	client  kubernetes.Interface
+	cdiDirs []string
+	mps     *LocalMPS
+}
+
+func (n *node) start(ctx context.Context) error {
+	dir := n.cfg.WorkDir
+	store, rec, err := checkpoint.Open(ctx, filepath.Join(dir, "plugin", "checkpoint.json"), "gpu-check")
+	if err != nil {
+		return fmt.Errorf("gpu check: %w", err)
+	}
+	specs, err := cdi.NewDir(filepath.Join(dir, "cdi"))
+	if err != nil {
+		return fmt.Errorf("gpu check: %w", err)
+	}
+	n.client = fake.NewClientset()
+	n.cdiDirs = []string{specs.Root()}
+	opts := plugin.Options{
+		NodeName:     n.cfg.NodeName,
+		GPUs:         []gpu.GPU{n.gpu},
+		Store:        store,
+		Recovery:     rec,
+		Specs:        specs,
+		Mock:         n.cfg.Mock,
+		Client:       n.client,
+		DriverMemory: n.driverMemory,
+	}
+	mpsRoot := filepath.Join(dir, "mps")
+	if n.cfg.Mock {
+		opts.MPS = isolation.NewMPS(mpsRoot, isolation.NewFakeRunner())
+	} else {
+		binary := n.cfg.MPSControl
+		if binary == "" {
+			binary = "nvidia-cuda-mps-control"
+		}
+		n.mps = &LocalMPS{Binary: binary}
+		opts.MPS = isolation.NewMPS(mpsRoot, n.mps)
+		opts.DevNodes = isolation.HostDevNodes{DriverRoot: n.cfg.DriverRoot}
+		toolkit, err := cdi.NewToolkitSpecs(n.cfg.NVIDIACDISpecDirs...)
+		if err != nil {
+			return fmt.Errorf("gpu check: %w", err)
+		}
+		opts.Toolkit, opts.ToolkitSpecDirs = toolkit, n.cfg.NVIDIACDISpecDirs
+		// No container runtime will read the spec; without a toolkit
+		// device the plugin writes device nodes and the GPU's UUID as for
+		// a legacy-mode runtime, which the check applies by hand.
+		opts.LegacyRuntime = true
+		n.cdiDirs = append(n.cdiDirs, n.cfg.NVIDIACDISpecDirs...)
+	}
+	if n.cfg.HAMiCoreLibrary != "" {
+		preload, err := isolation.WritePreloadFile(filepath.Join(dir, "hami"))
+		if err != nil {
+			return fmt.Errorf("gpu check: %w", err)
+		}
+		opts.HAMiCore = isolation.HAMiCore{Library: n.cfg.HAMiCoreLibrary, PreloadFile: preload, ClaimRoot: filepath.Join(dir, "hami", "claims")}
+	}
+	p, err := plugin.New(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("gpu check: %w", err)
+	}
+	n.plugin = p
+	return nil
+}
+
+func (n *node) stop(ctx context.Context) {
+	if n.mps != nil {
+		if err := n.mps.StopAll(context.WithoutCancel(ctx)); err != nil {
+			klog.FromContext(ctx).Error(err, "Stopping the check's MPS daemons failed")
+		}
+	}
+}
+
+// share is one claim of the check.
+type share struct {
+	claim *resourceapi.ResourceClaim
+	cores int64
+}
+
+func (n *node) claims(iso configapi.Isolation) []share {
+	cfg, _ := json.Marshal(map[string]any{
+		"apiVersion": configapi.SchemeGroupVersion.String(), "kind": configapi.GpuConfigKind,
+		"sharing": map[string]any{"isolation": iso},
+	})
+	var out []share
+	for i, cores := range n.cfg.Cores {
+		uid := fmt.Sprintf("gpucheck-%s-%c", strings.ToLower(string(iso)), 'a'+i)
+		shareID := types.UID(fmt.Sprintf("share-%c", 'a'+i))
+		c := &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: uid, UID: types.UID(uid)},
+			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{{
+					Request: "gpu", Driver: model.DriverName, Pool: n.cfg.NodeName, Device: model.SharedDeviceName(n.gpu.Minor), ShareID: &shareID,
+					ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
+						"memory": *resource.NewQuantity(n.memory, resource.BinarySI),
+						"cores":  *resource.NewQuantity(cores, resource.DecimalSI),
+					},
+				}},
+				Config: []resourceapi.DeviceAllocationConfiguration{{
+					Source: resourceapi.AllocationConfigSourceClaim,
+					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+						Driver: model.DriverName, Parameters: runtime.RawExtension{Raw: cfg},
+					}},
+				}},
+			}}},
+		}
+		out = append(out, share{claim: c, cores: cores})
+	}
+	return out
+}
+
+// check prepares the backend's two shares, reads their specs back, probes
+// them and unprepares them.
+func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport {
+	b := BackendReport{Isolation: iso, Enforces: Enforces[iso]}
+	switch iso {
+	case configapi.IsolationMPS:
+		if n.mps != nil {
+			if _, err := exec.LookPath(n.mps.Binary); err != nil {
+				b.Skipped = fmt.Sprintf("%s not found (%v): install the driver's MPS binaries or pass --mps-control", n.mps.Binary, err)
+				return b
+			}
+		}
+	case configapi.IsolationHAMiCore:
+		if n.cfg.HAMiCoreLibrary == "" {
+			b.Skipped = "no HAMi-core library given (--hami-core-library=/path/to/libvgpu.so)"
+			return b
+		}
+	}
+
+	shares := n.claims(iso)
+	claims := make([]*resourceapi.ResourceClaim, len(shares))
+	for i, s := range shares {
+		claims[i] = s.claim
+		if _, err := n.client.ResourceV1().ResourceClaims(Namespace).Create(ctx, s.claim, metav1.CreateOptions{}); err != nil {
+			b.Error = fmt.Sprintf("create claim %s in the fake API: %v", s.claim.Name, err)
+			return b
+		}
+	}
+	defer func() {
+		for _, c := range claims {
+			_ = n.client.ResourceV1().ResourceClaims(Namespace).Delete(context.WithoutCancel(ctx), c.Name, metav1.DeleteOptions{})
+		}
+	}()
+	results, err := n.plugin.PrepareResourceClaims(ctx, claims)
+	if err != nil {
+		b.Error = fmt.Sprintf("prepare: %v", err)
+		return b
+	}
+	defer func() {
+		if err := n.unprepare(ctx, claims); err != nil && b.Error == "" {
+			b.Error = err.Error()
+		}
+	}()
+	var prepareErrs []string
+	for _, c := range claims {
+		if err := results[c.UID].Err; err != nil {
+			prepareErrs = append(prepareErrs, err.Error())
+		}
+	}
+	if iso == IsolationDriverMemory && !n.driverMemory.Capable {
+		// The node says it cannot: the plugin must refuse (fail closed).
+		if len(prepareErrs) < len(claims) {
+			b.Error = fmt.Sprintf("the node cannot enforce driver memory limits (%s), yet the plugin prepared a DriverMemory share: it must fail closed", n.driverMemory.Reason)
+			return b
+		}
+		b.Skipped = "the node cannot enforce driver memory limits: " + n.driverMemory.Reason + " (the plugin refused the shares, as it must)"
+		return b
+	}
+	if len(prepareErrs) > 0 {
+		b.Error = "prepare: " + strings.Join(prepareErrs, "; ")
+		return b
+	}
+
+	envs := make([][]string, len(shares))
+	for i, s := range shares {
+		sr, env, err := n.readBack(ctx, s, results[s.claim.UID].Devices)
+		b.Shares = append(b.Shares, sr)
+		if err != nil {
+			b.Error = err.Error()
+			return b
+		}
+		envs[i] = env
+	}
+	if n.cfg.Prober == nil {
+		return b
+	}
+	if iso == IsolationDriverMemory {
+		b.Skipped = "prepared with the driver's hook and NVIDIA_GPU_MEMORY_LIMITS in the spec, but the limit is set by the runtime running the createRuntime hook on the container's cgroup, which needs a container runtime; measure it in a pod (docs/gpu-check.md)"
+		return b
+	}
+	for i := range b.Shares {
+		p, err := n.cfg.Prober.Memory(ctx, n.gpu.UUID, envs[i])
+		if err != nil {
+			b.Error = fmt.Sprintf("memory probe of %s: %v", b.Shares[i].Claim, err)
+			return b
+		}
+		b.Shares[i].MemoryProbe = &p
+		m := memoryFigures(b.Shares[i].MemoryLimitBytes, p)
+		b.Shares[i].Memory = &m
+	}
+	probes, err := n.cfg.Prober.Compute(ctx, envs, n.cfg.ComputeTime)
+	if err != nil {
+		b.Error = fmt.Sprintf("compute probes: %v", err)
+		return b
+	}
+	if len(probes) != 2 {
+		b.Error = fmt.Sprintf("compute probes: %d results, want 2", len(probes))
+		return b
+	}
+	for i := range b.Shares {
+		b.Shares[i].ComputeProbe = &probes[i]
+	}
+	c := computeFigures([2]int64{shares[0].cores, shares[1].cores}, [2]ComputeProbe{probes[0], probes[1]})
+	b.Compute = &c
+	return b
+}
+
+// readBack loads the claim's prepared devices with the CDI library, as the
+// runtime would, and turns them into a probe environment; it also reads
+// what the plugin attested in the claim's status.
+func (n *node) readBack(ctx context.Context, s share, devices []kubeletplugin.Device) (ShareReport, []string, error) {
+	sr := ShareReport{Claim: s.claim.Name, CoresPercent: s.cores, MemoryLimitBytes: n.memory}
+	var ids []string
+	for _, d := range devices {
+		sr.Device = d.DeviceName
+		ids = append(ids, d.CDIDeviceIDs...)
+	}
+	sr.CDIDeviceIDs = ids
+	if len(ids) == 0 {
+		return sr, nil, fmt.Errorf("claim %s: prepare returned no CDI device", s.claim.Name)
+	}
+	spec, err := Inject(ids, n.cdiDirs...)
+	if err != nil {
+		return sr, nil, fmt.Errorf("claim %s: %w", s.claim.Name, err)
+	}
+	pe := HostProcessEnv(spec, os.Environ())
+	sr.Env = specOnly(pe.Env, spec)
+	sr.Emulated, sr.NotApplied = pe.Emulated, pe.NotApplied
+	if c, err := n.client.ResourceV1().ResourceClaims(Namespace).Get(ctx, s.claim.Name, metav1.GetOptions{}); err == nil {
+		for _, d := range c.Status.Devices {
+			if d.Data != nil {
+				sr.Attested = json.RawMessage(d.Data.Raw)
+			}
+		}
+	}
+	return sr, pe.Env, nil
+}
+
+// specOnly is the part of env that the spec set (for the report).
+func specOnly(env []string, spec *oci.Spec) []string {
+	keys := map[string]bool{"CUDA_VISIBLE_DEVICES": true, "LD_PRELOAD": true}
+	if spec.Process != nil {
+		for _, kv := range spec.Process.Env {
+			k, _, _ := strings.Cut(kv, "=")
+			keys[k] = true
+		}
+	}
+	var out []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if keys[k] {
+			out = append(out, kv)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Inject does what the container runtime does with the kubelet's CDI device
+// IDs: it loads the specs in dirs with the CDI library and applies the
+// devices to an empty OCI spec.
+func Inject(ids []string, dirs ...string) (*oci.Spec, error) {
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dirs...), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI: %w", err)
+	}
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := cache.InjectDevices(spec, ids...); err != nil {
+		return nil, fmt.Errorf("CDI: inject %v: %w (unresolved %v; spec errors %v)", ids, err, unresolved, cache.GetErrors())
+	}
+	return spec, nil
+}
+
+func (n *node) unprepare(ctx context.Context, claims []*resourceapi.ResourceClaim) error {
+	refs := make([]kubeletplugin.NamespacedObject, len(claims))
+	for i, c := range claims {
+		refs[i] = kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}, UID: c.UID}
+	}
+	res, err := n.plugin.UnprepareResourceClaims(context.WithoutCancel(ctx), refs)
+	if err != nil {
+		return fmt.Errorf("unprepare: %w", err)
+	}
+	var errs []error
+	for _, c := range claims {
+		if err := res[c.UID]; err != nil {
+			errs = append(errs, fmt.Errorf("unprepare %s: %w", c.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,71 @@
+// Package cuda is the smallest binding of the CUDA driver API that the GPU
+// check's probe needs: it loads libcuda.so.1 with dlopen at run time (nothing
+// links against the driver, so the package builds and its tests run on
+// machines without one), allocates device memory until the driver refuses,
+// and launches a PTX kernel.
+//
+// A [Lib] is bound to the calling OS thread's CUDA context: callers must keep
+// one goroutine on one OS thread (runtime.LockOSThread) from [Lib.Init] until
+// [Lib.Close].
+package cuda
+
+import (
+	"errors"
+	"fmt"
+)
+
+// LibraryName is the driver library the probe loads.
+const LibraryName = "libcuda.so.1"
+
+// ErrNotLoaded wraps every error of [Open] that comes from the library not
+// being there or not being usable, so callers can tell "no driver" apart
+// from a failing GPU.
+var ErrNotLoaded = errors.New("the NVIDIA driver's " + LibraryName + " could not be loaded")
+
+// Result is a CUresult; zero is CUDA_SUCCESS.
+type Result int
+
+// The CUresult values the probe tells apart.
+const (
+	Success     Result = 0
+	OutOfMemory Result = 2 // CUDA_ERROR_OUT_OF_MEMORY
+)
+
+// Error is a failed driver call.
+type Error struct {
+	Call   string
+	Result Result
+	Name   string // cuGetErrorName, when the driver knows it
+	Log    string // the JIT's error log (module loads only)
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s: CUresult %d", e.Call, int(e.Result))
+	if e.Name != "" {
+		msg = fmt.Sprintf("%s: %s (%d)", e.Call, e.Name, int(e.Result))
+	}
+	if e.Log != "" {
+		msg += ": " + e.Log
+	}
+	return msg
+}
+
+// IsOutOfMemory reports whether err is a driver call that failed with
+// CUDA_ERROR_OUT_OF_MEMORY.
+func IsOutOfMemory(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Result == OutOfMemory
+}
+
+// DeviceInfo is what the probe reads about device 0 of its context.
+type DeviceInfo struct {
+	Name                string
+	DriverVersion       int // cuDriverGetVersion, e.g. 12040
+	Multiprocessors     int
+	MaxThreadsPerSM     int
+	ClockKHz            int // 0 when the driver does not report it
+	ComputeCapability   string
+	TotalBytes          uint64 // cuMemGetInfo right after the context was made current
+	FreeBytes           uint64
+	ContextCreateMillis float64
+}

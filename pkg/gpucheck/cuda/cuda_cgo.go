@@ -1,0 +1,323 @@
+//go:build cgo && linux
+
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int tcu_result;
+typedef int tcu_device;
+typedef void *tcu_context;
+typedef void *tcu_module;
+typedef void *tcu_function;
+typedef unsigned long long tcu_deviceptr;
+
+static void *tcu_lib;
+static tcu_result (*p_cuInit)(unsigned int);
+static tcu_result (*p_cuDriverGetVersion)(int *);
+static tcu_result (*p_cuDeviceGet)(tcu_device *, int);
+static tcu_result (*p_cuDeviceGetName)(char *, int, tcu_device);
+static tcu_result (*p_cuDeviceGetAttribute)(int *, int, tcu_device);
+static tcu_result (*p_cuDevicePrimaryCtxRetain)(tcu_context *, tcu_device);
+static tcu_result (*p_cuDevicePrimaryCtxRelease)(tcu_device);
+static tcu_result (*p_cuCtxSetCurrent)(tcu_context);
+static tcu_result (*p_cuCtxSynchronize)(void);
+static tcu_result (*p_cuMemGetInfo)(size_t *, size_t *);
+static tcu_result (*p_cuMemAlloc)(tcu_deviceptr *, size_t);
+static tcu_result (*p_cuMemFree)(tcu_deviceptr);
+static tcu_result (*p_cuMemsetD8)(tcu_deviceptr, unsigned char, size_t);
+static tcu_result (*p_cuMemcpyDtoH)(void *, tcu_deviceptr, size_t);
+static tcu_result (*p_cuModuleLoadDataEx)(tcu_module *, const void *, unsigned int, int *, void **);
+static tcu_result (*p_cuModuleGetFunction)(tcu_function *, tcu_module, const char *);
+static tcu_result (*p_cuModuleUnload)(tcu_module);
+static tcu_result (*p_cuLaunchKernel)(tcu_function, unsigned int, unsigned int, unsigned int,
+	unsigned int, unsigned int, unsigned int, unsigned int, void *, void **, void **);
+static tcu_result (*p_cuGetErrorName)(tcu_result, const char **);
+
+// tcu_sym resolves the first of up to three names that lib exports
+// (versioned names first: the unversioned ones are the old ABI).
+static void *tcu_sym(void *lib, const char *a, const char *b, const char *c) {
+	void *p = dlsym(lib, a);
+	if (!p && b) p = dlsym(lib, b);
+	if (!p && c) p = dlsym(lib, c);
+	return p;
+}
+
+// tcu_reset forgets every symbol, so that a failed open leaves nothing a
+// later call could jump through.
+static void tcu_reset(void) {
+	p_cuInit = NULL; p_cuDriverGetVersion = NULL; p_cuDeviceGet = NULL; p_cuDeviceGetName = NULL;
+	p_cuDeviceGetAttribute = NULL; p_cuDevicePrimaryCtxRetain = NULL; p_cuDevicePrimaryCtxRelease = NULL;
+	p_cuCtxSetCurrent = NULL; p_cuCtxSynchronize = NULL; p_cuMemGetInfo = NULL; p_cuMemAlloc = NULL;
+	p_cuMemFree = NULL; p_cuMemsetD8 = NULL; p_cuMemcpyDtoH = NULL; p_cuModuleLoadDataEx = NULL;
+	p_cuModuleGetFunction = NULL; p_cuModuleUnload = NULL; p_cuLaunchKernel = NULL; p_cuGetErrorName = NULL;
+}
+
+// tcu_open loads the library and its symbols. It returns NULL on success,
+// else what failed: dlerror's text or the name of a missing symbol. The
+// library counts as open (tcu_lib) only once every symbol resolved; after a
+// missing one it is closed and the symbols forgotten, so the next call
+// tries again and fails the same way instead of reporting success.
+static const char *tcu_open(const char *name) {
+	if (tcu_lib) return NULL;
+	void *lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+	if (!lib) {
+		const char *e = dlerror();
+		return e ? e : "dlopen failed";
+	}
+#define TCU_LOAD(var, a, b, c) do { *(void **)(&var) = tcu_sym(lib, a, b, c); if (!var) { tcu_reset(); dlclose(lib); return "missing symbol " a; } } while (0)
+	TCU_LOAD(p_cuInit, "cuInit", NULL, NULL);
+	TCU_LOAD(p_cuDriverGetVersion, "cuDriverGetVersion", NULL, NULL);
+	TCU_LOAD(p_cuDeviceGet, "cuDeviceGet", NULL, NULL);
+	TCU_LOAD(p_cuDeviceGetName, "cuDeviceGetName", NULL, NULL);
+	TCU_LOAD(p_cuDeviceGetAttribute, "cuDeviceGetAttribute", NULL, NULL);
+	TCU_LOAD(p_cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL, NULL);
+	TCU_LOAD(p_cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", NULL);
+	TCU_LOAD(p_cuCtxSetCurrent, "cuCtxSetCurrent", NULL, NULL);
+	TCU_LOAD(p_cuCtxSynchronize, "cuCtxSynchronize", NULL, NULL);
+	TCU_LOAD(p_cuMemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo", NULL);
+	TCU_LOAD(p_cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc", NULL);
+	TCU_LOAD(p_cuMemFree, "cuMemFree_v2", "cuMemFree", NULL);
+	TCU_LOAD(p_cuMemsetD8, "cuMemsetD8_v2", "cuMemsetD8", NULL);
+	TCU_LOAD(p_cuMemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH", NULL);
+	TCU_LOAD(p_cuModuleLoadDataEx, "cuModuleLoadDataEx", NULL, NULL);
+	TCU_LOAD(p_cuModuleGetFunction, "cuModuleGetFunction", NULL, NULL);
+	TCU_LOAD(p_cuModuleUnload, "cuModuleUnload", NULL, NULL);
+	TCU_LOAD(p_cuLaunchKernel, "cuLaunchKernel", NULL, NULL);
+	TCU_LOAD(p_cuGetErrorName, "cuGetErrorName", NULL, NULL);
+#undef TCU_LOAD
+	tcu_lib = lib;
+	return NULL;
+}
+
+static tcu_result tcu_init(void) { return p_cuInit(0); }
+static tcu_result tcu_driver_version(int *v) { return p_cuDriverGetVersion(v); }
+static tcu_result tcu_device_get(tcu_device *d, int ordinal) { return p_cuDeviceGet(d, ordinal); }
+static tcu_result tcu_device_name(char *buf, int n, tcu_device d) { return p_cuDeviceGetName(buf, n, d); }
+static tcu_result tcu_device_attribute(int *v, int attr, tcu_device d) { return p_cuDeviceGetAttribute(v, attr, d); }
+static tcu_result tcu_ctx_retain(tcu_context *c, tcu_device d) { return p_cuDevicePrimaryCtxRetain(c, d); }
+static tcu_result tcu_ctx_release(tcu_device d) { return p_cuDevicePrimaryCtxRelease(d); }
+static tcu_result tcu_ctx_set_current(tcu_context c) { return p_cuCtxSetCurrent(c); }
+static tcu_result tcu_ctx_synchronize(void) { return p_cuCtxSynchronize(); }
+static tcu_result tcu_mem_info(size_t *free, size_t *total) { return p_cuMemGetInfo(free, total); }
+static tcu_result tcu_mem_alloc(tcu_deviceptr *p, size_t n) { return p_cuMemAlloc(p, n); }
+static tcu_result tcu_mem_free(tcu_deviceptr p) { return p_cuMemFree(p); }
+static tcu_result tcu_memset(tcu_deviceptr p, size_t n) { return p_cuMemsetD8(p, 0, n); }
+static tcu_result tcu_read_u64(unsigned long long *out, tcu_deviceptr p) { return p_cuMemcpyDtoH(out, p, sizeof(*out)); }
+static tcu_result tcu_module_get_function(tcu_function *f, tcu_module m, const char *name) { return p_cuModuleGetFunction(f, m, name); }
+static tcu_result tcu_module_unload(tcu_module m) { return p_cuModuleUnload(m); }
+
+static const char *tcu_error_name(tcu_result r) {
+	const char *s = NULL;
+	if (p_cuGetErrorName && p_cuGetErrorName(r, &s) == 0) return s;
+	return NULL;
+}
+
+// tcu_module_load JIT-compiles PTX text, with the JIT's error log in log.
+static tcu_result tcu_module_load(tcu_module *m, const char *ptx, char *log, size_t logSize) {
+	// 5: CU_JIT_ERROR_LOG_BUFFER, 6: CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+	int opts[2] = {5, 6};
+	void *vals[2] = {log, (void *)(uintptr_t)logSize};
+	return p_cuModuleLoadDataEx(m, ptx, 2, opts, vals);
+}
+
+// tcu_launch_spin launches an entry with the signature (u64 counter, u64
+// cycles) on the default stream; the argument array lives on this stack.
+static tcu_result tcu_launch_spin(tcu_function f, unsigned int grid, unsigned int block,
+	tcu_deviceptr counter, unsigned long long cycles) {
+	void *args[2] = {&counter, &cycles};
+	return p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, args, NULL);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// CUdevice_attribute values.
+const (
+	attrClockRate       = 13
+	attrMultiprocessors = 16
+	attrMaxThreadsPerSM = 39
+	attrCCMajor         = 75
+	attrCCMinor         = 76
+)
+
+var openMu sync.Mutex
+
+// Lib is the loaded driver with device 0's primary context current on the
+// calling thread (after [Lib.Init]).
+type Lib struct {
+	dev C.tcu_device
+	ctx C.tcu_context
+}
+
+// Open loads libcuda.so.1 (the dynamic loader's search path, as a CUDA
+// program would; an LD_PRELOADed interposer such as HAMi-core sees every
+// lookup). An error wraps [ErrNotLoaded].
+func Open() (*Lib, error) { return open(LibraryName) }
+
+// open loads the driver library from name (a file name for the loader's
+// search, or a path).
+func open(library string) (*Lib, error) {
+	openMu.Lock()
+	defer openMu.Unlock()
+	name := C.CString(library)
+	defer C.free(unsafe.Pointer(name))
+	if msg := C.tcu_open(name); msg != nil {
+		return nil, fmt.Errorf("%w: %s (the probe needs the driver's library, not the CUDA toolkit; is the NVIDIA driver installed and %s on the loader path?)",
+			ErrNotLoaded, C.GoString(msg), library)
+	}
+	return &Lib{}, nil
+}
+
+func check(call string, r C.tcu_result) error {
+	if r == 0 {
+		return nil
+	}
+	e := &Error{Call: call, Result: Result(r)}
+	if s := C.tcu_error_name(r); s != nil {
+		e.Name = C.GoString(s)
+	}
+	return e
+}
+
+// Init initialises the driver and makes device 0's primary context (the one
+// the CUDA runtime uses) current on this thread; it returns what it read of
+// the device.
+func (l *Lib) Init() (DeviceInfo, error) {
+	var info DeviceInfo
+	start := time.Now()
+	if err := check("cuInit", C.tcu_init()); err != nil {
+		return info, err
+	}
+	var v C.int
+	if err := check("cuDriverGetVersion", C.tcu_driver_version(&v)); err != nil {
+		return info, err
+	}
+	info.DriverVersion = int(v)
+	if err := check("cuDeviceGet(0)", C.tcu_device_get(&l.dev, 0)); err != nil {
+		return info, err
+	}
+	if err := check("cuDevicePrimaryCtxRetain", C.tcu_ctx_retain(&l.ctx, l.dev)); err != nil {
+		return info, err
+	}
+	if err := check("cuCtxSetCurrent", C.tcu_ctx_set_current(l.ctx)); err != nil {
+		return info, err
+	}
+	// The primary context is created lazily; a memory query forces it.
+	var free, total C.size_t
+	if err := check("cuMemGetInfo", C.tcu_mem_info(&free, &total)); err != nil {
+		return info, err
+	}
+	info.ContextCreateMillis = float64(time.Since(start).Microseconds()) / 1000
+	info.FreeBytes, info.TotalBytes = uint64(free), uint64(total)
+	var name [256]C.char
+	if err := check("cuDeviceGetName", C.tcu_device_name(&name[0], C.int(len(name)), l.dev)); err != nil {
+		return info, err
+	}
+	info.Name = C.GoString(&name[0])
+	attr := func(a int) int {
+		var out C.int
+		if C.tcu_device_attribute(&out, C.int(a), l.dev) != 0 {
+			return 0
+		}
+		return int(out)
+	}
+	info.Multiprocessors = attr(attrMultiprocessors)
+	info.MaxThreadsPerSM = attr(attrMaxThreadsPerSM)
+	info.ClockKHz = attr(attrClockRate)
+	info.ComputeCapability = fmt.Sprintf("%d.%d", attr(attrCCMajor), attr(attrCCMinor))
+	return info, nil
+}
+
+// Close releases the primary context.
+func (l *Lib) Close() error {
+	return check("cuDevicePrimaryCtxRelease", C.tcu_ctx_release(l.dev))
+}
+
+// MemInfo is cuMemGetInfo: free and total bytes as the context sees them.
+func (l *Lib) MemInfo() (free, total uint64, err error) {
+	var f, t C.size_t
+	err = check("cuMemGetInfo", C.tcu_mem_info(&f, &t))
+	return uint64(f), uint64(t), err
+}
+
+// Ptr is a device allocation.
+type Ptr uint64
+
+// Alloc is cuMemAlloc; the memory is written once (cuMemsetD8) so that a
+// backend that charges on first touch counts it.
+func (l *Lib) Alloc(bytes uint64) (Ptr, error) {
+	var p C.tcu_deviceptr
+	if err := check(fmt.Sprintf("cuMemAlloc(%d)", bytes), C.tcu_mem_alloc(&p, C.size_t(bytes))); err != nil {
+		return 0, err
+	}
+	if err := check("cuMemsetD8", C.tcu_memset(p, C.size_t(bytes))); err != nil {
+		_ = C.tcu_mem_free(p)
+		return 0, err
+	}
+	return Ptr(p), nil
+}
+
+// Free is cuMemFree.
+func (l *Lib) Free(p Ptr) error { return check("cuMemFree", C.tcu_mem_free(C.tcu_deviceptr(p))) }
+
+// ReadU64 copies one 64-bit word from the device.
+func (l *Lib) ReadU64(p Ptr) (uint64, error) {
+	var v C.ulonglong
+	err := check("cuMemcpyDtoH", C.tcu_read_u64(&v, C.tcu_deviceptr(p)))
+	return uint64(v), err
+}
+
+// Synchronize is cuCtxSynchronize.
+func (l *Lib) Synchronize() error { return check("cuCtxSynchronize", C.tcu_ctx_synchronize()) }
+
+// Module is a loaded PTX module.
+type Module struct{ m C.tcu_module }
+
+// LoadPTX JIT-compiles PTX text; a failure carries the JIT's error log.
+func (l *Lib) LoadPTX(ptx string) (*Module, error) {
+	src := C.CString(ptx)
+	defer C.free(unsafe.Pointer(src))
+	const logSize = 8192
+	log := (*C.char)(C.calloc(logSize, 1))
+	defer C.free(unsafe.Pointer(log))
+	var m C.tcu_module
+	if err := check("cuModuleLoadDataEx", C.tcu_module_load(&m, src, log, logSize)); err != nil {
+		err.(*Error).Log = C.GoString(log)
+		return nil, err
+	}
+	return &Module{m: m}, nil
+}
+
+// Unload is cuModuleUnload.
+func (m *Module) Unload() error { return check("cuModuleUnload", C.tcu_module_unload(m.m)) }
+
+// Function is a kernel entry of a module.
+type Function struct{ f C.tcu_function }
+
+// Function is cuModuleGetFunction.
+func (m *Module) Function(name string) (*Function, error) {
+	n := C.CString(name)
+	defer C.free(unsafe.Pointer(n))
+	var f C.tcu_function
+	if err := check("cuModuleGetFunction("+name+")", C.tcu_module_get_function(&f, m.m, n)); err != nil {
+		return nil, err
+	}
+	return &Function{f: f}, nil
+}
+
+// LaunchSpin launches an entry with parameters (u64 counter pointer, u64
+// cycles) as grid blocks of block threads on the default stream.
+func (l *Lib) LaunchSpin(f *Function, grid, block uint32, counter Ptr, cycles uint64) error {
+	return check("cuLaunchKernel", C.tcu_launch_spin(f.f, C.uint(grid), C.uint(block), C.tcu_deviceptr(counter), C.ulonglong(cycles)))
+}

@@ -1,0 +1,41 @@
+//go:build cgo && linux
+
+package cuda
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestOpenMissingSymbolFailsEveryTime: a library that lacks one of the
+// driver API's symbols is refused, and refused again on the next Open,
+// which must not report success with symbols left unresolved.
+func TestOpenMissingSymbolFailsEveryTime(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler to build the partial library:", err)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "partial.c")
+	// The first two symbols Open resolves, not the third (cuDeviceGet).
+	if err := os.WriteFile(src, []byte("int cuInit(unsigned int f) { return 0; }\nint cuDriverGetVersion(int *v) { *v = 12000; return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(dir, "libpartial.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", lib, err, out)
+	}
+	for i := 1; i <= 2; i++ {
+		l, err := open(lib)
+		if err == nil {
+			t.Fatalf("open #%d of a library without cuDeviceGet succeeded (%v)", i, l)
+		}
+		if !errors.Is(err, ErrNotLoaded) || !strings.Contains(err.Error(), "missing symbol cuDeviceGet") {
+			t.Errorf("open #%d: %v; want ErrNotLoaded naming cuDeviceGet", i, err)
+		}
+	}
+}

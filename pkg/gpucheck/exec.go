@@ -1,0 +1,238 @@
+package gpucheck
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// ExecProber runs each probe as a child process: Command plus "memory" or
+// "compute --seconds S" (cmd/tessera-gpu-probe runs itself with "probe").
+type ExecProber struct {
+	Command []string
+	// ProcessMemory returns the device memory NVML counts for the process
+	// pid on the GPU uuid; nil or !ok leaves the probe's own figures.
+	ProcessMemory func(uuid string, pid int) (bytes uint64, ok bool)
+	// StartTimeout bounds the wait for a probe to load the driver and get
+	// ready (or to allocate everything); zero: two minutes.
+	StartTimeout time.Duration
+}
+
+// NVMLProcessMemory reads a process's used GPU memory from NVML: its
+// compute processes, and on drivers that list them, its MPS clients.
+func NVMLProcessMemory(lib nvml.Interface) func(uuid string, pid int) (uint64, bool) {
+	return func(uuid string, pid int) (uint64, bool) {
+		dev, ret := lib.DeviceGetHandleByUUID(uuid)
+		if ret != nvml.SUCCESS {
+			return 0, false
+		}
+		lists := []func() ([]nvml.ProcessInfo, nvml.Return){dev.GetComputeRunningProcesses}
+		if ext := lib.Extensions(); ext != nil && ext.LookupSymbol("nvmlDeviceGetMPSComputeRunningProcesses") == nil {
+			lists = append(lists, dev.GetMPSComputeRunningProcesses)
+		}
+		for _, list := range lists {
+			procs, ret := list()
+			if ret != nvml.SUCCESS {
+				continue
+			}
+			for _, p := range procs {
+				if int(p.Pid) == pid && p.UsedGpuMemory > 0 {
+					return p.UsedGpuMemory, true
+				}
+			}
+		}
+		return 0, false
+	}
+}
+
+func (e ExecProber) timeout() time.Duration {
+	if e.StartTimeout <= 0 {
+		return 2 * time.Minute
+	}
+	return e.StartTimeout
+}
+
+// probeProcess is one running probe.
+type probeProcess struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr *bytes.Buffer
+	msgs   chan probeMessage
+	done   chan struct{} // closed when stdout ended
+	mu     sync.Mutex
+	exit   error
+}
+
+func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*probeProcess, error) {
+	if len(e.Command) == 0 {
+		return nil, errors.New("no probe command")
+	}
+	cmd := exec.CommandContext(ctx, e.Command[0], append(append([]string{}, e.Command[1:]...), args...)...)
+	cmd.Env = env
+	p := &probeProcess{cmd: cmd, stderr: &bytes.Buffer{}, msgs: make(chan probeMessage, 4), done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	var err error
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start probe %s: %w", strings.Join(cmd.Args, " "), err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var m probeMessage
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				continue // not a probe line (a library's own output)
+			}
+			p.msgs <- m
+		}
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.exit = err
+		p.mu.Unlock()
+	}()
+	return p, nil
+}
+
+// next waits for the probe's next message; a probe that exits or reports
+// an error ends the wait with an error carrying its message and stderr.
+func (p *probeProcess) next(limit time.Duration, want string) (probeMessage, error) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	select {
+	case m := <-p.msgs:
+		if m.Event == "error" {
+			<-p.done
+			return m, fmt.Errorf("probe: %s%s", m.Error, p.stderrTail())
+		}
+		if m.Event != want {
+			return m, fmt.Errorf("probe: got %q, want %q", m.Event, want)
+		}
+		return m, nil
+	case <-p.done:
+		select {
+		case m := <-p.msgs:
+			if m.Event == "error" {
+				return m, fmt.Errorf("probe: %s%s", m.Error, p.stderrTail())
+			}
+			if m.Event == want {
+				return m, nil
+			}
+		default:
+		}
+		p.mu.Lock()
+		exit := p.exit
+		p.mu.Unlock()
+		return probeMessage{}, fmt.Errorf("probe exited before %q: %v%s", want, exit, p.stderrTail())
+	case <-timer.C:
+		_ = p.cmd.Process.Kill()
+		return probeMessage{}, fmt.Errorf("probe: no %q within %s%s", want, limit, p.stderrTail())
+	}
+}
+
+func (p *probeProcess) stderrTail() string {
+	<-p.done
+	s := strings.TrimSpace(p.stderr.String())
+	if s == "" {
+		return ""
+	}
+	if len(s) > 2000 {
+		s = "…" + s[len(s)-2000:]
+	}
+	return " (stderr: " + s + ")"
+}
+
+func (p *probeProcess) kill() {
+	_ = p.cmd.Process.Kill()
+	for {
+		select {
+		case <-p.msgs: // unblock the reader
+		case <-p.done:
+			return
+		}
+	}
+}
+
+// Memory implements [Prober].
+func (e ExecProber) Memory(ctx context.Context, uuid string, env []string) (MemoryProbe, error) {
+	p, err := e.start(ctx, env, "memory")
+	if err != nil {
+		return MemoryProbe{}, err
+	}
+	defer p.kill()
+	m, err := p.next(e.timeout(), "holding")
+	if err != nil {
+		return MemoryProbe{}, err
+	}
+	if m.Memory == nil {
+		return MemoryProbe{}, errors.New("probe: \"holding\" without figures")
+	}
+	probe := *m.Memory
+	if e.ProcessMemory != nil {
+		probe.ProcessBytes, probe.ProcessBytesKnown = e.ProcessMemory(uuid, p.cmd.Process.Pid)
+	}
+	if _, err := io.WriteString(p.stdin, "release\n"); err != nil {
+		return probe, fmt.Errorf("probe: %w", err)
+	}
+	if _, err := p.next(e.timeout(), "result"); err != nil {
+		return probe, err
+	}
+	return probe, nil
+}
+
+// Compute implements [Prober]: every probe loads its kernel and reports
+// ready; then all get the start signal at once.
+func (e ExecProber) Compute(ctx context.Context, envs [][]string, d time.Duration) ([]ComputeProbe, error) {
+	procs := make([]*probeProcess, 0, len(envs))
+	defer func() {
+		for _, p := range procs {
+			p.kill()
+		}
+	}()
+	for _, env := range envs {
+		p, err := e.start(ctx, env, "compute", "--seconds", fmt.Sprint(d.Seconds()))
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	for i, p := range procs {
+		if _, err := p.next(e.timeout(), "ready"); err != nil {
+			return nil, fmt.Errorf("compute probe %d: %w", i, err)
+		}
+	}
+	for _, p := range procs {
+		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+			return nil, fmt.Errorf("probe: %w", err)
+		}
+	}
+	out := make([]ComputeProbe, len(procs))
+	for i, p := range procs {
+		m, err := p.next(d+e.timeout(), "result")
+		if err != nil {
+			return nil, fmt.Errorf("compute probe %d: %w", i, err)
+		}
+		if m.Compute == nil {
+			return nil, fmt.Errorf("compute probe %d: a result without figures", i)
+		}
+		out[i] = *m.Compute
+	}
+	return out, nil
+}

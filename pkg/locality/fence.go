@@ -1,0 +1,204 @@
+package locality
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// FenceTaintKey is the key of the NoSchedule device taint a fence puts on a
+// GPU's shared device (value empty). Nothing tolerates it.
+const FenceTaintKey = configapi.GroupName + "/locality-fence"
+
+// DefaultFenceTTL is how long a fence stays after the last rejection of a
+// claim it steers, when none of them is accepted or deleted.
+const DefaultFenceTTL = 30 * time.Second
+
+// DefaultMaxFencesPerClaim bounds how many of one claim's rejections raise
+// fences before it is accepted: a share that fits nowhere stops closing
+// GPUs.
+const DefaultMaxFencesPerClaim = 8
+
+// FenceWriter puts a fence on a GPU's shared device and takes it away; both
+// are idempotent.
+type FenceWriter interface {
+	Fence(ctx context.Context, gpu GPU) error
+	Unfence(ctx context.Context, gpu GPU) error
+	// UnfenceAll lifts every fence, also those of an earlier leader.
+	UnfenceAll(ctx context.Context) error
+}
+
+// APIFences is the FenceWriter of the API server: one DeviceTaintRule per
+// fenced GPU, selecting driver, pool and device, with the taint
+// FenceTaintKey:NoSchedule. NoSchedule keeps new allocations off the device
+// and leaves the shares already there alone.
+type APIFences struct {
+	Client kubernetes.Interface
+}
+
+// FenceRuleName is the DeviceTaintRule of a fence on gpu.
+func FenceRuleName(gpu GPU) string {
+	sum := sha256.Sum256([]byte(gpu.Pool + "/" + gpu.Device))
+	return "tessera-locality-fence-" + hex.EncodeToString(sum[:8])
+}
+
+// Fence implements FenceWriter.
+func (f APIFences) Fence(ctx context.Context, gpu GPU) error {
+	rule := &resourceapi.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   FenceRuleName(gpu),
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "tessera-locality"},
+			Annotations: map[string]string{
+				configapi.GroupName + "/fenced-device": gpu.String(),
+			},
+		},
+		Spec: resourceapi.DeviceTaintRuleSpec{
+			DeviceSelector: &resourceapi.DeviceTaintSelector{
+				Driver: ptr.To(configapi.GroupName), Pool: ptr.To(gpu.Pool), Device: ptr.To(gpu.Device),
+			},
+			Taint: resourceapi.DeviceTaint{Key: FenceTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		},
+	}
+	_, err := f.Client.ResourceV1().DeviceTaintRules().Create(ctx, rule, metav1.CreateOptions{FieldManager: FieldManager})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// Unfence implements FenceWriter.
+func (f APIFences) Unfence(ctx context.Context, gpu GPU) error {
+	err := f.Client.ResourceV1().DeviceTaintRules().Delete(ctx, FenceRuleName(gpu), metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// fences is the controller's record of the fences it raised: per GPU, the
+// claims it steers away from there, and until when it stands without a new
+// rejection of one of them.
+type fences struct {
+	byGPU map[GPU]*fence
+	// raised counts, per claim, the rejections that fenced GPUs for it since
+	// it was last accepted.
+	raised map[types.UID]int
+}
+
+type fence struct {
+	claims map[types.UID]bool
+	until  time.Time
+}
+
+// reject records that claim uid was rejected on these GPUs; it returns the
+// GPUs that need a new fence. Every fence the claim is in then stands for
+// ttl more. A claim steered max times since it was last accepted is no
+// longer steered: its fences are not renewed and expire, so a share that
+// fits nowhere stops closing GPUs.
+func (f *fences) reject(uid types.UID, gpus []GPU, now time.Time, ttl time.Duration, max int) []GPU {
+	if f.byGPU == nil {
+		f.byGPU, f.raised = map[GPU]*fence{}, map[types.UID]int{}
+	}
+	if f.raised[uid] >= max {
+		return nil
+	}
+	f.raised[uid]++
+	var raise []GPU
+	for _, g := range gpus {
+		fc, ok := f.byGPU[g]
+		if !ok {
+			fc = &fence{claims: map[types.UID]bool{}}
+			f.byGPU[g] = fc
+			raise = append(raise, g)
+		}
+		fc.claims[uid] = true
+	}
+	for _, fc := range f.byGPU {
+		if fc.claims[uid] {
+			fc.until = now.Add(ttl)
+		}
+	}
+	return raise
+}
+
+// settle records that claim uid needs no steering any more (accepted or
+// gone); it returns the GPUs whose fence no claim needs.
+func (f *fences) settle(uid types.UID) []GPU {
+	delete(f.raised, uid)
+	return f.release(uid)
+}
+
+// release records that claim uid was allocated again, away from its
+// fences: they have done their work for it (a rejection there fences again,
+// with every GPU that would reject it). Its count of fences raised stays.
+func (f *fences) release(uid types.UID) []GPU {
+	var lift []GPU
+	for g, fc := range f.byGPU {
+		if fc.claims[uid] {
+			delete(fc.claims, uid)
+			if len(fc.claims) == 0 {
+				delete(f.byGPU, g)
+				lift = append(lift, g)
+			}
+		}
+	}
+	return lift
+}
+
+// expire returns the GPUs whose fence outlived its time, and forgets them.
+func (f *fences) expire(now time.Time) []GPU {
+	var lift []GPU
+	for g, fc := range f.byGPU {
+		if !now.Before(fc.until) {
+			delete(f.byGPU, g)
+			lift = append(lift, g)
+		}
+	}
+	return lift
+}
+
+// next is the earliest time a fence expires; zero without fences.
+func (f *fences) next() time.Time {
+	var t time.Time
+	for _, fc := range f.byGPU {
+		if t.IsZero() || fc.until.Before(t) {
+			t = fc.until
+		}
+	}
+	return t
+}
+
+// retry keeps a fence whose lifting failed, to be lifted again at until.
+func (f *fences) retry(g GPU, until time.Time) {
+	if f.byGPU == nil {
+		f.byGPU, f.raised = map[GPU]*fence{}, map[types.UID]int{}
+	}
+	if _, ok := f.byGPU[g]; !ok {
+		f.byGPU[g] = &fence{claims: map[types.UID]bool{}, until: until}
+	}
+}
+
+// UnfenceAll implements FenceWriter: it deletes every fence rule (they carry
+// the label app.kubernetes.io/managed-by=tessera-locality).
+func (f APIFences) UnfenceAll(ctx context.Context) error {
+	list, err := f.Client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=tessera-locality"})
+	if err != nil {
+		return err
+	}
+	for _, r := range list.Items {
+		if err := f.Client.ResourceV1().DeviceTaintRules().Delete(ctx, r.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,247 @@
+package locality
+
+// A simulation of kube-scheduler 1.37 placing share pods concurrently on one
+// node, with the scheduler's own allocator (structured.NewAllocator over what
+// pkg/model publishes WithLocalityVerdicts), the locality Controller judging
+// them and its fences applied as device taints, the way the DynamicResources
+// plugin sees DeviceTaintRules.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// simNode is the scheduler's view of one 8-GPU node.
+type simNode struct {
+	node    *v1.Node
+	slices  []*resourceapi.ResourceSlice
+	classes model.ClassLister
+	cel     *cel.Cache
+	state   structured.AllocatedState
+}
+
+func newSimNode(t *testing.T) *simNode {
+	gpus := make([]gpu.GPU, 8)
+	for i := range gpus {
+		gpus[i] = gpu.GPU{UUID: fmt.Sprintf("GPU-%d", i), Minor: i, Index: i, ProductName: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30}
+	}
+	res, err := model.Resources("node", gpus, model.WithLocalityVerdicts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := model.ResourceSlices("node", res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &simNode{
+		node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}},
+		classes: model.ClassLister{},
+		cel:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}),
+		state: structured.AllocatedState{
+			AllocatedDevices:         sets.New[structured.DeviceID](),
+			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+		},
+	}
+	for i := range objs {
+		objs[i].Name = fmt.Sprintf("slice-%d", i)
+		n.slices = append(n.slices, &objs[i])
+	}
+	for _, c := range model.DeviceClasses() {
+		n.classes[c.Name] = &c
+	}
+	return n
+}
+
+// allocate runs the allocator for one claim with the fenced devices tainted.
+func (n *simNode) allocate(t *testing.T, claim *resourceapi.ResourceClaim, fenced []GPU) *resourceapi.AllocationResult {
+	sl := make([]*resourceapi.ResourceSlice, len(n.slices))
+	for i, s := range n.slices {
+		s = s.DeepCopy()
+		for j := range s.Spec.Devices {
+			d := &s.Spec.Devices[j]
+			if slices.Contains(fenced, GPU{Pool: s.Spec.Pool.Name, Device: d.Name}) {
+				d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: FenceTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule})
+			}
+		}
+		sl[i] = s
+	}
+	alloc, err := structured.NewAllocator(context.Background(), model.SchedulerFeatures, n.state, n.classes, sl, n.cel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, err := alloc.Allocate(context.Background(), n.node, []*resourceapi.ResourceClaim{claim})
+	if err != nil {
+		t.Fatalf("claim %s: %v", claim.Name, err)
+	}
+	if len(results) == 0 {
+		return nil
+	}
+	n.track(&results[0], true)
+	return &results[0]
+}
+
+// track adds (or removes) an allocation to the allocated state, as the
+// scheduler's tracker does for shares.
+func (n *simNode) track(a *resourceapi.AllocationResult, add bool) {
+	for _, r := range a.Devices.Results {
+		id := structured.MakeSharedDeviceID(structured.MakeDeviceID(r.Driver, r.Pool, r.Device), r.ShareID)
+		consumed := structured.NewDeviceConsumedCapacity(structured.MakeDeviceID(r.Driver, r.Pool, r.Device), r.ConsumedCapacity)
+		if add {
+			n.state.AllocatedSharedDeviceIDs.Insert(id)
+			n.state.AggregatedCapacity.Insert(consumed)
+		} else {
+			n.state.AllocatedSharedDeviceIDs.Delete(id)
+			n.state.AggregatedCapacity.Remove(consumed)
+		}
+	}
+}
+
+func simClaim(name, memory string, l Labels) *resourceapi.ResourceClaim {
+	raw, _ := json.Marshal(map[string]any{"apiVersion": "gpu.tessera.dev/v1alpha1", "kind": "GpuConfig", "locality": l})
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID(name), ResourceVersion: "1"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: model.SharedClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+					model.Memory: resource.MustParse(memory), model.Cores: resource.MustParse("5"),
+				}},
+			}}},
+			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: model.DriverName, Parameters: runtime.RawExtension{Raw: raw}},
+			}}},
+		}},
+	}
+}
+
+// e2eWorkload is the workload of the locality e2e test: 24 shares.
+func e2eWorkload() []*resourceapi.ResourceClaim {
+	var out []*resourceapi.ResourceClaim
+	add := func(prefix string, n int, memory string, l Labels) {
+		for i := range n {
+			out = append(out, simClaim(fmt.Sprintf("%s-%d", prefix, i), memory, l))
+		}
+	}
+	add("tenant", 3, "16Gi", Labels{Exclusion: "tenant-a"})
+	add("replica", 5, "8Gi", Labels{AntiAffinity: "replicas"})
+	add("stage", 4, "8Gi", Labels{Affinity: "pipeline"})
+	add("plain", 12, "8Gi", Labels{})
+	return out
+}
+
+// simulate places the claims the way the scheduler does when their pods are
+// created at once: every round, each pending claim is allocated (first fit,
+// fenced GPUs tainted) before any verdict; then the controller judges them
+// in the order r chooses; rejected claims are deallocated and pending again.
+// Each round is 5 s (the scheduler's binding-condition poll). It returns the
+// rounds until every claim was accepted (0: not within maxRounds), the
+// rejections, and the accepted shares.
+func simulate(t *testing.T, claims []*resourceapi.ResourceClaim, withFences bool, r *rand.Rand, maxRounds int) (int, int, []Share) {
+	n := newSimNode(t)
+	now := time.Unix(0, 0)
+	ff := &fakeFences{}
+	s := newStore()
+	c := &Controller{Writer: s, Now: func() time.Time { return now }}
+	if withFences {
+		c.Fences = ff
+	}
+	pending := slices.Clone(claims)
+	rejections := 0
+	for round := 1; round <= maxRounds; round++ {
+		var waiting []*resourceapi.ResourceClaim
+		var still []*resourceapi.ResourceClaim
+		for _, claim := range pending {
+			a := n.allocate(t, claim, ff.on)
+			if a == nil {
+				still = append(still, claim)
+				continue
+			}
+			allocated := claim.DeepCopy()
+			allocated.Status.Allocation = a
+			allocated.ResourceVersion = fmt.Sprint(round + 1)
+			s.put(allocated)
+			waiting = append(waiting, allocated)
+		}
+		r.Shuffle(len(waiting), func(i, j int) { waiting[i], waiting[j] = waiting[j], waiting[i] })
+		for _, w := range waiting {
+			if err := c.Sync(context.Background(), "ns/"+w.Name, s.claims[w.Name]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, w := range waiting {
+			if v := verdictOf(s.claims[w.Name]); v != "accepted" {
+				rejections++
+				n.track(w.Status.Allocation, false)
+				deallocated := s.claims[w.Name].DeepCopy()
+				deallocated.Status = resourceapi.ResourceClaimStatus{}
+				deallocated.ResourceVersion = fmt.Sprint(round + 2)
+				s.put(deallocated)
+				if err := c.Sync(context.Background(), "ns/"+w.Name, deallocated); err != nil {
+					t.Fatal(err)
+				}
+				still = append(still, claims[slices.IndexFunc(claims, func(o *resourceapi.ResourceClaim) bool { return o.Name == w.Name })])
+			}
+		}
+		pending = still
+		now = now.Add(5 * time.Second)
+		c.Expire(context.Background())
+		if len(pending) == 0 {
+			return round, rejections, acceptedShares(s)
+		}
+	}
+	return 0, rejections, acceptedShares(s)
+}
+
+// With fences, every share of the e2e workload is accepted, in every order
+// the controller may see them, and nothing breaks a rule. Without them, the
+// rejected shares keep landing on the GPU they were rejected on.
+func TestSimulatedConcurrentPlacement(t *testing.T) {
+	worst := 0
+	for seed := range uint64(30) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		rounds, rejections, accepted := simulate(t, e2eWorkload(), true, r, 60)
+		if rounds == 0 {
+			t.Fatalf("seed %d: with fences, not every share was accepted within 60 rounds (%d rejections)", seed, rejections)
+		}
+		if v := Violations(accepted); len(v) > 0 {
+			t.Fatalf("seed %d: violations: %v", seed, v)
+		}
+		worst = max(worst, rounds)
+		if seed == 0 {
+			t.Logf("with fences: all 24 accepted after %d rounds (%d rejections)", rounds, rejections)
+		}
+	}
+	t.Logf("with fences, worst of 30 orders: %d rounds of 5 s", worst)
+
+	stuck := 0
+	for seed := range uint64(30) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		rounds, _, accepted := simulate(t, e2eWorkload(), false, r, 60)
+		if v := Violations(accepted); len(v) > 0 {
+			t.Fatalf("seed %d without fences: violations: %v", seed, v)
+		}
+		if rounds == 0 {
+			stuck++
+		}
+	}
+	t.Logf("without fences: %d of 30 orders leave shares unplaced after 60 rounds", stuck)
+}

@@ -1,0 +1,116 @@
+package mpsdaemon
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunFake: the fake daemon creates a control socket clients can connect
+// to and a pid file, is Ready only while it runs, clears what a previous
+// daemon left and removes its files when stopped.
+func TestRunFake(t *testing.T) {
+	root := t.TempDir()
+	pipe := filepath.Join(root, PipeDir)
+	if err := os.MkdirAll(pipe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(pipe, "mps_0")
+	if err := os.WriteFile(stale, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shm := filepath.Join(root, ShmDir)
+	if err := os.MkdirAll(shm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ready := filepath.Join(root, "state", "ready")
+	// A ready file from before a container restart.
+	if err := writeReady(ready, "/nonexistent"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Options{GPU: "GPU-1", Fake: true, DriverRoot: root, ReadyFile: ready}) }()
+
+	deadline := time.Now().Add(5 * time.Second)
+	for Ready(ready) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready: %v", Ready(ready))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn, err := net.Dial("unix", filepath.Join(pipe, ControlSocket))
+	if err != nil {
+		t.Fatalf("connect to the control socket: %v", err)
+	}
+	_ = conn.Close()
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale file in the pipe directory: %v", err)
+	}
+	if fi, err := os.Stat(shm); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Errorf("shared-memory directory %v, %v: want drwxrwxrwt so clients of any user can use it", fi.Mode(), err)
+	}
+	if pid, err := os.ReadFile(filepath.Join(pipe, "nvidia-cuda-mps-control.pid")); err != nil || strings.TrimSpace(string(pid)) == "" {
+		t.Errorf("pid file: %q, %v", pid, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := Ready(ready); err == nil {
+		t.Error("ready after the daemon stopped")
+	}
+	if _, err := os.Stat(filepath.Join(pipe, ControlSocket)); !os.IsNotExist(err) {
+		t.Errorf("control socket after stop: %v", err)
+	}
+	if log, err := os.ReadFile(filepath.Join(root, LogDir, "control.log")); err != nil || !strings.Contains(string(log), "GPU-1") {
+		t.Errorf("control.log: %q, %v", log, err)
+	}
+}
+
+// TestRunRealWithoutBinary: a driver root without nvidia-cuda-mps-control
+// is an error naming the root; bad options name the flag.
+func TestRunRealWithoutBinary(t *testing.T) {
+	root := t.TempDir()
+	err := Run(context.Background(), Options{GPU: "GPU-1", DriverRoot: root, ReadyFile: filepath.Join(root, "ready")})
+	if err == nil || !strings.Contains(err.Error(), root) || !strings.Contains(err.Error(), "nvidia-cuda-mps-control") {
+		t.Errorf("Run = %v", err)
+	}
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{ReadyFile: "r", Fake: true}, "--gpu"},
+		{Options{GPU: "g", Fake: true}, "--ready-file"},
+		{Options{GPU: "g", ReadyFile: "r"}, "--driver-root"},
+	} {
+		if err := Run(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Run(%+v) = %v, want %s", tc.o, err, tc.want)
+		}
+	}
+}
+
+func TestReadyRefuses(t *testing.T) {
+	dir := t.TempDir()
+	notSocket := filepath.Join(dir, "file")
+	_ = os.WriteFile(notSocket, nil, 0o644)
+	for name, content := range map[string]string{
+		"dead process": "999999999\n" + notSocket + "\n",
+		"no socket":    "1\n" + filepath.Join(dir, "missing") + "\n",
+		"not a socket": "1\n" + notSocket + "\n",
+		"garbage":      "x\n",
+	} {
+		path := filepath.Join(dir, "ready")
+		_ = os.WriteFile(path, []byte(content), 0o644)
+		if err := Ready(path); err == nil {
+			t.Errorf("%s: Ready = nil", name)
+		}
+	}
+	if err := Ready(filepath.Join(dir, "none")); err == nil {
+		t.Error("no ready file: Ready = nil")
+	}
+}

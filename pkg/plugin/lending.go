@@ -1,0 +1,519 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/lending"
+	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// LenderOptions configure a [Lender].
+type LenderOptions struct {
+	Policy lending.Policy
+	// BusyThreshold is the SM utilization (percent) at or above which an
+	// owner's process is busy.
+	BusyThreshold uint32
+	// Sample looks at a GPU's processes (lending.Sampler.Sample).
+	Sample func(uuid string) lending.Sample
+	// Store keeps the GPUs' lending states across restarts, for this boot.
+	Store  lending.Store
+	BootID string
+	// Republish is called when what the lending devices publish changed
+	// (the inventory's Trigger).
+	Republish func()
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+	// LockPath is the node lock the kubelet plugin helper takes around
+	// prepare and unprepare (serialize.lock) during surge rolling updates;
+	// Tick holds it, refreshes the checkpoint and rereads the state file,
+	// so the two instances of an update step the same states in turn.
+	// Empty: a single instance, no lock.
+	LockPath string
+	// ServicePods, when set, returns pods whose GPU processes belong to no
+	// owner or borrower (the MPS control daemons' servers, which compute
+	// for their clients); their processes are left out. It is called at
+	// most every servicePodsTTL.
+	ServicePods func(ctx context.Context) (map[types.UID]bool, error)
+}
+
+// servicePodsTTL is how long a ServicePods answer is used.
+const servicePodsTTL = 30 * time.Second
+
+// Lender runs the lending policy (package lending) on the node's GPUs: it
+// samples every GPU, steps its state, keeps the states in the state file,
+// and has the inventory republish the lending devices when a GPU opens or
+// closes. A GPU's owners and borrowers are the claims of the checkpoint, so
+// a restart loses nothing: the states come back from the file and the
+// claims from the checkpoint.
+type Lender struct {
+	p    *Plugin
+	opts LenderOptions
+
+	mu     sync.Mutex
+	states map[string]lending.State // by GPU UUID
+	// warned are the borrowers already reported as outstaying their grace.
+	warned map[types.UID]bool
+
+	// service caches ServicePods (used only by Tick, which does not run
+	// concurrently with itself), with the GPUs that had MPS holders then:
+	// a change (a daemon pod started or went) refreshes it at once.
+	service    map[types.UID]bool
+	serviceAt  time.Time
+	serviceFor string
+	// saved is what the state file holds.
+	saved map[string]lending.State
+	// kick asks Run for a Tick now (an owner or borrower was prepared or
+	// unprepared).
+	kick chan struct{}
+}
+
+// NewLender attaches a lender to the plugin: from then on, prepare admits a
+// borrower (a gpu-N-lent device) only while its GPU is lent. Without a
+// lender, prepare refuses every borrower.
+func NewLender(ctx context.Context, p *Plugin, opts LenderOptions) (*Lender, error) {
+	if err := opts.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Sample == nil {
+		return nil, fmt.Errorf("lending: no sampler")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	states, err := opts.Store.Load(opts.BootID)
+	if err != nil {
+		// Every GPU starts NotHeld: whatever was lent is taken back.
+		klog.FromContext(ctx).Error(err, "Lending state lost; every GPU starts not lent")
+		p.event(corev1.EventTypeWarning, "LendingStateLost", fmt.Sprintf("%v; every GPU starts not lent, borrowers are reclaimed", err))
+	}
+	l := &Lender{p: p, opts: opts, states: states, saved: maps.Clone(states), warned: map[types.UID]bool{}, kick: make(chan struct{}, 1)}
+	p.lenderMu.Lock()
+	p.lender = l
+	p.lenderMu.Unlock()
+	return l, nil
+}
+
+// Lent is what each GPU's lending device publishes, by UUID
+// (model.WithLending).
+func (l *Lender) Lent() map[string]model.Lent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lentLocked()
+}
+
+func (l *Lender) lentLocked() map[string]model.Lent {
+	out := make(map[string]model.Lent, len(l.states))
+	for uuid, s := range l.states {
+		// One taint value whatever the phase: a changed value would
+		// republish the slices, reset the NoExecute taint's TimeAdded
+		// (postponing evictions) and requeue every waiting borrower at
+		// each phase change. The phase is in metrics and events.
+		out[uuid] = model.Lent{Open: s.Open(), Memory: s.Lendable, Reason: lending.ReasonNotLent}
+	}
+	return out
+}
+
+// States returns every GPU's lending state, by UUID.
+func (l *Lender) States() map[string]lending.State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.states)
+}
+
+// admit reports why a borrower holding memory bytes may not be prepared on
+// the GPU now: it may only while the GPU is lent, and only within what is
+// lent now (a borrower allocated during an earlier, larger loan may retry
+// its prepare during a smaller one). held is what the GPU's other
+// prepared borrowers hold.
+func (l *Lender) admit(uuid string, memory, held int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.states[uuid]
+	if !s.Open() {
+		return fmt.Errorf("the GPU is not lent now (%s since %s): its owners use it or do not lend it", s.TaintValue(), s.Since.Format(time.RFC3339))
+	}
+	if held+memory > s.Lendable {
+		return fmt.Errorf("the GPU lends %d MiB now and its borrowers hold %d MiB: %d MiB more do not fit (allocated during an earlier loan)", s.Lendable>>20, held>>20, memory>>20)
+	}
+	return nil
+}
+
+// Kick asks Run for a Tick now.
+func (l *Lender) Kick() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run samples every interval until ctx ends.
+func (l *Lender) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		l.Tick(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-l.kick:
+		}
+	}
+}
+
+// holders are a GPU's owners and borrowers in the checkpoint.
+type holders struct {
+	owners    []lending.Owner
+	borrowers []checkpoint.Claim
+}
+
+// holdersByGPU reads the checkpoint: owners hold gpu-N or gpu-N-shared
+// (admin access holds nothing), borrowers gpu-N-lent.
+func (l *Lender) holdersByGPU() map[int]*holders {
+	out := map[int]*holders{}
+	for _, c := range l.p.opts.Store.List() {
+		for _, d := range c.Devices {
+			minor, kind, err := model.ParseDevice(d.Device)
+			if err != nil || d.AdminAccess {
+				continue
+			}
+			h := out[minor]
+			if h == nil {
+				h = &holders{}
+				out[minor] = h
+			}
+			if kind == model.KindLent {
+				if !slices.ContainsFunc(h.borrowers, func(b checkpoint.Claim) bool { return b.UID == c.UID }) {
+					h.borrowers = append(h.borrowers, c)
+				}
+				continue
+			}
+			mps := kind == model.KindShared && d.Isolation == string(configapi.IsolationMPS)
+			if i := slices.IndexFunc(h.owners, func(o lending.Owner) bool { return o.Claim == c.UID }); i >= 0 {
+				h.owners[i].Lend = h.owners[i].Lend && d.Lend
+				h.owners[i].MPS = h.owners[i].MPS || mps
+			} else {
+				h.owners = append(h.owners, lending.Owner{Claim: c.UID, Lend: d.Lend, MPS: mps})
+			}
+		}
+	}
+	return out
+}
+
+// Tick samples every GPU once and acts on what changed. The samples and
+// API reads happen before the states are locked, so prepare (admit) never
+// waits on them.
+func (l *Lender) Tick(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	lockCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	unlock, err := lockNode(lockCtx, l.opts.LockPath)
+	cancel()
+	if err != nil {
+		logger.Error(err, "Lending skips a sample")
+		return
+	}
+	defer unlock()
+	if l.opts.LockPath != "" {
+		// The other instance of a surge update may have prepared,
+		// unprepared or stepped since this one looked.
+		if err := l.p.refresh(ctx); err != nil {
+			logger.Error(err, "Refreshing the checkpoint failed; lending uses what this instance knows")
+		}
+		if states, err := l.opts.Store.Load(l.opts.BootID); err == nil {
+			l.mu.Lock()
+			l.states, l.saved = states, maps.Clone(states)
+			l.mu.Unlock()
+		}
+	}
+	now := l.opts.Now()
+	byGPU := l.holdersByGPU()
+	gpus := l.p.inventory()
+	service := l.servicePods(ctx, now)
+
+	observations := make(map[string]lending.Observation, len(gpus))
+	for _, g := range gpus {
+		h := byGPU[g.Minor]
+		if h == nil {
+			h = &holders{}
+			byGPU[g.Minor] = h
+		}
+		if len(h.owners) == 0 && len(h.borrowers) == 0 {
+			observations[g.UUID] = lending.Observation{Observed: true, Memory: int64(g.MemoryBytes)}
+			continue
+		}
+		borrowerPods := map[types.UID]bool{}
+		var borrowers []types.UID
+		for _, b := range h.borrowers {
+			borrowers = append(borrowers, b.UID)
+			for _, pod := range l.p.podsOf(ctx, b) {
+				borrowerPods[pod] = true
+			}
+		}
+		observations[g.UUID] = lending.Observe(l.opts.Sample(g.UUID), int64(g.MemoryBytes), h.owners, borrowers, service, borrowerPods, l.opts.BusyThreshold)
+	}
+
+	type change struct {
+		g        gpu.GPU
+		from, to lending.State
+		h        *holders
+	}
+	var changes []change
+	var outstaying []checkpoint.Claim
+	l.mu.Lock()
+	before := l.lentLocked()
+	next := make(map[string]lending.State, len(gpus))
+	for _, g := range gpus {
+		h := byGPU[g.Minor]
+		from := l.states[g.UUID]
+		to := lending.Step(l.opts.Policy, from, observations[g.UUID], now)
+		next[g.UUID] = to
+		if to.Phase != from.Phase {
+			changes = append(changes, change{g: g, from: from, to: to, h: h})
+		}
+		if to.Phase == lending.Reclaiming && now.Sub(to.Since) > l.graceLimit() {
+			for _, b := range h.borrowers {
+				if !l.warned[b.UID] {
+					l.warned[b.UID] = true
+					outstaying = append(outstaying, b)
+				}
+			}
+		}
+	}
+	l.states = next
+	after := l.lentLocked()
+	l.mu.Unlock()
+
+	// The file is written outside the lock too (only Tick writes it), and
+	// only when a state changed.
+	if !reflect.DeepEqual(next, l.saved) {
+		if err := l.opts.Store.Save(l.opts.BootID, next); err != nil {
+			logger.Error(err, "Saving the lending state failed; a restart would take back what is lent")
+		} else {
+			l.saved = next
+		}
+	}
+	// Borrowers no longer reclaiming need no warning.
+	for uid := range l.warned {
+		if !slices.ContainsFunc(outstaying, func(c checkpoint.Claim) bool { return c.UID == uid }) && !l.reclaiming(byGPU, uid) {
+			delete(l.warned, uid)
+		}
+	}
+	if !maps.Equal(before, after) && l.opts.Republish != nil {
+		l.opts.Republish()
+	}
+	for _, c := range changes {
+		l.report(ctx, c.g, c.from, c.to, c.h)
+	}
+	for _, b := range outstaying {
+		l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
+			fmt.Sprintf("the GPU was taken back more than %s ago and this borrower still holds it: its pods tolerate the %s taint too long, or eviction is stuck", l.graceLimit(), model.ReclaimTaintKey))
+		l.p.opts.Metrics.BorrowerOutstayed()
+	}
+}
+
+// reclaiming reports whether the borrower claim is on a GPU being taken back.
+func (l *Lender) reclaiming(byGPU map[int]*holders, uid types.UID) bool {
+	for minor, h := range byGPU {
+		if !slices.ContainsFunc(h.borrowers, func(c checkpoint.Claim) bool { return c.UID == uid }) {
+			continue
+		}
+		if g, ok := l.p.gpuByMinor(minor); ok {
+			return l.States()[g.UUID].Phase == lending.Reclaiming
+		}
+	}
+	return false
+}
+
+// servicePods is ServicePods, cached for servicePodsTTL or until the GPUs
+// with MPS holders change; on an error the last answer is kept.
+func (l *Lender) servicePods(ctx context.Context, now time.Time) map[types.UID]bool {
+	if l.opts.ServicePods == nil {
+		return nil
+	}
+	var mpsGPUs string
+	if l.p.opts.MPS != nil {
+		mpsGPUs = strings.Join(slices.Sorted(maps.Keys(l.p.opts.MPS.Holders())), ",")
+	}
+	if now.Sub(l.serviceAt) < servicePodsTTL && mpsGPUs == l.serviceFor {
+		return l.service
+	}
+	pods, err := l.opts.ServicePods(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing the MPS daemon pods failed; their processes may count as owner activity")
+		return l.service
+	}
+	l.service, l.serviceAt, l.serviceFor = pods, now, mpsGPUs
+	return pods
+}
+
+// graceLimit is how long a reclaim may take before its borrowers are
+// reported: the longest reclaim grace a borrower may ask for, plus time to
+// evict.
+func (l *Lender) graceLimit() time.Duration { return MaxReclaimGrace + 30*time.Second }
+
+// MaxReclaimGrace is the longest tolerationSeconds of the reclaim taint that
+// the admission webhook lets a borrower claim carry.
+const MaxReclaimGrace = 10 * time.Minute
+
+func (l *Lender) report(ctx context.Context, g gpu.GPU, from, to lending.State, h *holders) {
+	logger := klog.FromContext(ctx)
+	logger.Info("GPU lending changed", "gpu", g.UUID, "minor", g.Minor, "from", from.Phase, "to", to.Phase, "reason", to.Reason, "lendable", to.Lendable)
+	m := l.p.opts.Metrics
+	switch {
+	case to.Phase == lending.Lent:
+		m.LendingOpened()
+		l.p.event(corev1.EventTypeNormal, "GPULent", fmt.Sprintf("GPU %s (gpu-%d) is lent: its owners have been idle for %s; %d MiB may be borrowed through %s",
+			g.UUID, g.Minor, l.opts.Policy.IdlePeriod, to.Lendable>>20, model.LentDeviceName(g.Minor)))
+	case to.Phase == lending.Reclaiming:
+		m.ReclaimStarted(to.Reason)
+		msg := fmt.Sprintf("GPU %s (gpu-%d) is taken back (%s): its borrowers are evicted after the tolerationSeconds of their %s toleration",
+			g.UUID, g.Minor, to.Reason, model.ReclaimTaintKey)
+		l.p.event(corev1.EventTypeNormal, "GPUReclaimed", msg)
+		for _, b := range h.borrowers {
+			l.p.claimEventFor(b, corev1.EventTypeWarning, "Reclaimed", msg)
+		}
+	case from.Phase == lending.Reclaiming:
+		m.ReclaimDone(to.Since.Sub(from.Since))
+		l.p.event(corev1.EventTypeNormal, "GPUReclaimDone", fmt.Sprintf("GPU %s (gpu-%d) is its owners' alone again after %s", g.UUID, g.Minor, to.Since.Sub(from.Since).Round(time.Millisecond)))
+	}
+}
+
+// podsOf returns the UIDs of the pods a claim is reserved for: what prepare
+// saw, or after a restart the claim's status in the API.
+func (p *Plugin) podsOf(ctx context.Context, c checkpoint.Claim) []types.UID {
+	p.facts.mu.Lock()
+	f, ok := p.facts.claims[c.UID]
+	p.facts.mu.Unlock()
+	if !ok && p.opts.Client != nil {
+		claim, err := p.opts.Client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+		if err == nil && claim.UID == c.UID {
+			p.rememberClaim(claim)
+			f = factsOf(claim)
+		}
+	}
+	var out []types.UID
+	for _, ref := range f.pods {
+		out = append(out, ref.UID)
+	}
+	return out
+}
+
+// claimEventFor records an event on a checkpointed claim.
+func (p *Plugin) claimEventFor(c checkpoint.Claim, eventType, reason, message string) {
+	if p.opts.Events == nil {
+		return
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, UID: c.UID}}
+	p.opts.Events.ClaimEvent(claim, eventType, reason, message)
+}
+
+// inventory is the GPUs prepare knows, by ascending minor.
+func (p *Plugin) inventory() []gpu.GPU {
+	p.gpusMu.RLock()
+	defer p.gpusMu.RUnlock()
+	out := slices.Collect(maps.Values(p.gpus))
+	slices.SortFunc(out, func(a, b gpu.GPU) int { return a.Minor - b.Minor })
+	return out
+}
+
+// LendingSnapshot implements metrics.LendingSource.
+func (l *Lender) LendingSnapshot() []metrics.LentGPU {
+	byGPU := l.holdersByGPU()
+	states := l.States()
+	var out []metrics.LentGPU
+	for _, g := range l.p.inventory() {
+		s := states[g.UUID]
+		n := 0
+		if h := byGPU[g.Minor]; h != nil {
+			n = len(h.borrowers)
+		}
+		out = append(out, metrics.LentGPU{UUID: g.UUID, Minor: g.Minor, Phase: s.TaintValue(), LendableBytes: s.Lendable, Borrowers: n})
+	}
+	return out
+}
+
+// currentLender is the plugin's Lender, nil while lending is off.
+func (p *Plugin) currentLender() *Lender {
+	p.lenderMu.Lock()
+	defer p.lenderMu.Unlock()
+	return p.lender
+}
+
+// lendingChanged has the lender look again now: an owner or a borrower was
+// prepared or unprepared (a new owner takes a lent GPU back at once).
+func (p *Plugin) lendingChanged() {
+	if l := p.currentLender(); l != nil {
+		l.Kick()
+	}
+}
+
+// admitBorrowers refuses a claim with a borrower's device on a GPU that is
+// not lent now. Such a claim was allocated just before its GPU was taken
+// back (or on a node without lending): its pod is evicted through the
+// reclaim taint, or runs once the GPU is lent again.
+func (p *Plugin) admitBorrowers(claim types.UID, pl *plan) error {
+	l := p.currentLender()
+	for _, d := range pl.devices {
+		if !d.lent || d.adminAccess {
+			continue
+		}
+		if l == nil {
+			return deviceError(d.device, "borrower refused: lending is off on node %s (the kubelet plugin runs without --lending)", p.opts.NodeName)
+		}
+		// What the GPU's other borrowers hold, and this claim's other
+		// shares of the same lending device.
+		var held int64
+		for _, c := range p.opts.Store.List() {
+			if c.UID == claim {
+				continue
+			}
+			for _, cd := range c.Devices {
+				if cd.Device == d.device && !cd.AdminAccess {
+					held += cd.ConsumedMemory
+				}
+			}
+		}
+		for _, o := range pl.devices {
+			if o.device == d.device && o.shareID != d.shareID && !o.adminAccess {
+				held += o.consumedMemory
+			}
+		}
+		if err := l.admit(d.gpu.UUID, d.consumedMemory, held); err != nil {
+			return deviceError(d.device, "borrower refused: %v", err)
+		}
+	}
+	return nil
+}
+
+// StrandedBorrowers is the inventory's Lending while lending is off (the
+// flag, or no usable NVML): nil — no lending devices — unless the
+// checkpoint still holds borrowers (lending was on before a restart), whose
+// lending devices are then published tainted, so that kube-controller-manager
+// evicts them instead of leaving them on their owners' GPUs.
+func (p *Plugin) StrandedBorrowers() map[string]model.Lent {
+	for _, c := range p.opts.Store.List() {
+		for _, d := range c.Devices {
+			if _, kind, err := model.ParseDevice(d.Device); err == nil && kind == model.KindLent {
+				return map[string]model.Lent{}
+			}
+		}
+	}
+	return nil
+}

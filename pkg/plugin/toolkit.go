@@ -1,0 +1,66 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+)
+
+// CheckToolkit reports, at start, the GPUs of a real node that have no
+// device in the NVIDIA container toolkit's CDI spec: unless the node runs the
+// NVIDIA runtime in legacy mode (Options.LegacyRuntime), their claims fail to
+// prepare, because a container with the GPU's device nodes but without the
+// driver's libraries cannot run CUDA. It logs the reason and records a
+// Warning event NoToolkitCDISpec on the Node naming the command that
+// generates the spec and the directories searched. It changes nothing.
+func (p *Plugin) CheckToolkit(ctx context.Context) {
+	if p.opts.Mock || p.opts.LegacyRuntime {
+		return
+	}
+	p.gpusMu.RLock()
+	minors := make([]int, 0, len(p.gpus))
+	for m := range p.gpus {
+		minors = append(minors, m)
+	}
+	p.gpusMu.RUnlock()
+	slices.Sort(minors)
+
+	var missing []string
+	var errs []error
+	for _, m := range minors {
+		g, _ := p.gpuByMinor(m)
+		if g.MIGEnabled {
+			continue
+		}
+		if p.opts.Toolkit != nil {
+			_, ok, err := p.opts.Toolkit.DeviceID(g.UUID, g.Index)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if ok {
+				continue
+			}
+		}
+		missing = append(missing, fmt.Sprintf("%s (index %d)", g.UUID, g.Index))
+	}
+	if len(missing) == 0 && len(errs) == 0 {
+		return
+	}
+	err := errors.Join(errs...)
+	msg := fmt.Sprintf("GPUs without a device in the NVIDIA container toolkit's CDI spec (looked in %s): %s. "+
+		"Their claims fail to prepare: a container would get the device nodes but not the driver's libraries. "+
+		"Generate the spec on the node (nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml), "+
+		"or start the plugin with --legacy-nvidia-runtime if the node's runtime is the NVIDIA runtime in legacy mode",
+		strings.Join(p.opts.ToolkitSpecDirs, ", "), strings.Join(missing, ", "))
+	if err != nil {
+		msg += fmt.Sprintf(" (reading the spec directories: %v)", err)
+	}
+	klog.FromContext(ctx).Error(nil, msg)
+	p.event(corev1.EventTypeWarning, "NoToolkitCDISpec", msg)
+}

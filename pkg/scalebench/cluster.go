@@ -1,0 +1,219 @@
+package scalebench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// EnsureDeviceClasses creates Tessera's DeviceClasses (model.DeviceClasses, what
+// deployments/deviceclasses.yaml holds) or updates them to that spec.
+func EnsureDeviceClasses(ctx context.Context, c kubernetes.Interface) error {
+	for _, dc := range model.DeviceClasses() {
+		_, err := c.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			old, gerr := c.ResourceV1().DeviceClasses().Get(ctx, dc.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return fmt.Errorf("DeviceClass %s: %w", dc.Name, gerr)
+			}
+			old.Spec = dc.Spec
+			_, err = c.ResourceV1().DeviceClasses().Update(ctx, old, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			return fmt.Errorf("DeviceClass %s: %w", dc.Name, err)
+		}
+	}
+	return nil
+}
+
+// EnsureNodes makes the cluster's fake nodes exactly NodeName(0) … NodeName(n-1),
+// each with NodeSlices(name, profile) owned by it: it creates the nodes and
+// slices that are missing, replaces a node's slices when their number is wrong,
+// and deletes fake nodes beyond n (their slices go with them). workers requests
+// run at once. It then waits, up to timeout, until kwok reports every node Ready.
+// Nodes without NodeLabel (a real kubelet's) are left alone.
+func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile string, workers int, timeout time.Duration) error {
+	if n < 0 {
+		return fmt.Errorf("node count %d: must not be negative", n)
+	}
+	template, err := NodeSlices(NodeName(0), profile)
+	if err != nil {
+		return err
+	}
+	perNode := len(template)
+
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: NodeLabel})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	existing := map[string]*corev1.Node{}
+	for i := range nodes.Items {
+		existing[nodes.Items[i].Name] = &nodes.Items[i]
+	}
+	sliceList, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
+	if err != nil {
+		return fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	slicesOf := map[string]int{}
+	for _, s := range sliceList.Items {
+		if s.Spec.NodeName != nil {
+			slicesOf[*s.Spec.NodeName]++
+		}
+	}
+
+	var jobs []func() error
+	want := map[string]bool{}
+	for i := range n {
+		name := NodeName(i)
+		want[name] = true
+		node, ok := existing[name]
+		if ok && slicesOf[name] == perNode {
+			continue
+		}
+		jobs = append(jobs, func() error { return ensureNode(ctx, c, i, node, slicesOf[name] > 0, profile) })
+	}
+	for name := range existing {
+		if !want[name] {
+			jobs = append(jobs, func() error {
+				err := c.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			})
+		}
+	}
+	if err := parallel(workers, jobs); err != nil {
+		return err
+	}
+	return waitNodesReady(ctx, c, n, timeout)
+}
+
+// ensureNode creates fake node i (unless node is it already) and its slices,
+// deleting the slices it has first when stale is set.
+func ensureNode(ctx context.Context, c kubernetes.Interface, i int, node *corev1.Node, stale bool, profile string) error {
+	name := NodeName(i)
+	if node == nil {
+		var err error
+		node, err = c.CoreV1().Nodes().Create(ctx, FakeNode(i), metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create node %s: %w", name, err)
+		}
+	}
+	if stale {
+		err := c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: "spec.nodeName=" + name + ",spec.driver=" + model.DriverName})
+		if err != nil {
+			return fmt.Errorf("node %s: delete stale ResourceSlices: %w", name, err)
+		}
+	}
+	slices, err := NodeSlices(name, profile)
+	if err != nil {
+		return err
+	}
+	for j := range slices {
+		OwnedBy(&slices[j], node)
+		if _, err := c.ResourceV1().ResourceSlices().Create(ctx, &slices[j], metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("node %s: create ResourceSlice %s: %w", name, slices[j].GenerateName, err)
+		}
+	}
+	return nil
+}
+
+// waitNodesReady polls until exactly n fake nodes exist and all are Ready.
+func waitNodesReady(ctx context.Context, c kubernetes.Interface, n int, timeout time.Duration) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: NodeLabel, ResourceVersion: "0"})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		ready := 0
+		for _, node := range nodes.Items {
+			for _, cond := range node.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		last = fmt.Sprintf("%d fake nodes, %d Ready, want %d", len(nodes.Items), ready, n)
+		return len(nodes.Items) == n && ready == n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d fake nodes Ready (is kwok running?): %w (last: %s)", n, err, last)
+	}
+	return nil
+}
+
+// parallel runs jobs, workers at a time, and returns their errors joined (at
+// most the first 5, and how many more).
+func parallel(workers int, jobs []func() error) error {
+	workers = max(1, workers)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		next = make(chan func() error)
+	)
+	for range min(workers, len(jobs)) {
+		wg.Go(func() {
+			for job := range next {
+				if err := job(); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, job := range jobs {
+		next <- job
+	}
+	close(next)
+	wg.Wait()
+	if len(errs) > 5 {
+		errs = append(errs[:5], fmt.Errorf("and %d more errors", len(errs)-5))
+	}
+	return errors.Join(errs...)
+}
+
+// SliceSummary describes the slices of one fake node for the report: slices,
+// devices by type.
+func SliceSummary(profile string) (string, error) {
+	slices, err := NodeSlices(NodeName(0), profile)
+	if err != nil {
+		return "", err
+	}
+	types := map[string]int{}
+	counterSets := 0
+	for _, s := range slices {
+		counterSets += len(s.Spec.SharedCounters)
+		for _, d := range s.Spec.Devices {
+			t := "?"
+			if a, ok := d.Attributes[model.AttrType]; ok && a.StringValue != nil {
+				t = *a.StringValue
+			}
+			types[t]++
+		}
+	}
+	var parts []string
+	for t, k := range types {
+		parts = append(parts, strconv.Itoa(k)+" "+t)
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("%d ResourceSlices (%d counter sets; devices: %s)", len(slices), counterSets, strings.Join(parts, ", ")), nil
+}

@@ -1,0 +1,79 @@
+package webhook
+
+import (
+	"encoding/json"
+	"fmt"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// wireDeviceClass is a DeviceClass reduced to its opaque configs; the field
+// names are the same in v1, v1beta2 and v1beta1.
+type wireDeviceClass struct {
+	Spec struct {
+		Config []struct {
+			Opaque *struct {
+				Driver     string          `json:"driver"`
+				Parameters json.RawMessage `json:"parameters"`
+			} `json:"opaque"`
+		} `json:"config"`
+	} `json:"spec"`
+}
+
+// reviewDeviceClass checks each gpu.tessera.dev opaque config of a created or
+// updated DeviceClass with the class rules: it must decode strictly and pass
+// GpuConfig.Validate, which accepts sharing.allowedIsolations (a claim may not
+// set it; a class may). Prepare decodes the class config again and fails a
+// claim whose class config is bad; this only says so when the class is written.
+func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		return resp
+	}
+	if len(req.Object.Raw) == 0 {
+		return badRequest(req, fmt.Errorf("the request has no object"))
+	}
+	var class wireDeviceClass
+	if err := json.Unmarshal(req.Object.Raw, &class); err != nil {
+		return badRequest(req, err)
+	}
+	var errs field.ErrorList
+	for i, entry := range class.Spec.Config {
+		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
+			continue
+		}
+		path := field.NewPath("spec", "config").Index(i).Child("opaque", "parameters")
+		cfg, err := configapi.DecodeStrict(entry.Opaque.Parameters)
+		if err != nil {
+			errs = append(errs, field.Invalid(path, "", err.Error()))
+			continue
+		}
+		for _, e := range cfg.Validate() {
+			rooted := *e
+			rooted.Field = path.String() + "." + e.Field
+			errs = append(errs, &rooted)
+		}
+	}
+	if len(errs) > 0 {
+		resp.Allowed = false
+		resp.Result = denial(req, errs)
+	}
+	return resp
+}
+
+func badRequest(req *admissionv1.AdmissionRequest, err error) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{
+		UID:     req.UID,
+		Allowed: false,
+		Result: &metav1.Status{
+			Status:  metav1.StatusFailure,
+			Code:    400,
+			Reason:  metav1.StatusReasonBadRequest,
+			Message: fmt.Sprintf("%s %s: cannot read the object: %v", req.Kind.Kind, objectName(req), err),
+		},
+	}
+}

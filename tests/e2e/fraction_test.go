@@ -1,0 +1,117 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestFractionHalvesTileTheNode: a ResourceClaimTemplate annotated
+// gpu.tessera.dev/fraction: "1/2" (no capacity: the admission webhook expands
+// each claim the resourceclaim controller creates from it into a share of
+// half of each GPU model the cluster publishes) and 16 pods using it, created
+// at once on the 8-GPU node: every pod runs, each GPU holds exactly two of
+// the shares, and each share is half of an H100's 81559Mi rounded down to the
+// MiB, through the H100 model's subrequest.
+func TestFractionHalvesTileTheNode(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-fraction")
+	objs := MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: half-gpu}
+spec:
+  metadata:
+    annotations: {gpu.tessera.dev/fraction: "1/2"}
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: shared.gpu.tessera.dev}
+`)
+	for i := range 16 {
+		objs = append(objs, EnvPod(fmt.Sprintf("half-%d", i), "half-gpu", true))
+	}
+	c.Apply(t, ns, objs...)
+	pods := map[string]SpecPod{}
+	for i := range 16 {
+		name := fmt.Sprintf("half-%d", i)
+		p, err := c.WaitForEnvPod(context.Background(), ns, name)
+		if err != nil {
+			logFractionClaims(t, c, ns)
+			t.Fatal(err)
+		}
+		LogSpecPod(t, p)
+		pods[name] = p
+	}
+	perGPU := map[string][]string{}
+	for name, p := range pods {
+		d := claimOf(t, c, p, "gpu")
+		if d.Result.Request != "gpu/m81559mi" {
+			t.Errorf("pod %s: allocated for request %s, want the H100 model's subrequest gpu/m81559mi", name, d.Result.Request)
+		}
+		wantConsumed(t, name, d, map[string]string{"memory": "40779Mi", "cores": "50"})
+		perGPU[d.Result.Device] = append(perGPU[d.Result.Device], name)
+	}
+	if len(perGPU) != 8 {
+		t.Errorf("the 16 halves are on %d GPUs, want 8: %v", len(perGPU), perGPU)
+	}
+	for dev, names := range perGPU {
+		if len(names) != 2 {
+			t.Errorf("%s holds %d halves %v, want 2", dev, len(names), names)
+		}
+	}
+	t.Logf("halves per GPU: %v", perGPU)
+}
+
+// TestDemoFractionQuarter runs demo/specs/80-fraction-quarter.yaml: each pod
+// gets a quarter of an H100 (20389Mi, 25 cores) through the webhook's
+// expansion of its claim, and sees exactly that share.
+func TestDemoFractionQuarter(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ns := c.Namespace(t, "e2e-demo-fraction")
+	pods := c.RunSpec(t, ns, specPath("80-fraction-quarter.yaml"))
+	if len(pods) != 2 {
+		t.Fatalf("%d pods ran, want 2", len(pods))
+	}
+	for name, p := range pods {
+		d := claimOf(t, c, p, "gpu")
+		wantConsumed(t, name, d, map[string]string{"memory": "20389Mi", "cores": "25"})
+		wantGPUs(t, "pod "+name, p.Env, shareGPU(t, d, "20389Mi", 25))
+	}
+}
+
+// logFractionClaims logs each claim of ns: whether the webhook expanded it
+// (its subrequests) and what the scheduler allocated, with what it consumed.
+func logFractionClaims(t *testing.T, c *Cluster, ns string) {
+	claims, err := c.Client.ResourceV1().ResourceClaims(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Logf("list claims: %v", err)
+		return
+	}
+	for _, cl := range claims.Items {
+		var subs []string
+		for _, r := range cl.Spec.Devices.Requests {
+			for _, s := range r.FirstAvailable {
+				subs = append(subs, s.Name)
+			}
+			if r.Exactly != nil {
+				subs = append(subs, "exactly "+r.Exactly.DeviceClassName)
+			}
+		}
+		alloc := "unallocated"
+		if a := cl.Status.Allocation; a != nil {
+			alloc = ""
+			for _, res := range a.Devices.Results {
+				alloc += fmt.Sprintf("%s %s %v; ", res.Request, res.Device, res.ConsumedCapacity)
+			}
+		}
+		t.Logf("claim %s: requests %v, reserved for %d, %s", cl.Name, subs, len(cl.Status.ReservedFor), alloc)
+	}
+}

@@ -1,0 +1,334 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The local cluster's health settings (demo/clusters/local/overlay/values.yaml
+// sets health.recoveryPeriod; the XID lists are the chart's defaults).
+const (
+	healthRecoveryPeriod = 30 * time.Second
+	// healthTaintKey is pkg/health.TaintKey.
+	healthTaintKey = "gpu.tessera.dev/unhealthy"
+	// fatalXID is in the chart's health.fatalXIDs (GPU has fallen off the bus).
+	fatalXID = 79
+	// nonFatalXID is in neither list: it counts, with effect NoSchedule.
+	nonFatalXID = 94
+	// taintSlack is how long the plugin may take to publish a taint change
+	// after it happened (event watch, republish, API write).
+	taintSlack = 60 * time.Second
+)
+
+// injectXID delivers an XID event for the GPU with this NVML index through
+// the plugin's mock knob (--mock-fault-injection).
+func injectXID(t testing.TB, index string, xid int) {
+	t.Helper()
+	q := url.Values{"gpu": {index}, "xid": {fmt.Sprint(xid)}}
+	resp, err := http.Post(mockKnobURL("/mock/xid", q), "", nil)
+	if err != nil {
+		t.Fatalf("mock knob: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("mock knob /mock/xid: %s: %s", resp.Status, body)
+	}
+	t.Logf("mock knob: %s", strings.TrimSpace(string(body)))
+}
+
+// gpuTaints returns, for every published device of the GPU with this minor
+// (gpu-N, gpu-N-shared and, with lending, gpu-N-lent), its health taint
+// (nil when it has none).
+func (c *Cluster) gpuTaints(ctx context.Context, minor string) (map[string]*resourceapi.DeviceTaint, error) {
+	published, err := c.DriverSlices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]*resourceapi.DeviceTaint{}
+	whole := "gpu-" + minor
+	for _, s := range published {
+		for _, d := range s.Spec.Devices {
+			if d.Name != whole && !strings.HasPrefix(d.Name, whole+"-") {
+				continue
+			}
+			out[d.Name] = nil
+			for i := range d.Taints {
+				if d.Taints[i].Key == healthTaintKey {
+					out[d.Name] = &d.Taints[i]
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no published device %s", whole)
+	}
+	return out, nil
+}
+
+// waitGPUTaint waits until every device of the GPU has the health taint
+// with this effect, or (effect "") none has it, and returns how long it took.
+func (c *Cluster) waitGPUTaint(ctx context.Context, t testing.TB, minor string, effect resourceapi.DeviceTaintEffect, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	what := fmt.Sprintf("devices of GPU %s to be tainted %s=%s", minor, healthTaintKey, effect)
+	if effect == "" {
+		what = fmt.Sprintf("devices of GPU %s to lose the %s taint", minor, healthTaintKey)
+	}
+	var last map[string]*resourceapi.DeviceTaint
+	err := Poll(ctx, what, timeout, func(ctx context.Context) (bool, error) {
+		taints, err := c.gpuTaints(ctx, minor)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		last = taints
+		if len(taints) < 2 {
+			return false, retry("only devices %v published", slices.Sorted(maps.Keys(taints)))
+		}
+		for name, taint := range taints {
+			switch {
+			case effect == "" && taint != nil:
+				return false, retry("%s still tainted %s (%s)", name, taint.Effect, taint.Value)
+			case effect != "" && taint == nil:
+				return false, retry("%s not tainted", name)
+			case effect != "" && taint.Effect != effect:
+				return false, retry("%s tainted %s", name, taint.Effect)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, taint := range last {
+		if taint != nil {
+			t.Logf("device %s: taint %s=%s:%s", name, taint.Key, taint.Value, taint.Effect)
+		}
+	}
+	return time.Since(start)
+}
+
+// pinnedWholeGPU is a claim for the whole GPU with this minor.
+func pinnedWholeGPU(t testing.TB, name, minor string) string {
+	t.Helper()
+	return fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: %s}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+        selectors:
+        - cel:
+            expression: device.attributes["gpu.tessera.dev"].minor == %s
+`, name, minor)
+}
+
+// TestHealthFatalXIDEvictsAndRecovers: a fatal XID on a GPU taints both of
+// its devices NoExecute, kube-controller-manager evicts the pod using it,
+// a pod for that GPU is unschedulable while the taint lasts, and once the
+// recovery period passed without another error the taint goes and that pod
+// runs on the GPU.
+func TestHealthFatalXIDEvictsAndRecovers(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-health-fatal")
+
+	victim := c.RunObjects(t, ns, append(MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: whole}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.tessera.dev}
+`), EnvPod("victim", "whole", true))...)["victim"]
+	dev := claimOf(t, c, victim, "gpu")
+	minor, index := dev.Attribute("minor"), dev.Attribute("index")
+	if minor == "" || index == "" {
+		t.Fatalf("device %s: minor %q, index %q: want both attributes", dev.Result.Device, minor, index)
+	}
+	t.Logf("pod victim runs on %s (index %s)", dev.Result.Device, index)
+
+	injected := time.Now()
+	injectXID(t, index, fatalXID)
+	took := c.waitGPUTaint(ctx, t, minor, resourceapi.DeviceTaintEffectNoExecute, taintSlack)
+	t.Logf("XID %d: every device of GPU %s tainted NoExecute after %v", fatalXID, minor, took.Round(100*time.Millisecond))
+
+	// The device taint eviction controller deletes the pod (it does not
+	// tolerate the taint).
+	err := Poll(ctx, "pod victim to be evicted", PodTimeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "victim", metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case err != nil:
+			return false, retry("%v", err)
+		case p.UID != victim.Pod.UID:
+			return false, fmt.Errorf("pod victim was replaced (uid %s)", p.UID)
+		case p.DeletionTimestamp != nil:
+			return true, nil
+		}
+		return false, retry("phase %s, not deleted", p.Status.Phase)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pod victim evicted %v after the XID", time.Since(injected).Round(100*time.Millisecond))
+
+	// While tainted, a new pod for that GPU stays off it.
+	c.Apply(t, ns, MustDecodeYAML(t, pinnedWholeGPU(t, "that-gpu", minor))...)
+	c.Apply(t, ns, EnvPod("after", "that-gpu", false))
+	cond, err := c.WaitForUnschedulable(ctx, ns, "after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if taints, err := c.gpuTaints(ctx, minor); err != nil || taints["gpu-"+minor] == nil {
+		t.Fatalf("pod after was found unschedulable, but GPU %s's taint is gone already (%v): the test cannot tell the taint was the cause; is health.recoveryPeriod shorter than %v?", minor, err, healthRecoveryPeriod)
+	}
+	t.Logf("pod after (claim for minor %s) while tainted: %s: %s", minor, cond.Reason, cond.Message)
+
+	took = c.waitGPUTaint(ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
+	since := time.Since(injected)
+	if since < healthRecoveryPeriod {
+		t.Errorf("the taint went %v after the XID, before the recovery period (%v)", since.Round(100*time.Millisecond), healthRecoveryPeriod)
+	}
+	t.Logf("GPU %s untainted %v after the XID (recovery period %v)", minor, since.Round(100*time.Millisecond), healthRecoveryPeriod)
+
+	after, err := c.WaitForEnvPod(ctx, ns, "after")
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSpecPod(t, after)
+	got := claimOf(t, c, after, "gpu")
+	if got.Result.Device != "gpu-"+minor || got.Attribute("uuid") != dev.Attribute("uuid") {
+		t.Fatalf("pod after got %s (uuid %s), want gpu-%s (uuid %s)", got.Result.Device, got.Attribute("uuid"), minor, dev.Attribute("uuid"))
+	}
+	wantGPUs(t, "pod after", after.Env, wholeGPU(t, got))
+	t.Logf("pod after runs on the recovered GPU %s", got.Result.Device)
+}
+
+// TestHealthNonFatalXIDKeepsNewPodsOff: an XID in neither list taints both
+// devices of the GPU NoSchedule: the pod already on it keeps running (same
+// container, no restart), a new pod for that GPU stays unschedulable until
+// the taint is gone after the recovery period, and then runs there.
+func TestHealthNonFatalXIDKeepsNewPodsOff(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-health-noschedule")
+
+	running := c.RunObjects(t, ns, append(MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: share}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.tessera.dev
+          capacity:
+            requests: {memory: 8Gi, cores: "10"}
+`), EnvPod("running", "share", true))...)["running"]
+	dev := claimOf(t, c, running, "gpu")
+	minor, index := dev.Attribute("minor"), dev.Attribute("index")
+	if minor == "" || index == "" {
+		t.Fatalf("device %s: minor %q, index %q: want both attributes", dev.Result.Device, minor, index)
+	}
+	containerOf := func(p *corev1.Pod) (string, int32) {
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == "ctr" {
+				return s.ContainerID, s.RestartCount
+			}
+		}
+		return "", 0
+	}
+	startID, _ := containerOf(running.Pod)
+	t.Logf("pod running has a share of %s (index %s), container %s", dev.Result.Device, index, shortID(startID))
+
+	injected := time.Now()
+	injectXID(t, index, nonFatalXID)
+	took := c.waitGPUTaint(ctx, t, minor, resourceapi.DeviceTaintEffectNoSchedule, taintSlack)
+	t.Logf("XID %d: every device of GPU %s tainted NoSchedule after %v", nonFatalXID, minor, took.Round(100*time.Millisecond))
+
+	// A share of that GPU (there is room beside the running one): only the
+	// taint keeps it off.
+	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: that-gpu}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity:
+          requests: {memory: 8Gi, cores: "10"}
+        selectors:
+        - cel:
+            expression: device.attributes["gpu.tessera.dev"].minor == %s
+`, minor))...)
+	c.Apply(t, ns, EnvPod("new", "that-gpu", false))
+	cond, err := c.WaitForUnschedulable(ctx, ns, "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pod new (a share of minor %s) while tainted: %s: %s", minor, cond.Reason, cond.Message)
+
+	// The running pod is not evicted: same pod, same container, no restart.
+	checkRunning := func(when string) {
+		t.Helper()
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "running", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("%s: pod running: %v", when, err)
+		}
+		id, restarts := containerOf(p)
+		if p.UID != running.Pod.UID || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || id != startID || restarts != 0 {
+			t.Fatalf("%s: pod running: uid %s (was %s), deleting %v, phase %s, container %s (was %s), %d restarts: want it untouched by a NoSchedule taint",
+				when, p.UID, running.Pod.UID, p.DeletionTimestamp != nil, p.Status.Phase, shortID(id), shortID(startID), restarts)
+		}
+	}
+	checkRunning("while tainted")
+
+	c.waitGPUTaint(ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
+	since := time.Since(injected)
+	if since < healthRecoveryPeriod {
+		t.Errorf("the taint went %v after the XID, before the recovery period (%v)", since.Round(100*time.Millisecond), healthRecoveryPeriod)
+	}
+	t.Logf("GPU %s untainted %v after the XID", minor, since.Round(100*time.Millisecond))
+	newPod, err := c.WaitForEnvPod(ctx, ns, "new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSpecPod(t, newPod)
+	got := claimOf(t, c, newPod, "gpu")
+	if got.Result.Device != dev.Result.Device {
+		t.Fatalf("pod new got %s, want %s", got.Result.Device, dev.Result.Device)
+	}
+	checkRunning("after the recovery")
+	t.Logf("pod new runs on %s beside pod running, which kept its container", got.Result.Device)
+}

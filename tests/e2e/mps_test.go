@@ -1,0 +1,252 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// mpsDaemonSelector selects the MPS control daemon pods the plugin creates
+// (pkg/mpsdaemon).
+const mpsDaemonSelector = "app.kubernetes.io/component=mps-control-daemon"
+
+// mpsClientYAML is an MPS share and a client that prints its env and what it
+// can do with the daemon's directories: the control socket must be there,
+// the pipe directory read-only, the daemon's logs absent.
+const mpsClientYAML = `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mps}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.tessera.dev
+          capacity:
+            requests: {memory: 8Gi, cores: "20"}
+      config:
+      - requests: ["gpu"]
+        opaque:
+          driver: gpu.tessera.dev
+          parameters:
+            apiVersion: gpu.tessera.dev/v1alpha1
+            kind: GpuConfig
+            sharing: {isolation: MPS}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mps-client}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: mps
+  containers:
+  - name: ctr
+    image: docker.io/library/busybox:1.36
+    command:
+    - sh
+    - -c
+    - |
+      env | grep -E "^(NVIDIA_|CUDA_|TESSERA_)" | sort
+      if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
+      if touch /tmp/nvidia-mps/tenant-was-here 2>/dev/null; then echo MPS_PIPE=writable; else echo MPS_PIPE=read-only; fi
+      if [ -e /var/log/nvidia-mps ]; then echo MPS_LOGS=visible; else echo MPS_LOGS=absent; fi
+      if touch /dev/shm/tessera-e2e 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=read-only; fi
+      echo tessera-env-done
+      exec sleep 2147483647
+    resources:
+      claims:
+      - name: gpu
+`
+
+// mpsDaemonPod returns the daemon pod of the GPU (by the annotation the
+// plugin writes), failing unless there is exactly one.
+func (c *Cluster) mpsDaemonPod(ctx context.Context, uuid string) (*corev1.Pod, error) {
+	pods, err := c.Client.CoreV1().Pods(PluginNamespace).List(ctx, metav1.ListOptions{LabelSelector: mpsDaemonSelector})
+	if err != nil {
+		return nil, err
+	}
+	var found []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Annotations["gpu.tessera.dev/gpu-uuid"] == uuid {
+			found = append(found, p)
+		}
+	}
+	if len(found) != 1 {
+		return nil, fmt.Errorf("%d MPS daemon pods for GPU %s, want 1", len(found), uuid)
+	}
+	return &found[0], nil
+}
+
+// TestMPSDaemonOutlivesPlugin: an MPS share's daemon runs in a pod of its
+// own that the plugin creates before the claim's pod starts; the client gets
+// the daemon's control socket through a read-only pipe directory and never
+// its logs. Restarting the plugin and a helm upgrade keep the daemon pod (the
+// same UID, never restarted) and the client's container; deleting the client
+// (the claim's unprepare) deletes the daemon pod.
+func TestMPSDaemonOutlivesPlugin(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-mps")
+	client := c.RunObjects(t, ns, MustDecodeYAML(t, mpsClientYAML)...)["mps-client"]
+
+	claimName, err := PodClaimName(client.Pod, "gpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := c.AllocatedDevices(ctx, ns, claimName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 1 {
+		t.Fatalf("claim %s: %d devices, want 1", claimName, len(devs))
+	}
+	uuid := devs[0].Attribute("uuid")
+	for k, want := range map[string]string{
+		"CUDA_VISIBLE_DEVICES":              uuid,
+		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20",
+		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=8192M",
+		"MPS_CONTROL":                       "socket",
+		"MPS_PIPE":                          "read-only",
+		"MPS_LOGS":                          "absent",
+		"MPS_SHM":                           "writable",
+	} {
+		if got := client.Env[k]; got != want {
+			t.Errorf("client: %s=%q, want %q", k, got, want)
+		}
+	}
+
+	daemon, err := c.mpsDaemonPod(ctx, uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !readyPod(daemon) || daemon.Spec.NodeName != client.Pod.Spec.NodeName || len(daemon.OwnerReferences) != 0 {
+		t.Fatalf("daemon pod %s: ready %v, node %q (client on %q), owners %v", daemon.Name, readyPod(daemon), daemon.Spec.NodeName, client.Pod.Spec.NodeName, daemon.OwnerReferences)
+	}
+	t.Logf("client on GPU %s; daemon pod %s (uid %s) Ready on %s", uuid, daemon.Name, daemon.UID, daemon.Spec.NodeName)
+	ctrID := client.Pod.Status.ContainerStatuses[0].ContainerID
+
+	// unchanged checks that the daemon pod and the client survived.
+	unchanged := func(after string) {
+		t.Helper()
+		now, err := c.mpsDaemonPod(ctx, uuid)
+		if err != nil {
+			t.Fatalf("after %s: %v", after, err)
+		}
+		restarts := int32(-1)
+		if len(now.Status.ContainerStatuses) == 1 {
+			restarts = now.Status.ContainerStatuses[0].RestartCount
+		}
+		if now.UID != daemon.UID || !readyPod(now) || restarts != 0 {
+			t.Fatalf("after %s: daemon pod %s uid %s (was %s), ready %v, restarts %d; want the same pod, Ready, never restarted",
+				after, now.Name, now.UID, daemon.UID, readyPod(now), restarts)
+		}
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "mps-client", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := p.Status.ContainerStatuses[0]
+		if p.Status.Phase != corev1.PodRunning || cs.ContainerID != ctrID || cs.RestartCount != 0 {
+			t.Fatalf("after %s: client phase %s, container %s (was %s), restarts %d", after, p.Status.Phase, cs.ContainerID, ctrID, cs.RestartCount)
+		}
+		t.Logf("after %s: daemon pod %s is the same (uid %s, 0 restarts), the client keeps container %s", after, now.Name, now.UID, shortID(ctrID))
+	}
+
+	// 1. Restart the plugin: delete its pod, wait for the DaemonSet's new one.
+	old, err := c.ReadyPluginPod(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitPluginReplaced(ctx, old.UID); err != nil {
+		t.Fatal(err)
+	}
+	unchanged("a plugin restart")
+
+	// 2. helm upgrade with a changed value rolls the plugin.
+	helm := helmBinary(t)
+	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
+		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
+			t.Fatalf("helm status: %v\n%s", err, out)
+		}
+		t.Logf("Tessera is not installed with helm as release %s/%s; skipping the upgrade: %s", installNamespace, installRelease, out)
+	} else {
+		before, err := c.ReadyPluginPod(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stamp := time.Now().UTC().Format("20060102T150405Z")
+		out, err := exec.Command(helm, "upgrade", installRelease, filepath.Join(repoRoot, "deployments", "helm", "tessera"),
+			"--namespace", installNamespace, "--reuse-values",
+			"--set-string", "kubeletPlugin.podAnnotations.tessera\\.dev/e2e-mps-upgrade="+stamp,
+			"--wait", "--timeout", "4m").CombinedOutput()
+		if err != nil {
+			t.Fatalf("helm upgrade: %v\n%s", err, out)
+		}
+		if err := c.waitPluginReplaced(ctx, before.UID); err != nil {
+			t.Fatal(err)
+		}
+		unchanged("helm upgrade")
+	}
+
+	// 3. The claim's unprepare (its pod deleted) deletes the daemon pod.
+	if err := c.DeletePodAndWait(ctx, ns, "mps-client"); err != nil {
+		t.Fatal(err)
+	}
+	err = Poll(ctx, "daemon pod "+daemon.Name+" to be deleted", PodTimeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(PluginNamespace).Get(ctx, daemon.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case err != nil:
+			return false, retry("%v", err)
+		case p.UID != daemon.UID:
+			return false, fmt.Errorf("daemon pod %s was recreated (uid %s) after its last client went", p.Name, p.UID)
+		}
+		return false, retry("still there (phase %s, deleting %v)", p.Status.Phase, p.DeletionTimestamp != nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("client deleted; its claim was unprepared and daemon pod %s deleted", daemon.Name)
+}
+
+// waitPluginReplaced waits until the plugin pod old is gone and another one
+// is Ready.
+func (c *Cluster) waitPluginReplaced(ctx context.Context, old types.UID) error {
+	err := Poll(ctx, "plugin pod "+string(old)+" to be gone", PodTimeout, func(ctx context.Context) (bool, error) {
+		pods, err := c.PluginPods(ctx)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		for _, p := range pods {
+			if p.UID == old {
+				return false, retry("still there (phase %s)", p.Status.Phase)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	_, err = c.ReadyPluginPod(ctx)
+	return err
+}
