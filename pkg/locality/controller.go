@@ -271,11 +271,35 @@ func (c *Controller) steer(ctx context.Context, uid types.UID, shares []Share, a
 			gpus = append(gpus, g)
 		}
 	}
+	// A fence keeps every share off its GPU, not just the ones it steers.
+	// A GPU that another rejected claim would be accepted on (the GPU of
+	// its affinity group, the only one without its anti-affinity label) is
+	// left open for it, and fences on GPUs this claim would be accepted on
+	// are lifted: fenced, such a claim could be steered nowhere.
+	gpus = slices.DeleteFunc(gpus, func(g GPU) bool { return c.wantedByRejected(uid, g) })
+	var open []GPU
+	for _, g := range c.fenced.gpus() {
+		if c.ledger.Accepts(uid, shares, g) {
+			open = append(open, g)
+		}
+	}
+	c.lift(ctx, c.fenced.drop(open))
 	for _, g := range c.fenced.reject(uid, gpus, c.now(), ttl, max) {
 		if err := c.Fences.Fence(ctx, g); err != nil {
 			klog.FromContext(ctx).Error(err, "Fencing a GPU failed; the rejected claim may land on it again", "gpu", g)
 		}
 	}
+}
+
+// wantedByRejected reports whether a rejected claim other than uid, still
+// waiting to be allocated again, would be accepted on gpu.
+func (c *Controller) wantedByRejected(uid types.UID, gpu GPU) bool {
+	for other, r := range c.rejected {
+		if other != uid && r.verdict.Reason != ReasonInvalidConfig && c.ledger.Accepts(other, r.shares, gpu) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *Controller) syncKey(ctx context.Context, key string) error {
@@ -336,10 +360,9 @@ func (c *Controller) Sync(ctx context.Context, key string, claim *resourceapi.Re
 	case ok && sameShares(r.shares, v.shares):
 		verdict = r.verdict
 	default:
-		// A new allocation: the fences that sent it here are done.
-		if c.Fences != nil {
-			c.lift(ctx, c.fenced.release(claim.UID))
-		}
+		// A new allocation. The fences that sent it here stay until it is
+		// accepted: lifted now, they would let a share rejected here again
+		// go straight back to the GPU it came from.
 		verdict = c.ledger.Judge(claim.UID, v.shares)
 	}
 	if verdict.Accepted {

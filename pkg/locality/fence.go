@@ -24,9 +24,9 @@ const FenceTaintKey = configapi.GroupName + "/locality-fence"
 // claim it steers, when none of them is accepted or deleted.
 const DefaultFenceTTL = 30 * time.Second
 
-// DefaultMaxFencesPerClaim bounds how many of one claim's rejections raise
-// fences before it is accepted: a share that fits nowhere stops closing
-// GPUs.
+// DefaultMaxFencesPerClaim bounds how many of one claim's rejections in a row
+// raise fences before it rests for one TTL: a share that fits nowhere
+// closes GPUs only part of the time.
 const DefaultMaxFencesPerClaim = 8
 
 // FenceWriter puts a fence on a GPU's shared device and takes it away; both
@@ -91,8 +91,10 @@ func (f APIFences) Unfence(ctx context.Context, gpu GPU) error {
 type fences struct {
 	byGPU map[GPU]*fence
 	// raised counts, per claim, the rejections that fenced GPUs for it since
-	// it was last accepted.
+	// it was last accepted; cool is when a claim that spent them may fence
+	// again.
 	raised map[types.UID]int
+	cool   map[types.UID]time.Time
 }
 
 type fence struct {
@@ -102,15 +104,26 @@ type fence struct {
 
 // reject records that claim uid was rejected on these GPUs; it returns the
 // GPUs that need a new fence. Every fence the claim is in then stands for
-// ttl more. A claim steered max times since it was last accepted is no
-// longer steered: its fences are not renewed and expire, so a share that
-// fits nowhere stops closing GPUs.
+// ttl more. A claim steered max times since it was last accepted rests:
+// its fences are not renewed and expire, so a share that fits nowhere
+// stops closing GPUs; rejected again ttl after its first rejection past
+// the budget, it gets a new one.
 func (f *fences) reject(uid types.UID, gpus []GPU, now time.Time, ttl time.Duration, max int) []GPU {
 	if f.byGPU == nil {
-		f.byGPU, f.raised = map[GPU]*fence{}, map[types.UID]int{}
+		f.byGPU, f.raised, f.cool = map[GPU]*fence{}, map[types.UID]int{}, map[types.UID]time.Time{}
 	}
 	if f.raised[uid] >= max {
-		return nil
+		if now.Before(f.cool[uid]) || f.cool[uid].IsZero() {
+			if f.cool[uid].IsZero() {
+				f.cool[uid] = now.Add(ttl)
+			}
+			return nil
+		}
+		// Its fences have expired and it is still rejected: a new
+		// budget, so that a share placed late is not left to first fit
+		// for ever.
+		f.raised[uid] = 0
+		delete(f.cool, uid)
 	}
 	f.raised[uid]++
 	var raise []GPU
@@ -135,13 +148,7 @@ func (f *fences) reject(uid types.UID, gpus []GPU, now time.Time, ttl time.Durat
 // gone); it returns the GPUs whose fence no claim needs.
 func (f *fences) settle(uid types.UID) []GPU {
 	delete(f.raised, uid)
-	return f.release(uid)
-}
-
-// release records that claim uid was allocated again, away from its
-// fences: they have done their work for it (a rejection there fences again,
-// with every GPU that would reject it). Its count of fences raised stays.
-func (f *fences) release(uid types.UID) []GPU {
+	delete(f.cool, uid)
 	var lift []GPU
 	for g, fc := range f.byGPU {
 		if fc.claims[uid] {
@@ -150,6 +157,28 @@ func (f *fences) release(uid types.UID) []GPU {
 				delete(f.byGPU, g)
 				lift = append(lift, g)
 			}
+		}
+	}
+	return lift
+}
+
+// gpus returns the fenced GPUs.
+func (f *fences) gpus() []GPU {
+	out := make([]GPU, 0, len(f.byGPU))
+	for g := range f.byGPU {
+		out = append(out, g)
+	}
+	return out
+}
+
+// drop forgets the fences on gpus, whichever claims they steer, and returns
+// those that stood.
+func (f *fences) drop(gpus []GPU) []GPU {
+	var lift []GPU
+	for _, g := range gpus {
+		if _, ok := f.byGPU[g]; ok {
+			delete(f.byGPU, g)
+			lift = append(lift, g)
 		}
 	}
 	return lift
@@ -181,7 +210,7 @@ func (f *fences) next() time.Time {
 // retry keeps a fence whose lifting failed, to be lifted again at until.
 func (f *fences) retry(g GPU, until time.Time) {
 	if f.byGPU == nil {
-		f.byGPU, f.raised = map[GPU]*fence{}, map[types.UID]int{}
+		f.byGPU, f.raised, f.cool = map[GPU]*fence{}, map[types.UID]int{}, map[types.UID]time.Time{}
 	}
 	if _, ok := f.byGPU[g]; !ok {
 		f.byGPU[g] = &fence{claims: map[types.UID]bool{}, until: until}

@@ -50,6 +50,66 @@ func TestRejectionFencesTheGPUUntilAccepted(t *testing.T) {
 	}
 }
 
+// A fence keeps every share off its GPU, so it never closes the GPU another
+// rejected claim is waiting for: a late affinity share whose group's GPU
+// also refuses an exclusive tenant still gets there.
+func TestFencesLeaveWantedGPUsOpen(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ff := &fakeFences{}
+	s := newStore(
+		allocated("q0", 0, Labels{}, true),                   // unlabelled, on gpu 0
+		allocated("q1", 1, Labels{}, true),                   // unlabelled, on gpu 1
+		allocated("stage-a", 1, Labels{Affinity: "p"}, true), // the group p, on gpu 1
+		allocated("tenant", 0, Labels{Exclusion: "x"}, false),
+	)
+	c := &Controller{Writer: s, Fences: ff, Now: func() time.Time { return now }}
+	syncAll(t, c, s, "q0", "q1", "stage-a", "tenant")
+	sorted := func() []GPU {
+		slices.SortFunc(ff.on, func(a, b GPU) int { return strings.Compare(a.String(), b.String()) })
+		return ff.on
+	}
+	// The tenant is refused by gpu 0 and gpu 1 (unlabelled shares on both).
+	if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(sorted(), want) {
+		t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
+	}
+	// A late stage of p lands on the empty gpu 2 and is rejected: its group
+	// is on gpu 1. The fence on gpu 1 goes (the stage is accepted only
+	// there); gpu 2 is not fenced (the tenant would be accepted there).
+	s.put(allocated("stage-b", 2, Labels{Affinity: "p"}, false))
+	syncAll(t, c, s, "stage-b")
+	if v := verdictOf(s.claims["stage-b"]); v != "rejected:Affinity" {
+		t.Fatalf("stage-b on gpu 2: %s", v)
+	}
+	if want := []GPU{gpuN(0)}; !slices.Equal(sorted(), want) {
+		t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
+	}
+	// The tenant tries gpu 1 meanwhile: rejected, and gpu 1 stays open for
+	// the stage.
+	tenant := allocated("tenant", 1, Labels{Exclusion: "x"}, false)
+	tenant.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("tenant-2"))
+	s.put(tenant)
+	syncAll(t, c, s, "tenant")
+	if want := []GPU{gpuN(0)}; !slices.Equal(sorted(), want) {
+		t.Fatalf("after the tenant's rejection on gpu 1: fences %v, want %v", ff.on, want)
+	}
+	// The stage gets to gpu 1 and is accepted; the tenant, rejected there
+	// once more, now fences it.
+	stage := allocated("stage-b", 1, Labels{Affinity: "p"}, false)
+	stage.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("stage-b-2"))
+	s.put(stage)
+	syncAll(t, c, s, "stage-b")
+	if v := verdictOf(s.claims["stage-b"]); v != "accepted" {
+		t.Fatalf("stage-b on gpu 1: %s", v)
+	}
+	tenant = allocated("tenant", 1, Labels{Exclusion: "x"}, false)
+	tenant.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("tenant-3"))
+	s.put(tenant)
+	syncAll(t, c, s, "tenant")
+	if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(sorted(), want) {
+		t.Fatalf("after the tenant's third rejection: fences %v, want %v", ff.on, want)
+	}
+}
+
 // A fence nobody settles goes after its TTL; a claim deleted settles its
 // fences; a claim that fits nowhere raises at most MaxFencesPerClaim.
 func TestFencesExpireAndAreBounded(t *testing.T) {
@@ -75,7 +135,9 @@ func TestFencesExpireAndAreBounded(t *testing.T) {
 	// b is allocated again and rejected on GPUs 1, 2, 3 in turn (each holds
 	// a share of group x). Its rejection on gpu 0 was its first steered one,
 	// so with MaxFencesPerClaim 2 only its rejection on gpu 1 fences (gpu 1,
-	// and gpu 0, which would reject it too); after that it is not steered.
+	// and gpu 0, which would reject it too). Those fences stay while b is
+	// allocated again (lifted, they would let it go straight back), but are
+	// not renewed by the rejections past its budget.
 	for i := 1; i <= 3; i++ {
 		holder := allocated("x"+string(rune('0'+i)), i, Labels{Exclusion: "x"}, true)
 		s.put(holder)
@@ -84,15 +146,30 @@ func TestFencesExpireAndAreBounded(t *testing.T) {
 		b.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("b-" + string(rune('0'+i))))
 		s.put(b)
 		syncAll(t, c, s, "b")
-		want := []GPU(nil)
-		if i == 1 {
-			want = []GPU{gpuN(0), gpuN(1)}
-		}
 		slices.SortFunc(ff.on, func(a, b GPU) int { return strings.Compare(a.String(), b.String()) })
-		if !slices.Equal(ff.on, want) {
+		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(ff.on, want) {
 			t.Errorf("after b's rejection on gpu %d: fences %v, want %v", i, ff.on, want)
 		}
+		now = now.Add(time.Second)
 	}
+	now = now.Add(9 * time.Second) // 11 s after the last rejection that fenced
+	c.Expire(context.Background())
+	if len(ff.on) != 0 {
+		t.Fatalf("fences outlived their TTL: %v", ff.on)
+	}
+	// Still rejected after its fences expired and a cool-down of one TTL
+	// since its budget ran out: a new budget, it is steered again.
+	now = now.Add(10 * time.Second)
+	b := allocated("b", 0, Labels{}, false)
+	b.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("b-4"))
+	s.put(b)
+	syncAll(t, c, s, "b")
+	if len(ff.on) == 0 {
+		t.Errorf("b's rejection after its cool-down raised no fence")
+	}
+	now = now.Add(11 * time.Second)
+	c.Expire(context.Background())
+
 	// A fence stands while its claim waits again.
 	s.put(allocated("c", 1, Labels{}, false))
 	syncAll(t, c, s, "c")

@@ -291,15 +291,32 @@ func Violations(shares []Share) []string {
 // and never refuse.
 func (l *Ledger) Refusing(uid types.UID, shares []Share) []GPU {
 	var out []GPU
-	for g := range l.gpus {
-		for _, s := range shares {
-			moved := s
-			moved.GPU = g
-			if !l.Judge(uid, []Share{moved}).Accepted {
-				out = append(out, g)
-				break
-			}
+	for _, g := range l.GPUs() {
+		if !l.Accepts(uid, shares, g) {
+			out = append(out, g)
 		}
+	}
+	return out
+}
+
+// Accepts reports whether the claim uid would be accepted with each of its
+// shares moved to gpu (capacity aside).
+func (l *Ledger) Accepts(uid types.UID, shares []Share, gpu GPU) bool {
+	for _, s := range shares {
+		moved := s
+		moved.GPU = gpu
+		if !l.Judge(uid, []Share{moved}).Accepted {
+			return false
+		}
+	}
+	return true
+}
+
+// GPUs returns the GPUs that hold shares, in order.
+func (l *Ledger) GPUs() []GPU {
+	out := make([]GPU, 0, len(l.gpus))
+	for g := range l.gpus {
+		out = append(out, g)
 	}
 	slices.SortFunc(out, func(a, b GPU) int { return cmp.Compare(a.String(), b.String()) })
 	return out
