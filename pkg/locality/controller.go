@@ -100,6 +100,10 @@ type Controller struct {
 type rejection struct {
 	shares  []Share
 	verdict Verdict
+	// since is the claim's first rejection since it was last placed, its
+	// rank among the claims waiting to be allocated again (the oldest
+	// first); last is its latest rejection.
+	since, last time.Time
 }
 
 func (c *Controller) init() {
@@ -272,34 +276,102 @@ func (c *Controller) steer(ctx context.Context, uid types.UID, shares []Share, a
 		}
 	}
 	// A fence keeps every share off its GPU, not just the ones it steers.
-	// A GPU that another rejected claim would be accepted on (the GPU of
-	// its affinity group, the only one without its anti-affinity label) is
-	// left open for it, and fences on GPUs this claim would be accepted on
-	// are lifted: fenced, such a claim could be steered nowhere.
-	gpus = slices.DeleteFunc(gpus, func(g GPU) bool { return c.wantedByRejected(uid, g) })
-	var open []GPU
-	for _, g := range c.fenced.gpus() {
-		if c.ledger.Accepts(uid, shares, g) {
-			open = append(open, g)
+	// So a GPU that a rejected claim waiting longer than this one would be
+	// accepted on (the GPU of its affinity group, say) is left open for it,
+	// and this claim's rejection lifts the fences that only younger claims
+	// hold on GPUs it would be accepted on: without that, a tenant's fence
+	// could close the one GPU a late affinity share may go to. The oldest
+	// claim waiting always has its way, so two claims that each want the
+	// GPU the other is fenced from cannot hold each other open for ever.
+	now := c.now()
+	w := c.waiting(uid, now)
+	gpus = slices.DeleteFunc(gpus, func(g GPU) bool { return w.wantedByOlder(g) })
+	if !c.fenced.resting(uid, now) {
+		var open []GPU
+		for _, g := range c.fenced.gpus() {
+			if c.ledger.Accepts(uid, shares, g) && !slices.ContainsFunc(c.fenced.steering(g), w.older) {
+				open = append(open, g)
+			}
 		}
+		c.lift(ctx, c.fenced.drop(open))
 	}
-	c.lift(ctx, c.fenced.drop(open))
-	for _, g := range c.fenced.reject(uid, gpus, c.now(), ttl, max) {
+	for _, g := range c.fenced.reject(uid, gpus, now, ttl, max) {
 		if err := c.Fences.Fence(ctx, g); err != nil {
 			klog.FromContext(ctx).Error(err, "Fencing a GPU failed; the rejected claim may land on it again", "gpu", g)
 		}
 	}
 }
 
-// wantedByRejected reports whether a rejected claim other than uid, still
-// waiting to be allocated again, would be accepted on gpu.
-func (c *Controller) wantedByRejected(uid types.UID, gpu GPU) bool {
+// waitingClaims are the rejected claims that wait longer than one claim
+// to be allocated again, as seen when that claim is steered.
+type waitingClaims struct {
+	c      *Controller
+	self   rejection
+	selfID types.UID
+	// claims are the older rejected claims still trying (rejected within
+	// two fence TTLs) and not resting; memo caches, per GPU and label set,
+	// whether one of them would be accepted there.
+	claims []rejection
+	memo   map[GPU]map[string]bool
+}
+
+func (c *Controller) waiting(uid types.UID, now time.Time) waitingClaims {
+	ttl := c.FenceTTL
+	if ttl == 0 {
+		ttl = DefaultFenceTTL
+	}
+	w := waitingClaims{c: c, self: c.rejected[uid], selfID: uid, memo: map[GPU]map[string]bool{}}
 	for other, r := range c.rejected {
-		if other != uid && r.verdict.Reason != ReasonInvalidConfig && c.ledger.Accepts(other, r.shares, gpu) {
+		if other == uid || r.verdict.Reason == ReasonInvalidConfig || now.Sub(r.last) > 2*ttl ||
+			c.fenced.resting(other, now) || !w.older(other) {
+			continue
+		}
+		w.claims = append(w.claims, r)
+	}
+	return w
+}
+
+// older reports whether the claim other waits longer than the claim being
+// steered (ties: by UID).
+func (w waitingClaims) older(other types.UID) bool {
+	r, ok := w.c.rejected[other]
+	if !ok || other == w.selfID {
+		return false
+	}
+	if !r.since.Equal(w.self.since) {
+		return r.since.Before(w.self.since)
+	}
+	return other < w.selfID
+}
+
+// wantedByOlder reports whether an older waiting claim would be accepted
+// on gpu (capacity aside). Claims with the same labels get the same answer,
+// so each label set is judged once per GPU.
+func (w waitingClaims) wantedByOlder(gpu GPU) bool {
+	if w.memo[gpu] == nil {
+		w.memo[gpu] = map[string]bool{}
+	}
+	for _, r := range w.claims {
+		key := labelKey(r.shares)
+		wanted, seen := w.memo[gpu][key]
+		if !seen {
+			wanted = w.c.ledger.Accepts(r.shares[0].UID, r.shares, gpu)
+			w.memo[gpu][key] = wanted
+		}
+		if wanted {
 			return true
 		}
 	}
 	return false
+}
+
+// labelKey names the locality labels of a claim's shares, in order.
+func labelKey(shares []Share) string {
+	labels := make([]Labels, len(shares))
+	for i, s := range shares {
+		labels[i] = s.Labels
+	}
+	return fmt.Sprintf("%q", labels)
 }
 
 func (c *Controller) syncKey(ctx context.Context, key string) error {
@@ -335,6 +407,7 @@ func (c *Controller) Sync(ctx context.Context, key string, claim *resourceapi.Re
 		return nil
 	case unjudged, accepted:
 		c.ledger.Set(claim.UID, v.shares)
+		delete(c.rejected, claim.UID)
 		c.steer(ctx, claim.UID, v.shares, true)
 		return nil
 	case prepared:
@@ -347,18 +420,23 @@ func (c *Controller) Sync(ctx context.Context, key string, claim *resourceapi.Re
 			}
 		}
 		c.ledger.Set(claim.UID, v.shares)
+		delete(c.rejected, claim.UID)
 		c.steer(ctx, claim.UID, v.shares, true)
 		return c.write(ctx, claim, Verdict{Accepted: true})
 	}
 
 	var verdict Verdict
-	switch r, ok := c.rejected[claim.UID]; {
+	replay := false
+	r, ok := c.rejected[claim.UID]
+	switch {
 	case v.configErr != nil:
 		verdict = Verdict{Reason: ReasonInvalidConfig, Message: fmt.Sprintf("claim %s/%s: %v", claim.Namespace, claim.Name, v.configErr)}
 	case c.ledger.Holds(claim.UID, v.shares):
 		verdict = Verdict{Accepted: true}
 	case ok && sameShares(r.shares, v.shares):
-		verdict = r.verdict
+		// Synced again before the cache shows the verdict: the same
+		// verdict, and no second steering for one rejection.
+		verdict, replay = r.verdict, true
 	default:
 		// A new allocation. The fences that sent it here stay until it is
 		// accepted: lifted now, they would let a share rejected here again
@@ -370,12 +448,16 @@ func (c *Controller) Sync(ctx context.Context, key string, claim *resourceapi.Re
 		delete(c.rejected, claim.UID)
 	} else {
 		c.ledger.Remove(claim.UID)
-		c.rejected[claim.UID] = rejection{shares: v.shares, verdict: verdict}
+		since := c.now()
+		if ok {
+			since = r.since
+		}
+		c.rejected[claim.UID] = rejection{shares: v.shares, verdict: verdict, since: since, last: c.now()}
 	}
 	klog.FromContext(ctx).V(2).Info("Locality verdict", "claim", klog.KObj(claim), "accepted", verdict.Accepted,
 		"reason", verdict.Reason, "message", verdict.Message)
 	err := c.write(ctx, claim, verdict)
-	if verdict.Reason != ReasonInvalidConfig {
+	if verdict.Reason != ReasonInvalidConfig && !replay {
 		// A claim whose config does not decode is rejected on every GPU:
 		// steering it would only close GPUs.
 		c.steer(ctx, claim.UID, v.shares, verdict.Accepted)

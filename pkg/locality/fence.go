@@ -95,6 +95,9 @@ type fences struct {
 	// again.
 	raised map[types.UID]int
 	cool   map[types.UID]time.Time
+	// spent counts, per claim, the budgets it spent since it was last
+	// accepted.
+	spent map[types.UID]int
 }
 
 type fence struct {
@@ -102,30 +105,37 @@ type fence struct {
 	until  time.Time
 }
 
+func (f *fences) init() {
+	if f.byGPU == nil {
+		f.byGPU, f.raised, f.cool, f.spent = map[GPU]*fence{}, map[types.UID]int{}, map[types.UID]time.Time{}, map[types.UID]int{}
+	}
+}
+
 // reject records that claim uid was rejected on these GPUs; it returns the
 // GPUs that need a new fence. Every fence the claim is in then stands for
 // ttl more. A claim steered max times since it was last accepted rests:
-// its fences are not renewed and expire, so a share that fits nowhere
-// stops closing GPUs; rejected again ttl after its first rejection past
-// the budget, it gets a new one.
+// its fences are not renewed and expire after ttl, so a share that fits
+// nowhere stops closing GPUs; rejected again after its rest (ttl, doubling
+// with every budget it spends), it gets a new budget.
 func (f *fences) reject(uid types.UID, gpus []GPU, now time.Time, ttl time.Duration, max int) []GPU {
-	if f.byGPU == nil {
-		f.byGPU, f.raised, f.cool = map[GPU]*fence{}, map[types.UID]int{}, map[types.UID]time.Time{}
-	}
+	f.init()
 	if f.raised[uid] >= max {
-		if now.Before(f.cool[uid]) || f.cool[uid].IsZero() {
-			if f.cool[uid].IsZero() {
-				f.cool[uid] = now.Add(ttl)
-			}
+		if now.Before(f.cool[uid]) {
 			return nil
 		}
-		// Its fences have expired and it is still rejected: a new
-		// budget, so that a share placed late is not left to first fit
-		// for ever.
+		// Its fences have expired, it rested, and it is still rejected: a
+		// new budget, so that a share placed late is not left to first
+		// fit for ever.
 		f.raised[uid] = 0
 		delete(f.cool, uid)
 	}
-	f.raised[uid]++
+	if f.raised[uid]++; f.raised[uid] >= max {
+		// Spent: its fences stand for ttl more, then it rests, for ttl the
+		// first time and twice as long each time after (up to 16 ttl), so
+		// a share that fits nowhere closes GPUs less and less.
+		f.cool[uid] = now.Add(ttl + ttl<<min(f.spent[uid], 4))
+		f.spent[uid]++
+	}
 	var raise []GPU
 	for _, g := range gpus {
 		fc, ok := f.byGPU[g]
@@ -149,6 +159,7 @@ func (f *fences) reject(uid types.UID, gpus []GPU, now time.Time, ttl time.Durat
 func (f *fences) settle(uid types.UID) []GPU {
 	delete(f.raised, uid)
 	delete(f.cool, uid)
+	delete(f.spent, uid)
 	var lift []GPU
 	for g, fc := range f.byGPU {
 		if fc.claims[uid] {
@@ -160,6 +171,24 @@ func (f *fences) settle(uid types.UID) []GPU {
 		}
 	}
 	return lift
+}
+
+// resting reports whether claim uid spent its fences and rests.
+func (f *fences) resting(uid types.UID, now time.Time) bool {
+	return now.Before(f.cool[uid])
+}
+
+// steering returns the claims the fence on g steers.
+func (f *fences) steering(g GPU) []types.UID {
+	fc, ok := f.byGPU[g]
+	if !ok {
+		return nil
+	}
+	out := make([]types.UID, 0, len(fc.claims))
+	for uid := range fc.claims {
+		out = append(out, uid)
+	}
+	return out
 }
 
 // gpus returns the fenced GPUs.
@@ -209,9 +238,7 @@ func (f *fences) next() time.Time {
 
 // retry keeps a fence whose lifting failed, to be lifted again at until.
 func (f *fences) retry(g GPU, until time.Time) {
-	if f.byGPU == nil {
-		f.byGPU, f.raised, f.cool = map[GPU]*fence{}, map[types.UID]int{}, map[types.UID]time.Time{}
-	}
+	f.init()
 	if _, ok := f.byGPU[g]; !ok {
 		f.byGPU[g] = &fence{claims: map[types.UID]bool{}, until: until}
 	}

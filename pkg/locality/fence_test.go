@@ -2,6 +2,7 @@ package locality
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -50,64 +51,105 @@ func TestRejectionFencesTheGPUUntilAccepted(t *testing.T) {
 	}
 }
 
-// A fence keeps every share off its GPU, so it never closes the GPU another
-// rejected claim is waiting for: a late affinity share whose group's GPU
-// also refuses an exclusive tenant still gets there.
+// A fence keeps every share off its GPU, so a claim's fences never close
+// the GPU a claim rejected before it waits for, and its rejection lifts
+// fences that only younger claims hold on GPUs it would be accepted on. The
+// oldest waiting claim has its way: a late affinity share whose group's GPU
+// also refuses an exclusive tenant still gets there, and two claims cannot
+// hold each other's GPU open for ever.
 func TestFencesLeaveWantedGPUsOpen(t *testing.T) {
-	now := time.Unix(1000, 0)
-	ff := &fakeFences{}
-	s := newStore(
-		allocated("q0", 0, Labels{}, true),                   // unlabelled, on gpu 0
-		allocated("q1", 1, Labels{}, true),                   // unlabelled, on gpu 1
-		allocated("stage-a", 1, Labels{Affinity: "p"}, true), // the group p, on gpu 1
-		allocated("tenant", 0, Labels{Exclusion: "x"}, false),
-	)
-	c := &Controller{Writer: s, Fences: ff, Now: func() time.Time { return now }}
-	syncAll(t, c, s, "q0", "q1", "stage-a", "tenant")
-	sorted := func() []GPU {
+	setup := func() (*Controller, *store, *fakeFences, *time.Time) {
+		now := time.Unix(1000, 0)
+		ff := &fakeFences{}
+		s := newStore(
+			allocated("q0", 0, Labels{}, true),                   // unlabelled, on gpu 0
+			allocated("q1", 1, Labels{}, true),                   // unlabelled, on gpu 1
+			allocated("stage-a", 1, Labels{Affinity: "p"}, true), // the group p, on gpu 1
+		)
+		c := &Controller{Writer: s, Fences: ff, Now: func() time.Time { return now }}
+		syncAll(t, c, s, "q0", "q1", "stage-a")
+		return c, s, ff, &now
+	}
+	fenced := func(ff *fakeFences) []GPU {
 		slices.SortFunc(ff.on, func(a, b GPU) int { return strings.Compare(a.String(), b.String()) })
 		return ff.on
 	}
-	// The tenant is refused by gpu 0 and gpu 1 (unlabelled shares on both).
-	if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(sorted(), want) {
-		t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
+	place := func(t *testing.T, c *Controller, s *store, name string, minor int, l Labels, try int) string {
+		t.Helper()
+		claim := allocated(name, minor, l, false)
+		claim.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID(fmt.Sprintf("%s-%d", name, try)))
+		s.put(claim)
+		syncAll(t, c, s, name)
+		return verdictOf(s.claims[name])
 	}
-	// A late stage of p lands on the empty gpu 2 and is rejected: its group
-	// is on gpu 1. The fence on gpu 1 goes (the stage is accepted only
-	// there); gpu 2 is not fenced (the tenant would be accepted there).
-	s.put(allocated("stage-b", 2, Labels{Affinity: "p"}, false))
-	syncAll(t, c, s, "stage-b")
-	if v := verdictOf(s.claims["stage-b"]); v != "rejected:Affinity" {
-		t.Fatalf("stage-b on gpu 2: %s", v)
-	}
-	if want := []GPU{gpuN(0)}; !slices.Equal(sorted(), want) {
-		t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
-	}
-	// The tenant tries gpu 1 meanwhile: rejected, and gpu 1 stays open for
-	// the stage.
-	tenant := allocated("tenant", 1, Labels{Exclusion: "x"}, false)
-	tenant.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("tenant-2"))
-	s.put(tenant)
-	syncAll(t, c, s, "tenant")
-	if want := []GPU{gpuN(0)}; !slices.Equal(sorted(), want) {
-		t.Fatalf("after the tenant's rejection on gpu 1: fences %v, want %v", ff.on, want)
-	}
-	// The stage gets to gpu 1 and is accepted; the tenant, rejected there
-	// once more, now fences it.
-	stage := allocated("stage-b", 1, Labels{Affinity: "p"}, false)
-	stage.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("stage-b-2"))
-	s.put(stage)
-	syncAll(t, c, s, "stage-b")
-	if v := verdictOf(s.claims["stage-b"]); v != "accepted" {
-		t.Fatalf("stage-b on gpu 1: %s", v)
-	}
-	tenant = allocated("tenant", 1, Labels{Exclusion: "x"}, false)
-	tenant.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("tenant-3"))
-	s.put(tenant)
-	syncAll(t, c, s, "tenant")
-	if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(sorted(), want) {
-		t.Fatalf("after the tenant's third rejection: fences %v, want %v", ff.on, want)
-	}
+	tenant, stage := Labels{Exclusion: "x"}, Labels{Affinity: "p"}
+
+	t.Run("stage first", func(t *testing.T) {
+		c, s, ff, now := setup()
+		// A late stage of p lands on the empty gpu 2: rejected, its group
+		// is on gpu 1. Fenced: gpu 2 and gpu 0 (it refuses the stage too).
+		if v := place(t, c, s, "stage-b", 2, stage, 1); v != "rejected:Affinity" {
+			t.Fatalf("stage-b on gpu 2: %s", v)
+		}
+		if want := []GPU{gpuN(0), gpuN(2)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
+		}
+		// A tenant, rejected on gpu 0, is refused by gpu 1 too (unlabelled
+		// shares), but gpu 1 is what the older stage waits for: left open.
+		// Nor does it lift the stage's fence on gpu 2.
+		*now = now.Add(time.Second)
+		if v := place(t, c, s, "tenant", 0, tenant, 1); v != "rejected:Exclusion" {
+			t.Fatalf("tenant on gpu 0: %s", v)
+		}
+		if want := []GPU{gpuN(0), gpuN(2)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
+		}
+		// The stage gets to gpu 1; its fences go. The tenant, rejected on
+		// gpu 1, now fences it and gpu 0.
+		*now = now.Add(time.Second)
+		if v := place(t, c, s, "stage-b", 1, stage, 2); v != "accepted" {
+			t.Fatalf("stage-b on gpu 1: %s", v)
+		}
+		if v := place(t, c, s, "tenant", 1, tenant, 2); v != "rejected:Exclusion" {
+			t.Fatalf("tenant on gpu 1: %s", v)
+		}
+		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after the tenant's rejection on gpu 1: fences %v, want %v", ff.on, want)
+		}
+	})
+
+	t.Run("tenant first", func(t *testing.T) {
+		c, s, ff, now := setup()
+		if v := place(t, c, s, "tenant", 0, tenant, 1); v != "rejected:Exclusion" {
+			t.Fatalf("tenant on gpu 0: %s", v)
+		}
+		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
+		}
+		// The younger stage, rejected on gpu 2, does not fence gpu 2 (the
+		// older tenant would be accepted there) and does not lift the
+		// tenant's fence on gpu 1: it waits for the tenant to be placed.
+		*now = now.Add(time.Second)
+		if v := place(t, c, s, "stage-b", 2, stage, 1); v != "rejected:Affinity" {
+			t.Fatalf("stage-b on gpu 2: %s", v)
+		}
+		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
+		}
+		// The tenant is accepted on gpu 2; its fence on gpu 1 goes (gpu 0
+		// stays fenced for the stage, which it refuses too), and gpu 1 is
+		// open for the stage.
+		*now = now.Add(time.Second)
+		if v := place(t, c, s, "tenant", 2, tenant, 2); v != "accepted" {
+			t.Fatalf("tenant on gpu 2: %s", v)
+		}
+		if want := []GPU{gpuN(0)}; !slices.Equal(fenced(ff), want) {
+			t.Fatalf("after the tenant was accepted: fences %v, want %v", ff.on, want)
+		}
+		if v := place(t, c, s, "stage-b", 1, stage, 2); v != "accepted" {
+			t.Fatalf("stage-b on gpu 1: %s", v)
+		}
+	})
 }
 
 // A fence nobody settles goes after its TTL; a claim deleted settles its
