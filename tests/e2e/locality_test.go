@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -40,13 +39,6 @@ type localityGroup struct {
 // exclusion group ends up on (at most 3), 5 are left for the 5 anti-affinity
 // replicas, and the 4 affinity stages fit on any one of them.
 func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
-	if os.Getenv("TESSERA_E2E_LOCALITY") != "1" {
-		// Rules held in every run so far, but not every pod runs in time in
-		// every run: a share can stay pending while a placement exists
-		// (docs/locality.md, "Known limits"). Until that is fixed the test is
-		// opt-in, so that it does not fail make test by chance.
-		t.Skip("opt-in (TESSERA_E2E_LOCALITY=1): a share can stay pending while a placement exists, docs/locality.md Known limits")
-	}
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	// Last, after the release's values are back: no fence may outlive the

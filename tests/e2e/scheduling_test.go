@@ -47,6 +47,7 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 		if len(first) == 1 {
 			break
 		}
+		logAllocations(t, c)
 		if attempt == 2 {
 			t.Fatalf("the four quarters are on %v, want one GPU", first)
 		}
