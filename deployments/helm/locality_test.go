@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -9,7 +10,18 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/pkg/locality"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -105,6 +117,165 @@ func TestLocalityWithoutFences(t *testing.T) {
 	for _, r := range find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-locality").Rules {
 		if slices.Contains(r.Resources, "devicetaintrules") {
 			t.Errorf("without fences the controller may still write DeviceTaintRules: %+v", r)
+		}
+	}
+}
+
+// captureWriter is a locality.StatusWriter that keeps what the controller
+// would write.
+type captureWriter struct {
+	devices []resourceapi.AllocatedDeviceStatus
+}
+
+func (w *captureWriter) WriteDevices(_ context.Context, _ *resourceapi.ResourceClaim, devices []resourceapi.AllocatedDeviceStatus) error {
+	w.devices = devices
+	return nil
+}
+
+var claimsGVR = resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
+
+// admitClaimStatus evaluates the policy on a status update of a claim from
+// old to updated by u and returns the messages of the validations that deny
+// it (nil: admitted).
+func admitClaimStatus(t *testing.T, v validating.Validator, old, updated *resourceapi.ResourceClaim, u user.Info) []string {
+	t.Helper()
+	kind := resourceapi.SchemeGroupVersion.WithKind("ResourceClaim")
+	attr := admission.NewAttributesRecord(updated, old, kind, old.Namespace, old.Name, claimsGVR, "status", admission.Update, nil, false, u)
+	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
+	versioned.VersionedObject.Set(updated)
+	versioned.VersionedOldObject.Set(old)
+	res := v.Validate(context.Background(), claimsGVR, versioned, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+	var denied []string
+	for _, d := range res.Decisions {
+		if d.Action != validating.ActionAdmit {
+			denied = append(denied, d.Message)
+		}
+	}
+	return denied
+}
+
+// TestLocalityVerdictPolicy: the locality controller's own verdict write
+// (pkg/locality's Controller, on a claim with a judged share, a whole GPU
+// the node already reported on and another driver's device) passes the
+// policy; a write that changes the allocation or reservedFor, rewrites or
+// drops an entry the node wrote, or adds an entry with data is refused; the
+// policy does not apply to other users.
+func TestLocalityVerdictPolicy(t *testing.T) {
+	objs := objects(t, render(t, "--set", "locality.enabled=true"))
+	v := compiledPolicy(t, find[admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", "tessera-locality-verdicts"))
+	find[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, objs, "ValidatingAdmissionPolicyBinding", "tessera-locality-verdicts")
+	controller := &user.DefaultInfo{Name: serviceaccount.MakeUsername("tessera", "tessera-locality"), Groups: serviceaccount.MakeGroupNames("tessera")}
+
+	raw := []byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","locality":{"antiAffinity":"replicas"}}`)
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "replica-0", UID: "uid-1", ResourceVersion: "7"},
+		Status: resourceapi.ResourceClaimStatus{
+			Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{
+					{Request: "gpu", Driver: model.DriverName, Pool: "node-a", Device: "gpu-2-shared", ShareID: ptr.To(types.UID("share-1")),
+						BindingConditions: []string{model.LocalityAcceptedCondition}, BindingFailureConditions: []string{model.LocalityRejectedCondition}},
+					{Request: "whole", Driver: model.DriverName, Pool: "node-a", Device: "gpu-3"},
+					{Request: "nic", Driver: "nic.example.com", Pool: "node-a", Device: "nic-0"},
+				},
+				Config: []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"},
+					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: model.DriverName, Parameters: runtime.RawExtension{Raw: raw}}}}},
+			}},
+			Devices: []resourceapi.AllocatedDeviceStatus{
+				{Driver: model.DriverName, Pool: "node-a", Device: "gpu-3", Data: &runtime.RawExtension{Raw: []byte(`{"uuid":"GPU-3"}`)},
+					Conditions: []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Prepared", LastTransitionTime: metav1.Unix(100, 0)}}},
+				{Driver: "nic.example.com", Pool: "node-a", Device: "nic-0", NetworkData: &resourceapi.NetworkDeviceData{InterfaceName: "eth1"}},
+			},
+		},
+	}
+	w := &captureWriter{}
+	c := &locality.Controller{Writer: w}
+	if err := c.Sync(context.Background(), "shop/replica-0", claim); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.devices) != 3 {
+		t.Fatalf("the controller wrote %d entries, want 3: %+v", len(w.devices), w.devices)
+	}
+	verdict := claim.DeepCopy()
+	verdict.Status.Devices = w.devices
+	if denied := admitClaimStatus(t, v, claim, verdict, controller); denied != nil {
+		t.Fatalf("the controller's own verdict is refused: %v", denied)
+	}
+	// And a second verdict over the first (rejected after accepted).
+	again := verdict.DeepCopy()
+	again.Status.Devices[2].Conditions[0].Type = model.LocalityRejectedCondition
+	if denied := admitClaimStatus(t, v, verdict, again, controller); denied != nil {
+		t.Errorf("a verdict replacing a verdict is refused: %v", denied)
+	}
+
+	// A claim the node prepared before the verdict was written (the plugin
+	// writes its node's entries whole: data and Ready, no verdict), with a
+	// second judged share: the controller puts the verdict back into both.
+	prepared := claim.DeepCopy()
+	res := &prepared.Status.Allocation.Devices
+	res.Results = append(res.Results, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: model.DriverName, Pool: "node-a", Device: "gpu-4-shared", ShareID: ptr.To(types.UID("share-2")),
+		BindingConditions: []string{model.LocalityAcceptedCondition}, BindingFailureConditions: []string{model.LocalityRejectedCondition}})
+	for _, r := range res.Results {
+		if r.ShareID != nil {
+			prepared.Status.Devices = append(prepared.Status.Devices, resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device, ShareID: ptr.To(string(*r.ShareID)),
+				Data:       &runtime.RawExtension{Raw: []byte(`{"kind":"GpuAttestation"}`)},
+				Conditions: []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Prepared", LastTransitionTime: metav1.Unix(100, 0)}}})
+		}
+	}
+	w = &captureWriter{}
+	if err := (&locality.Controller{Writer: w}).Sync(context.Background(), "shop/replica-0", prepared); err != nil {
+		t.Fatal(err)
+	}
+	rewritten := prepared.DeepCopy()
+	rewritten.Status.Devices = w.devices
+	verdicts := 0
+	for _, d := range w.devices {
+		for _, cond := range d.Conditions {
+			if cond.Type == model.LocalityAcceptedCondition {
+				verdicts++
+			}
+		}
+	}
+	if verdicts != 2 {
+		t.Fatalf("the controller wrote %d verdicts on the prepared claim, want 2: %+v", verdicts, w.devices)
+	}
+	if denied := admitClaimStatus(t, v, prepared, rewritten, controller); denied != nil {
+		t.Errorf("the controller's verdict on a prepared claim is refused: %v", denied)
+	}
+
+	for name, change := range map[string]func(*resourceapi.ResourceClaim){
+		"deallocate":     func(c *resourceapi.ResourceClaim) { c.Status.Allocation = nil },
+		"move the share": func(c *resourceapi.ResourceClaim) { c.Status.Allocation.Devices.Results[0].Device = "gpu-5-shared" },
+		"reserve": func(c *resourceapi.ResourceClaim) {
+			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "x", UID: "u"}}
+		},
+		"rewrite data": func(c *resourceapi.ResourceClaim) {
+			c.Status.Devices[0].Data = &runtime.RawExtension{Raw: []byte(`{"uuid":"GPU-9"}`)}
+		},
+		"drop Ready":      func(c *resourceapi.ResourceClaim) { c.Status.Devices[0].Conditions = nil },
+		"drop an entry":   func(c *resourceapi.ResourceClaim) { c.Status.Devices = c.Status.Devices[1:] },
+		"rewrite the NIC": func(c *resourceapi.ResourceClaim) { c.Status.Devices[1].NetworkData.InterfaceName = "eth9" },
+		"add data": func(c *resourceapi.ResourceClaim) {
+			c.Status.Devices[2].Data = &runtime.RawExtension{Raw: []byte(`{"uuid":"GPU-2"}`)}
+		},
+		"add a condition": func(c *resourceapi.ResourceClaim) {
+			c.Status.Devices[2].Conditions = append(c.Status.Devices[2].Conditions, metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "X", LastTransitionTime: metav1.Unix(1, 0)})
+		},
+	} {
+		bad := verdict.DeepCopy()
+		change(bad)
+		denied := admitClaimStatus(t, v, claim, bad, controller)
+		if len(denied) == 0 {
+			t.Errorf("%s: admitted", name)
+		}
+		for _, m := range denied {
+			if !strings.HasPrefix(m, "the locality controller") && !strings.HasPrefix(m, "a device entry the locality controller adds") {
+				t.Errorf("%s: refused by an error, not a rule: %s", name, m)
+			}
+		}
+		t.Logf("%s: %v", name, denied)
+		other := &user.DefaultInfo{Name: "system:kube-scheduler"}
+		if denied := admitClaimStatus(t, v, claim, bad, other); denied != nil {
+			t.Errorf("%s by the scheduler: refused %v, want the policy not to apply", name, denied)
 		}
 	}
 }
