@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
-	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/ptr"
@@ -139,19 +138,7 @@ var claimsGVR = resourceapi.SchemeGroupVersion.WithResource("resourceclaims")
 // it (nil: admitted).
 func admitClaimStatus(t *testing.T, v validating.Validator, old, updated *resourceapi.ResourceClaim, u user.Info) []string {
 	t.Helper()
-	kind := resourceapi.SchemeGroupVersion.WithKind("ResourceClaim")
-	attr := admission.NewAttributesRecord(updated, old, kind, old.Namespace, old.Name, claimsGVR, "status", admission.Update, nil, false, u)
-	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedKind: kind}
-	versioned.VersionedObject.Set(updated)
-	versioned.VersionedOldObject.Set(old)
-	res := v.Validate(context.Background(), claimsGVR, versioned, nil, nil, celconfig.RuntimeCELCostBudget, nil)
-	var denied []string
-	for _, d := range res.Decisions {
-		if d.Action != validating.ActionAdmit {
-			denied = append(denied, d.Message)
-		}
-	}
-	return denied
+	return denials(v, resourceapi.SchemeGroupVersion.WithKind("ResourceClaim"), claimsGVR, "status", admission.Update, updated, old, old.Namespace, old.Name, u)
 }
 
 // TestLocalityVerdictPolicy: the locality controller's own verdict write

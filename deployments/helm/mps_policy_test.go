@@ -82,11 +82,19 @@ func admit(t *testing.T, v validating.Validator, op admission.Operation, pod *co
 	} else {
 		obj = pod
 	}
-	attr := admission.NewAttributesRecord(nilIfNone(obj), nilIfNone(old), corev1.SchemeGroupVersion.WithKind("Pod"), pod.Namespace, pod.Name, podsGVR, "", op, nil, false, u)
-	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedKind: corev1.SchemeGroupVersion.WithKind("Pod")}
-	versioned.VersionedObject.Set(nilIfNone(obj))
-	versioned.VersionedOldObject.Set(nilIfNone(old))
-	res := v.Validate(context.Background(), podsGVR, versioned, nil, nil, celconfig.RuntimeCELCostBudget, nil)
+	return denials(v, corev1.SchemeGroupVersion.WithKind("Pod"), podsGVR, "", op, nilIfNone(obj), nilIfNone(old), pod.Namespace, pod.Name, u)
+}
+
+// denials evaluates a compiled policy on one request (obj after it, nil on
+// DELETE; old before it, nil on CREATE) and returns the messages of the
+// validations that deny it (nil: admitted).
+func denials(v validating.Validator, gvk schema.GroupVersionKind, gvr schema.GroupVersionResource, subresource string,
+	op admission.Operation, obj, old runtime.Object, namespace, name string, u user.Info) []string {
+	attr := admission.NewAttributesRecord(obj, old, gvk, namespace, name, gvr, subresource, op, nil, false, u)
+	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedKind: gvk}
+	versioned.VersionedObject.Set(obj)
+	versioned.VersionedOldObject.Set(old)
+	res := v.Validate(context.Background(), gvr, versioned, nil, nil, celconfig.RuntimeCELCostBudget, nil)
 	var denied []string
 	for _, d := range res.Decisions {
 		if d.Action != validating.ActionAdmit {

@@ -1,7 +1,6 @@
 package helm
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
-	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
 )
 
@@ -193,18 +191,7 @@ func sliceRequest(t *testing.T, v validating.Validator, op admission.Operation, 
 	} else {
 		name = old.Name
 	}
-	attr := admission.NewAttributesRecord(toObj(obj), toObj(old), gvk, "", name, gvr, "", op, nil, false, u)
-	versioned := &admission.VersionedAttributes{Attributes: attr, VersionedKind: gvk}
-	versioned.VersionedObject.Set(toObj(obj))
-	versioned.VersionedOldObject.Set(toObj(old))
-	res := v.Validate(context.Background(), gvr, versioned, nil, nil, celconfig.RuntimeCELCostBudget, nil)
-	var denied []string
-	for _, d := range res.Decisions {
-		if d.Action != validating.ActionAdmit {
-			denied = append(denied, d.Message)
-		}
-	}
-	return denied
+	return denials(v, gvk, gvr, "", op, toObj(obj), toObj(old), "", name, u)
 }
 
 // TestResourceSlicePolicy compiles the chart's ResourceSlice policy as the
