@@ -284,12 +284,12 @@ func (c *Controller) steer(ctx context.Context, uid types.UID, shares []Share, a
 	// claim waiting always has its way, so two claims that each want the
 	// GPU the other is fenced from cannot hold each other open for ever.
 	now := c.now()
-	w := c.waiting(uid, now)
+	w := c.waiting(uid, now, ttl)
 	gpus = slices.DeleteFunc(gpus, func(g GPU) bool { return w.wantedByOlder(g) })
 	if !c.fenced.resting(uid, now) {
 		var open []GPU
 		for _, g := range c.fenced.gpus() {
-			if c.ledger.Accepts(uid, shares, g) && !slices.ContainsFunc(c.fenced.steering(g), w.older) {
+			if c.ledger.Accepts(uid, shares, g) && !c.fenced.steers(g, w.older) {
 				open = append(open, g)
 			}
 		}
@@ -315,11 +315,7 @@ type waitingClaims struct {
 	memo   map[GPU]map[string]bool
 }
 
-func (c *Controller) waiting(uid types.UID, now time.Time) waitingClaims {
-	ttl := c.FenceTTL
-	if ttl == 0 {
-		ttl = DefaultFenceTTL
-	}
+func (c *Controller) waiting(uid types.UID, now time.Time, ttl time.Duration) waitingClaims {
 	w := waitingClaims{c: c, self: c.rejected[uid], selfID: uid, memo: map[GPU]map[string]bool{}}
 	for other, r := range c.rejected {
 		if other == uid || r.verdict.Reason == ReasonInvalidConfig || now.Sub(r.last) > 2*ttl ||

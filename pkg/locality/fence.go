@@ -178,17 +178,19 @@ func (f *fences) resting(uid types.UID, now time.Time) bool {
 	return now.Before(f.cool[uid])
 }
 
-// steering returns the claims the fence on g steers.
-func (f *fences) steering(g GPU) []types.UID {
+// steers reports whether the fence on g steers a claim for which pred
+// holds.
+func (f *fences) steers(g GPU, pred func(types.UID) bool) bool {
 	fc, ok := f.byGPU[g]
 	if !ok {
-		return nil
+		return false
 	}
-	out := make([]types.UID, 0, len(fc.claims))
 	for uid := range fc.claims {
-		out = append(out, uid)
+		if pred(uid) {
+			return true
+		}
 	}
-	return out
+	return false
 }
 
 // gpus returns the fenced GPUs.

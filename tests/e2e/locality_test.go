@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/pkg/accounting"
 	"github.com/tessera-dev/tessera/pkg/locality"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -200,9 +201,9 @@ func runLocalityWorkload(t *testing.T, c *Cluster) (string, []string, time.Durat
 // stuckWithPlacement returns, for each pod of ns that does not run, the
 // GPU that has the memory and cores its share asks for and would accept it
 // next to the shares placed now (locality.Ledger); pods for which no GPU
-// would are returned apart, by name. GPUs are the shared devices of the driver's slices;
-// what is left on each is its capacity less what every allocated claim of
-// the cluster consumes there.
+// would are returned apart, by name. What is left of a GPU is its shared
+// device's capacity less what every allocated claim of the cluster holds of
+// it (pkg/accounting: a whole GPU holds all of it).
 func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []string) {
 	t.Helper()
 	ctx := context.Background()
@@ -210,16 +211,17 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	type room struct{ memory, cores resource.Quantity }
-	free := map[locality.GPU]*room{}
-	var gpus []locality.GPU
+	capacity := map[accounting.GPU]accounting.Capacity{}
+	var gpus []accounting.GPU
 	for _, sl := range slices_ {
 		for _, d := range sl.Spec.Devices {
-			if _, kind, err := model.ParseDevice(d.Name); err != nil || kind != model.KindShared {
+			minor, kind, err := model.ParseDevice(d.Name)
+			if err != nil || kind != model.KindShared {
 				continue
 			}
-			g := locality.GPU{Pool: sl.Spec.Pool.Name, Device: d.Name}
-			free[g] = &room{memory: d.Capacity["memory"].Value, cores: d.Capacity["cores"].Value}
+			g := accounting.GPU{Pool: sl.Spec.Pool.Name, Minor: minor}
+			memory, cores := d.Capacity[model.Memory].Value, d.Capacity[model.Cores].Value
+			capacity[g] = accounting.Capacity{MemoryBytes: memory.Value(), Cores: cores.Value()}
 			gpus = append(gpus, g)
 		}
 	}
@@ -228,13 +230,13 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 		t.Fatal(err)
 	}
 	var ledger locality.Ledger
+	var devices []accounting.Device
 	for i := range claims.Items {
 		cl := &claims.Items[i]
 		if a := cl.Status.Allocation; a != nil {
 			for _, r := range a.Devices.Results {
-				if f, ok := free[locality.GPU{Pool: r.Pool, Device: r.Device}]; ok {
-					f.memory.Sub(r.ConsumedCapacity["memory"])
-					f.cores.Sub(r.ConsumedCapacity["cores"])
+				if d, ok := accounting.FromResult(r); ok {
+					devices = append(devices, d)
 				}
 			}
 		}
@@ -242,6 +244,10 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 			ledger.Set(cl.UID, shares)
 		}
 	}
+	used := accounting.Allocated(devices, func(g accounting.GPU) (accounting.Capacity, bool) {
+		c, ok := capacity[g]
+		return c, ok
+	})
 	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -263,13 +269,15 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 		}
 		placeable := false
 		for _, g := range gpus {
-			mem, cores := req["memory"], req["cores"]
-			if free[g].memory.Cmp(mem) < 0 || free[g].cores.Cmp(cores) < 0 {
+			room, u := capacity[g], used[g]
+			memory, cores := req[model.Memory], req[model.Cores]
+			if u.Whole || room.MemoryBytes-u.MemoryBytes < memory.Value() || room.Cores-u.Cores < cores.Value() {
 				continue
 			}
-			share := locality.Share{Claim: ns + "/" + p.Name, UID: cl.UID, GPU: g, Labels: labels}
+			device := locality.GPU{Pool: g.Pool, Device: model.SharedDeviceName(g.Minor)}
+			share := locality.Share{Claim: ns + "/" + p.Name, UID: cl.UID, GPU: device, Labels: labels}
 			if ledger.Judge(cl.UID, []locality.Share{share}).Accepted {
-				stuck = append(stuck, fmt.Sprintf("%s fits on %s", p.Name, g))
+				stuck = append(stuck, fmt.Sprintf("%s fits on %s", p.Name, device))
 				placeable = true
 				break
 			}
