@@ -62,6 +62,7 @@ func nodeChild(args []string) int {
 	fs.IntVar(&opts.Sequential, "sequential", 0, "claims prepared one at a time per backend")
 	fs.IntVar(&opts.Concurrent, "concurrent", 0, "claims prepared at once per round")
 	fs.IntVar(&opts.Rounds, "rounds", 0, "concurrent rounds per backend")
+	fs.StringVar(&opts.RunDir, "run-dir", "", "directory for the CDI specs and HAMiCore claim directories (default: a new one on the /dev/shm tmpfs, as a node's /var/run)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

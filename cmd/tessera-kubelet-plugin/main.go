@@ -53,6 +53,7 @@ type flags struct {
 	mockProfile       string
 	defaultIsolation  string
 	hamiCoreLibrary   string
+	hamiClaimRoot     string
 	hostDriverRoot    string
 	hostRoot          string
 	nvidiaCDIHookPath string
@@ -118,6 +119,7 @@ func newCommand() *cobra.Command {
 	fs.StringVar(&f.mockProfile, "mock-profile", "", "use this mock node profile instead of real GPUs (one of: "+strings.Join(gpu.Profiles(), ", ")+"); never chosen implicitly")
 	fs.StringVar(&f.defaultIsolation, "default-isolation", string(configapi.IsolationAdvisory), "isolation of shares whose class and claim configs do not set one: Advisory, MPS or HAMiCore")
 	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so (the chart's hamiCore.image installs it); empty: HAMiCore shares fail to prepare")
+	fs.StringVar(&f.hamiClaimRoot, "hami-claim-root", isolation.DefaultHAMiCoreClaimRoot, "host directory for the HAMiCore claims' shared regions, one directory per claim (a tmpfs suits them); the plugin must see it at the same path")
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", "", "the host path of --driver-root, written into CDI specs (device nodes' hostPath, the DriverMemory hook's --driver-root); default: --driver-root")
 	fs.StringVar(&f.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads <host-root>/sys/fs/cgroup/cgroup.controllers and <host-root><nvidia-cdi-hook-path>")
 	fs.StringVar(&f.nvidiaCDIHookPath, "nvidia-cdi-hook-path", isolation.DefaultNVIDIACDIHookPath, "host path of the NVIDIA container toolkit's nvidia-cdi-hook, which the container runtime runs to apply a DriverMemory share's limits")
@@ -298,7 +300,9 @@ func run(ctx context.Context, f flags) error {
 	// The claims' shared-region directories are known even without HAMi-core,
 	// so that HAMiCore claims prepared before it was turned off are cleaned
 	// up at unprepare (their prepare still fails closed: no library).
-	opts.HAMiCore = isolation.HAMiCore{ClaimRoot: filepath.Join(f.pluginDataDir, "hami", "claims")}
+	// Claims prepared by releases before --hami-claim-root keep their
+	// directory under the plugin data directory.
+	opts.HAMiCore = isolation.HAMiCore{ClaimRoot: f.hamiClaimRoot, OldClaimRoots: []string{filepath.Join(f.pluginDataDir, "hami", "claims")}}
 	if f.hamiCoreLibrary != "" {
 		preload, err := isolation.WritePreloadFile(filepath.Join(f.pluginDataDir, "hami"))
 		if err != nil {

@@ -80,17 +80,18 @@ func TestPluginLeastPrivilege(t *testing.T) {
 			host     string
 			readOnly bool
 		}{
-			"/host/proc":                        {"/proc", true},
-			"/driver-root/usr/lib":              {"/usr/lib", true},
-			"/driver-root/usr/lib64":            {"/usr/lib64", true},
-			"/driver-root/usr/bin":              {"/usr/bin", true},
-			"/driver-root/dev":                  {"/dev", true},
-			"/dev":                              {"/dev", false},
-			"/host/sys/fs/cgroup":               {"/sys/fs/cgroup", true},
-			"/host/usr/bin":                     {"/usr/bin", true},
-			"/etc/cdi":                          {"/etc/cdi", true},
-			"/var/run/cdi":                      {"/var/run/cdi", false},
-			"/var/lib/kubelet/plugins_registry": {"/var/lib/kubelet/plugins_registry", false},
+			"/host/proc":                               {"/proc", true},
+			"/driver-root/usr/lib":                     {"/usr/lib", true},
+			"/driver-root/usr/lib64":                   {"/usr/lib64", true},
+			"/driver-root/usr/bin":                     {"/usr/bin", true},
+			"/driver-root/dev":                         {"/dev", true},
+			"/dev":                                     {"/dev", false},
+			"/host/sys/fs/cgroup":                      {"/sys/fs/cgroup", true},
+			"/host/usr/bin":                            {"/usr/bin", true},
+			"/etc/cdi":                                 {"/etc/cdi", true},
+			"/var/run/cdi":                             {"/var/run/cdi", false},
+			"/var/run/tessera/hami-claims":             {"/var/run/tessera/hami-claims", false},
+			"/var/lib/kubelet/plugins_registry":        {"/var/lib/kubelet/plugins_registry", false},
 			"/var/lib/kubelet/plugins/gpu.tessera.dev": {"/var/lib/kubelet/plugins/gpu.tessera.dev", false},
 		}
 		for path, w := range want {

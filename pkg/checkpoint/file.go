@@ -69,6 +69,10 @@ type File struct {
 	// in place (nil when none is): from its rename until the write sets
 	// sum, the file holds it.
 	renaming *[sha256.Size]byte
+	// own holds open the file this File last renamed into place (nil when
+	// its content was last read instead, or the file could not be opened),
+	// so that Refresh can tell with one stat that the file is still that one.
+	own *pin
 	// newerMinor is the version of the file as last read when it is a newer
 	// minor of CurrentVersion ("" otherwise): the next write downgrades it,
 	// and says so in the log. Guarded like sum (writeMu, or Open).
@@ -137,7 +141,7 @@ func open(ctx context.Context, path, bootID string, fsys fileSystem, now func() 
 		return nil, Recovery{}, fmt.Errorf("checkpoint %s: read: %w", path, err)
 	}
 
-	f.setSum(sha256.Sum256(data))
+	f.setSum(sha256.Sum256(data), nil)
 	c, err := decode(data)
 	var newer *newerError
 	if errors.As(err, &newer) {
@@ -397,8 +401,10 @@ func (f *File) installBatch(batch []*change) (names []string, installed bool, er
 	return names, true, nil
 }
 
-// Refresh implements [Store]. It costs one read of the file; it decodes only
-// when the content differs from what this File last read or wrote. Content
+// Refresh implements [Store]. While the file is the one this File last
+// renamed into place (same inode, size and modification time) it costs one
+// stat; otherwise one read of the file, and it decodes only when the content
+// differs from what this File last read or wrote. Content
 // this File wrote, including a write still in progress, is no change, and
 // is recognized without waiting for that write. A file that vanished is
 // written again from memory. A newer minor version is read as Open reads
@@ -406,6 +412,9 @@ func (f *File) installBatch(batch []*change) (names []string, installed bool, er
 // version, is an error and changes nothing: unlike at Open, a running plugin
 // must not discard claims it may be serving.
 func (f *File) Refresh() (bool, error) {
+	if f.stillOwn() {
+		return false, nil
+	}
 	if data, err := f.fsys.ReadFile(f.path); err == nil && f.isOwn(sha256.Sum256(data)) {
 		return false, nil
 	}
@@ -431,7 +440,7 @@ func (f *File) Refresh() (bool, error) {
 	}
 	f.swap(c.Claims)
 	f.enc = nil
-	f.setSum(sum)
+	f.setSum(sum, nil)
 	f.newerMinor = ""
 	if c.NewerMinor {
 		f.newerMinor = c.Version
@@ -448,12 +457,35 @@ func (f *File) isOwn(sum [sha256.Size]byte) bool {
 	return sum == f.sum || (f.renaming != nil && sum == *f.renaming)
 }
 
-// setSum records the content the file holds now, and that no write is
-// renaming anything.
-func (f *File) setSum(sum [sha256.Size]byte) {
+// stillOwn reports whether the file is the one this File last renamed into
+// place, unchanged since: then it holds what this File wrote. A write of this
+// File or another process in between makes it false, and so does a change in
+// place unless it keeps the size and lands within the filesystem's timestamp
+// granularity of the rename (no Tessera writer changes the file in place).
+func (f *File) stillOwn() bool {
+	// The pin stays open while it is compared: a write that replaces it
+	// releases it under sumMu.
 	f.sumMu.Lock()
 	defer f.sumMu.Unlock()
-	f.sum, f.renaming = sum, nil
+	if f.own == nil {
+		return false
+	}
+	fi, err := f.fsys.Stat(f.path)
+	if err != nil {
+		return false
+	}
+	id, ok := idOf(fi)
+	return ok && id == f.own.id
+}
+
+// setSum records the content the file holds now, the pin of the file this
+// File wrote it to (nil when it was read rather than written), and that no
+// write is renaming anything.
+func (f *File) setSum(sum [sha256.Size]byte, own *pin) {
+	f.sumMu.Lock()
+	defer f.sumMu.Unlock()
+	f.own.release()
+	f.sum, f.renaming, f.own = sum, nil, own
 }
 
 // setRenaming records the content a write is about to rename into place,
@@ -500,13 +532,14 @@ func (f *File) install(claims map[types.UID]Claim, enc map[types.UID]encodedClai
 	}
 	sum := sha256.Sum256(data)
 	f.setRenaming(&sum)
-	if err := f.renameInto(f.path, data); err != nil {
+	own, err := f.renameInto(f.path, data, true)
+	if err != nil {
 		f.setRenaming(nil)
 		return err
 	}
 	f.swap(claims)
 	f.enc = enc
-	f.setSum(sum)
+	f.setSum(sum, own)
 	if f.newerMinor != "" {
 		f.logger.Info("Rewrote checkpoint of a newer minor format in the current one, dropping what this version does not know", "from", f.newerMinor, "to", CurrentVersion)
 		f.newerMinor = ""
@@ -528,7 +561,7 @@ func (f *File) syncDir() error {
 // [File.renameInto], then a sync of the directory, whose error wraps
 // [ErrNotDurable].
 func (f *File) replace(target string, data []byte) error {
-	if err := f.renameInto(target, data); err != nil {
+	if _, err := f.renameInto(target, data, false); err != nil {
 		return err
 	}
 	if err := f.fsys.SyncDir(filepath.Dir(target)); err != nil {
@@ -538,36 +571,61 @@ func (f *File) replace(target string, data []byte) error {
 }
 
 // renameInto writes data to a temporary file in target's directory, fsyncs
-// and closes it, and renames it over target. An error leaves target as it
-// was and removes the temporary file.
-func (f *File) renameInto(target string, data []byte) (err error) {
+// and closes it, and renames it over target. With keep it returns the new
+// target pinned ([pin]; nil when it cannot be opened or the platform has no
+// inode numbers). An error leaves target as it was and removes the temporary
+// file.
+func (f *File) renameInto(target string, data []byte, keep bool) (_ *pin, err error) {
+	var own *pin
 	dir := filepath.Dir(target)
 	tmp, err := f.fsys.CreateTemp(dir, tempPrefix(filepath.Base(f.path))+"*")
 	if err != nil {
-		return fmt.Errorf("checkpoint %s: create temporary file: %w", target, err)
+		return nil, fmt.Errorf("checkpoint %s: create temporary file: %w", target, err)
 	}
 	tmpName := tmp.Name()
 	defer func() {
 		if err == nil {
 			return
 		}
+		own.release()
 		_ = tmp.Close() // may be the second Close; the error is already on its way
 		if rerr := f.fsys.Remove(tmpName); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			f.logger.Error(rerr, "Removing temporary checkpoint file failed", "path", tmpName)
 		}
 	}()
 	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("checkpoint %s: write temporary file: %w", target, err)
+		return nil, fmt.Errorf("checkpoint %s: write temporary file: %w", target, err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("checkpoint %s: fsync temporary file: %w", target, err)
+		return nil, fmt.Errorf("checkpoint %s: fsync temporary file: %w", target, err)
+	}
+	if keep {
+		// Rename keeps the inode, size and modification time.
+		own = f.pin(tmpName)
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("checkpoint %s: close temporary file: %w", target, err)
+		return nil, fmt.Errorf("checkpoint %s: close temporary file: %w", target, err)
 	}
 	if err := f.fsys.Rename(tmpName, target); err != nil {
-		return fmt.Errorf("checkpoint %s: replace with temporary file: %w", target, err)
+		return nil, fmt.Errorf("checkpoint %s: replace with temporary file: %w", target, err)
 	}
+	return own, nil
+}
+
+// pin opens name and returns it pinned, or nil when it cannot be opened or
+// says no inode number.
+func (f *File) pin(name string) *pin {
+	file, err := f.fsys.Open(name)
+	if err != nil {
+		return nil
+	}
+	fi, err := file.Stat()
+	if err == nil {
+		if id, ok := idOf(fi); ok {
+			return &pin{file: file, id: id}
+		}
+	}
+	_ = file.Close()
 	return nil
 }
 

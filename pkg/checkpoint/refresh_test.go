@@ -2,10 +2,13 @@ package checkpoint
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Two plugin instances share the checkpoint during a rolling update. Their calls
@@ -99,4 +102,102 @@ func uidList(claims []Claim) string {
 		s = append(s, string(c.UID))
 	}
 	return strings.Join(s, ",")
+}
+
+// readCountingFS is the real filesystem counting reads of whole files.
+type readCountingFS struct {
+	osFS
+	reads atomic.Int64
+}
+
+func (c *readCountingFS) ReadFile(name string) ([]byte, error) {
+	c.reads.Add(1)
+	return c.osFS.ReadFile(name)
+}
+
+// While the file is the one this instance renamed into place, Refresh costs a
+// stat and reads nothing; a change in place (another size, or another
+// modification time) or another instance's write makes it read the file.
+func TestRefreshReadsOnlyWhenTheFileChanged(t *testing.T) {
+	fsys := &readCountingFS{}
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	f, _ := mustOpen(t, path, "boot", fsys)
+	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	before := fsys.reads.Load()
+	for range 10 {
+		if changed, err := f.Refresh(); err != nil || changed {
+			t.Fatalf("Refresh of its own file = %v, %v; want false, nil", changed, err)
+		}
+	}
+	if n := fsys.reads.Load() - before; n != 0 {
+		t.Errorf("Refresh of its own unchanged file read it %d times, want 0", n)
+	}
+
+	// The same content rewritten in place with another modification time:
+	// Refresh reads it, and finds nothing new.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	before = fsys.reads.Load()
+	if changed, err := f.Refresh(); err != nil || changed {
+		t.Fatalf("Refresh after an in-place rewrite of the same content = %v, %v; want false, nil", changed, err)
+	}
+	if fsys.reads.Load() == before {
+		t.Error("Refresh did not read a file changed in place")
+	}
+
+	// Another instance's write is seen.
+	other, _ := mustOpen(t, path, "boot", osFS{})
+	if err := other.Put(testClaim("b", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := f.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh after another instance wrote = %v, %v; want true, nil", changed, err)
+	}
+	if got := uidList(f.List()); got != "a,b" {
+		t.Errorf("after Refresh the instance holds %s, want a,b", got)
+	}
+	// Having read it, the instance reads again until it writes itself.
+	before = fsys.reads.Load()
+	if _, err := f.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	if fsys.reads.Load() == before {
+		t.Error("Refresh of a file this instance did not write skipped the read")
+	}
+}
+
+// Each write pins the file it renamed into place and releases the previous
+// one: writing does not accumulate open files.
+func TestWritesDoNotLeakPinnedFiles(t *testing.T) {
+	f, _ := mustOpen(t, filepath.Join(t.TempDir(), "checkpoint.json"), "boot", osFS{})
+	open := func() int {
+		entries, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skipf("no /proc/self/fd: %v", err)
+		}
+		return len(entries)
+	}
+	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	before := open()
+	for i := range 50 {
+		if err := f.Put(testClaim(fmt.Sprintf("c%d", i), PrepareCompleted)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := open(); after > before+2 {
+		t.Errorf("open files went from %d to %d over 50 writes", before, after)
+	}
 }

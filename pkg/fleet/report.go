@@ -229,6 +229,15 @@ func mibSpread(runs []nodebench.Report, get func(nodebench.Report) int64) string
 	return spread(runs, get, func(v int64) string { return fmt.Sprintf("%.0f", float64(v)/(1<<20)) }, func(a, b int64) bool { return a < b })
 }
 
+// fsName is the filesystem type a node run wrote what to, or "a filesystem
+// not recorded" for a report from before it was.
+func fsName(run nodebench.Report, what string) string {
+	if t := run.Filesystems[what]; t != "" {
+		return t
+	}
+	return "a filesystem not recorded"
+}
+
 func (r *Report) nodeMarkdown(b *strings.Builder) {
 	p := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	p("\n## Node side (prepare/unprepare, RSS, API writes)\n\n")
@@ -240,9 +249,10 @@ func (r *Report) nodeMarkdown(b *strings.Builder) {
 	backends := first.Backends
 	conc := backends[0].Concurrent
 	p("The kubelet plugin of pkg/plugin in mock mode on one %s node (%d GPUs), built through plugin.New as the kubelet plugin wires it, "+
-		"with a real checkpoint file and CDI directory in a temporary directory, logs discarded; measured by pkg/nodebench in %d separate child "+
+		"with a real checkpoint file (on %s, as on a node's root disk) and real CDI specs and HAMiCore claim directories (on %s, as a node's /var/run is a tmpfs) "+
+		"in temporary directories, logs discarded; measured by pkg/nodebench in %d separate child "+
 		"processes (GOMAXPROCS %d). Figures are the median over the runs with the range (min–max) in brackets.\n\n",
-		first.Profile, first.GPUs, len(r.Node), first.Procs)
+		first.Profile, first.GPUs, fsName(first, "checkpoint"), fsName(first, "run"), len(r.Node), first.Procs)
 
 	p("### Prepare + unprepare latency per claim (ms)\n\n")
 	p("One claim is a share of gpu-N-shared (4Gi, 5 cores, a ShareID, an opaque GpuConfig choosing the backend), shaped as the allocator writes it; "+

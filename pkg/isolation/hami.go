@@ -26,6 +26,10 @@ const (
 	HAMiCoreContainerSharedRegion = HAMiCoreContainerSharedDir + "/cudevshr.cache"
 )
 
+// DefaultHAMiCoreClaimRoot is the kubelet plugin's default
+// [HAMiCore.ClaimRoot]: on /run, a tmpfs on systemd hosts.
+const DefaultHAMiCoreClaimRoot = "/var/run/tessera/hami-claims"
+
 // HAMiCore is the node's installation of HAMi-core, the library that enforces
 // a share's memory and SM limits by intercepting the CUDA driver API.
 type HAMiCore struct {
@@ -38,7 +42,12 @@ type HAMiCore struct {
 	// ClaimRoot is the host directory that holds one directory per prepared
 	// HAMiCore claim ([HAMiCore.ClaimDir]), mounted read-write into the
 	// claim's containers only: two claims never share HAMi-core's region.
+	// The regions are per boot and written on every CUDA allocation, so a
+	// tmpfs suits them (the kubelet plugin's default is under /var/run).
 	ClaimRoot string
+	// OldClaimRoots are claim roots of earlier releases: claims prepared
+	// there keep their directory, and unprepare removes it from there too.
+	OldClaimRoots []string
 }
 
 // Check fails closed: it returns an error naming the path and the flag unless
@@ -67,11 +76,31 @@ func (h HAMiCore) Check() error {
 // ClaimDir is the host directory of the claim's HAMi-core shared region. It
 // depends only on the claim's UID, so a spec rebuilt from a claim's record
 // names the same directory.
+// A claim prepared by a release with another claim root keeps its directory
+// there (one of OldClaimRoots, when it exists), so that its containers keep
+// sharing one region after an upgrade.
 func (h HAMiCore) ClaimDir(claimUID types.UID) string {
 	if h.ClaimRoot == "" || claimUID == "" {
 		return ""
 	}
+	if namesDir(claimUID) {
+		for _, root := range h.OldClaimRoots {
+			if old := filepath.Join(root, string(claimUID)); root != "" && isDir(old) {
+				return old
+			}
+		}
+	}
 	return filepath.Join(h.ClaimRoot, string(claimUID))
+}
+
+// namesDir reports whether a claim UID can be a directory's name.
+func namesDir(claimUID types.UID) bool {
+	return claimUID != "" && !strings.ContainsAny(string(claimUID), "/\x00") && claimUID != "." && claimUID != ".."
+}
+
+func isDir(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.IsDir()
 }
 
 // CreateClaimDir creates the claim's directory (idempotent). It is world
@@ -82,7 +111,7 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	if dir == "" {
 		return errors.New("isolation HAMiCore: no directory for the claim's shared region")
 	}
-	if strings.ContainsAny(string(claimUID), "/\x00") || claimUID == "." || claimUID == ".." {
+	if !namesDir(claimUID) {
 		return fmt.Errorf("isolation HAMiCore: claim UID %q cannot name a directory", claimUID)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -94,15 +123,21 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	return nil
 }
 
-// RemoveClaimDir removes the claim's directory and what HAMi-core left in it.
-// A missing directory, or no claim root, is not an error.
+// RemoveClaimDir removes the claim's directory and what HAMi-core left in it,
+// under ClaimRoot and every one of OldClaimRoots. A missing directory, or no
+// claim root, is not an error.
 func (h HAMiCore) RemoveClaimDir(claimUID types.UID) error {
-	dir := h.ClaimDir(claimUID)
-	if dir == "" || strings.ContainsAny(string(claimUID), "/\x00") || claimUID == "." || claimUID == ".." {
+	if h.ClaimRoot == "" || !namesDir(claimUID) {
 		return nil
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err)
+	for _, root := range append([]string{h.ClaimRoot}, h.OldClaimRoots...) {
+		if root == "" {
+			continue
+		}
+		dir := filepath.Join(root, string(claimUID))
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err)
+		}
 	}
 	return nil
 }

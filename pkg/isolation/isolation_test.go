@@ -1,12 +1,14 @@
 package isolation
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
@@ -89,5 +91,55 @@ func TestHAMiCoreFailsClosed(t *testing.T) {
 	err = h.Check()
 	if err == nil || !strings.Contains(err.Error(), h.Library) || !strings.Contains(err.Error(), "--hami-core-library") {
 		t.Errorf("Check = %v", err)
+	}
+}
+
+// A claim's directory is made under ClaimRoot, world-writable and sticky; one
+// an earlier release made under an old claim root stays the claim's directory
+// (its containers keep one region), and unprepare removes it from every root.
+func TestHAMiCoreClaimDirs(t *testing.T) {
+	base := t.TempDir()
+	h := HAMiCore{ClaimRoot: filepath.Join(base, "run", "hami-claims"), OldClaimRoots: []string{filepath.Join(base, "data", "hami", "claims")}}
+	if err := h.CreateClaimDir("new"); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(h.ClaimRoot, "new")
+	if got := h.ClaimDir("new"); got != want {
+		t.Errorf("ClaimDir(new) = %s, want %s", got, want)
+	}
+	fi, err := os.Stat(want)
+	if err != nil || fi.Mode()&(os.ModePerm|os.ModeSticky) != 0o777|os.ModeSticky {
+		t.Fatalf("claim directory %s: %v, %v; want mode 1777", want, fi, err)
+	}
+
+	old := filepath.Join(h.OldClaimRoots[0], "upgraded")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.ClaimDir("upgraded"); got != old {
+		t.Errorf("ClaimDir of a claim prepared under the old root = %s, want %s", got, old)
+	}
+	if err := h.CreateClaimDir("upgraded"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(h.ClaimRoot, "upgraded")); err == nil {
+		t.Error("CreateClaimDir made a second directory under the new root for a claim that has one under the old root")
+	}
+	for _, uid := range []types.UID{"new", "upgraded"} {
+		if err := h.RemoveClaimDir(uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{want, old} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s still there after RemoveClaimDir: %v", dir, err)
+		}
+	}
+	// A UID that is no directory name never reaches an old root's parent.
+	if got := h.ClaimDir(".."); got != filepath.Join(h.ClaimRoot, "..") {
+		t.Errorf("ClaimDir(..) = %s, want it under the claim root (and CreateClaimDir refuses it)", got)
+	}
+	if err := h.CreateClaimDir(".."); err == nil {
+		t.Error("CreateClaimDir(..) succeeded")
 	}
 }

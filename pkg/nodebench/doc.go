@@ -4,9 +4,11 @@
 //
 // [Run] builds one plugin in mock mode through pkg/plugin's exported API, over
 // the GPUs of a mock NVML profile (hgx-h100 by default), with a real
-// checkpoint file and a real CDI directory in a temporary directory, MPS over
-// the fake daemon runner that mock nodes use, and HAMi-core over a dummy
-// library file. Every context it passes (to checkpoint.Open, plugin.New,
+// checkpoint file in a temporary directory (on a node it is on the root
+// disk), real CDI specs and HAMiCore claim directories in another, on a tmpfs
+// when /dev/shm is one (on a node they are under /var/run, on the /run
+// tmpfs), MPS over the fake daemon runner that mock nodes use, and HAMi-core
+// over a dummy library file. The report names both filesystems. Every context it passes (to checkpoint.Open, plugin.New,
 // prepare, unprepare, the ResourceSlice controller) discards logs, so
 // formatting log lines is not timed.
 //

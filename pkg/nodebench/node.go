@@ -44,8 +44,9 @@ const (
 )
 
 // startNode wires the plugin the way cmd/tessera-kubelet-plugin does in mock
-// mode, over files in dir.
-func startNode(ctx context.Context, profile, dir string) (*node, error) {
+// mode, over files in dir and the per-boot ones (CDI specs, HAMiCore claim
+// directories) in runDir.
+func startNode(ctx context.Context, profile, dir, runDir string) (*node, error) {
 	lib, err := gpu.NewMock(profile)
 	if err != nil {
 		return nil, err
@@ -63,7 +64,7 @@ func startNode(ctx context.Context, profile, dir string) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
-	specs, err := cdi.NewDir(filepath.Join(dir, "cdi"))
+	specs, err := cdi.NewDir(filepath.Join(runDir, "cdi"))
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +89,7 @@ func startNode(ctx context.Context, profile, dir string) (*node, error) {
 		Specs:    specs,
 		Mock:     true,
 		MPS:      isolation.NewMPS(filepath.Join(dir, "mps"), isolation.NewFakeRunner()),
-		HAMiCore: isolation.HAMiCore{Library: hamiLib, PreloadFile: preload, ClaimRoot: filepath.Join(dir, "plugin", "hami", "claims")},
+		HAMiCore: isolation.HAMiCore{Library: hamiLib, PreloadFile: preload, ClaimRoot: filepath.Join(runDir, "hami-claims")},
 		// The spec carries the hook; in mock mode no runtime runs it.
 		DriverMemory: isolation.DriverMemory{Capable: true, HookPath: "/usr/bin/nvidia-cdi-hook", DriverRoot: "/"},
 	})

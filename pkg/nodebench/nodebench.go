@@ -32,9 +32,17 @@ type Options struct {
 	Concurrent, Rounds int
 	// Backends are the isolation backends measured; empty means all three.
 	Backends []configapi.Isolation
-	// Dir is where the checkpoint, CDI specs, MPS root and HAMi-core files
-	// go; empty means a fresh temporary directory, removed afterwards.
+	// Dir is where the checkpoint, the MPS root and HAMi-core's library and
+	// preload file go (on a node: --plugin-data-dir, on the root disk);
+	// empty means a fresh
+	// temporary directory, removed afterwards.
 	Dir string
+	// RunDir is where what lives as long as a boot goes: the CDI specs
+	// (cdi/) and the HAMiCore claims' directories (hami-claims/), on a node
+	// /var/run/cdi and /var/run/tessera/hami-claims on the /run tmpfs; empty
+	// means a fresh directory on a tmpfs (/dev/shm) when there is one, else
+	// under Dir, removed afterwards.
+	RunDir string
 }
 
 func (o Options) withDefaults() Options {
@@ -110,6 +118,10 @@ type APIWrites struct {
 type Report struct {
 	Profile string
 	GPUs    int
+	// Filesystems are the types of the filesystems of Options.Dir
+	// ("checkpoint") and Options.RunDir ("run"), as statfs(2) tells them
+	// ("ext4", "tmpfs", or the magic number in hex).
+	Filesystems map[string]string
 	// GOMAXPROCS of the measuring process.
 	Procs    int
 	Backends []Backend
@@ -167,13 +179,24 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 		dir = tmp
 	}
 
-	n, err := startNode(ctx, opts.Profile, dir)
+	runDir := opts.RunDir
+	if runDir == "" {
+		tmp, err := volatileTemp(dir)
+		if err != nil {
+			return Report{}, err
+		}
+		defer func() { _ = os.RemoveAll(tmp) }()
+		runDir = tmp
+	}
+
+	n, err := startNode(ctx, opts.Profile, dir, runDir)
 	if err != nil {
 		return Report{}, err
 	}
 	defer n.pub.stop()
 
-	rep := Report{Profile: opts.Profile, GPUs: len(n.gpus), Procs: procs()}
+	rep := Report{Profile: opts.Profile, GPUs: len(n.gpus), Procs: procs(),
+		Filesystems: map[string]string{"checkpoint": fsType(dir), "run": fsType(runDir)}}
 	rep.Memory.BaseRSS, rep.Memory.BaseAnon = base.RSS, base.Anon
 	if err := n.publishFirst(ctx, &rep.Writes); err != nil {
 		return Report{}, err

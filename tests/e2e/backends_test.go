@@ -713,7 +713,8 @@ spec:
 // CUDA_VISIBLE_DEVICES=<uuid> and exactly three bind mounts: the installed
 // library file (read-only) at /usr/local/vgpu/libvgpu.so, the plugin's
 // ld.so.preload file (read-only) at /etc/ld.so.preload, and the claim's own
-// directory <plugin data>/hami/claims/<claim uid> (read-write, mode 1777) at
+// directory /var/run/tessera/hami-claims/<claim uid> (the chart's
+// hamiCore.claimRoot; read-write, mode 1777) at
 // /tmp/vgpulock. In the container: those variables and the GPU's limits,
 // the two files mounted alone (no directory over /usr/local/vgpu) and
 // read-only, the library byte-identical to the one built, the directory
@@ -762,7 +763,7 @@ func TestHAMiCoreBackend(t *testing.T) {
 	claimName, uid := claimUID(t, c, p, "gpu")
 	dataDir := filepath.Dir(CheckpointFile)
 	preloadFile := filepath.Join(dataDir, "hami", "ld.so.preload")
-	claimDir := filepath.Join(dataDir, "hami", "claims", string(uid))
+	claimDir := filepath.Join("/var/run/tessera/hami-claims", string(uid))
 
 	// The container: variables, limits, mounts, files.
 	g := shareGPU(t, dev, "6Gi", 40)
@@ -792,7 +793,7 @@ func TestHAMiCoreBackend(t *testing.T) {
 	for _, m := range []struct{ path, rootSuffix, mode string }{
 		{hamiLibrary, "/libvgpu.so", "ro"},
 		{hamiPreload, "/hami/ld.so.preload", "ro"},
-		{hamiSharedDir, "/hami/claims/" + string(uid), "rw"},
+		{hamiSharedDir, "/hami-claims/" + string(uid), "rw"},
 	} {
 		got, ok := p.Env["MOUNT_"+m.path]
 		root, opts, _ := strings.Cut(got, " ")
