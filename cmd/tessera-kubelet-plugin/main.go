@@ -303,6 +303,9 @@ func run(ctx context.Context, f flags) error {
 	// Claims prepared by releases before --hami-claim-root keep their
 	// directory under the plugin data directory.
 	opts.HAMiCore = isolation.HAMiCore{ClaimRoot: f.hamiClaimRoot, OldClaimRoots: []string{filepath.Join(f.pluginDataDir, "hami", "claims")}}
+	if err := opts.HAMiCore.EnsureClaimRoot(); err != nil {
+		logger.Error(err, "HAMiCore shares will fail to prepare until this is fixed")
+	}
 	if f.hamiCoreLibrary != "" {
 		preload, err := isolation.WritePreloadFile(filepath.Join(f.pluginDataDir, "hami"))
 		if err != nil {

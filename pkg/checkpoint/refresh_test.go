@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -199,5 +201,62 @@ func TestWritesDoNotLeakPinnedFiles(t *testing.T) {
 	}
 	if after := open(); after > before+2 {
 		t.Errorf("open files went from %d to %d over 50 writes", before, after)
+	}
+}
+
+// openFilesUnder lists the targets of this process's open files that are in
+// dir, with " (deleted)" for an unlinked one.
+func openFilesUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	var out []string
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name()))
+		if err == nil && strings.HasPrefix(target, dir+string(filepath.Separator)) {
+			out = append(out, target)
+		}
+	}
+	return out
+}
+
+// The file a write renamed into place stays open (its inode number cannot be
+// reused while Refresh compares it) until the next write or a read replaces
+// it; a write that fails keeps nothing open.
+func TestPinnedFileLifetime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "checkpoint.json")
+	fsys := newFaultFS()
+	f, _ := mustOpen(t, path, "boot", fsys)
+	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	if got := openFilesUnder(t, dir); !slices.Equal(got, []string{path}) {
+		t.Errorf("after a write the open files under the directory are %q, want only %s", got, path)
+	}
+
+	// Another instance replaces the file (and pins its own): this instance's
+	// pin holds the unlinked old one until Refresh reads the new content and
+	// lets it go.
+	other, _ := mustOpen(t, path, "boot", osFS{})
+	if err := other.Put(testClaim("b", PrepareCompleted)); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := f.Refresh(); err != nil || !changed {
+		t.Fatalf("Refresh = %v, %v; want true, nil", changed, err)
+	}
+	if got := openFilesUnder(t, dir); !slices.Equal(got, []string{path}) {
+		t.Errorf("after Refresh read another instance's file, open files under the directory: %q, want only the other instance's %s", got, path)
+	}
+
+	// A write whose rename fails leaves nothing open.
+	fsys.set(opRename, syscall.EIO)
+	if err := f.Put(testClaim("c", PrepareCompleted)); err == nil {
+		t.Fatal("Put with a failing rename succeeded")
+	}
+	if got := openFilesUnder(t, dir); !slices.Equal(got, []string{path}) {
+		t.Errorf("after a failed write, open files under the directory: %q, want only the other instance's %s", got, path)
 	}
 }

@@ -3,6 +3,7 @@ package isolation
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -74,8 +75,8 @@ func (h HAMiCore) Check() error {
 }
 
 // ClaimDir is the host directory of the claim's HAMi-core shared region. It
-// depends only on the claim's UID, so a spec rebuilt from a claim's record
-// names the same directory.
+// depends only on the claim's UID and the claim roots, so a spec rebuilt from
+// a claim's record names the same directory while the roots stay.
 // A claim prepared by a release with another claim root keeps its directory
 // there (one of OldClaimRoots, when it exists), so that its containers keep
 // sharing one region after an upgrade.
@@ -103,6 +104,24 @@ func isDir(path string) bool {
 	return err == nil && fi.IsDir()
 }
 
+// EnsureClaimRoot creates ClaimRoot and makes it root's only (mode 0700,
+// whatever made it before, such as the kubelet's DirectoryOrCreate with
+// 0755): the claims' regions are HAMi-core's accounting, which no host user
+// and no pod that mounts /run may reach. The container runtime (root) still
+// resolves each claim's directory, and a container sees only its own.
+func (h HAMiCore) EnsureClaimRoot() error {
+	if h.ClaimRoot == "" {
+		return errors.New("isolation HAMiCore: no directory for the claims' shared regions")
+	}
+	if err := os.MkdirAll(h.ClaimRoot, 0o700); err != nil {
+		return fmt.Errorf("isolation HAMiCore: create %s: %w", h.ClaimRoot, err)
+	}
+	if err := os.Chmod(h.ClaimRoot, 0o700); err != nil {
+		return fmt.Errorf("isolation HAMiCore: chmod %s: %w", h.ClaimRoot, err)
+	}
+	return nil
+}
+
 // CreateClaimDir creates the claim's directory (idempotent). It is world
 // writable (mode 1777, like /tmp) because the container's processes, of any
 // user, create the region file in it; only the claim's containers mount it.
@@ -114,7 +133,10 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	if !namesDir(claimUID) {
 		return fmt.Errorf("isolation HAMiCore: claim UID %q cannot name a directory", claimUID)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return fmt.Errorf("isolation HAMiCore: create %s: %w", filepath.Dir(dir), err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("isolation HAMiCore: create %s: %w", dir, err)
 	}
 	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
@@ -127,19 +149,20 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 // under ClaimRoot and every one of OldClaimRoots. A missing directory, or no
 // claim root, is not an error.
 func (h HAMiCore) RemoveClaimDir(claimUID types.UID) error {
-	if h.ClaimRoot == "" || !namesDir(claimUID) {
+	if !namesDir(claimUID) {
 		return nil
 	}
+	var errs []error
 	for _, root := range append([]string{h.ClaimRoot}, h.OldClaimRoots...) {
 		if root == "" {
 			continue
 		}
 		dir := filepath.Join(root, string(claimUID))
 		if err := os.RemoveAll(dir); err != nil {
-			return fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err)
+			errs = append(errs, fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // hamiCoreEdits are the HAMiCore edits of the claim's one share g, whose

@@ -100,6 +100,17 @@ func TestHAMiCoreFailsClosed(t *testing.T) {
 func TestHAMiCoreClaimDirs(t *testing.T) {
 	base := t.TempDir()
 	h := HAMiCore{ClaimRoot: filepath.Join(base, "run", "hami-claims"), OldClaimRoots: []string{filepath.Join(base, "data", "hami", "claims")}}
+	// The kubelet's DirectoryOrCreate makes the root 0755; the plugin makes
+	// it root's only.
+	if err := os.MkdirAll(h.ClaimRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EnsureClaimRoot(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(h.ClaimRoot); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("claim root after EnsureClaimRoot: %v, %v; want mode 0700", fi, err)
+	}
 	if err := h.CreateClaimDir("new"); err != nil {
 		t.Fatal(err)
 	}

@@ -100,3 +100,62 @@ func TestHAMiCoreClaimDirLifecycle(t *testing.T) {
 	mustUnprepare(t, p.Plugin, b.UID)
 	e.assertClean(p)
 }
+
+// TestHAMiCoreClaimRootMoved: a claim prepared while the claim root was
+// another directory (an earlier release's <plugin-data-dir>/hami/claims)
+// keeps that directory after a restart with the new root: its spec is not
+// rewritten, preparing it again changes nothing, and unprepare removes the
+// directory. A prepared claim whose directory vanished (the new root is a
+// tmpfs) gets it back at start.
+func TestHAMiCoreClaimRootMoved(t *testing.T) {
+	e := newEnv(t)
+	oldRoot := filepath.Join(filepath.Dir(e.checkpoint), "hami", "old-claims")
+	old := e.start(func(o *Options) { o.HAMiCore.ClaimRoot = oldRoot })
+	hami := claimConfig(isolationConfig(configapi.IsolationHAMiCore))
+	a := newClaim("uid-ha", []result{share("gpu", "gpu-0-shared", "s1", "8Gi", "10")}, hami)
+	mustPrepare(t, old.Plugin, a)
+	oldDir := filepath.Join(oldRoot, "uid-ha")
+	if _, err := os.Stat(oldDir); err != nil {
+		t.Fatalf("claim directory under the old root: %v", err)
+	}
+	spec, err := os.ReadFile(old.specs.Path(a.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	upgraded := func() *instance {
+		return e.start(func(o *Options) { o.HAMiCore.OldClaimRoots = []string{oldRoot} })
+	}
+	p := upgraded()
+	for _, ev := range e.events.list() {
+		if strings.Contains(ev, "CDISpecRewritten") {
+			t.Errorf("restart with a new claim root rewrote a spec: %s", ev)
+		}
+	}
+	mustPrepare(t, p.Plugin, a)
+	if got, err := os.ReadFile(p.specs.Path(a.UID)); err != nil || string(got) != string(spec) {
+		t.Errorf("spec after restart and prepare again changed (err %v):\n%s\nwant\n%s", err, got, spec)
+	}
+	if _, err := os.Stat(filepath.Join(e.hamiClaims(), "uid-ha")); !os.IsNotExist(err) {
+		t.Errorf("a second directory under the new root for a claim that has one under the old: %v", err)
+	}
+
+	// A claim under the new root whose directory is gone gets it back at start.
+	b := newClaim("uid-hb", []result{share("gpu", "gpu-1-shared", "s2", "8Gi", "10")}, hami)
+	mustPrepare(t, p.Plugin, b)
+	newDir := filepath.Join(e.hamiClaims(), "uid-hb")
+	if err := os.RemoveAll(newDir); err != nil {
+		t.Fatal(err)
+	}
+	p = upgraded()
+	if fi, err := os.Stat(newDir); err != nil || fi.Mode()&os.ModeSticky == 0 {
+		t.Errorf("the vanished directory of a prepared claim after a restart: %v, %v; want it made again", fi, err)
+	}
+
+	mustUnprepare(t, p.Plugin, a.UID)
+	mustUnprepare(t, p.Plugin, b.UID)
+	if _, err := os.Stat(oldDir); !os.IsNotExist(err) {
+		t.Errorf("unprepare left the old root's directory: %v", err)
+	}
+	e.assertClean(p)
+}

@@ -333,6 +333,13 @@ func (p *Plugin) ensureSpec(ctx context.Context, c checkpoint.Claim) error {
 	for i, d := range devs {
 		devices[i] = d.cdi
 	}
+	if slices.ContainsFunc(c.Devices, func(d checkpoint.Device) bool { return d.Isolation == string(configapi.IsolationHAMiCore) }) {
+		// The spec mounts the claim's shared-region directory, which lives
+		// on a tmpfs: make it again if it is gone (idempotent).
+		if err := p.opts.HAMiCore.CreateClaimDir(c.UID); err != nil {
+			return fmt.Errorf("the HAMi-core directory of a prepared claim: %w", err)
+		}
+	}
 	if ok, err := p.opts.Specs.Current(c.UID, devices, raw); err != nil || ok {
 		return err
 	}
