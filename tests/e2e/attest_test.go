@@ -58,19 +58,7 @@ func TestAttestationInClaimStatus(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-attest")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: advisory}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 6Gi, cores: "15"}
----
+	objs := MustDecodeYAML(t, ShareClaimYAML("advisory", "6Gi", "15"), `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: mps}

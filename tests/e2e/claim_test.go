@@ -48,29 +48,7 @@ func TestPluginWritesClaimStatus(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-status")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: share}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 12Gi, cores: "20"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: whole}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-`)
+	objs := MustDecodeYAML(t, ShareClaimYAML("share", "12Gi", "20"), WholeClaimYAML("whole"))
 	objs = append(objs, EnvPod("share", "share", false), EnvPod("whole", "whole", false))
 	pods := cluster.RunObjects(t, ns, objs...)
 	share := claimOf(t, cluster, pods["share"], "gpu")

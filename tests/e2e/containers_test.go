@@ -142,31 +142,7 @@ func TestContainerWithTwoShareClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-two-shares")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: share-a}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 8Gi, cores: "60"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: share-b}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 12Gi, cores: "50"}
-`)
+	objs := MustDecodeYAML(t, ShareClaimYAML("share-a", "8Gi", "60"), ShareClaimYAML("share-b", "12Gi", "50"))
 	objs = append(objs, EnvPodWith("two-shares",
 		[]PodClaim{{Name: "a", Claim: "share-a"}, {Name: "b", Claim: "share-b"}},
 		EnvContainer{Name: "ctr", Claims: []string{"a", "b"}},
@@ -192,29 +168,7 @@ func TestContainerWithShareAndWholeClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-share-whole")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: share}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 8Gi, cores: "10"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: whole}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-`)
+	objs := MustDecodeYAML(t, ShareClaimYAML("share", "8Gi", "10"), WholeClaimYAML("whole"))
 	objs = append(objs, EnvPodWith("share-and-whole",
 		[]PodClaim{{Name: "share", Claim: "share"}, {Name: "whole", Claim: "whole"}},
 		EnvContainer{Name: "ctr", Claims: []string{"share", "whole"}},
@@ -243,29 +197,7 @@ func TestInitAndMainContainersSeeTheirOwnClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-init-main")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: init-whole}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: main-share}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 8Gi, cores: "10"}
-`)
+	objs := MustDecodeYAML(t, WholeClaimYAML("init-whole"), ShareClaimYAML("main-share", "8Gi", "10"))
 	objs = append(objs, EnvPodWith("init-and-main",
 		[]PodClaim{{Name: "whole", Claim: "init-whole"}, {Name: "share", Claim: "main-share"}},
 		EnvContainer{Name: "init", Init: true, Claims: []string{"whole"}},

@@ -987,12 +987,48 @@ func EnvPodWith(name string, claims []PodClaim, ctrs ...EnvContainer) *unstructu
 	}}
 }
 
-// MustDecodeYAML is DecodeYAML for YAML written in a test.
-func MustDecodeYAML(t testing.TB, yaml string) []*unstructured.Unstructured {
+// MustDecodeYAML is DecodeYAML for YAML written in a test: the documents
+// of docs, in order.
+func MustDecodeYAML(t testing.TB, docs ...string) []*unstructured.Unstructured {
 	t.Helper()
+	yaml := strings.Join(docs, "\n---\n")
 	objs, err := DecodeYAML([]byte(yaml))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, yaml)
 	}
 	return objs
+}
+
+// ShareClaimYAML is a ResourceClaim named name with one request, gpu, for a
+// share of memory and cores (class shared.gpu.tessera.dev).
+func ShareClaimYAML(name, memory, cores string) string {
+	return fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: %s}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity:
+          requests: {memory: %s, cores: %q}
+`, name, memory, cores)
+}
+
+// WholeClaimYAML is a ResourceClaim named name with one request, gpu, for a
+// whole GPU (class gpu.tessera.dev).
+func WholeClaimYAML(name string) string {
+	return fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: %s}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.tessera.dev
+`, name)
 }

@@ -84,19 +84,7 @@ func TestOversizedClaimsStayPending(t *testing.T) {
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-oversized")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: too-much-memory}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 100Gi, cores: "10"}
----
+	objs := MustDecodeYAML(t, ShareClaimYAML("too-much-memory", "100Gi", "10"), `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: nine-gpus}
