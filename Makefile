@@ -143,7 +143,8 @@ bench-scale: tools
 		hack/scale/cluster.sh bench -nodes $(SCALE_NODES) -out results'
 
 ## bench-sim-check: the fleet simulator against the real kube-scheduler: the KubeShare
-## stream replayed on 4 kwok nodes × 8 GPUs (about 15 min; results/sim-vs-scheduler.md)
+## stream replayed on 4 kwok nodes × 8 GPUs for whole GPUs, Tessera and fixed partitions
+## (about 30 min; results/sim-vs-scheduler.md)
 bench-sim-check: tools
 	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && trap "hack/scale/cluster.sh down" EXIT && \
 		TESSERA_CLUSTER_LOCK_HELD=1 hack/scale/cluster.sh up 4 && \

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -35,6 +36,7 @@ type replayFlags struct {
 	models     string
 	namespace  string
 	from       string
+	add        bool
 	attempt    float64
 }
 
@@ -46,9 +48,10 @@ func registerReplayFlags(fs *flag.FlagSet) *replayFlags {
 	fs.IntVar(&r.jobs, "replay-jobs", 600, "replay: jobs per stream")
 	fs.Float64Var(&r.speed, "replay-speed", 20, "replay: simulated seconds per wall-clock second")
 	fs.StringVar(&r.means, "replay-means", "0.3", "replay: mean demands of the normal streams, comma-separated")
-	fs.StringVar(&r.models, "replay-models", "whole,tessera", "replay: models, comma-separated (whole, tessera)")
+	fs.StringVar(&r.models, "replay-models", "whole,tessera,partition", "replay: models, comma-separated (whole, tessera, partition: the fixed partitions' slices and classes replace Tessera's on the fake nodes for that row)")
 	fs.StringVar(&r.namespace, "replay-namespace", "fleet-replay", "replay: namespace of the jobs' pods and claims (created if missing)")
 	fs.StringVar(&r.from, "replay-from", "", "replay: take the real runs from this sim-vs-scheduler.json instead of a cluster and simulate them again")
+	fs.BoolVar(&r.add, "replay-add", false, "replay: keep the rows of <out>/sim-vs-scheduler.json whose mean and model this run does not replay (simulated again), and add this run's")
 	fs.Float64Var(&r.attempt, "replay-attempt-cost", 0, "replay: simulated seconds per scheduling attempt in the simulator (0: instantaneous)")
 	return r
 }
@@ -100,6 +103,43 @@ type rawRow struct {
 	LagS   float64     `json:"maxCreateLagSeconds"`
 }
 
+// kept reads the replays saved in path and simulates again those whose mean
+// and model this run does not replay; they must have this run's nodes, speed
+// and jobs per stream.
+func (r *replayFlags) kept(ctx context.Context, path string) ([]replayRow, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-replay-add: %w", err)
+	}
+	var raw []rawRow
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("-replay-add: %s: %w", path, err)
+	}
+	replayed := map[string]bool{}
+	for _, ms := range strings.Split(r.means, ",") {
+		for _, ks := range strings.Split(r.models, ",") {
+			m, _ := strconv.ParseFloat(strings.TrimSpace(ms), 64)
+			replayed[fmt.Sprintf("%.4f/%s", m, strings.TrimSpace(ks))] = true
+		}
+	}
+	var rows []replayRow
+	for _, x := range raw {
+		if replayed[fmt.Sprintf("%.4f/%s", x.Mean, x.Kind)] {
+			continue
+		}
+		if x.Nodes != r.nodes || x.Speed != r.speed || len(x.Jobs) != r.jobs {
+			return nil, fmt.Errorf("-replay-add: %s: m=%.2f %s was replayed on %d nodes at %.0f× with %d jobs, this run uses %d, %.0f× and %d",
+				path, x.Mean, x.Kind, x.Nodes, x.Speed, len(x.Jobs), r.nodes, r.speed, r.jobs)
+		}
+		row := replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
+		if err := r.simulate(ctx, &row, x.Starts); err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
 // rerun simulates the saved replays again (for tuning the simulator).
 func (r *replayFlags) rerun(seed int64, out, command string) error {
 	b, err := os.ReadFile(r.from)
@@ -143,6 +183,11 @@ func (r *replayFlags) run(seed int64, out, command string) error {
 		return err
 	}
 	var rows []replayRow
+	if r.add {
+		if rows, err = r.kept(ctx, filepath.Join(out, "sim-vs-scheduler.json")); err != nil {
+			return err
+		}
+	}
 	for _, ms := range strings.Split(r.means, ",") {
 		m, err := strconv.ParseFloat(strings.TrimSpace(ms), 64)
 		if err != nil || m <= 0 || m > 1 {
@@ -153,14 +198,26 @@ func (r *replayFlags) run(seed int64, out, command string) error {
 		jobs := w.Generate()
 		for _, ks := range strings.Split(r.models, ",") {
 			kind := fleet.Kind(strings.TrimSpace(ks))
-			if kind != fleet.Whole && kind != fleet.Tessera {
-				return fmt.Errorf("-replay-models: %q: want whole or tessera", ks)
+			if kind != fleet.Whole && kind != fleet.Tessera && kind != fleet.Partition {
+				return fmt.Errorf("-replay-models: %q: want whole, partition or tessera", ks)
+			}
+			if kind == fleet.Partition {
+				// The fixed partitions' own slices and classes, in place of
+				// Tessera's until the row is done.
+				if err := publishModel(ctx, c, r.nodes, kind); err != nil {
+					return err
+				}
 			}
 			fmt.Fprintf(os.Stderr, "replay: m=%.2f %s: %d jobs on %d nodes at %.0f× (about %.0f s)\n", m, kind, len(jobs), r.nodes, r.speed, jobs[len(jobs)-1].Arrival/r.speed)
 			o, err := replay.Replay(ctx, replay.Config{Client: c, Namespace: r.namespace, Kind: kind, Jobs: jobs, Speed: r.speed,
 				Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
 			if err != nil {
 				return err
+			}
+			if kind == fleet.Partition {
+				if err := scalebench.EnsureNodes(ctx, c, r.nodes, fleet.Profile, 8, 5*time.Minute); err != nil {
+					return fmt.Errorf("fake nodes: Tessera's slices back: %w", err)
+				}
 			}
 			row := replayRow{mean: m, kind: kind, jobs: jobs, wall: o.Wall, lag: o.MaxCreateLag}
 			if err := r.simulate(ctx, &row, o.Starts); err != nil {
@@ -215,7 +272,8 @@ func replayMarkdown(rows []replayRow, r *replayFlags, seed int64, command string
 	p("Reproduce: `hack/scale/cluster.sh up %d` then `%s`, then `hack/scale/cluster.sh down`.\n\n", r.nodes, command)
 	p("The KubeShare stream (Poisson arrivals at 1.25× the fluid capacity, demand Normal(m, 0.1), run time Exp(600 s), seed %d, %d jobs) "+
 		"replayed %.0f× faster than simulated time through the real kube-apiserver, kube-scheduler and kube-controller-manager of the scale cluster "+
-		"(hack/scale: %d kwok fake nodes × 8 GPUs, each with the ResourceSlices Tessera publishes for the hgx-h100 mock profile). "+
+		"(hack/scale: %d kwok fake nodes × 8 GPUs, each with the ResourceSlices Tessera publishes for the hgx-h100 mock profile; "+
+		"for the partition rows, the fixed partitions' slices and DeviceClasses the simulator uses, published in their place). "+
 		"Each job is a ResourceClaim with the spec the simulator gives the allocator (fleet.ClaimSpec) and a pod using it, created at its arrival; "+
 		"when the pod is bound it runs for its run time, then pod and claim are deleted (pkg/fleet/replay). The same stream is simulated with "+
 		"kube-scheduler's queue and node choice (the default model) and with the earlier model (FIFO with head-of-line blocking, first node first). "+
@@ -247,6 +305,26 @@ func ensureNamespace(ctx context.Context, c kubernetes.Interface, ns string) err
 	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+// publishModel puts the slices and DeviceClasses the simulation publishes for
+// kind on the first n fake nodes, in place of Tessera's slices.
+func publishModel(ctx context.Context, c kubernetes.Interface, n int, kind fleet.Kind) error {
+	_, classes, err := fleet.Published(kind, scalebench.NodeName(0))
+	if err != nil {
+		return err
+	}
+	if err := scalebench.EnsureClasses(ctx, c, classes); err != nil {
+		return err
+	}
+	err = scalebench.PublishOnNodes(ctx, c, n, 8, func(node string) ([]*resourceapi.ResourceSlice, error) {
+		slices, _, err := fleet.Published(kind, node)
+		return slices, err
+	})
+	if err != nil {
+		return fmt.Errorf("publish the %s model's slices: %w", kind, err)
 	}
 	return nil
 }

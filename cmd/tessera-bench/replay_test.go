@@ -44,3 +44,42 @@ func TestReplayReportRoundTrip(t *testing.T) {
 		t.Errorf("report:\n%s", md)
 	}
 }
+
+// TestReplayAddKeepsOtherRows: -replay-add keeps the saved rows this run does
+// not replay (simulated again), drops the ones it replays, and refuses rows
+// replayed with other settings.
+func TestReplayAddKeepsOtherRows(t *testing.T) {
+	w := fleet.Workload{Seed: 3, Jobs: 80, MeanDemand: 0.3, SDDemand: 0.1, MeanRuntime: 600, GPUs: 16, Load: 1.25}
+	jobs := w.Generate()
+	r := &replayFlags{nodes: 2, jobs: len(jobs), speed: 10}
+	var rows []replayRow
+	for _, kind := range []fleet.Kind{fleet.Tessera, fleet.Whole} {
+		sim, err := fleet.Run(context.Background(), kind, w, jobs, fleet.Options{Nodes: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := replayRow{mean: 0.3, kind: kind, jobs: jobs}
+		if err := r.simulate(context.Background(), &row, sim.Starts); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, row)
+	}
+	dir := t.TempDir()
+	if err := r.write(rows, 3, dir, "tessera-bench -replay"); err != nil {
+		t.Fatal(err)
+	}
+	saved := filepath.Join(dir, "sim-vs-scheduler.json")
+
+	add := &replayFlags{nodes: 2, jobs: len(jobs), speed: 10, means: "0.3", models: "whole,partition"}
+	kept, err := add.kept(context.Background(), saved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 1 || kept[0].kind != fleet.Tessera || kept[0].real.JobsPerHour != rows[0].real.JobsPerHour {
+		t.Errorf("kept %d rows (first %+v), want the tessera row only, as measured", len(kept), kept)
+	}
+	other := &replayFlags{nodes: 4, jobs: len(jobs), speed: 10, means: "0.3", models: "partition"}
+	if _, err := other.kept(context.Background(), saved); err == nil || !strings.Contains(err.Error(), "replayed on 2 nodes") {
+		t.Errorf("rows of 2 nodes kept for a run on 4: err = %v", err)
+	}
+}

@@ -206,3 +206,45 @@ func TestLowerBounds(t *testing.T) {
 		t.Errorf("exactPack with a fifth item: %v, want impossible", res)
 	}
 }
+
+// TestPublishedObjects: what a replay publishes for each model is the
+// simulation's own slices (unnamed, for the API server to name) and the
+// classes its claims name.
+func TestPublishedObjects(t *testing.T) {
+	for _, kind := range []Kind{Whole, Partition, Tessera} {
+		slices, classes, err := Published(kind, "node-3")
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		if len(slices) == 0 || len(classes) == 0 {
+			t.Fatalf("%s: %d slices, %d classes", kind, len(slices), len(classes))
+		}
+		for _, s := range slices {
+			if s.Name != "" || s.GenerateName == "" || s.Spec.NodeName == nil || *s.Spec.NodeName != "node-3" || s.Spec.Pool.Name != "node-3" {
+				t.Errorf("%s: slice name %q generateName %q node %v pool %q", kind, s.Name, s.GenerateName, s.Spec.NodeName, s.Spec.Pool.Name)
+			}
+		}
+		names := map[string]bool{}
+		for _, c := range classes {
+			names[c.Name] = true
+		}
+		for _, demand := range []float64{0.05, 0.3, 0.6, 1} {
+			spec, err := ClaimSpec(kind, &Job{ID: 1, Demand: demand})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range spec.Devices.Requests {
+				var class string
+				switch {
+				case r.Exactly != nil:
+					class = r.Exactly.DeviceClassName
+				case len(r.FirstAvailable) > 0:
+					class = r.FirstAvailable[0].DeviceClassName
+				}
+				if !names[class] {
+					t.Errorf("%s: a claim for demand %.2f names class %q, which the model does not publish (%v)", kind, demand, class, names)
+				}
+			}
+		}
+	}
+}

@@ -22,6 +22,26 @@ func ClaimSpec(kind Kind, j *Job) (resourceapi.ResourceClaimSpec, error) {
 	return c.Spec, nil
 }
 
+// Published returns what the simulation publishes for model kind (Whole,
+// Partition or Tessera): the ResourceSlices of node, without names (the API
+// server generates them from GenerateName), and the DeviceClasses its claims
+// ([ClaimSpec]) name. A replay on a real cluster publishes them to compare
+// the model with the real scheduler.
+func Published(kind Kind, node string) ([]*resourceapi.ResourceSlice, []*resourceapi.DeviceClass, error) {
+	m, err := newDeviceModel(kind)
+	if err != nil {
+		return nil, nil, err
+	}
+	slices, err := m.slices(node)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, s := range slices {
+		s.Name = ""
+	}
+	return slices, m.classes(), nil
+}
+
 // Summarize measures a run from the start time of every job (simulated seconds;
 // a job completes Runtime after its start): completions per hour in the window
 // Run uses and the waits. It is how a replay on a real cluster is measured the

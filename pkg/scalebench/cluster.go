@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -22,8 +23,18 @@ import (
 // EnsureDeviceClasses creates Tessera's DeviceClasses (model.DeviceClasses, what
 // deployments/deviceclasses.yaml holds) or updates them to that spec.
 func EnsureDeviceClasses(ctx context.Context, c kubernetes.Interface) error {
-	for _, dc := range model.DeviceClasses() {
-		_, err := c.ResourceV1().DeviceClasses().Create(ctx, &dc, metav1.CreateOptions{})
+	classes := model.DeviceClasses()
+	ptrs := make([]*resourceapi.DeviceClass, len(classes))
+	for i := range classes {
+		ptrs[i] = &classes[i]
+	}
+	return EnsureClasses(ctx, c, ptrs)
+}
+
+// EnsureClasses creates the DeviceClasses or updates them to their spec.
+func EnsureClasses(ctx context.Context, c kubernetes.Interface, classes []*resourceapi.DeviceClass) error {
+	for _, dc := range classes {
+		_, err := c.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			old, gerr := c.ResourceV1().DeviceClasses().Get(ctx, dc.Name, metav1.GetOptions{})
 			if gerr != nil {
@@ -100,6 +111,57 @@ func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile str
 		return err
 	}
 	return waitNodesReady(ctx, c, n, timeout)
+}
+
+// PublishOnNodes replaces the ResourceSlices of Tessera's driver on fake
+// nodes NodeName(0) … NodeName(n-1) with slices(node), each owned by its node
+// (EnsureNodes puts Tessera's own back: their number differs), and waits
+// until the API server lists them all.
+func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int, slices func(node string) ([]*resourceapi.ResourceSlice, error)) error {
+	var jobs []func() error
+	want := 0
+	for i := range n {
+		name := NodeName(i)
+		own, err := slices(name)
+		if err != nil {
+			return err
+		}
+		want += len(own)
+		jobs = append(jobs, func() error {
+			node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return fmt.Errorf("node %s: %w", name, err)
+			}
+			err = c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+				metav1.ListOptions{FieldSelector: "spec.nodeName=" + name + ",spec.driver=" + model.DriverName})
+			if err != nil {
+				return fmt.Errorf("node %s: delete ResourceSlices: %w", name, err)
+			}
+			for _, s := range own {
+				OwnedBy(s, node)
+				if _, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+					return fmt.Errorf("node %s: create ResourceSlice %s: %w", name, s.GenerateName, err)
+				}
+			}
+			return nil
+		})
+	}
+	if err := parallel(workers, jobs); err != nil {
+		return err
+	}
+	return wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
+		if err != nil {
+			return false, nil
+		}
+		got := 0
+		for _, s := range l.Items {
+			if s.Spec.NodeName != nil && strings.HasPrefix(*s.Spec.NodeName, nodePrefix) {
+				got++
+			}
+		}
+		return got == want, nil
+	})
 }
 
 // ensureNode creates fake node i (unless node is it already) and its slices,
