@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -103,10 +105,17 @@ type rawRow struct {
 	LagS   float64     `json:"maxCreateLagSeconds"`
 }
 
+// stream is the job stream of mean demand m that a replay plays.
+func (r *replayFlags) stream(seed int64, m float64) []fleet.Job {
+	w := fleet.QuickConfig(seed).Workload
+	w.Jobs, w.MeanDemand, w.GPUs = r.jobs, m, r.nodes*fleet.GPUsPerNode
+	return w.Generate()
+}
+
 // kept reads the replays saved in path and simulates again those whose mean
 // and model this run does not replay; they must have this run's nodes, speed
 // and jobs per stream.
-func (r *replayFlags) kept(ctx context.Context, path string) ([]replayRow, error) {
+func (r *replayFlags) kept(ctx context.Context, path string, seed int64) ([]replayRow, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("-replay-add: %w", err)
@@ -130,6 +139,9 @@ func (r *replayFlags) kept(ctx context.Context, path string) ([]replayRow, error
 		if x.Nodes != r.nodes || x.Speed != r.speed || len(x.Jobs) != r.jobs {
 			return nil, fmt.Errorf("-replay-add: %s: m=%.2f %s was replayed on %d nodes at %.0f× with %d jobs, this run uses %d, %.0f× and %d",
 				path, x.Mean, x.Kind, x.Nodes, x.Speed, len(x.Jobs), r.nodes, r.speed, r.jobs)
+		}
+		if !reflect.DeepEqual(x.Jobs, r.stream(seed, x.Mean)) {
+			return nil, fmt.Errorf("-replay-add: %s: m=%.2f %s replayed another stream than this run's seed %d makes", path, x.Mean, x.Kind, seed)
 		}
 		row := replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
 		if err := r.simulate(ctx, &row, x.Starts); err != nil {
@@ -184,7 +196,7 @@ func (r *replayFlags) run(seed int64, out, command string) error {
 	}
 	var rows []replayRow
 	if r.add {
-		if rows, err = r.kept(ctx, filepath.Join(out, "sim-vs-scheduler.json")); err != nil {
+		if rows, err = r.kept(ctx, filepath.Join(out, "sim-vs-scheduler.json"), seed); err != nil {
 			return err
 		}
 	}
@@ -193,31 +205,16 @@ func (r *replayFlags) run(seed int64, out, command string) error {
 		if err != nil || m <= 0 || m > 1 {
 			return fmt.Errorf("-replay-means: %q is not a mean demand in (0, 1]", ms)
 		}
-		w := fleet.QuickConfig(seed).Workload
-		w.Jobs, w.MeanDemand, w.GPUs = r.jobs, m, r.nodes*fleet.GPUsPerNode
-		jobs := w.Generate()
+		jobs := r.stream(seed, m)
 		for _, ks := range strings.Split(r.models, ",") {
 			kind := fleet.Kind(strings.TrimSpace(ks))
 			if kind != fleet.Whole && kind != fleet.Tessera && kind != fleet.Partition {
 				return fmt.Errorf("-replay-models: %q: want whole, partition or tessera", ks)
 			}
-			if kind == fleet.Partition {
-				// The fixed partitions' own slices and classes, in place of
-				// Tessera's until the row is done.
-				if err := publishModel(ctx, c, r.nodes, kind); err != nil {
-					return err
-				}
-			}
 			fmt.Fprintf(os.Stderr, "replay: m=%.2f %s: %d jobs on %d nodes at %.0f× (about %.0f s)\n", m, kind, len(jobs), r.nodes, r.speed, jobs[len(jobs)-1].Arrival/r.speed)
-			o, err := replay.Replay(ctx, replay.Config{Client: c, Namespace: r.namespace, Kind: kind, Jobs: jobs, Speed: r.speed,
-				Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+			o, err := r.replayOne(ctx, c, kind, jobs)
 			if err != nil {
 				return err
-			}
-			if kind == fleet.Partition {
-				if err := scalebench.EnsureNodes(ctx, c, r.nodes, fleet.Profile, 8, 5*time.Minute); err != nil {
-					return fmt.Errorf("fake nodes: Tessera's slices back: %w", err)
-				}
 			}
 			row := replayRow{mean: m, kind: kind, jobs: jobs, wall: o.Wall, lag: o.MaxCreateLag}
 			if err := r.simulate(ctx, &row, o.Starts); err != nil {
@@ -309,9 +306,33 @@ func ensureNamespace(ctx context.Context, c kubernetes.Interface, ns string) err
 	return nil
 }
 
+// replayOne replays jobs as kind. For fixed partitions it first publishes
+// their slices and classes in place of Tessera's slices, and puts Tessera's
+// back afterwards, whatever happened.
+func (r *replayFlags) replayOne(ctx context.Context, c kubernetes.Interface, kind fleet.Kind, jobs []fleet.Job) (_ replay.Outcome, err error) {
+	if kind == fleet.Partition {
+		defer func() {
+			restore := context.WithoutCancel(ctx)
+			if rerr := scalebench.EnsureNodes(restore, c, r.nodes, fleet.Profile, 8, 5*time.Minute); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("fake nodes: put Tessera's slices back: %w", rerr))
+			}
+		}()
+		if err := publishModel(ctx, c, r.nodes, kind); err != nil {
+			return replay.Outcome{}, err
+		}
+	}
+	return replay.Replay(ctx, replay.Config{Client: c, Namespace: r.namespace, Kind: kind, Jobs: jobs, Speed: r.speed,
+		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+}
+
 // publishModel puts the slices and DeviceClasses the simulation publishes for
-// kind on the first n fake nodes, in place of Tessera's slices.
+// kind on the first n fake nodes, in place of Tessera's slices. Only fixed
+// partitions: the whole and Tessera models replay on Tessera's own slices
+// and classes, which the simulator's would overwrite.
 func publishModel(ctx context.Context, c kubernetes.Interface, n int, kind fleet.Kind) error {
+	if kind != fleet.Partition {
+		return fmt.Errorf("replay: model %s replays on Tessera's slices, not its own", kind)
+	}
 	_, classes, err := fleet.Published(kind, scalebench.NodeName(0))
 	if err != nil {
 		return err

@@ -49,9 +49,9 @@ func TestReplayReportRoundTrip(t *testing.T) {
 // not replay (simulated again), drops the ones it replays, and refuses rows
 // replayed with other settings.
 func TestReplayAddKeepsOtherRows(t *testing.T) {
-	w := fleet.Workload{Seed: 3, Jobs: 80, MeanDemand: 0.3, SDDemand: 0.1, MeanRuntime: 600, GPUs: 16, Load: 1.25}
-	jobs := w.Generate()
-	r := &replayFlags{nodes: 2, jobs: len(jobs), speed: 10}
+	r := &replayFlags{nodes: 2, jobs: 80, speed: 10}
+	jobs := r.stream(3, 0.3)
+	w := fleet.Workload{MeanDemand: 0.3}
 	var rows []replayRow
 	for _, kind := range []fleet.Kind{fleet.Tessera, fleet.Whole} {
 		sim, err := fleet.Run(context.Background(), kind, w, jobs, fleet.Options{Nodes: 2})
@@ -71,7 +71,7 @@ func TestReplayAddKeepsOtherRows(t *testing.T) {
 	saved := filepath.Join(dir, "sim-vs-scheduler.json")
 
 	add := &replayFlags{nodes: 2, jobs: len(jobs), speed: 10, means: "0.3", models: "whole,partition"}
-	kept, err := add.kept(context.Background(), saved)
+	kept, err := add.kept(context.Background(), saved, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,10 @@ func TestReplayAddKeepsOtherRows(t *testing.T) {
 		t.Errorf("kept %d rows (first %+v), want the tessera row only, as measured", len(kept), kept)
 	}
 	other := &replayFlags{nodes: 4, jobs: len(jobs), speed: 10, means: "0.3", models: "partition"}
-	if _, err := other.kept(context.Background(), saved); err == nil || !strings.Contains(err.Error(), "replayed on 2 nodes") {
+	if _, err := other.kept(context.Background(), saved, 3); err == nil || !strings.Contains(err.Error(), "replayed on 2 nodes") {
 		t.Errorf("rows of 2 nodes kept for a run on 4: err = %v", err)
+	}
+	if _, err := add.kept(context.Background(), saved, 4); err == nil || !strings.Contains(err.Error(), "another stream") {
+		t.Errorf("rows of seed 3 kept for a run with seed 4: err = %v", err)
 	}
 }

@@ -301,8 +301,16 @@ func run(ctx context.Context, f flags) error {
 	// so that HAMiCore claims prepared before it was turned off are cleaned
 	// up at unprepare (their prepare still fails closed: no library).
 	// Claims prepared by releases before --hami-claim-root keep their
-	// directory under the plugin data directory.
+	// directory under the plugin data directory, and claims prepared under
+	// an earlier --hami-claim-root keep theirs there.
 	opts.HAMiCore = isolation.HAMiCore{ClaimRoot: f.hamiClaimRoot, OldClaimRoots: []string{filepath.Join(f.pluginDataDir, "hami", "claims")}}
+	if f.hamiClaimRoot != "" {
+		used, err := isolation.RememberClaimRoots(filepath.Join(f.pluginDataDir, "hami-claim-roots"), f.hamiClaimRoot)
+		if err != nil {
+			logger.Error(err, "Claims prepared under an earlier --hami-claim-root may lose their directory")
+		}
+		opts.HAMiCore.OldClaimRoots = append(opts.HAMiCore.OldClaimRoots, used...)
+	}
 	if err := opts.HAMiCore.EnsureClaimRoot(); err != nil {
 		logger.Error(err, "HAMiCore shares will fail to prepare until this is fixed")
 	}

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -99,6 +101,45 @@ func namesDir(claimUID types.UID) bool {
 	return claimUID != "" && !strings.ContainsAny(string(claimUID), "/\x00") && claimUID != "." && claimUID != ".."
 }
 
+// claimUIDPattern matches the UIDs the API server gives objects.
+var claimUIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// RememberClaimRoots adds root to the list of claim roots kept in the file
+// at path (one per line; created if missing) and returns the others: the
+// roots this node's plugin used before, under which claims prepared then
+// keep their directories ([HAMiCore.OldClaimRoots]) after --hami-claim-root
+// changes.
+func RememberClaimRoots(path, root string) ([]string, error) {
+	var roots []string
+	data, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("isolation HAMiCore: read the claim roots used before: %w", err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if r := strings.TrimSpace(line); filepath.IsAbs(r) && !slices.Contains(roots, r) {
+			roots = append(roots, r)
+		}
+	}
+	var others []string
+	for _, r := range roots {
+		if r != root {
+			others = append(others, r)
+		}
+	}
+	if slices.Contains(roots, root) {
+		return others, nil
+	}
+	roots = append(roots, root)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(roots, "\n")+"\n"), 0o600); err != nil {
+		return others, fmt.Errorf("isolation HAMiCore: record claim root %s: %w", root, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return others, fmt.Errorf("isolation HAMiCore: record claim root %s: %w", root, err)
+	}
+	return others, nil
+}
+
 func isDir(path string) bool {
 	fi, err := os.Lstat(path)
 	return err == nil && fi.IsDir()
@@ -115,6 +156,15 @@ func (h HAMiCore) EnsureClaimRoot() error {
 	}
 	if err := os.MkdirAll(h.ClaimRoot, 0o700); err != nil {
 		return fmt.Errorf("isolation HAMiCore: create %s: %w", h.ClaimRoot, err)
+	}
+	entries, err := os.ReadDir(h.ClaimRoot)
+	if err != nil {
+		return fmt.Errorf("isolation HAMiCore: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !claimUIDPattern.MatchString(e.Name()) {
+			return fmt.Errorf("isolation HAMiCore: %s holds %q, which is no claim's directory: give the claims' shared regions a directory of their own (--hami-claim-root); its mode was left as it is", h.ClaimRoot, e.Name())
+		}
 	}
 	if err := os.Chmod(h.ClaimRoot, 0o700); err != nil {
 		return fmt.Errorf("isolation HAMiCore: chmod %s: %w", h.ClaimRoot, err)
@@ -138,6 +188,9 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	}
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("isolation HAMiCore: create %s: %w", dir, err)
+	}
+	if !isDir(dir) {
+		return fmt.Errorf("isolation HAMiCore: %s exists and is not a directory", dir)
 	}
 	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("isolation HAMiCore: chmod %s: %w", dir, err)

@@ -154,3 +154,53 @@ func TestHAMiCoreClaimDirs(t *testing.T) {
 		t.Error("CreateClaimDir(..) succeeded")
 	}
 }
+
+// EnsureClaimRoot leaves a directory that holds anything but claims'
+// directories as it is; CreateClaimDir refuses a claim path that is not a
+// directory; RememberClaimRoots lists the roots used before.
+func TestHAMiCoreClaimRootGuards(t *testing.T) {
+	base := t.TempDir()
+	shared := HAMiCore{ClaimRoot: filepath.Join(base, "run")}
+	if err := os.MkdirAll(filepath.Join(shared.ClaimRoot, "0f0e6a2c-6d1b-4b7e-9c84-2f6c2b0c9b1a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(shared.ClaimRoot, "utmp"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared.ClaimRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := shared.EnsureClaimRoot(); err == nil || !strings.Contains(err.Error(), `"utmp"`) {
+		t.Errorf("EnsureClaimRoot on a directory holding other files: %v", err)
+	}
+	if fi, _ := os.Stat(shared.ClaimRoot); fi.Mode().Perm() != 0o755 {
+		t.Errorf("EnsureClaimRoot changed a shared directory to %s", fi.Mode())
+	}
+
+	h := HAMiCore{ClaimRoot: filepath.Join(base, "claims")}
+	if err := h.EnsureClaimRoot(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(base, filepath.Join(h.ClaimRoot, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.CreateClaimDir("link"); err == nil {
+		t.Error("CreateClaimDir accepted a symlink as the claim's directory")
+	}
+
+	file := filepath.Join(base, "roots")
+	for _, step := range []struct {
+		root string
+		want []string
+	}{
+		{"/run/a", nil},
+		{"/run/a", nil},
+		{"/run/b", []string{"/run/a"}},
+		{"/run/a", []string{"/run/b"}},
+	} {
+		got, err := RememberClaimRoots(file, step.root)
+		if err != nil || !slices.Equal(got, step.want) {
+			t.Errorf("RememberClaimRoots(%s) = %v, %v; want %v", step.root, got, err, step.want)
+		}
+	}
+}

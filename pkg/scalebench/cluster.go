@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -119,14 +120,14 @@ func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile str
 // until the API server lists them all.
 func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int, slices func(node string) ([]*resourceapi.ResourceSlice, error)) error {
 	var jobs []func() error
-	want := 0
+	want := map[string]int{}
 	for i := range n {
 		name := NodeName(i)
 		own, err := slices(name)
 		if err != nil {
 			return err
 		}
-		want += len(own)
+		want[name] = len(own)
 		jobs = append(jobs, func() error {
 			node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
@@ -149,19 +150,31 @@ func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int,
 	if err := parallel(workers, jobs); err != nil {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
 		if err != nil {
+			last = err
 			return false, nil
 		}
-		got := 0
+		got := map[string]int{}
 		for _, s := range l.Items {
-			if s.Spec.NodeName != nil && strings.HasPrefix(*s.Spec.NodeName, nodePrefix) {
-				got++
+			if s.Spec.NodeName != nil {
+				if _, ok := want[*s.Spec.NodeName]; ok {
+					got[*s.Spec.NodeName]++
+				}
 			}
 		}
-		return got == want, nil
+		if !maps.Equal(got, want) {
+			last = fmt.Errorf("ResourceSlices per node %v, want %v", got, want)
+			return false, nil
+		}
+		return true, nil
 	})
+	if err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w (%v)", err, last)
+	}
+	return nil
 }
 
 // ensureNode creates fake node i (unless node is it already) and its slices,

@@ -192,7 +192,7 @@ func (r *Report) Markdown() string {
 	w("## Setup\n\n")
 	w("- Run: %s → %s UTC (%s).\n", r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"), r.Finished.Sub(r.Started).Round(time.Second))
 	w("- Machine: %s, %d cores, %s memory; load average (1, 5, 15 min) %s at the start, %s at the end. "+
-		"The machine is shared: other processes (compilers, tests) ran beside the benchmark, and each row gives the 1-minute load before and after its run.\n",
+		"The machine may be shared (other processes, such as compilers and tests, running beside the benchmark), so each row gives the 1-minute load before and after its run.\n",
 		orDash(r.Host.CPU), r.Host.Cores, orDash(r.Host.Memory), orDash(r.Host.LoadStart), orDash(r.Host.LoadEnd))
 	keys := make([]string, 0, len(r.Cluster))
 	for k := range r.Cluster {
