@@ -105,6 +105,11 @@ type rawRow struct {
 	LagS   float64     `json:"maxCreateLagSeconds"`
 }
 
+// row is the saved replay before it is simulated again.
+func (x rawRow) row() replayRow {
+	return replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
+}
+
 // stream is the job stream of mean demand m that a replay plays.
 func (r *replayFlags) stream(seed int64, m float64) []fleet.Job {
 	w := fleet.QuickConfig(seed).Workload
@@ -126,8 +131,8 @@ func (r *replayFlags) kept(ctx context.Context, path string, seed int64) ([]repl
 	}
 	replayed := map[string]bool{}
 	for _, ms := range strings.Split(r.means, ",") {
+		m, _ := strconv.ParseFloat(strings.TrimSpace(ms), 64)
 		for _, ks := range strings.Split(r.models, ",") {
-			m, _ := strconv.ParseFloat(strings.TrimSpace(ms), 64)
 			replayed[fmt.Sprintf("%.4f/%s", m, strings.TrimSpace(ks))] = true
 		}
 	}
@@ -143,7 +148,7 @@ func (r *replayFlags) kept(ctx context.Context, path string, seed int64) ([]repl
 		if !reflect.DeepEqual(x.Jobs, r.stream(seed, x.Mean)) {
 			return nil, fmt.Errorf("-replay-add: %s: m=%.2f %s replayed another stream than this run's seed %d makes", path, x.Mean, x.Kind, seed)
 		}
-		row := replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
+		row := x.row()
 		if err := r.simulate(ctx, &row, x.Starts); err != nil {
 			return nil, err
 		}
@@ -165,7 +170,7 @@ func (r *replayFlags) rerun(seed int64, out, command string) error {
 	var rows []replayRow
 	for _, x := range raw {
 		r.nodes, r.speed, r.jobs = x.Nodes, x.Speed, len(x.Jobs)
-		row := replayRow{mean: x.Mean, kind: x.Kind, jobs: x.Jobs, wall: time.Duration(x.WallS * float64(time.Second)), lag: time.Duration(x.LagS * float64(time.Second))}
+		row := x.row()
 		if err := r.simulate(context.Background(), &row, x.Starts); err != nil {
 			return err
 		}

@@ -8,9 +8,10 @@
 // disk), real CDI specs and HAMiCore claim directories in another, on a tmpfs
 // when /dev/shm is one (on a node they are under /var/run, on the /run
 // tmpfs), MPS over the fake daemon runner that mock nodes use, and HAMi-core
-// over a dummy library file. The report names both filesystems. Every context it passes (to checkpoint.Open, plugin.New,
-// prepare, unprepare, the ResourceSlice controller) discards logs, so
-// formatting log lines is not timed.
+// over a dummy library file. The report names both filesystems. Every
+// context it passes (to checkpoint.Open, plugin.New, prepare, unprepare, the
+// ResourceSlice controller) discards logs, so formatting log lines is not
+// timed.
 //
 // What the caller may assume:
 //

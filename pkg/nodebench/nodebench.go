@@ -34,8 +34,7 @@ type Options struct {
 	Backends []configapi.Isolation
 	// Dir is where the checkpoint, the MPS root and HAMi-core's library and
 	// preload file go (on a node: --plugin-data-dir, on the root disk);
-	// empty means a fresh
-	// temporary directory, removed afterwards.
+	// empty means a fresh temporary directory, removed afterwards.
 	Dir string
 	// RunDir is where what lives as long as a boot goes: the CDI specs
 	// (cdi/) and the HAMiCore claims' directories (hami-claims/), on a node

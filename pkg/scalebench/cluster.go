@@ -133,18 +133,7 @@ func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int,
 			if err != nil {
 				return fmt.Errorf("node %s: %w", name, err)
 			}
-			err = c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
-				metav1.ListOptions{FieldSelector: "spec.nodeName=" + name + ",spec.driver=" + model.DriverName})
-			if err != nil {
-				return fmt.Errorf("node %s: delete ResourceSlices: %w", name, err)
-			}
-			for _, s := range own {
-				OwnedBy(s, node)
-				if _, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
-					return fmt.Errorf("node %s: create ResourceSlice %s: %w", name, s.GenerateName, err)
-				}
-			}
-			return nil
+			return putSlices(ctx, c, node, own, true)
 		})
 	}
 	if err := parallel(workers, jobs); err != nil {
@@ -188,21 +177,31 @@ func ensureNode(ctx context.Context, c kubernetes.Interface, i int, node *corev1
 			return fmt.Errorf("create node %s: %w", name, err)
 		}
 	}
-	if stale {
-		err := c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
-			metav1.ListOptions{FieldSelector: "spec.nodeName=" + name + ",spec.driver=" + model.DriverName})
-		if err != nil {
-			return fmt.Errorf("node %s: delete stale ResourceSlices: %w", name, err)
-		}
-	}
 	slices, err := NodeSlices(name, profile)
 	if err != nil {
 		return err
 	}
+	own := make([]*resourceapi.ResourceSlice, len(slices))
 	for j := range slices {
-		OwnedBy(&slices[j], node)
-		if _, err := c.ResourceV1().ResourceSlices().Create(ctx, &slices[j], metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("node %s: create ResourceSlice %s: %w", name, slices[j].GenerateName, err)
+		own[j] = &slices[j]
+	}
+	return putSlices(ctx, c, node, own, stale)
+}
+
+// putSlices creates slices on node, owned by it, after deleting the slices
+// of Tessera's driver the node has when replace is set.
+func putSlices(ctx context.Context, c kubernetes.Interface, node *corev1.Node, slices []*resourceapi.ResourceSlice, replace bool) error {
+	if replace {
+		err := c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name + ",spec.driver=" + model.DriverName})
+		if err != nil {
+			return fmt.Errorf("node %s: delete ResourceSlices: %w", node.Name, err)
+		}
+	}
+	for _, s := range slices {
+		OwnedBy(s, node)
+		if _, err := c.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("node %s: create ResourceSlice %s: %w", node.Name, s.GenerateName, err)
 		}
 	}
 	return nil
