@@ -70,8 +70,13 @@ func (n *MockNode) PodOfProcess(pid uint32) (types.UID, bool) {
 }
 
 // processUtilization is GetProcessUtilization of GPU i: a sample, stamped
-// now, of every process computing on it; ERROR_NOT_FOUND without one, as
-// the driver answers when no process ran since lastSeen.
+// now, of every process computing on it. Without one it answers what
+// go-nvml's GetProcessUtilization (v0.13.0-1 to v0.13.4-1) returns over a
+// real driver then: an empty list and ERROR_INSUFFICIENT_SIZE, because it
+// sizes its buffer with a first call that answers INSUFFICIENT_SIZE and a
+// count of 0 and returns that answer as is. (The driver may also answer
+// ERROR_NOT_FOUND, which go-nvml passes on; the lending sampler's tests
+// cover both.)
 func (n *MockNode) processUtilization(i int, now uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
 	if n.isLost(i) {
 		return nil, nvml.ERROR_GPU_IS_LOST
@@ -85,7 +90,7 @@ func (n *MockNode) processUtilization(i int, now uint64) ([]nvml.ProcessUtilizat
 		}
 	}
 	if len(out) == 0 {
-		return nil, nvml.ERROR_NOT_FOUND
+		return []nvml.ProcessUtilizationSample{}, nvml.ERROR_INSUFFICIENT_SIZE
 	}
 	slices.SortFunc(out, func(a, b nvml.ProcessUtilizationSample) int { return int(a.Pid) - int(b.Pid) })
 	return out, nvml.SUCCESS

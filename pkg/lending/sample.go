@@ -100,10 +100,15 @@ func (s *Sampler) Sample(uuid string) Sample {
 		s.lastSeen = map[string]uint64{}
 	}
 	samples, ret := dev.GetProcessUtilization(s.lastSeen[uuid])
-	switch ret {
-	case nvml.SUCCESS:
-	case nvml.ERROR_NOT_FOUND:
-		// No process computed since lastSeen.
+	switch {
+	case ret == nvml.SUCCESS:
+	case ret == nvml.ERROR_NOT_FOUND, ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0:
+		// No process computed since lastSeen. go-nvml (v0.13.0-1 through
+		// v0.13.4-1) sizes its buffer with a first call, which answers
+		// INSUFFICIENT_SIZE and a count of 0 when there are no samples,
+		// and returns that answer with an empty list; the driver may also
+		// answer NOT_FOUND.
+		samples = nil
 	default:
 		// Without per-process utilization, a process cannot be told idle:
 		// every one counts as computing, so owners are never idle and the

@@ -28,6 +28,9 @@ func TestSamplerAndObserve(t *testing.T) {
 	if !o.Observed || o.Busy || o.OwnerMemory != 0 || len(o.OwnerProcesses) != 0 {
 		t.Fatalf("idle GPU: %+v", o)
 	}
+	// What NVML calls free on an idle GPU; how it accounts the driver's
+	// reserved memory is discovery's concern (pkg/gpu), not the sampler's.
+	idleFree := o.FreeMemory
 	// The owner's notebook holds memory and idles; a borrower computes.
 	must(t, node.SetProcessActivity(0, 100, "owner-pod", 0, 10<<30, false))
 	must(t, node.SetProcessActivity(0, 200, "borrower-pod", 90, 20<<30, false))
@@ -35,8 +38,8 @@ func TestSamplerAndObserve(t *testing.T) {
 	if o.Busy || o.OwnerMemory != 10<<30 || len(o.OwnerProcesses) != 1 || o.OwnerProcesses[0] != 100 || o.BorrowerMemory != 20<<30 {
 		t.Fatalf("idle owner, busy borrower: %+v", o)
 	}
-	if o.FreeMemory != memory-30<<30 {
-		t.Errorf("free memory %d, want the GPU's less 30 GiB in use", o.FreeMemory)
+	if o.FreeMemory != idleFree-30<<30 || idleFree <= 0 || idleFree > memory+1<<30 {
+		t.Errorf("free memory %d, want the idle GPU's %d less the 30 GiB in use", o.FreeMemory, idleFree)
 	}
 	// An unknown pod's process is the owners'.
 	must(t, node.SetProcessActivity(0, 300, "", 1, 1<<20, false))
@@ -102,5 +105,70 @@ func TestSamplerExitedProcesses(t *testing.T) {
 	util = []nvml.ProcessUtilizationSample{{Pid: 12, SmUtil: 50, TimeStamp: 3}}
 	if o := Observe(s.Sample("GPU"), 80<<30, nil, nil, nil, borrowers, 5); !o.Busy {
 		t.Fatalf("an unknown process computing did not make the owners busy: %+v", o)
+	}
+}
+
+// go-nvml's GetProcessUtilization (v0.13.0-1, unchanged in v0.13.4-1) sizes
+// its buffer with a first call; when no process computed since lastSeen
+// that call answers ERROR_INSUFFICIENT_SIZE with a count of 0, and go-nvml
+// returns an empty list with that answer. The driver may also answer
+// ERROR_NOT_FOUND. Both mean "no samples": an owner that holds memory and
+// computes nothing is idle. Any other answer leaves utilization unknown,
+// and every process then counts as computing.
+func TestSamplerNoSamplesIsIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		samples  []nvml.ProcessUtilizationSample
+		ret      nvml.Return
+		wantBusy bool
+	}{
+		{"go-nvml's empty answer", []nvml.ProcessUtilizationSample{}, nvml.ERROR_INSUFFICIENT_SIZE, false},
+		{"not found", nil, nvml.ERROR_NOT_FOUND, false},
+		{"success without samples", nil, nvml.SUCCESS, false},
+		{"insufficient size with samples", []nvml.ProcessUtilizationSample{{Pid: 10, TimeStamp: 1}}, nvml.ERROR_INSUFFICIENT_SIZE, true},
+		{"not supported", nil, nvml.ERROR_NOT_SUPPORTED, true},
+		{"unknown error", nil, nvml.ERROR_UNKNOWN, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := &mock.Device{
+				GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
+					return []nvml.ProcessInfo{{Pid: 10, UsedGpuMemory: 4 << 30}}, nvml.SUCCESS
+				},
+				GetMPSComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
+				GetMemoryInfoFunc:                 func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 80 << 30, Free: 76 << 30}, nvml.SUCCESS },
+				GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+					return tc.samples, tc.ret
+				},
+			}
+			lib := &mock.Interface{DeviceGetHandleByUUIDFunc: func(string) (nvml.Device, nvml.Return) { return dev, nvml.SUCCESS }}
+			s := &Sampler{Lib: lib, Threshold: 5, PodOf: func(uint32) (types.UID, bool) { return "owner-pod", true }}
+			owners := []Owner{{Claim: "owner", Lend: true}}
+			o := Observe(s.Sample("GPU"), 80<<30, owners, nil, nil, nil, 5)
+			if !o.Observed || o.Busy != tc.wantBusy || o.OwnerMemory != 4<<30 {
+				t.Errorf("utilization %v: %+v, want busy=%v with the owner's 4 GiB", tc.ret, o, tc.wantBusy)
+			}
+		})
+	}
+}
+
+// The mock node answers like go-nvml over a real driver: an idle owner on a
+// mock GPU is seen idle.
+func TestSamplerIdleOwnerOnMockNode(t *testing.T) {
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := gpu.Discover(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ret := node.Devices[0].GetProcessUtilization(0); ret != nvml.ERROR_INSUFFICIENT_SIZE {
+		t.Fatalf("mock GetProcessUtilization without samples answers %v, want go-nvml's ERROR_INSUFFICIENT_SIZE", ret)
+	}
+	must(t, node.SetProcessActivity(0, 100, "owner-pod", 0, 10<<30, false))
+	s := &Sampler{Lib: node, PodOf: node.PodOfProcess, Threshold: 5}
+	o := Observe(s.Sample(gpus[0].UUID), int64(gpus[0].MemoryBytes), []Owner{{Claim: "owner", Lend: true}}, nil, nil, nil, 5)
+	if !o.Observed || o.Busy || o.OwnerMemory != 10<<30 {
+		t.Fatalf("idle owner holding 10 GiB: %+v, want observed, not busy", o)
 	}
 }
