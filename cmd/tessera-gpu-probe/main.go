@@ -44,7 +44,7 @@ func run() int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code), probeCommand())
+	root.AddCommand(checkCommand(&code), probeCommand(), mockGroundTruthCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "tessera-gpu-probe:", err)
 		if code == 0 {
@@ -66,6 +66,9 @@ type checkFlags struct {
 	memoryTolerance, splitTolerance        float64
 	reportOnly, allowBusy, noProbes        bool
 	jsonOnly                               bool
+	resultsDir, notesFile                  string
+	hamiCoreSkipReason                     string
+	nvidiaSMI, procDriverNVIDIA            string
 }
 
 func checkCommand(code *int) *cobra.Command {
@@ -87,6 +90,23 @@ func checkCommand(code *int) *cobra.Command {
 				*code = exitNoGPU
 				return err
 			}
+			if f.notesFile != "" {
+				notes, err := os.ReadFile(f.notesFile)
+				if err != nil {
+					return fmt.Errorf("--notes-file: %w", err)
+				}
+				for line := range strings.SplitSeq(strings.TrimSpace(string(notes)), "\n") {
+					if line = strings.TrimSpace(line); line != "" {
+						report.Notes = append(report.Notes, line)
+					}
+				}
+			}
+			if f.resultsDir != "" {
+				if err := writeResults(f.resultsDir, report); err != nil {
+					*code = exitMissed
+					return err
+				}
+			}
 			if !f.jsonOnly {
 				if err := report.WriteTable(os.Stdout); err != nil {
 					return err
@@ -95,7 +115,7 @@ func checkCommand(code *int) *cobra.Command {
 			if err := report.WriteJSON(os.Stdout); err != nil {
 				return err
 			}
-			if !report.Pass && !f.reportOnly {
+			if !report.OK() && !f.reportOnly {
 				*code = exitMissed
 			}
 			return nil
@@ -103,7 +123,12 @@ func checkCommand(code *int) *cobra.Command {
 	}
 	host, _ := os.Hostname()
 	fs := cmd.Flags()
-	fs.StringVar(&f.node, "node-name", strings.ToLower(host), "node (pool) name the slices are built for")
+	fs.StringVar(&f.node, "node-name", gpucheck.PoolName(host), "node (pool) name the slices are built for (default: the hostname made a valid pool name)")
+	fs.StringVar(&f.resultsDir, "results-dir", "", "also write gpu-check.md and gpu-check.json into this directory")
+	fs.StringVar(&f.notesFile, "notes-file", "", "lines to add to the report as notes about the run (run.sh's findings)")
+	fs.StringVar(&f.hamiCoreSkipReason, "hami-core-skip-reason", "", "why there is no --hami-core-library (shown as HAMiCore's skip reason)")
+	fs.StringVar(&f.nvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi (path or name in PATH), the ground truth discovery is compared with")
+	fs.StringVar(&f.procDriverNVIDIA, "proc-driver-nvidia", "/proc/driver/nvidia", "the kernel module's /proc directory, the other ground truth")
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the checkpoint, CDI specs, MPS pipes (default: a new directory under /tmp, removed at the end)")
 	fs.StringVar(&f.mockProfile, "mock-profile", "", "use a mock GPU profile instead of the real driver (prepares and reads specs; no probes): one of "+strings.Join(gpu.Profiles(), ", "))
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "root of the NVIDIA driver installation")
@@ -148,6 +173,7 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 		NodeName: f.node, GPUMinor: f.gpuMinor, Cores: [2]int64{int64(f.cores[0]), int64(f.cores[1])},
 		MPSControl: f.mpsControl, HAMiCoreLibrary: f.hamiCoreLibrary, DriverRoot: f.driverRoot,
 		NVIDIACDIHookPath: f.hookPath, NVIDIACDISpecDirs: f.cdiSpecDirs, ComputeTime: f.computeTime, AllowBusy: f.allowBusy,
+		HAMiCoreSkipReason: f.hamiCoreSkipReason, NvidiaSMI: f.nvidiaSMI, ProcDriverNVIDIA: f.procDriverNVIDIA,
 	}
 	for _, iso := range f.isolations {
 		cfg.Isolations = append(cfg.Isolations, configapi.Isolation(iso))
@@ -173,6 +199,19 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 			return cfg, targets, nil, err
 		}
 		cfg.NVML, cfg.Mock = lib, true
+		if !f.noProbes {
+			// The probe's mock mode: the same child processes and
+			// protocol, figures simulated from the spec's variables.
+			self, err := os.Executable()
+			if err != nil {
+				return cfg, targets, nil, err
+			}
+			disc, err := gpu.DiscoverNode(lib)
+			if err != nil || len(disc.GPUs) == 0 {
+				return cfg, targets, nil, fmt.Errorf("--mock-profile %s: discovery: %v", f.mockProfile, err)
+			}
+			cfg.Prober = gpucheck.ExecProber{Command: []string{self, "probe", "--simulate-gpu-mib", fmt.Sprint(disc.GPUs[0].MemoryBytes >> 20)}}
+		}
 	} else {
 		lib, err := gpu.OpenNVML(f.driverRoot)
 		if err != nil {
@@ -210,15 +249,20 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 }
 
 func probeCommand() *cobra.Command {
+	var simulateMiB uint64
 	cmd := &cobra.Command{
 		Use:    "probe",
 		Short:  "A probe process (run by check in a prepared environment)",
 		Hidden: true,
 	}
+	cmd.PersistentFlags().Uint64Var(&simulateMiB, "simulate-gpu-mib", 0, "mock mode: load no driver, simulate a GPU of this many MiB from the environment's variables")
 	cmd.AddCommand(&cobra.Command{
 		Use:   "memory",
 		Short: "Allocate device memory until refused; report on stdout",
 		RunE: func(*cobra.Command, []string) error {
+			if simulateMiB > 0 {
+				return gpucheck.RunSimulatedMemoryProbe(os.Stdin, os.Stdout, os.Environ(), simulateMiB<<20)
+			}
 			return gpucheck.RunMemoryProbe(os.Stdin, os.Stdout)
 		},
 	})
@@ -230,10 +274,66 @@ func probeCommand() *cobra.Command {
 			if seconds <= 0 {
 				return fmt.Errorf("--seconds %v: want a positive duration", seconds)
 			}
-			return gpucheck.RunComputeProbe(os.Stdin, os.Stdout, time.Duration(seconds*float64(time.Second)))
+			d := time.Duration(seconds * float64(time.Second))
+			if simulateMiB > 0 {
+				return gpucheck.RunSimulatedComputeProbe(os.Stdin, os.Stdout, os.Environ(), d)
+			}
+			return gpucheck.RunComputeProbe(os.Stdin, os.Stdout, d)
 		},
 	}
 	compute.Flags().Float64Var(&seconds, "seconds", 10, "wall time to spin")
 	cmd.AddCommand(compute)
+	return cmd
+}
+
+// writeResults writes gpu-check.md and gpu-check.json into dir.
+func writeResults(dir string, r *gpucheck.Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("--results-dir: %w", err)
+	}
+	var md, js strings.Builder
+	if err := r.WriteMarkdown(&md); err != nil {
+		return err
+	}
+	if err := r.WriteJSON(&js); err != nil {
+		return err
+	}
+	for name, body := range map[string]string{"gpu-check.md": md.String(), "gpu-check.json": js.String()} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			return fmt.Errorf("--results-dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// mockGroundTruthCommand writes what nvidia-smi and the kernel module's
+// /proc tree would say about a mock profile's GPUs, for the bundle's dry
+// run (a fake nvidia-smi prints the CSV). It is the mock's own view: the
+// dry run proves the comparison runs, the unit tests that it finds
+// mismatches.
+func mockGroundTruthCommand() *cobra.Command {
+	var profile, out string
+	cmd := &cobra.Command{
+		Use:    "mock-ground-truth",
+		Short:  "Write a mock profile's nvidia-smi CSV and /proc/driver/nvidia tree (dry run)",
+		Hidden: true,
+		RunE: func(*cobra.Command, []string) error {
+			lib, err := gpu.NewMock(profile)
+			if err != nil {
+				return fmt.Errorf("--mock-profile: %w", err)
+			}
+			if err := gpu.Open(lib); err != nil {
+				return err
+			}
+			disc, err := gpu.DiscoverNode(lib)
+			if err != nil {
+				return err
+			}
+			return gpucheck.WriteMockGroundTruth(out, disc.GPUs)
+		},
+	}
+	cmd.Flags().StringVar(&profile, "mock-profile", "hgx-h100", "the mock profile")
+	cmd.Flags().StringVar(&out, "out", "", "directory to write nvidia-smi.csv and proc/driver/nvidia into")
+	_ = cmd.MarkFlagRequired("out")
 	return cmd
 }

@@ -95,6 +95,16 @@ type Config struct {
 	// AllowBusy runs the probes although NVML shows other compute processes
 	// on the GPU (their work would distort the figures).
 	AllowBusy bool
+	// NvidiaSMI is nvidia-smi (path or name in PATH), for the ground
+	// truth; empty: the name.
+	NvidiaSMI string
+	// ProcDriverNVIDIA is the kernel module's /proc directory; empty:
+	// /proc/driver/nvidia.
+	ProcDriverNVIDIA string
+	// HAMiCoreSkipReason, when HAMiCoreLibrary is empty, is why there is
+	// no library (the bundle's run.sh: no source archive, no cmake or
+	// nvcc, a failed build).
+	HAMiCoreSkipReason string
 }
 
 // DefaultIsolations are the backends checked by default.
@@ -135,26 +145,22 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 	for _, f := range disc.Failed {
 		r.Node.FailedGPUs = append(r.Node.FailedGPUs, f.Error())
 	}
-	var target gpu.GPU
+	target, err := pickGPU(disc.GPUs, cfg.GPUMinor)
+	if err != nil {
+		return nil, fmt.Errorf("gpu check: %w", err)
+	}
 	for _, g := range disc.GPUs {
 		r.Node.GPUs = append(r.Node.GPUs, summarize(g))
-		if (cfg.GPUMinor < 0 && target.UUID == "") || g.Minor == cfg.GPUMinor {
-			target = g
-		}
-	}
-	if target.UUID == "" {
-		return nil, fmt.Errorf("gpu check: --gpu %d: no such GPU (discovered minors %v)", cfg.GPUMinor, minors(disc.GPUs))
-	}
-	if target.MIGEnabled {
-		return nil, fmt.Errorf("gpu check: GPU gpu-%d (%s) has MIG enabled; Tessera does not share MIG GPUs", target.Minor, target.UUID)
 	}
 	r.GPU = summarize(target)
 
+	// The mock's driver version is real input too: a mock node is refused
+	// DriverMemory for the reason a node with that driver would be.
 	driverMemory := isolation.DriverMemoryProbe{HostRoot: "/", HookPath: cfg.NVIDIACDIHookPath, DriverVersion: target.DriverVersion}.Detect()
 	driverMemory.DriverRoot = cfg.DriverRoot
-	if cfg.Mock {
-		driverMemory = isolation.DriverMemory{Reason: "mock GPUs: no driver to enforce it"}
-	}
+	r.Mock = cfg.Mock
+	r.Checks = append(r.Checks, groundTruthChecks(ctx, cfg, disc)...)
+	r.Checks = append(r.Checks, computeModeCheck(cfg, target))
 	if err := summarizeSlices(&r.Node, cfg, disc.GPUs, driverMemory.Capable); err != nil {
 		return nil, err
 	}
@@ -186,7 +192,74 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		r.Backends = append(r.Backends, n.check(ctx, iso))
 	}
 	r.Evaluate(t)
+	r.finish(cfg)
 	return r, nil
+}
+
+// pickGPU is the GPU to check: the one with minor (when minor >= 0), else
+// the first not in MIG mode. A MIG GPU has no whole-GPU memory or SMs to
+// share, so it is never checked; a node of MIG GPUs only is an error that
+// names them.
+func pickGPU(gpus []gpu.GPU, minor int) (gpu.GPU, error) {
+	var mig []string
+	for _, g := range gpus {
+		if minor >= 0 && g.Minor != minor {
+			continue
+		}
+		if g.MIGEnabled {
+			mig = append(mig, fmt.Sprintf("gpu-%d (%s)", g.Minor, g.UUID))
+			continue
+		}
+		if g.MemoryBytes == 0 || g.MemoryBytes == nvmlValueNotAvailable {
+			return gpu.GPU{}, fmt.Errorf("GPU gpu-%d (%s): NVML reports no usable memory size (%d)", g.Minor, g.UUID, g.MemoryBytes)
+		}
+		return g, nil
+	}
+	switch {
+	case minor >= 0 && len(mig) > 0:
+		return gpu.GPU{}, fmt.Errorf("--gpu %d: GPU %s has MIG enabled; Tessera does not share MIG GPUs (pick another with --gpu)", minor, mig[0])
+	case minor >= 0:
+		return gpu.GPU{}, fmt.Errorf("--gpu %d: no such GPU (discovered minors %v)", minor, minors(gpus))
+	case len(mig) > 0:
+		return gpu.GPU{}, fmt.Errorf("every GPU has MIG enabled (%s); Tessera does not share MIG GPUs", strings.Join(mig, ", "))
+	}
+	return gpu.GPU{}, errors.New("no GPU discovered")
+}
+
+// nvmlValueNotAvailable is NVML_VALUE_NOT_AVAILABLE for unsigned long long:
+// what NVML puts in a memory field it cannot fill (a process's memory under
+// MPS or without permission). It is never a figure.
+const nvmlValueNotAvailable = ^uint64(0)
+
+// computeModeCheck reads the checked GPU's compute mode. The check never
+// sets it (nor MIG mode, nor resets a GPU): it says what it found.
+func computeModeCheck(cfg Config, g gpu.GPU) Check {
+	c := Check{Name: "compute mode (read only)"}
+	dev, ret := cfg.NVML.DeviceGetHandleByUUID(g.UUID)
+	if ret != nvml.SUCCESS {
+		c.Status, c.Detail = StatusError, fmt.Sprintf("gpu-%d: nvmlDeviceGetHandleByUUID: %v", g.Minor, ret)
+		return c
+	}
+	mode, ret := dev.GetComputeMode()
+	if ret != nvml.SUCCESS {
+		c.Status, c.Detail = StatusError, fmt.Sprintf("gpu-%d: nvmlDeviceGetComputeMode: %v", g.Minor, ret)
+		return c
+	}
+	c.Status = StatusMeasured
+	if cfg.Mock {
+		c.Status = StatusSimulated
+	}
+	switch mode {
+	case nvml.COMPUTEMODE_DEFAULT:
+		c.Detail = fmt.Sprintf("gpu-%d: Default (what Tessera expects: MPS and non-MPS shares both work)", g.Minor)
+	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		c.Detail = fmt.Sprintf("gpu-%d: EXCLUSIVE_PROCESS: one context at a time; shares other than MPS and whole GPUs used by two processes fail", g.Minor)
+	case nvml.COMPUTEMODE_PROHIBITED:
+		c.Status, c.Detail = StatusMismatch, fmt.Sprintf("gpu-%d: PROHIBITED: no CUDA context can be created; the probes will fail", g.Minor)
+	default:
+		c.Detail = fmt.Sprintf("gpu-%d: compute mode %d", g.Minor, mode)
+	}
+	return c
 }
 
 func summarize(g gpu.GPU) GPUSummary {
@@ -374,6 +447,9 @@ func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport
 	case configapi.IsolationHAMiCore:
 		if n.cfg.HAMiCoreLibrary == "" {
 			b.Skipped = "no HAMi-core library given (--hami-core-library=/path/to/libvgpu.so)"
+			if n.cfg.HAMiCoreSkipReason != "" {
+				b.Skipped = n.cfg.HAMiCoreSkipReason
+			}
 			return b
 		}
 	}
@@ -436,7 +512,7 @@ func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport
 		return b
 	}
 	if iso == IsolationDriverMemory {
-		b.Skipped = "prepared with the driver's hook and NVIDIA_GPU_MEMORY_LIMITS in the spec, but the limit is set by the runtime running the createRuntime hook on the container's cgroup, which needs a container runtime; measure it in a pod (docs/gpu-check.md)"
+		b.Skipped = "prepared with the driver's hook and NVIDIA_GPU_MEMORY_LIMIT in the spec, but the limit is set by the runtime running the createRuntime hook on the container's cgroup, which needs a container runtime; measure it in a pod (docs/gpu-check.md)"
 		return b
 	}
 	for i := range b.Shares {

@@ -24,7 +24,8 @@ type ExecProber struct {
 	// pid on the GPU uuid; nil or !ok leaves the probe's own figures.
 	ProcessMemory func(uuid string, pid int) (bytes uint64, ok bool)
 	// StartTimeout bounds the wait for a probe to load the driver and get
-	// ready (or to allocate everything); zero: two minutes.
+	// ready (or to allocate everything); zero: 30 seconds, so a probe that
+	// hangs on the driver fails fast instead of eating the run.
 	StartTimeout time.Duration
 }
 
@@ -46,7 +47,10 @@ func NVMLProcessMemory(lib nvml.Interface) func(uuid string, pid int) (uint64, b
 				continue
 			}
 			for _, p := range procs {
-				if int(p.Pid) == pid && p.UsedGpuMemory > 0 {
+				// NVML_VALUE_NOT_AVAILABLE (an MPS client, a process
+				// NVML may not inspect) is no figure: the probe's own
+				// then stand.
+				if int(p.Pid) == pid && p.UsedGpuMemory > 0 && p.UsedGpuMemory != nvmlValueNotAvailable {
 					return p.UsedGpuMemory, true
 				}
 			}
@@ -57,7 +61,7 @@ func NVMLProcessMemory(lib nvml.Interface) func(uuid string, pid int) (uint64, b
 
 func (e ExecProber) timeout() time.Duration {
 	if e.StartTimeout <= 0 {
-		return 2 * time.Minute
+		return 30 * time.Second
 	}
 	return e.StartTimeout
 }

@@ -64,6 +64,69 @@ type Report struct {
 	Pass bool `json:"pass"`
 	// Measured counts the enforced targets that were measured.
 	Measured int `json:"measured"`
+	// Mock is true when the node was a mock profile and the probes were
+	// simulated: no figure of such a report is what a GPU does.
+	Mock bool `json:"mock"`
+	// Checks is every thing the check proves, with its outcome; Complete
+	// is false when one has none or failed (Incomplete says which).
+	Checks     []Check  `json:"checks"`
+	Complete   bool     `json:"complete"`
+	Incomplete []string `json:"incomplete,omitempty"`
+	// Notes are facts about the run from outside the check (run.sh: the
+	// user, the driver libraries found, MPS, the HAMi-core build).
+	Notes []string `json:"notes,omitempty"`
+}
+
+// OK is the check's verdict: every check has a stated outcome and every
+// measured target was met.
+func (r *Report) OK() bool { return r.Pass && r.Complete }
+
+// backendCheck is a backend's outcome as a check.
+func backendCheck(b BackendReport, mock, probed bool) Check {
+	c := Check{Name: "backend " + string(b.Isolation)}
+	switch {
+	case b.Skipped != "":
+		c.Status, c.Detail = StatusSkipped, b.Skipped
+		return c
+	case b.Error != "":
+		c.Status, c.Detail = StatusError, b.Error
+		return c
+	case !probed:
+		c.Status, c.Detail = StatusSkipped, "prepared and read back only (--no-probes)"
+		return c
+	}
+	var verdicts []string
+	miss := false
+	for _, s := range b.Shares {
+		if m := s.Memory; m != nil {
+			verdicts = append(verdicts, fmt.Sprintf("%s memory %.0f of %.0f MiB (%s): %s", s.Claim, m.ObtainedMiB, m.LimitMiB, m.ObtainedFrom, m.Verdict))
+			miss = miss || m.Verdict == Miss
+		}
+	}
+	if cr := b.Compute; cr != nil {
+		verdicts = append(verdicts, fmt.Sprintf("compute %.1f/%.1f %% (want %.0f/%.0f): %s", cr.MeasuredPercent[0], cr.MeasuredPercent[1], cr.ExpectedPercent[0], cr.ExpectedPercent[1], cr.Verdict))
+		miss = miss || cr.Verdict == Miss
+	}
+	c.Detail = strings.Join(verdicts, "; ")
+	switch {
+	case miss:
+		c.Status = StatusMismatch
+	case mock:
+		c.Status = StatusSimulated
+	default:
+		c.Status = StatusMeasured
+	}
+	return c
+}
+
+// finish adds the backends' checks and the ones not implemented, and
+// judges completeness.
+func (r *Report) finish(cfg Config) {
+	for _, b := range r.Backends {
+		r.Checks = append(r.Checks, backendCheck(b, cfg.Mock, cfg.Prober != nil))
+	}
+	r.Checks = append(r.Checks, NotImplemented...)
+	r.Complete, r.Incomplete = Complete(r.Checks, cfg.Mock)
 }
 
 // NodeSummary is what discovery and the model made of the node.
@@ -252,6 +315,9 @@ func (r *Report) Evaluate(t Targets) {
 // WriteTable writes the human-readable report.
 func (r *Report) WriteTable(w io.Writer) error {
 	n := r.Node
+	for _, note := range r.Notes {
+		fmt.Fprintln(w, "Note:", note)
+	}
 	fmt.Fprintf(w, "Node %s: driver %s, CUDA %s, %d GPU(s)", n.Name, n.DriverVersion, n.CUDAVersion, len(n.GPUs))
 	if len(n.FailedGPUs) > 0 {
 		fmt.Fprintf(w, ", %d failed discovery (%s)", len(n.FailedGPUs), strings.Join(n.FailedGPUs, "; "))
@@ -291,10 +357,26 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, n := range notes {
 		fmt.Fprintln(w, n)
 	}
+	if r.Mock {
+		fmt.Fprintln(w, "\nMOCK RUN: mock GPUs and simulated probes; no figure above is what a GPU does.")
+	}
+	if len(r.Checks) > 0 {
+		fmt.Fprintln(w)
+		cw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(cw, "CHECK\tSTATUS\tDETAIL")
+		for _, c := range r.Checks {
+			fmt.Fprintf(cw, "%s\t%s\t%s\n", c.Name, c.Status, oneLine(c.Detail))
+		}
+		if err := cw.Flush(); err != nil {
+			return err
+		}
+	}
 	switch {
 	case !r.Pass:
 		fmt.Fprintln(w, "\nRESULT: a target was missed or a step failed (targets: memory within",
 			r.Targets.MemoryToleranceMiB, "MiB of the limit, compute split within", r.Targets.SplitTolerancePoints, "points of the request)")
+	case !r.Complete && len(r.Checks) > 0:
+		fmt.Fprintf(w, "\nRESULT: INCOMPLETE: %s\n", strings.Join(r.Incomplete, "; "))
 	case r.Measured == 0:
 		fmt.Fprintln(w, "\nRESULT: nothing enforced was measured (every enforcing backend was skipped)")
 	default:
@@ -314,3 +396,43 @@ func (r *Report) WriteJSON(w io.Writer) error {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// WriteMarkdown writes the report as results/gpu-check.md: the verdict, the
+// checks as a table and the figures as WriteTable prints them.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	verdict := "OK: every check was measured or skipped with a stated reason, and every measured target was met"
+	switch {
+	case !r.Complete:
+		verdict = "INCOMPLETE: " + strings.Join(r.Incomplete, "; ")
+	case !r.Pass:
+		verdict = "FAILED: a target was missed or a step failed"
+	}
+	fmt.Fprintf(w, "# Tessera real-GPU check\n\n**Verdict:** %s.\n\n", verdict)
+	if r.Mock {
+		fmt.Fprint(w, "**MOCK RUN:** mock GPUs (a profile of pkg/gpu) and simulated probes. No figure here is what a GPU does; this run proves only that the check runs end to end.\n\n")
+	} else {
+		fmt.Fprintf(w, "Measured on this machine: %s, driver %s, CUDA %s.\n\n", r.GPU.Product, r.Node.DriverVersion, r.Node.CUDAVersion)
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintln(w, "## The run")
+		fmt.Fprintln(w)
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "- %s\n", n)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "## Checks")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| Check | Status | Detail |")
+	fmt.Fprintln(w, "|---|---|---|")
+	cell := func(s string) string { return strings.ReplaceAll(oneLine(s), "|", `\|`) }
+	for _, c := range r.Checks {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", cell(c.Name), cell(c.Status), cell(c.Detail))
+	}
+	fmt.Fprintln(w, "\n## Figures\n\n```text")
+	if err := r.WriteTable(w); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "```\n\nEvery figure, with the probes' raw readings and the environment each share got, is in gpu-check.json.")
+	return err
+}
