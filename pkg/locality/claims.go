@@ -62,18 +62,16 @@ func viewClaim(claim *resourceapi.ResourceClaim) claimView {
 			continue
 		}
 		share := Share{
-			Claim:   claim.Namespace + "/" + claim.Name,
-			UID:     claim.UID,
-			GPU:     GPU{Pool: r.Pool, Device: r.Device},
-			ShareID: string(ptr.Deref(r.ShareID, "")),
+			Claim:     claim.Namespace + "/" + claim.Name,
+			UID:       claim.UID,
+			Namespace: claim.Namespace,
+			GPU:       GPU{Pool: r.Pool, Device: r.Device},
+			ShareID:   string(ptr.Deref(r.ShareID, "")),
 		}
-		config, err := configapi.ConfigForRequest(alloc.Devices.Config, r.Request)
-		if err != nil {
-			if v.configErr == nil {
-				v.configErr = err
-			}
-		} else if config.Locality != nil {
-			share.Labels = *config.Locality
+		var err error
+		share.Labels, share.ClusterLabels, err = labelsOf(alloc.Devices.Config, r.Request)
+		if err != nil && v.configErr == nil {
+			v.configErr = err
 		}
 		v.shares = append(v.shares, share)
 		if !slices.Contains(r.BindingConditions, configapi.LocalityAcceptedCondition) {
@@ -110,6 +108,51 @@ func viewClaim(claim *resourceapi.ResourceClaim) claimView {
 		v.phase = pending
 	}
 	return v
+}
+
+// labelsOf reads the locality labels of one request's share from the
+// allocation's configs (the class's and the claim's, as the scheduler copied
+// them): labels set by DeviceClass configs whose merged locality.scope is
+// Cluster, and not changed by the claim's own config, are cluster-wide; every
+// other label names a group of the claim's namespace. Reading the scope from
+// the allocation rather than from the DeviceClass keeps it as it was when the
+// share was placed, and needs no DeviceClass reads. Error: a config does not
+// decode or is not valid (a claim's config that sets locality.scope
+// included), so the share's labels are unknown.
+func labelsOf(configs []resourceapi.DeviceAllocationConfiguration, request string) (namespaced, cluster Labels, err error) {
+	merged, err := configapi.ConfigForRequest(configs, request)
+	if err != nil || merged.Locality == nil {
+		return Labels{}, Labels{}, err
+	}
+	namespaced = *merged.Locality
+	namespaced.Scope = ""
+	var fromClass []resourceapi.DeviceAllocationConfiguration
+	for _, c := range configs {
+		if c.Source == resourceapi.AllocationConfigSourceClass {
+			fromClass = append(fromClass, c)
+		}
+	}
+	class, err := configapi.ConfigForRequest(fromClass, request)
+	if err != nil {
+		// Unreachable: these entries decoded above, with the claim's.
+		return Labels{}, Labels{}, err
+	}
+	if class.Locality == nil || class.Locality.Scope != configapi.LocalityScopeCluster {
+		return namespaced, Labels{}, nil
+	}
+	for _, f := range []struct {
+		namespaced, cluster *configapi.LocalityLabel
+		class               configapi.LocalityLabel
+	}{
+		{&namespaced.Affinity, &cluster.Affinity, class.Locality.Affinity},
+		{&namespaced.AntiAffinity, &cluster.AntiAffinity, class.Locality.AntiAffinity},
+		{&namespaced.Exclusion, &cluster.Exclusion, class.Locality.Exclusion},
+	} {
+		if f.class != "" && *f.namespaced == f.class {
+			*f.cluster, *f.namespaced = f.class, ""
+		}
+	}
+	return namespaced, cluster, nil
 }
 
 func ours(conditionType string) bool {

@@ -361,13 +361,15 @@ func (w waitingClaims) wantedByOlder(gpu GPU) bool {
 	return false
 }
 
-// labelKey names the locality labels of a claim's shares, in order.
+// labelKey names the locality groups of a claim's shares, in order: the
+// labels with their namespace, since equal labels of two namespaces are
+// different groups.
 func labelKey(shares []Share) string {
-	labels := make([]Labels, len(shares))
+	groups := make([][3]group, len(shares))
 	for i, s := range shares {
-		labels[i] = s.Labels
+		groups[i] = [3]group{s.group(affinity), s.group(antiAffinity), s.group(exclusion)}
 	}
-	return fmt.Sprintf("%q", labels)
+	return fmt.Sprintf("%+v", groups)
 }
 
 func (c *Controller) syncKey(ctx context.Context, key string) error {

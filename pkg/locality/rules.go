@@ -3,6 +3,13 @@
 // anti-affinity (never two shares with the same label on one GPU) and
 // exclusion (a GPU holding a share labelled X takes only shares labelled X).
 //
+// A label names a group of the claim's namespace: two namespaces that use
+// the same label are two groups, so no tenant can join, pull or repel
+// another tenant's shares by using its labels. A DeviceClass whose GpuConfig
+// sets locality.scope Cluster makes the labels that config sets
+// cluster-wide (Share.ClusterLabels); a claim cannot (the webhook and
+// ConfigForRequest refuse locality.scope in a claim's config).
+//
 // The scheduler places shares; this package judges each placement before the
 // pod binds. Shared devices published with model.WithLocalityVerdicts carry a
 // binding condition, so the scheduler waits in PreBind until a claim's share
@@ -33,7 +40,8 @@ type GPU struct {
 func (g GPU) String() string { return g.Pool + "/" + g.Device }
 
 // Labels are a share's locality labels (GpuConfig locality); an empty label
-// belongs to no group.
+// belongs to no group. Their Scope is not read: where a label reaches is
+// whether it is in a Share's Labels or ClusterLabels.
 type Labels = configapi.LocalityConfig
 
 // Share is one share of a claim on one GPU.
@@ -41,11 +49,55 @@ type Share struct {
 	// Claim is namespace/name, for messages.
 	Claim string
 	UID   types.UID
-	GPU   GPU
+	// Namespace is the claim's namespace, which scopes Labels.
+	Namespace string
+	GPU       GPU
 	// ShareID tells apart the allocations of one claim: a claim allocated
 	// again gets new share IDs.
 	ShareID string
-	Labels  Labels
+	// Labels name groups of Namespace: shares of other namespaces with the
+	// same label are not in them.
+	Labels Labels
+	// ClusterLabels name cluster-wide groups: labels set by a DeviceClass
+	// config with locality.scope Cluster. A rule's label is in Labels or in
+	// ClusterLabels, not both; ClusterLabels wins where both are set.
+	ClusterLabels Labels
+}
+
+// group is a locality group: a label in one namespace, or a cluster-wide
+// label. The zero value is "no group".
+type group struct {
+	cluster   bool
+	namespace string
+	label     configapi.LocalityLabel
+}
+
+func (g group) String() string {
+	switch {
+	case g.label == "":
+		return "none"
+	case g.cluster:
+		return fmt.Sprintf("%q (cluster-wide)", g.label)
+	}
+	return fmt.Sprintf("%q", g.label)
+}
+
+// rule picks one rule's label out of a share's labels.
+type rule func(Labels) configapi.LocalityLabel
+
+func affinity(l Labels) configapi.LocalityLabel     { return l.Affinity }
+func antiAffinity(l Labels) configapi.LocalityLabel { return l.AntiAffinity }
+func exclusion(l Labels) configapi.LocalityLabel    { return l.Exclusion }
+
+// group is the share's group for one rule.
+func (s Share) group(r rule) group {
+	if l := r(s.ClusterLabels); l != "" {
+		return group{cluster: true, label: l}
+	}
+	if l := r(s.Labels); l != "" {
+		return group{namespace: s.Namespace, label: l}
+	}
+	return group{}
 }
 
 // Reason is why a share was rejected; it is the reason of the
@@ -77,7 +129,7 @@ type Verdict struct {
 type Ledger struct {
 	claims   map[types.UID][]Share
 	gpus     map[GPU]map[types.UID][]Share
-	affinity map[configapi.LocalityLabel]map[GPU]int // group → GPU → shares of the group there
+	affinity map[group]map[GPU]int // affinity group → GPU → shares of the group there
 }
 
 // Set records that the claim uid holds exactly these shares (replacing what
@@ -90,7 +142,7 @@ func (l *Ledger) Set(uid types.UID, shares []Share) {
 	if l.claims == nil {
 		l.claims = map[types.UID][]Share{}
 		l.gpus = map[GPU]map[types.UID][]Share{}
-		l.affinity = map[configapi.LocalityLabel]map[GPU]int{}
+		l.affinity = map[group]map[GPU]int{}
 	}
 	shares = slices.Clone(shares)
 	l.claims[uid] = shares
@@ -99,7 +151,7 @@ func (l *Ledger) Set(uid types.UID, shares []Share) {
 			l.gpus[s.GPU] = map[types.UID][]Share{}
 		}
 		l.gpus[s.GPU][uid] = append(l.gpus[s.GPU][uid], s)
-		if a := s.Labels.Affinity; a != "" {
+		if a := s.group(affinity); a.label != "" {
 			if l.affinity[a] == nil {
 				l.affinity[a] = map[GPU]int{}
 			}
@@ -115,7 +167,7 @@ func (l *Ledger) Remove(uid types.UID) {
 		if len(l.gpus[s.GPU]) == 0 {
 			delete(l.gpus, s.GPU)
 		}
-		if a := s.Labels.Affinity; a != "" {
+		if a := s.group(affinity); a.label != "" {
 			if l.affinity[a][s.GPU]--; l.affinity[a][s.GPU] <= 0 {
 				delete(l.affinity[a], s.GPU)
 			}
@@ -162,11 +214,13 @@ func (l *Ledger) Shares(gpu GPU) []Share {
 // the ledger holds, other than the claim's own. Every share is checked
 // against every share on its GPU, and against the claim's other shares:
 //
-//   - exclusion: all shares on a GPU have the same exclusion label (shares
-//     without one are a group of their own);
-//   - anti-affinity: no two shares on a GPU have the same anti-affinity
-//     label;
-//   - affinity: all shares with the same affinity label are on one GPU.
+//   - exclusion: all shares on a GPU are in the same exclusion group
+//     (shares without one are a group of their own);
+//   - anti-affinity: no two shares on a GPU are in the same anti-affinity
+//     group;
+//   - affinity: all shares of an affinity group are on one GPU.
+//
+// Groups are per namespace unless cluster-wide (Share.ClusterLabels).
 //
 // Judge does not change the ledger; the caller records an accepted claim
 // with Set before it judges the next one. The first conflict found decides,
@@ -185,7 +239,7 @@ func (l *Ledger) Judge(uid types.UID, shares []Share) Verdict {
 				return Verdict{Reason: reason, Message: msg}
 			}
 		}
-		if a := s.Labels.Affinity; a != "" {
+		if a := s.group(affinity); a.label != "" {
 			var elsewhere []GPU
 			for g := range l.affinity[a] {
 				if g != s.GPU && l.holdsOthers(g, a, uid) {
@@ -193,29 +247,29 @@ func (l *Ledger) Judge(uid types.UID, shares []Share) Verdict {
 				}
 			}
 			for _, o := range shares[:i] {
-				if o.Labels.Affinity == a && o.GPU != s.GPU {
+				if o.group(affinity) == a && o.GPU != s.GPU {
 					elsewhere = append(elsewhere, o.GPU)
 				}
 			}
 			if len(elsewhere) > 0 {
 				slices.SortFunc(elsewhere, func(a, b GPU) int { return cmp.Compare(a.String(), b.String()) })
 				return Verdict{Reason: ReasonAffinity, Message: fmt.Sprintf(
-					"share of %s on %s has affinity %q, whose group is on %s", s.Claim, s.GPU, a, elsewhere[0])}
+					"share of %s on %s has affinity %s, whose group is on %s", s.Claim, s.GPU, a, elsewhere[0])}
 			}
 		}
 	}
 	return Verdict{Accepted: true}
 }
 
-// holdsOthers reports whether a claim other than uid holds a share with
-// affinity a on g.
-func (l *Ledger) holdsOthers(g GPU, a configapi.LocalityLabel, uid types.UID) bool {
+// holdsOthers reports whether a claim other than uid holds a share of
+// affinity group a on g.
+func (l *Ledger) holdsOthers(g GPU, a group, uid types.UID) bool {
 	for other, shares := range l.gpus[g] {
 		if other == uid {
 			continue
 		}
 		for _, s := range shares {
-			if s.Labels.Affinity == a {
+			if s.group(affinity) == a {
 				return true
 			}
 		}
@@ -225,22 +279,20 @@ func (l *Ledger) holdsOthers(g GPU, a configapi.LocalityLabel, uid types.UID) bo
 
 // conflict says which rule two shares on one GPU break, if any.
 func conflict(s, o Share) (Reason, string) {
+	se, oe := s.group(exclusion), o.group(exclusion)
+	sa := s.group(antiAffinity)
 	switch {
-	case s.Labels.Exclusion != o.Labels.Exclusion:
-		return ReasonExclusion, fmt.Sprintf("share of %s (exclusion %s) cannot share %s with %s (exclusion %s)",
-			s.Claim, describe(s.Labels.Exclusion), s.GPU, o.Claim, describe(o.Labels.Exclusion))
-	case s.Labels.AntiAffinity != "" && s.Labels.AntiAffinity == o.Labels.AntiAffinity:
-		return ReasonAntiAffinity, fmt.Sprintf("share of %s has anti-affinity %q, and so has %s on %s",
-			s.Claim, s.Labels.AntiAffinity, o.Claim, s.GPU)
+	case se != oe:
+		msg := fmt.Sprintf("share of %s (exclusion %s) cannot share %s with %s (exclusion %s)", s.Claim, se, s.GPU, o.Claim, oe)
+		if se.label == oe.label {
+			msg += "; a label names a group of its own namespace unless a DeviceClass makes it cluster-wide (locality.scope: Cluster)"
+		}
+		return ReasonExclusion, msg
+	case sa.label != "" && sa == o.group(antiAffinity):
+		return ReasonAntiAffinity, fmt.Sprintf("share of %s has anti-affinity %s, and so has %s on %s",
+			s.Claim, sa, o.Claim, s.GPU)
 	}
 	return "", ""
-}
-
-func describe(label configapi.LocalityLabel) string {
-	if label == "" {
-		return "none"
-	}
-	return fmt.Sprintf("%q", label)
 }
 
 // Violations lists every broken rule among shares that are all placed at
@@ -250,10 +302,10 @@ func describe(label configapi.LocalityLabel) string {
 // when the rules hold.
 func Violations(shares []Share) []string {
 	byGPU := map[GPU][]Share{}
-	groups := map[configapi.LocalityLabel]map[GPU]bool{}
+	groups := map[group]map[GPU]bool{}
 	for _, s := range shares {
 		byGPU[s.GPU] = append(byGPU[s.GPU], s)
-		if a := s.Labels.Affinity; a != "" {
+		if a := s.group(affinity); a.label != "" {
 			if groups[a] == nil {
 				groups[a] = map[GPU]bool{}
 			}
@@ -277,7 +329,11 @@ func Violations(shares []Share) []string {
 				names = append(names, g.String())
 			}
 			slices.Sort(names)
-			out = append(out, fmt.Sprintf("affinity %q is on %d GPUs: %v", a, len(gpus), names))
+			where := ""
+			if !a.cluster {
+				where = " (namespace " + a.namespace + ")"
+			}
+			out = append(out, fmt.Sprintf("affinity %s is on %d GPUs: %v%s", a, len(gpus), names, where))
 		}
 	}
 	slices.Sort(out)

@@ -12,7 +12,7 @@ import (
 func gpuN(n int) GPU { return GPU{Pool: "node", Device: "gpu-" + string(rune('0'+n)) + "-shared"} }
 
 func share(claim string, gpu int, l Labels) Share {
-	return Share{Claim: "ns/" + claim, UID: types.UID(claim), GPU: gpuN(gpu), ShareID: claim + "-s", Labels: l}
+	return Share{Claim: "ns/" + claim, UID: types.UID(claim), Namespace: "ns", GPU: gpuN(gpu), ShareID: claim + "-s", Labels: l}
 }
 
 func TestJudge(t *testing.T) {

@@ -28,6 +28,7 @@ func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 		"locality.affinity v1alpha1.LocalityLabel (a label value; only compared)",
 		"locality.antiAffinity v1alpha1.LocalityLabel (a label value; only compared)",
 		"locality.exclusion v1alpha1.LocalityLabel (a label value; only compared)",
+		"locality.scope v1alpha1.LocalityScope (enum)",
 		"sharing.allowedIsolations []v1alpha1.Isolation (list of the enum)",
 		"sharing.computeLimit *int32",
 		"sharing.isolation v1alpha1.Isolation (enum)",
@@ -53,7 +54,8 @@ func TestGpuConfigHasOnlyTypedFields(t *testing.T) {
 			path := prefix + name
 			ft := f.Type
 			switch {
-			case ft == reflect.TypeFor[configapi.Isolation]() || ft == reflect.TypeFor[configapi.NVLinkPolicy]():
+			case ft == reflect.TypeFor[configapi.Isolation]() || ft == reflect.TypeFor[configapi.NVLinkPolicy]() ||
+				ft == reflect.TypeFor[configapi.LocalityScope]():
 				got = append(got, path+" "+ft.String()+" (enum)")
 			case ft == reflect.TypeFor[[]configapi.Isolation]():
 				got = append(got, path+" "+ft.String()+" (list of the enum)")

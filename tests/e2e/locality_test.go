@@ -70,7 +70,7 @@ func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
 	// An online placement that never moves an accepted share cannot
 	// promise every share a GPU: unlabelled shares may fill the GPU of an
 	// affinity group before its last stage arrives (seen: the group's GPU
-	// held 9 shares of 8Gi, a tenth does not fit in 81559Mi). What must
+	// held 9 shares of 8Gi, a tenth does not fit in 81089Mi). What must
 	// hold is that no rule is broken and that no share waits while a GPU
 	// would take it: a pod still pending after the wait fails the test
 	// only when some GPU has the room and would accept its share. A pod
@@ -275,7 +275,7 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 				continue
 			}
 			device := locality.GPU{Pool: g.Pool, Device: model.SharedDeviceName(g.Minor)}
-			share := locality.Share{Claim: ns + "/" + p.Name, UID: cl.UID, GPU: device, Labels: labels}
+			share := locality.Share{Claim: ns + "/" + p.Name, UID: cl.UID, Namespace: ns, GPU: device, Labels: labels}
 			if ledger.Judge(cl.UID, []locality.Share{share}).Accepted {
 				stuck = append(stuck, fmt.Sprintf("%s fits on %s", p.Name, device))
 				placeable = true

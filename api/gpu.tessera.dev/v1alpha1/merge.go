@@ -183,6 +183,9 @@ func (c *GpuConfig) mergeFrom(src *GpuConfig) {
 				*f.dst = f.src
 			}
 		}
+		if src.Locality.Scope != "" {
+			c.Locality.Scope = src.Locality.Scope
+		}
 	}
 	if src.Topology != nil {
 		if c.Topology == nil {

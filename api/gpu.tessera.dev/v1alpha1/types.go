@@ -64,7 +64,33 @@ type LocalityConfig struct {
 	// whose shares are all labelled X (or to a GPU without shares). Shares
 	// without the label are a group of their own for this rule.
 	Exclusion LocalityLabel `json:"exclusion,omitempty"`
+	// Scope says where the groups named here reach. Namespace (the default):
+	// a label names a group of the claim's namespace only, so two namespaces
+	// that use the same label are two groups and no tenant can join, attract
+	// or repel another's shares. Cluster: the labels this DeviceClass config
+	// sets name groups across namespaces. Only a DeviceClass config may set
+	// it (ValidateForClaim refuses it in a claim), and it reaches only the
+	// labels a class config sets: a label the claim sets itself stays in the
+	// claim's namespace.
+	Scope LocalityScope `json:"scope,omitempty"`
 }
+
+// LocalityScope is where a locality group reaches: one namespace or the
+// whole cluster.
+type LocalityScope string
+
+const (
+	// LocalityScopeNamespace keeps a group to the namespace of the claims
+	// whose labels name it. The default.
+	LocalityScopeNamespace LocalityScope = "Namespace"
+	// LocalityScopeCluster makes the groups a DeviceClass config names
+	// cluster-wide: shares of every namespace with that class label are one
+	// group.
+	LocalityScopeCluster LocalityScope = "Cluster"
+)
+
+// SupportedLocalityScopes lists the valid LocalityScope values.
+var SupportedLocalityScopes = []LocalityScope{LocalityScopeNamespace, LocalityScopeCluster}
 
 // LocalityLabel names a locality group: empty (no group) or a Kubernetes
 // label value (at most 63 characters of letters, digits, '-', '_' and '.',

@@ -39,10 +39,11 @@ var (
 //   - topology.nvlink is empty or one of Required, Preferred, Ignore;
 //   - locality.affinity, locality.antiAffinity and locality.exclusion are
 //     empty or valid label values (at most 63 characters: letters, digits,
-//     '-', '_' and '.', beginning and ending with a letter or digit).
+//     '-', '_' and '.', beginning and ending with a letter or digit);
+//   - locality.scope is empty or one of Namespace, Cluster.
 //
-// Validate accepts sharing.allowedIsolations, which only a DeviceClass config
-// may set: ValidateForClaim refuses it in a claim's config.
+// Validate accepts sharing.allowedIsolations and locality.scope, which only a
+// DeviceClass config may set: ValidateForClaim refuses them in a claim's config.
 //
 // Limits that depend on the allocation (computeLimit at least the allocated cores,
 // memoryLimit at most the allocated memory) are checked by ShareLimits.
@@ -86,6 +87,9 @@ func (l *LocalityConfig) validate(path *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(path.Child(f.name), f.value, msg))
 		}
 	}
+	if l.Scope != "" && !slices.Contains(SupportedLocalityScopes, l.Scope) {
+		errs = append(errs, field.NotSupported(path.Child("scope"), l.Scope, SupportedLocalityScopes))
+	}
 	return errs
 }
 
@@ -123,16 +127,26 @@ func (s *SharingConfig) validate(path *field.Path) field.ErrorList {
 // ValidateForClaim checks what only a DeviceClass config may set, for a config
 // written into a ResourceClaim or ResourceClaimTemplate (or its allocation
 // entry of source FromClaim): sharing.allowedIsolations is the class's floor,
-// and a claim cannot widen it. It complements Validate, which checks values
-// and accepts the field. A nil receiver is valid; the result is nil when c may
-// stand in a claim, for example
+// and a claim cannot widen it; locality.scope decides whether a group reaches
+// other namespaces, and a claim that could make its own labels cluster-wide
+// could join, attract or repel other tenants' shares. It complements
+// Validate, which checks values and accepts the fields. A nil receiver is
+// valid; the result is nil when c may stand in a claim, for example
 // "sharing.allowedIsolations: Forbidden: only a DeviceClass config may set it; …".
 func (c *GpuConfig) ValidateForClaim() field.ErrorList {
-	if c == nil || c.Sharing == nil || c.Sharing.AllowedIsolations == nil {
+	if c == nil {
 		return nil
 	}
-	return field.ErrorList{field.Forbidden(field.NewPath("sharing", "allowedIsolations"),
-		"only a DeviceClass config may set it; a claim chooses sharing.isolation among the isolations its class allows")}
+	var errs field.ErrorList
+	if c.Sharing != nil && c.Sharing.AllowedIsolations != nil {
+		errs = append(errs, field.Forbidden(field.NewPath("sharing", "allowedIsolations"),
+			"only a DeviceClass config may set it; a claim chooses sharing.isolation among the isolations its class allows"))
+	}
+	if c.Locality != nil && c.Locality.Scope != "" {
+		errs = append(errs, field.Forbidden(field.NewPath("locality", "scope"),
+			"only a DeviceClass config may set it; a claim's locality labels name groups of its own namespace"))
+	}
+	return errs
 }
 
 // Allows reports whether a share may use isolation under this sharing
