@@ -1,9 +1,12 @@
 package isolation
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -18,53 +21,123 @@ const nvidiaMajor = 195
 // [StaticDevNodes] is a fake for tests.
 type DevNodes interface {
 	// Nodes returns the device nodes a container needs for the GPU with this
-	// minor: /dev/nvidia<minor>, /dev/nvidiactl, /dev/nvidia-uvm and
-	// /dev/nvidia-uvm-tools, fully specified (type, major, minor) so that
-	// the runtime does not have to look them up.
+	// minor: /dev/nvidia<minor>, /dev/nvidiactl, /dev/nvidia-uvm and, when
+	// the host has it, /dev/nvidia-uvm-tools, fully specified (type, major,
+	// minor) so that the runtime does not have to look them up.
 	Nodes(minor int) ([]*cdispec.DeviceNode, error)
 }
 
 // HostDevNodes reads the nodes under DriverRoot/dev (DriverRoot "/" for a
 // driver installed on the host, e.g. /run/nvidia/driver for a containerized
-// one).
+// one) and, for a node that is not there, under the host's /dev.
+//
+// The fallback follows NVIDIA's own components: the toolkit's --dev-root
+// defaults to the driver root, and NVIDIA's device plugin and DRA driver use
+// the driver root as the device root only when it has a dev directory, "/"
+// otherwise. A containerized driver (the GPU Operator's) may leave some or
+// all nodes on the host's /dev, and nvidia-uvm and nvidia-uvm-tools appear
+// only once the nvidia-uvm module is loaded (nvidia-modprobe -u, or the
+// first CUDA program on the node). Both places hold the same kernel
+// driver's nodes, so the numbers read are the same either way; looking per
+// node covers a driver root whose dev directory has only some of them.
+//
+// nvidia-uvm-tools serves only profilers and debuggers (CUPTI, cuda-gdb):
+// the toolkit's CDI generation skips control nodes it does not find, and
+// Nodes skips this one. Every other node
+// is required: without /dev/nvidia-uvm CUDA finds no device.
 type HostDevNodes struct {
 	// DriverRoot is the driver's root as the plugin sees it (the chart
 	// mounts the host's driver root at /driver-root); the nodes are read
-	// there.
+	// there first.
 	DriverRoot string
 	// HostDriverRoot is the same directory on the host, where the container
 	// runtime looks: the nodes' hostPath is under it, never under the
 	// plugin's mount. Empty: DriverRoot (the plugin runs on the host).
 	HostDriverRoot string
+	// HostDev is the host's /dev as the plugin sees it (the chart mounts
+	// it at /dev), where a node missing under the driver root is looked
+	// for; its hostPath is /dev/<name>. Empty: /dev.
+	HostDev string
 }
 
-// Nodes implements [DevNodes]. A missing node is an error naming it: a
-// container without its GPU node would fail in a confusing way later.
+// place is one directory a node may be in: where the plugin reads it and
+// where the runtime finds it.
+type place struct{ read, host string }
+
+// Nodes implements [DevNodes]. A required node that is in neither place is
+// an error naming the node and every path looked at: a container without it
+// would fail in a confusing way later.
 func (h HostDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
 	hostRoot := h.HostDriverRoot
 	if hostRoot == "" {
 		hostRoot = h.DriverRoot
 	}
+	hostDev := h.HostDev
+	if hostDev == "" {
+		hostDev = "/dev"
+	}
+	places := []place{{read: filepath.Join(h.DriverRoot, "dev"), host: filepath.Join(hostRoot, "dev")}}
+	// With the driver on the host (DriverRoot "/") both are the host's
+	// /dev: look once.
+	if fallback := (place{read: filepath.Clean(hostDev), host: "/dev"}); fallback.host != places[0].host {
+		places = append(places, fallback)
+	}
 	var out []*cdispec.DeviceNode
 	for _, name := range nodeNames(minor) {
-		host := filepath.Join(h.DriverRoot, "dev", name)
+		node, looked, err := findNode(name, places)
+		if err != nil {
+			return nil, err
+		}
+		if node == nil {
+			if name == uvmToolsNode {
+				continue
+			}
+			return nil, fmt.Errorf("device node %s: not found (looked at %s)%s", name, strings.Join(looked, " and "), missingNodeHint(name))
+		}
+		out = append(out, node)
+	}
+	return out, nil
+}
+
+// findNode returns the first character device called name in places, or nil
+// and the paths looked at. A path that exists but is not a character device,
+// or cannot be read, is an error: it is not a node a container can use, and
+// looking further would hide a broken host.
+func findNode(name string, places []place) (*cdispec.DeviceNode, []string, error) {
+	var looked []string
+	for _, p := range places {
+		path := filepath.Join(p.read, name)
+		looked = append(looked, path)
 		var st unix.Stat_t
-		if err := unix.Stat(host, &st); err != nil {
-			return nil, fmt.Errorf("device node %s: %w", host, err)
+		if err := unix.Stat(path, &st); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return nil, looked, fmt.Errorf("device node %s: %w", path, err)
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-			return nil, fmt.Errorf("device node %s: not a character device", host)
+			return nil, looked, fmt.Errorf("device node %s: not a character device", path)
 		}
 		rdev := uint64(st.Rdev) //nolint:unconvert // uint32 on some platforms
-		out = append(out, &cdispec.DeviceNode{
+		return &cdispec.DeviceNode{
 			Path:     "/dev/" + name,
-			HostPath: filepath.Join(hostRoot, "dev", name),
+			HostPath: filepath.Join(p.host, name),
 			Type:     "c",
 			Major:    int64(unix.Major(rdev)),
 			Minor:    int64(unix.Minor(rdev)),
-		})
+		}, looked, nil
 	}
-	return out, nil
+	return nil, looked, nil
+}
+
+func missingNodeHint(name string) string {
+	switch name {
+	case uvmNode:
+		return "; the nvidia-uvm module is not loaded yet: run nvidia-modprobe -u -c=0 on the node (or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules), or any CUDA program once"
+	case "nvidiactl":
+		return "; is the NVIDIA driver loaded (nvidia-smi), and does --driver-root name its root?"
+	}
+	return "; is the GPU still on the bus (nvidia-smi), and does --driver-root name the driver's root?"
 }
 
 // StaticDevNodes is a fake [DevNodes] with the fixed numbers of a typical
@@ -89,6 +162,11 @@ func (s StaticDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
 	return out, nil
 }
 
+const (
+	uvmNode      = "nvidia-uvm"
+	uvmToolsNode = "nvidia-uvm-tools"
+)
+
 func nodeNames(minor int) []string {
-	return []string{"nvidia" + strconv.Itoa(minor), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"}
+	return []string{"nvidia" + strconv.Itoa(minor), "nvidiactl", uvmNode, uvmToolsNode}
 }
