@@ -9,7 +9,7 @@ LOCAL := demo/clusters/local
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
 LOCKED := flock -o -w 3600 $(CLUSTER_LOCK)
 
-.PHONY: all build kubectl-plugin test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full bench-lending bench-reclaim bench-podstart bench-scale bench-sim-check gpu-check clean
+.PHONY: all build kubectl-plugin test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full bench-lending bench-reclaim bench-podstart bench-scale bench-sim-check gpu-check gpu-check-bundle gpu-check-dryrun clean
 
 all: build
 
@@ -37,6 +37,7 @@ test: unit e2e
 ## chart's golden test, hence tools (a no-op once cached).
 unit: tools
 	$(GO) test -race -count=1 ./...
+	$(MAKE) gpu-check-dryrun
 
 ## e2e: a fresh local cluster (a running demo cluster is stopped first: its pods would
 ## hold GPUs the tests count on), install Tessera, run tests/e2e, stop the cluster
@@ -110,6 +111,17 @@ bench-lending:
 ## Flags go in GPU_CHECK_FLAGS, e.g. GPU_CHECK_FLAGS="--hami-core-library=/opt/libvgpu.so"
 gpu-check:
 	GO=$(GO) BIN=$(abspath $(BIN)) hack/gpu-check.sh $(GPU_CHECK_FLAGS)
+
+## gpu-check-bundle: the real-GPU check as one folder (_output/gpu-check-bundle, at
+## most 30 MiB) to copy to a GPU machine with the driver and no Go; there run
+## ./run.sh [--hami-core-src PATH] [--timeout 540] (docs/gpu-check.md)
+gpu-check-bundle:
+	GO=$(GO) hack/gpu-check-bundle.sh $(abspath _output/gpu-check-bundle)
+
+## gpu-check-dryrun: the bundle's run.sh end to end on a mock GPU, as nobody, in a
+## clean root without Go, CUDA or network, under timeout 600 (part of unit; root)
+gpu-check-dryrun:
+	GO=$(GO) hack/gpu-check-dryrun.sh
 
 ## bench-reclaim: reclaim latency of lent GPUs on a fresh local cluster: RECLAIMS
 ## cycles (default 20) of an idle owner lending to a borrower and taking the GPU back

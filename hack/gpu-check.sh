@@ -11,8 +11,13 @@ if [[ ! -e /proc/driver/nvidia/version ]]; then
   echo "gpu-check: it needs an NVIDIA GPU with its driver; see docs/gpu-check.md." >&2
   exit 2
 fi
-if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
-  echo "gpu-check: the driver's libcuda.so.1 is not on the loader path (ldconfig -p); install the driver's user-space libraries." >&2
+# libcuda.so.1 on LD_LIBRARY_PATH (where drivers outside the distribution's
+# paths often are) or in ldconfig's cache.
+found=""
+IFS=: read -r -a dirs <<<"${LD_LIBRARY_PATH:-}"
+for d in "${dirs[@]}"; do [[ -n "$d" && -e "$d/libcuda.so.1" ]] && found=$d && break; done
+if [[ -z "$found" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+  echo "gpu-check: the driver's libcuda.so.1 is neither on LD_LIBRARY_PATH nor in ldconfig's cache; set LD_LIBRARY_PATH to the driver's library directory." >&2
   exit 2
 fi
 

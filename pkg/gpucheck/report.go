@@ -379,6 +379,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "\nRESULT: INCOMPLETE: %s\n", strings.Join(r.Incomplete, "; "))
 	case r.Measured == 0:
 		fmt.Fprintln(w, "\nRESULT: nothing enforced was measured (every enforcing backend was skipped)")
+	case r.Mock:
+		fmt.Fprintf(w, "\nRESULT: all %d targets met by simulated probes (mock: nothing measured)\n", r.Measured)
 	default:
 		fmt.Fprintf(w, "\nRESULT: all %d measured targets met\n", r.Measured)
 	}

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# make gpu-check-dryrun (part of make unit, so of make test): the bundle's
+# run.sh end to end against a mock GPU profile, as the GPU machine would run
+# it but with nothing a GPU machine might lack:
+#
+#   - a clean root filesystem: the bundle, busybox (the only userland: sh,
+#     timeout, sed, …), the glibc the probe links and a fake nvidia-smi and
+#     /proc/driver/nvidia tree (the mock profile's own view); no Go, no bash,
+#     no CUDA, no python — a hidden dependency of run.sh fails here;
+#   - entered with unshare -m (a private /proc) and chroot, as nobody
+#     (65534), with no network (unshare -n), the host's environment dropped;
+#   - under timeout 600.
+#
+# It fails on a typo in run.sh, a file missing from the bundle, a check
+# without an outcome, or results that do not say MOCK. Needs root (mount
+# namespace, chroot); CI runs as root.
+#
+#   hack/gpu-check-dryrun.sh [BUNDLE]   default: build _output/gpu-check-bundle
+#   GPU_CHECK_DRYRUN_MUTATIONS=1        also prove it fails on a typo, a
+#                                       missing file and a hidden dependency
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+profile=${GPU_CHECK_DRYRUN_PROFILE:-hgx-h100}
+log() { echo "gpu-check-dryrun: $*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  echo "gpu-check-dryrun: needs root (unshare -m, chroot, then drops to nobody); run it as root, as CI does" >&2
+  exit 1
+fi
+started=$(date +%s)
+bundle=${1:-}
+if [ -z "$bundle" ]; then
+  bundle=$("$repo/hack/gpu-check-bundle.sh" "$repo/_output/gpu-check-bundle" | tail -1)
+fi
+[ -f "$bundle/run.sh" ] || { echo "gpu-check-dryrun: $bundle is not a bundle (no run.sh)" >&2; exit 1; }
+
+root=$(mktemp -d /tmp/tgc-dryrun.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+
+# make_root DIR: the clean root filesystem with a fresh copy of the bundle.
+make_root() {
+  local r=$1 probe
+  mkdir -p "$r"/{bin,usr/bin,sbin,tmp,proc,dev,etc,fake}
+  chmod 1777 "$r/tmp"
+  cp "$bundle/rootfs/bin/busybox" "$r/bin/busybox"
+  chroot "$r" /bin/busybox --install -s /bin
+  mknod -m 666 "$r/dev/null" c 1 3
+  mknod -m 666 "$r/dev/zero" c 1 5
+  mknod -m 666 "$r/dev/urandom" c 1 9
+  echo 'root:x:0:0:root:/root:/bin/sh' >"$r/etc/passwd"
+  echo 'nobody:x:65534:65534:nobody:/nonexistent:/bin/sh' >>"$r/etc/passwd"
+  echo 'nogroup:x:65534:' >"$r/etc/group"
+  cp -a "$bundle" "$r/bundle"
+  chown -R 65534:65534 "$r/bundle"
+  # The libraries the probe links (glibc), as every GPU machine has them.
+  probe="$r/tmp/probe"
+  "$bundle/rootfs/bin/busybox" unxz -c "$bundle/tessera-gpu-probe.xz" >"$probe"
+  chmod 0755 "$probe"
+  ldd "$probe" | grep -o '/[^ ]*' | while read -r lib; do
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+  done
+  # The mock profile's ground truth, and an nvidia-smi that prints it.
+  "$probe" mock-ground-truth --mock-profile "$profile" --out "$r/fake"
+  rm "$probe"
+  cat >"$r/usr/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+# The dry run's nvidia-smi: the mock profile's GPUs, for --query-gpu only.
+case "$*" in *--query-gpu=uuid,pci.bus_id,memory.total*) cat /fake/nvidia-smi.csv ;; *) echo "fake nvidia-smi: $*: not faked" >&2; exit 2 ;; esac
+EOF
+  chmod 0755 "$r/usr/bin/nvidia-smi"
+}
+
+# run_in DIR: run.sh in DIR's root as nobody, no network, a private /proc.
+run_in() {
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  timeout 600 unshare -m -n sh -c '
+    mount -t proc proc "$1/proc" || exit 97
+    exec chroot --userspec=65534:65534 "$1" /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp \
+      /bin/sh -c "cd /bundle && ./run.sh --mock $2 --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 1s"
+  ' sh "$1" "$profile"
+}
+
+make_root "$root/ok"
+log "running the bundle's run.sh in a clean root as nobody, no network (mock profile $profile)"
+set +e
+run_in "$root/ok"
+rc=$?
+set -e
+res="$root/ok/bundle/results"
+fail() { echo "gpu-check-dryrun: FAIL: $*" >&2; exit 1; }
+[ "$rc" = 0 ] || fail "run.sh exited $rc (want 0)"
+if [ ! -s "$res/gpu-check.md" ] || [ ! -s "$res/gpu-check.json" ]; then fail "no results/gpu-check.md or .json"; fi
+grep -q 'MOCK RUN' "$res/gpu-check.md" || fail "gpu-check.md does not say it is a mock run"
+grep -q '"complete":true' "$res/gpu-check.json" || fail "the report is not complete"
+grep -q '"mock":true' "$res/gpu-check.json" || fail "the report is not marked mock"
+grep -q 'running as uid 65534' "$res/gpu-check.md" || fail "run.sh did not run as nobody"
+for c in 'discovery vs nvidia-smi | simulated' 'discovery vs /proc/driver/nvidia | simulated' \
+         'compute mode (read only) | simulated' 'backend MPS | simulated' 'backend Advisory | simulated' \
+         'backend HAMiCore | skipped | no HAMi-core source given' 'backend DriverMemory | skipped | '; do
+  grep -qF "| $c" "$res/gpu-check.md" || fail "gpu-check.md lacks \"| $c\""
+done
+grep -q 'DriverMemory | skipped | .*driver 580' "$res/gpu-check.md" || fail "DriverMemory's skip does not name the driver version"
+cp "$res/gpu-check.md" "$repo/_output/gpu-check-dryrun.md" 2>/dev/null || true
+log "ok: run.sh passed in the clean root ($(( $(date +%s) - started ))s so far)"
+
+if [ "${GPU_CHECK_DRYRUN_MUTATIONS:-0}" = 1 ]; then
+  # Each mutation must make the dry run fail. The checksums are made
+  # again after the edit, as make gpu-check-bundle would make them from a
+  # broken hack/gpu-check-run.sh, so what fails is the broken part itself.
+  mutate() {
+    local name=$1 edit=$2 r="$root/m-$1"
+    make_root "$r"
+    (cd "$r/bundle" && eval "$edit" &&
+      sha256sum tessera-gpu-probe.xz runc.xz rootfs/bin/busybox spin.ptx run.sh >SHA256SUMS)
+    if run_in "$r" >"$root/m-$name.log" 2>&1; then
+      fail "a bundle with $name passed the dry run"
+    fi
+    log "ok: a bundle with $name fails ($(tail -1 "$root/m-$name.log"))"
+  }
+  mutate typo 'sed -i "0,/; then$/s//; thne/" run.sh'
+  mutate missing-file 'rm VERSION'
+  # shellcheck disable=SC2016 # a literal edit of run.sh
+  mutate hidden-dependency 'sed -i "s|^start=\$(date +%s)$|start=\$(date +%s); jq --version >/dev/null|" run.sh'
+fi
+log "done in $(( $(date +%s) - started ))s"
