@@ -359,7 +359,8 @@ func TestCgroupAndDriverMemory(t *testing.T) {
 	// version comes from NVML, so call the check with a newer driver.
 	n.write(t, "host/sys/fs/cgroup/cgroup.controllers", "cpu memory dmem\n", 0o444)
 	n.write(t, "host/sys/fs/cgroup/kubepods.slice/cgroup.controllers", "cpu memory dmem\n", 0o444)
-	n.write(t, "host/usr/bin/nvidia-cdi-hook", "ELF ... "+isolation.DriverMemoryHookName+" ...", 0o755)
+	// The hook is run for its help, which lists its subcommands.
+	n.write(t, "host/usr/bin/nvidia-cdi-hook", "#!/bin/sh\nprintf 'COMMANDS:\\n   chmod  Set permissions\\n   "+isolation.DriverMemoryHookName+"  Set the soft and hard limits\\n'\n", 0o755)
 	newer := []gpu.GPU{{DriverVersion: "615.12.03"}}
 	res := n.config.checkDriverMemory(newer)
 	if res.Status != OK || !strings.Contains(res.Message, "615.12.03") {

@@ -2,13 +2,16 @@ package isolation
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -21,17 +24,23 @@ import (
 // CDI hook apply-cuda-memory-limits sets both on the container's cgroup
 // through NVML (nvmlDeviceSetMemoryLimits_v1) before the container starts.
 //
-// What the hook does (nvidia-container-toolkit, cmd/nvidia-cdi-hook/
-// apply-cuda-memory-limits, branch cuda-memory-limits, 2026-07):
+// What the hook does (nvidia-container-toolkit pull request #2075, merged
+// 2026-09-10; the merged source was not available to read, so this follows
+// its description and review and the earlier branch cuda-memory-limits,
+// whose code was read):
 //   - it is a createRuntime hook, run by the runtime on the host:
 //     nvidia-cdi-hook apply-cuda-memory-limits --driver-root <root> --gpu-id <uuid>...
-//   - it reads NVIDIA_GPU_MEMORY_REQUESTS (soft) and NVIDIA_GPU_MEMORY_LIMITS
-//     (hard) from the container's environment, each one whole number of MiB
-//     for the whole container (not per GPU), request <= limit, and applies
-//     both to every --gpu-id;
-//   - without either variable it does nothing and succeeds;
+//   - it reads NVIDIA_GPU_MEMORY_REQUEST (soft) and NVIDIA_GPU_MEMORY_LIMIT
+//     (hard), singular, from the container's environment, each one whole
+//     number of MiB for the whole container (not per GPU), request <= limit,
+//     and applies both to every --gpu-id. The plural spellings of the
+//     earlier, closed pull request #1995 are not read: a container with
+//     them would run unlimited;
+//   - without the variables it does nothing and succeeds;
 //   - it needs cgroup v2 and a cgroupsPath of the systemd form
-//     ("slice:prefix:name"), that is, the systemd cgroup driver.
+//     ("slice:prefix:name"), that is, the systemd cgroup driver: with
+//     cgroupfs the container fails to start (the reviewers chose systemd
+//     only, for now).
 const (
 	// DriverMemoryHookName is the nvidia-cdi-hook subcommand.
 	DriverMemoryHookName = "apply-cuda-memory-limits"
@@ -40,10 +49,10 @@ const (
 	// DriverMemoryMinDriverMajor is the first driver branch with
 	// driver-enforced memory limits (r615, CUDA 13.4).
 	DriverMemoryMinDriverMajor = 615
-	// driverMemoryRequestsVar and driverMemoryLimitsVar are the hook's
+	// DriverMemoryRequestVar and DriverMemoryLimitVar are the hook's
 	// variables (MiB).
-	driverMemoryRequestsVar = "NVIDIA_GPU_MEMORY_REQUESTS"
-	driverMemoryLimitsVar   = "NVIDIA_GPU_MEMORY_LIMITS"
+	DriverMemoryRequestVar = "NVIDIA_GPU_MEMORY_REQUEST"
+	DriverMemoryLimitVar   = "NVIDIA_GPU_MEMORY_LIMIT"
 )
 
 // DriverMemory is the node's ability to have the driver enforce a share's
@@ -81,8 +90,8 @@ func (d DriverMemory) Check() error {
 
 // driverMemoryEdits are the DriverMemory edits of the claim's one share g:
 //
-//	NVIDIA_GPU_MEMORY_REQUESTS=<MiB>   soft limit (dmem.min): the share's memory limit
-//	NVIDIA_GPU_MEMORY_LIMITS=<MiB>     hard limit (dmem.max): the same
+//	NVIDIA_GPU_MEMORY_REQUEST=<MiB>   soft limit (dmem.min): the share's memory limit
+//	NVIDIA_GPU_MEMORY_LIMIT=<MiB>     hard limit (dmem.max): the same
 //	hook createRuntime: <HookPath> apply-cuda-memory-limits --driver-root <DriverRoot> --gpu-id <uuid>
 //
 // Soft and hard are both the share's memory limit, rounded down to whole
@@ -105,8 +114,8 @@ func driverMemoryEdits(g GPU, d DriverMemory) (cdispec.ContainerEdits, error) {
 	}
 	return cdispec.ContainerEdits{
 		Env: []string{
-			driverMemoryRequestsVar + "=" + itoa(mib),
-			driverMemoryLimitsVar + "=" + itoa(mib),
+			DriverMemoryRequestVar + "=" + itoa(mib),
+			DriverMemoryLimitVar + "=" + itoa(mib),
 		},
 		Hooks: []*cdispec.Hook{{
 			HookName: cdiapi.CreateRuntimeHook,
@@ -118,11 +127,12 @@ func driverMemoryEdits(g GPU, d DriverMemory) (cdispec.ContainerEdits, error) {
 }
 
 // DriverMemoryProbe finds out whether this node can enforce driver memory
-// limits. Its paths are as the plugin sees them (HostRoot is where the
-// host's / is mounted); Detect only reads files.
+// limits. Its paths are as the plugin sees them: HostRoot is where the
+// host's / is mounted, as far as the plugin needs it (the chart mounts the
+// host's cgroup file system and the hook's directory under /host).
 type DriverMemoryProbe struct {
 	// HostRoot is the host's root directory as the plugin sees it ("/"
-	// outside a container; the chart mounts it at /host).
+	// outside a container; the chart mounts what is needed under /host).
 	HostRoot string
 	// HookPath is the host path of nvidia-cdi-hook; it is looked for under
 	// HostRoot.
@@ -130,12 +140,36 @@ type DriverMemoryProbe struct {
 	// DriverVersion is the driver's version as NVML reports it
 	// ("615.12.03"); empty when no GPU was discovered.
 	DriverVersion string
+	// RunHook runs the hook (its path as the plugin sees it) with args and
+	// returns what it printed, stdout and stderr together; nil runs it as a
+	// child process that gets hookProbeTimeout to answer.
+	RunHook func(ctx context.Context, path string, args ...string) ([]byte, error)
 }
 
-// Detect checks, in order: the driver branch is at least r615; the host's
-// root cgroup is cgroup v2 and offers the dmem controller
-// (<HostRoot>/sys/fs/cgroup/cgroup.controllers names "dmem"); the hook is
-// an executable regular file. The first check that fails is the reason.
+// hookProbeTimeout bounds the hook's answer to --help: a start of the plugin
+// never waits longer for it.
+const hookProbeTimeout = 10 * time.Second
+
+// Detect checks, in order, and the first check that fails is the reason:
+//   - the driver branch is at least r615;
+//   - the host runs cgroup v2 with the dmem controller
+//     (<HostRoot>/sys/fs/cgroup/cgroup.controllers names "dmem");
+//   - the kubelet's pods cgroup is a systemd slice with dmem enabled in it.
+//     It is found under the cgroup root, not assumed at /kubepods.slice: a
+//     kubelet --cgroup-root of /custom.slice puts it at
+//     /custom.slice/custom-kubepods.slice (systemd names a slice after its
+//     path). A cgroupfs kubelet's kubepods directory is found too, and
+//     refused with that reason: the toolkit's hook resolves a container's
+//     cgroup only from the systemd driver's cgroupsPath, and the container
+//     would fail to start;
+//   - the hook is an executable regular file whose own help
+//     (nvidia-cdi-hook --help, the COMMANDS: list) names
+//     apply-cuda-memory-limits. nvidia-cdi-hook exits 0 on a subcommand it
+//     does not know ("Unsupported CDI hook", so that new specs run on old
+//     toolkits), so a toolkit without the subcommand would run every share
+//     unlimited; its help is what the toolkit documents a hook by. Running
+//     it needs the C library the hook links against, which the plugin's
+//     image has.
 func (p DriverMemoryProbe) Detect() DriverMemory {
 	out := DriverMemory{HookPath: p.HookPath}
 	fail := func(format string, args ...any) DriverMemory {
@@ -156,7 +190,8 @@ func (p DriverMemoryProbe) Detect() DriverMemory {
 	if root == "" {
 		root = "/"
 	}
-	controllers := filepath.Join(root, "sys/fs/cgroup/cgroup.controllers")
+	cgroupRoot := filepath.Join(root, "sys/fs/cgroup")
+	controllers := filepath.Join(cgroupRoot, "cgroup.controllers")
 	data, err := os.ReadFile(controllers)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -167,18 +202,8 @@ func (p DriverMemoryProbe) Detect() DriverMemory {
 	if !hasWord(data, "dmem") {
 		return fail("the host's cgroup v2 has no dmem controller (%s: %q; it needs Linux 6.14 or newer with CONFIG_CGROUP_DMEM)", controllers, strings.TrimSpace(string(data)))
 	}
-	// The hook resolves a container's cgroup from the systemd driver's
-	// "slice:prefix:name" cgroupsPath, and dmem.max exists in a pod's
-	// cgroup only when dmem is delegated down to the kubelet's slice.
-	pods := filepath.Join(root, "sys/fs/cgroup/kubepods.slice/cgroup.controllers")
-	data, err = os.ReadFile(pods)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return fail("%s not found: the kubelet does not use the systemd cgroup driver, which the toolkit's hook needs", pods)
-	case err != nil:
-		return fail("read %s: %v", pods, err)
-	case !hasWord(data, "dmem"):
-		return fail("dmem is not delegated to the kubelet's pods (%s: %q): enable it in the subtree_control of the slices above kubepods.slice", pods, strings.TrimSpace(string(data)))
+	if reason := checkPodsCgroup(cgroupRoot); reason != "" {
+		return fail("%s", reason)
 	}
 	if p.HookPath == "" || !filepath.IsAbs(p.HookPath) {
 		return fail("the hook path %q (--nvidia-cdi-hook-path) is not an absolute path", p.HookPath)
@@ -193,43 +218,137 @@ func (p DriverMemoryProbe) Detect() DriverMemory {
 	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
 		return fail("the NVIDIA container toolkit's hook %s is not an executable file (mode %s)", hook, fi.Mode())
 	}
-	// nvidia-cdi-hook exits 0 on a subcommand it does not know ("Unsupported
-	// CDI hook"), so a toolkit without apply-cuda-memory-limits would run
-	// every share unlimited: the binary must name the subcommand.
-	if ok, err := fileContains(hook, []byte(DriverMemoryHookName)); err != nil {
-		return fail("read the hook %s: %v", hook, err)
-	} else if !ok {
-		return fail("the NVIDIA container toolkit's hook %s has no %s subcommand (a toolkit release without driver-enforced memory limits; it would accept the hook and apply nothing)", hook, DriverMemoryHookName)
+	run := p.RunHook
+	if run == nil {
+		run = runHook
+	}
+	help, err := run(context.Background(), hook, "--help")
+	if err != nil {
+		return fail("the NVIDIA container toolkit's hook %s could not list its subcommands (%s --help: %v%s)", p.HookPath, hook, err, outputTail(help))
+	}
+	commands := hookCommands(help)
+	if len(commands) == 0 {
+		return fail("the NVIDIA container toolkit's hook %s lists no subcommands in its help (%s --help printed no COMMANDS: list%s): is it nvidia-cdi-hook?", p.HookPath, hook, outputTail(help))
+	}
+	if !slices.Contains(commands, DriverMemoryHookName) {
+		return fail("the NVIDIA container toolkit's hook %s has no %s subcommand (it lists %s: a toolkit release without driver-enforced memory limits, which would accept the hook and apply nothing)", p.HookPath, DriverMemoryHookName, strings.Join(commands, ", "))
 	}
 	out.Capable = true
 	return out
 }
 
-// fileContains reports whether the file holds needle, reading it in chunks.
-func fileContains(path string, needle []byte) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
+// checkPodsCgroup finds the kubelet's pods cgroup under the cgroup v2 root
+// and returns why the hook cannot limit its containers, or "".
+//
+// The walk goes through systemd slices only (a slice's children are
+// slices, scopes and services, and pods live in slices), plus the
+// top-level directories that are not slices (a cgroupfs kubelet's
+// --cgroup-root), to a bounded depth; it never lists a pod's own cgroups.
+func checkPodsCgroup(cgroupRoot string) string {
+	const maxDepth = 4
+	var systemd, cgroupfs []string
+	dirs := []string{cgroupRoot}
+	for depth := 0; depth < maxDepth && len(dirs) > 0; depth++ {
+		var next []string
+		for _, dir := range dirs {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				if dir == cgroupRoot {
+					return fmt.Sprintf("list %s: %v", dir, err)
+				}
+				continue
+			}
+			for _, e := range entries {
+				if !e.IsDir() {
+					continue
+				}
+				name, path := e.Name(), filepath.Join(dir, e.Name())
+				switch {
+				case name == "kubepods.slice" || strings.HasSuffix(name, "-kubepods.slice"):
+					systemd = append(systemd, path)
+				case name == "kubepods":
+					cgroupfs = append(cgroupfs, path)
+				case strings.HasSuffix(name, ".slice"):
+					next = append(next, path)
+				case depth == 0 && !strings.HasSuffix(name, ".scope") && !strings.HasSuffix(name, ".service"):
+					next = append(next, path)
+				}
+			}
+		}
+		dirs = next
 	}
-	defer f.Close()
-	buf := make([]byte, 1<<20+len(needle))
-	carry := 0
-	for {
-		n, err := f.Read(buf[carry:])
-		if bytes.Contains(buf[:carry+n], needle) {
-			return true, nil
+	if len(systemd) == 0 {
+		if len(cgroupfs) > 0 {
+			return fmt.Sprintf("the kubelet uses the cgroupfs cgroup driver (its pods are under %s): the toolkit's hook finds a container's cgroup only from the systemd driver's \"slice:prefix:name\" cgroupsPath, and such a container would fail to start; use the systemd cgroup driver (kubelet and containerd)", strings.Join(cgroupfs, ", "))
 		}
-		if err == io.EOF {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		// Keep the tail, in case the needle spans two reads.
-		keep := min(len(needle)-1, carry+n)
-		copy(buf, buf[carry+n-keep:carry+n])
-		carry = keep
+		return fmt.Sprintf("no cgroup of the kubelet's pods under %s (kubepods.slice, <root>-kubepods.slice or kubepods): is the host's cgroup file system mounted there?", cgroupRoot)
 	}
+	for _, pods := range systemd {
+		controllers := filepath.Join(pods, "cgroup.controllers")
+		data, err := os.ReadFile(controllers)
+		switch {
+		case err != nil:
+			return fmt.Sprintf("read %s: %v", controllers, err)
+		case !hasWord(data, "dmem"):
+			return fmt.Sprintf("dmem is not delegated to the kubelet's pods (%s: %q): enable it in the subtree_control of every slice above %s", controllers, strings.TrimSpace(string(data)), filepath.Base(pods))
+		}
+	}
+	return ""
+}
+
+// hookCommands returns the subcommands (and their aliases) that a command
+// line program built with urfave/cli, as nvidia-cdi-hook is, lists in its
+// help: the first words of the lines of its COMMANDS: section, up to the
+// next section.
+func hookCommands(help []byte) []string {
+	var out []string
+	in := false
+	for _, line := range strings.Split(string(help), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if !in {
+			in = trimmed == "COMMANDS:"
+			continue
+		}
+		if trimmed == "" {
+			continue
+		}
+		if line[0] != ' ' && line[0] != '\t' {
+			break // the next section (GLOBAL OPTIONS:)
+		}
+		for _, f := range strings.Fields(trimmed) {
+			out = append(out, strings.TrimSuffix(f, ","))
+			if !strings.HasSuffix(f, ",") {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// runHook runs the hook as a child process with an empty environment.
+func runHook(ctx context.Context, path string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, hookProbeTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = []string{}
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return out, fmt.Errorf("no answer within %v", hookProbeTimeout)
+	}
+	return out, err
+}
+
+// outputTail is the end of a program's output for an error message.
+func outputTail(out []byte) string {
+	s := strings.TrimSpace(string(out))
+	if s == "" {
+		return ""
+	}
+	if len(s) > 200 {
+		s = "…" + s[len(s)-200:]
+	}
+	return fmt.Sprintf("; it printed %q", s)
 }
 
 // driverMajor is the major number of an NVIDIA driver version ("615.12.03").

@@ -336,7 +336,8 @@ func driverMemoryClass(t *testing.T, c *Cluster, name string) {
 // (helm upgrade), every device publishes driverMemoryLimits=true. A
 // DriverMemory share (the claim's config, 6Gi) gets a CDI device with the
 // createRuntime hook `apply-cuda-memory-limits --driver-root / --gpu-id
-// <uuid>` and NVIDIA_GPU_MEMORY_REQUESTS/LIMITS=6144 (MiB); the container
+// <uuid>` and NVIDIA_GPU_MEMORY_REQUEST/LIMIT=6144 (MiB), the singular names
+// the toolkit's merged hook reads; the container
 // runtime really runs the hook, once, for the pod's container, whose OCI
 // spec holds those variables; the container sees them with
 // CUDA_VISIBLE_DEVICES=<uuid> and its GPU's limits; the claim's attestation
@@ -408,8 +409,10 @@ spec:
 		g.enforced = true
 		wantGPUs(t, "pod "+tc.pod, p.Env, g)
 		wantEnv(t, p, map[string]string{
-			"NVIDIA_GPU_MEMORY_REQUESTS":      tc.mib,
-			"NVIDIA_GPU_MEMORY_LIMITS":        tc.mib,
+			"NVIDIA_GPU_MEMORY_REQUEST":       tc.mib,
+			"NVIDIA_GPU_MEMORY_LIMIT":         tc.mib,
+			"NVIDIA_GPU_MEMORY_REQUESTS":      "",
+			"NVIDIA_GPU_MEMORY_LIMITS":        "",
 			"TF_FORCE_GPU_ALLOW_GROWTH":       "",
 			"CUDA_MPS_PIPE_DIRECTORY":         "",
 			"CUDA_DEVICE_MEMORY_LIMIT_0":      "",
@@ -420,9 +423,9 @@ spec:
 		claimName, uid := claimUID(t, c, p, "gpu")
 		sd := claimSpecDevice(t, uid)
 		wantSpecEnv(t, sd, map[string]string{
-			"NVIDIA_GPU_MEMORY_REQUESTS": tc.mib,
-			"NVIDIA_GPU_MEMORY_LIMITS":   tc.mib,
-			"CUDA_VISIBLE_DEVICES":       uuid,
+			"NVIDIA_GPU_MEMORY_REQUEST": tc.mib,
+			"NVIDIA_GPU_MEMORY_LIMIT":   tc.mib,
+			"CUDA_VISIBLE_DEVICES":      uuid,
 		})
 		wantArgs := []string{"nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/", "--gpu-id", uuid}
 		hooks := sd.ContainerEdits.Hooks
@@ -445,7 +448,7 @@ spec:
 			}
 		}
 		wantCall := hookCall{id: ctrID, debug: "false", args: strings.Join(wantArgs[1:], " "),
-			vars: "NVIDIA_GPU_MEMORY_LIMITS=" + tc.mib + " NVIDIA_GPU_MEMORY_REQUESTS=" + tc.mib}
+			vars: "NVIDIA_GPU_MEMORY_LIMIT=" + tc.mib + " NVIDIA_GPU_MEMORY_REQUEST=" + tc.mib}
 		if len(mine) != 1 || mine[0] != wantCall {
 			t.Errorf("pod %s: the runtime ran the hook for container %s as %+v; want once, %+v (all calls: %+v)",
 				tc.pod, shortID(ctrID), mine, wantCall, readHookCalls(t, hookLog))
@@ -775,7 +778,7 @@ func TestHAMiCoreBackend(t *testing.T) {
 		"CUDA_DEVICE_MEMORY_SHARED_CACHE": hamiSharedRegion,
 		"CUDA_DEVICE_MEMORY_LIMIT":        "",
 		"CUDA_DEVICE_SM_LIMIT":            "",
-		"NVIDIA_GPU_MEMORY_LIMITS":        "",
+		"NVIDIA_GPU_MEMORY_LIMIT":         "",
 		"TF_FORCE_GPU_ALLOW_GROWTH":       "",
 		"PRELOAD_FILE":                    hamiLibrary,
 		"LIB_MD5":                         fmt.Sprintf("%x", md5.Sum(lib)),
