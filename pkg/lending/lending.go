@@ -114,12 +114,21 @@ type Owner struct {
 	Lend bool
 	// MPS is true when the claim's share of the GPU runs under MPS.
 	MPS bool
+	// Whole is true when the claim holds the whole GPU (gpu-N).
+	Whole bool
+	// Memory is the GPU memory the claim's shares are entitled to, in
+	// bytes (their consumed capacity); 0 for a whole GPU.
+	Memory int64
 }
 
 // Observation is one sample of a GPU.
 type Observation struct {
 	// Owners hold the GPU; admin access is no owner.
 	Owners []Owner
+	// OwnerWaiting is true when a claim that does not lend waits to be
+	// prepared on the GPU (prepare refuses it while borrowers remain): the
+	// GPU is taken back as if that claim held it already.
+	OwnerWaiting bool
 	// Borrowers are the claims prepared on the GPU's lending device.
 	Borrowers []types.UID
 	// Observed is false when the GPU could not be sampled; the GPU is then
@@ -222,6 +231,8 @@ func decide(p Policy, s State, o Observation, now time.Time) (Phase, string) {
 	var reason string
 	phase := Busy
 	switch {
+	case o.OwnerWaiting:
+		phase, reason = NotLending, ReasonOwnerDoesNotLend
 	case len(o.Owners) == 0:
 		phase, reason = NotHeld, ReasonOwnerReleased
 	case slices.ContainsFunc(o.Owners, func(w Owner) bool { return !w.Lend }):
@@ -300,9 +311,22 @@ func ownerClaims(owners []Owner) []types.UID {
 }
 
 // lendable is the memory the owners leave, never more than the driver
-// reports free, less the reserve, in whole MiB.
+// reports free, less the reserve, in whole MiB. Owners in shares leave the
+// GPU's memory less what their shares are entitled to (their consumed
+// capacity), not less what they use now: a share that wakes may use all of
+// its memory at once, and a borrower must not hold any of it. The owner of
+// a whole GPU is entitled to all of it; by lending it agrees to lend what
+// it does not use, and gets it back within the reclaim bound (the
+// borrowers' grace plus the plugin's kill margin).
 func lendable(p Policy, o Observation) int64 {
 	left := o.Memory - o.OwnerMemory
+	if !slices.ContainsFunc(o.Owners, func(w Owner) bool { return w.Whole }) {
+		var entitled int64
+		for _, w := range o.Owners {
+			entitled += w.Memory
+		}
+		left = min(left, o.Memory-entitled)
+	}
 	if o.FreeMemory > 0 {
 		left = min(left, o.FreeMemory)
 	}

@@ -178,3 +178,57 @@ func TestStore(t *testing.T) {
 		t.Errorf("corrupt file: %v, %v; want an error and nothing", got, err)
 	}
 }
+
+// Shares' owners leave the GPU's memory less what their shares are
+// entitled to, not less what they use now; a whole GPU's owner lends what
+// it does not use.
+func TestLendableIsWhatOwnersAreNotEntitledTo(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		owners []Owner
+		want   int64
+	}{
+		{"one share of 20Gi using 2Gi", []Owner{{Claim: "a", Lend: true, Memory: 20 * gib}}, 80*gib - 20*gib - gib},
+		{"two shares of 20Gi and 30Gi", []Owner{{Claim: "a", Lend: true, Memory: 20 * gib}, {Claim: "b", Lend: true, Memory: 30 * gib}}, 80*gib - 50*gib - gib},
+		{"a whole GPU using 2Gi", []Owner{{Claim: "a", Lend: true, Whole: true}}, 80*gib - 2*gib - gib},
+		{"a share using more than its 1Gi (unenforced)", []Owner{{Claim: "a", Lend: true, Memory: gib}}, 80*gib - 2*gib - gib},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Observation{Owners: tc.owners, Observed: true, OwnerMemory: 2 * gib, Memory: 80 * gib}
+			states := run(t, State{}, o, o, o, o, o, o, o)
+			last := states[len(states)-1]
+			if last.Phase != Lent || last.Lendable != tc.want {
+				t.Fatalf("%s, lendable %d MiB; want Lent, %d MiB", last.Phase, last.Lendable>>20, tc.want>>20)
+			}
+		})
+	}
+	// Shares entitled to all but the reserve leave nothing worth lending.
+	o := Observation{Owners: []Owner{{Claim: "a", Lend: true, Memory: 78*gib + gib/2}}, Observed: true, OwnerMemory: gib, Memory: 80 * gib}
+	if got := run(t, State{}, o, o, o, o, o, o, o); got[len(got)-1].Phase != NoSpareMemory {
+		t.Fatalf("phases %v, want NoSpareMemory at the end", phases(got))
+	}
+}
+
+// A claim that does not lend, refused at prepare while borrowers remain,
+// takes the GPU back at once and keeps it closed after they are gone.
+func TestOwnerWaitingTakesTheGPUBack(t *testing.T) {
+	lent := run(t, State{}, idle(), idle(), idle(), idle(), idle(), idle())
+	if last := lent[len(lent)-1]; last.Phase != Lent {
+		t.Fatalf("setup: %s, want Lent", last.Phase)
+	}
+	from := lent[len(lent)-1]
+	waiting := with(idle(), func(o *Observation) { o.OwnerWaiting = true; o.Borrowers = []types.UID{"borrower"} })
+	got := Step(policy(), from, waiting, t0.Add(time.Hour))
+	if got.Phase != Reclaiming || got.Reason != ReasonOwnerDoesNotLend {
+		t.Fatalf("%s (%s), want Reclaiming (%s)", got.Phase, got.Reason, ReasonOwnerDoesNotLend)
+	}
+	gone := with(idle(), func(o *Observation) { o.OwnerWaiting = true })
+	if got = Step(policy(), got, gone, t0.Add(time.Hour+time.Minute)); got.Phase != NotLending {
+		t.Fatalf("borrowers gone: %s, want %s until the waiting claim is prepared", got.Phase, NotLending)
+	}
+	// The GPU without owners (the last owner left) and a waiting claim.
+	noOwners := with(waiting, func(o *Observation) { o.Owners = nil })
+	if got = Step(policy(), from, noOwners, t0.Add(time.Hour)); got.Phase != Reclaiming || got.Reason != ReasonOwnerDoesNotLend {
+		t.Fatalf("no owners, one waiting: %s (%s), want Reclaiming (%s)", got.Phase, got.Reason, ReasonOwnerDoesNotLend)
+	}
+}

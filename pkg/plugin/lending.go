@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"reflect"
@@ -51,7 +52,31 @@ type LenderOptions struct {
 	// for their clients); their processes are left out. It is called at
 	// most every servicePodsTTL.
 	ServicePods func(ctx context.Context) (map[types.UID]bool, error)
+	// Kill ends a borrower pod's processes (lending.Cgroups.KillPod: the
+	// pod's cgroups, else the containers of pids, its GPU processes) and
+	// returns what it killed. The lender calls it for every pod of a
+	// borrower that still holds its GPU KillMargin after its reclaim grace
+	// ended, at every sample until the borrower is unprepared. Nil: nothing
+	// is killed and such a borrower is only reported (BorrowerOutstayed).
+	Kill func(pod types.UID, pids []uint32) ([]string, error)
+	// KillMargin is how long after a borrower's reclaim grace (the
+	// tolerationSeconds of its reclaim toleration) it is killed: time for
+	// kube-controller-manager to delete its pod and for the pod's own
+	// termination grace. Zero is DefaultKillMargin.
+	KillMargin time.Duration
 }
+
+// DefaultKillMargin is the KillMargin of a node that sets none: the
+// eviction controller deletes a pod within seconds of its toleration
+// ending; what is left is a borrower's termination grace, which should be
+// as short as its reclaim grace (docs/lending.md).
+const DefaultKillMargin = 30 * time.Second
+
+// waitingTTL is how long a claim refused at prepare (a non-lending owner on
+// a GPU with borrowers) keeps the GPU closed without retrying: the kubelet
+// retries a failed prepare within seconds to a few minutes while the pod
+// exists.
+const waitingTTL = 5 * time.Minute
 
 // servicePodsTTL is how long a ServicePods answer is used.
 const servicePodsTTL = 30 * time.Second
@@ -68,8 +93,16 @@ type Lender struct {
 
 	mu     sync.Mutex
 	states map[string]lending.State // by GPU UUID
-	// warned are the borrowers already reported as outstaying their grace.
+	// warned are the borrowers already reported as outstaying their grace
+	// (killed, or not killable).
 	warned map[types.UID]bool
+	// graces are the borrowers' reclaim graces (reclaimGrace), by claim;
+	// a borrower without one (not yet seen since a restart) gets
+	// MaxReclaimGrace.
+	graces map[types.UID]time.Duration
+	// waiting are the claims that do not lend refused at prepare on a GPU
+	// with borrowers, by GPU UUID, with when they were last refused.
+	waiting map[string]map[types.UID]time.Time
 
 	// service caches ServicePods (used only by Tick, which does not run
 	// concurrently with itself), with the GPUs that had MPS holders then:
@@ -103,7 +136,11 @@ func NewLender(ctx context.Context, p *Plugin, opts LenderOptions) (*Lender, err
 		klog.FromContext(ctx).Error(err, "Lending state lost; every GPU starts not lent")
 		p.event(corev1.EventTypeWarning, "LendingStateLost", fmt.Sprintf("%v; every GPU starts not lent, borrowers are reclaimed", err))
 	}
-	l := &Lender{p: p, opts: opts, states: states, saved: maps.Clone(states), warned: map[types.UID]bool{}, kick: make(chan struct{}, 1)}
+	if opts.KillMargin <= 0 {
+		opts.KillMargin = DefaultKillMargin
+	}
+	l := &Lender{p: p, opts: opts, states: states, saved: maps.Clone(states), warned: map[types.UID]bool{},
+		graces: map[types.UID]time.Duration{}, waiting: map[string]map[types.UID]time.Time{}, kick: make(chan struct{}, 1)}
 	p.lenderMu.Lock()
 	p.lender = l
 	p.lenderMu.Unlock()
@@ -206,11 +243,18 @@ func (l *Lender) holdersByGPU() map[int]*holders {
 				continue
 			}
 			mps := kind == model.KindShared && d.Isolation == string(configapi.IsolationMPS)
+			whole := kind == model.KindWhole
+			var memory int64
+			if kind == model.KindShared {
+				memory = d.ConsumedMemory
+			}
 			if i := slices.IndexFunc(h.owners, func(o lending.Owner) bool { return o.Claim == c.UID }); i >= 0 {
 				h.owners[i].Lend = h.owners[i].Lend && d.Lend
 				h.owners[i].MPS = h.owners[i].MPS || mps
+				h.owners[i].Whole = h.owners[i].Whole || whole
+				h.owners[i].Memory += memory
 			} else {
-				h.owners = append(h.owners, lending.Owner{Claim: c.UID, Lend: d.Lend, MPS: mps})
+				h.owners = append(h.owners, lending.Owner{Claim: c.UID, Lend: d.Lend, MPS: mps, Whole: whole, Memory: memory})
 			}
 		}
 	}
@@ -247,7 +291,12 @@ func (l *Lender) Tick(ctx context.Context) {
 	gpus := l.p.inventory()
 	service := l.servicePods(ctx, now)
 
+	waiting := l.waitingGPUs(now)
 	observations := make(map[string]lending.Observation, len(gpus))
+	// The borrowers' pods and their GPU processes, for killing those
+	// that outstay their reclaim.
+	pods := map[types.UID][]types.UID{}
+	pids := map[types.UID][]uint32{}
 	for _, g := range gpus {
 		h := byGPU[g.Minor]
 		if h == nil {
@@ -262,11 +311,23 @@ func (l *Lender) Tick(ctx context.Context) {
 		var borrowers []types.UID
 		for _, b := range h.borrowers {
 			borrowers = append(borrowers, b.UID)
-			for _, pod := range l.p.podsOf(ctx, b) {
+			l.learnGrace(ctx, b)
+			pods[b.UID] = l.p.podsOf(ctx, b)
+			for _, pod := range pods[b.UID] {
 				borrowerPods[pod] = true
 			}
 		}
-		observations[g.UUID] = lending.Observe(l.opts.Sample(g.UUID), int64(g.MemoryBytes), h.owners, borrowers, service, borrowerPods, l.opts.BusyThreshold)
+		sample := l.opts.Sample(g.UUID)
+		for pod, a := range sample.Pods {
+			if borrowerPods[pod] {
+				pids[pod] = append(pids[pod], a.PIDs...)
+			}
+		}
+		o := lending.Observe(sample, int64(g.MemoryBytes), h.owners, borrowers, service, borrowerPods, l.opts.BusyThreshold)
+		// A waiting claim keeps the GPU closed also once its borrowers are
+		// gone, until the kubelet's retry prepares it (or waitingTTL).
+		o.OwnerWaiting = waiting[g.UUID]
+		observations[g.UUID] = o
 	}
 
 	type change struct {
@@ -275,6 +336,7 @@ func (l *Lender) Tick(ctx context.Context) {
 		h        *holders
 	}
 	var changes []change
+	// outstaying are the borrowers past their reclaim bound.
 	var outstaying []checkpoint.Claim
 	l.mu.Lock()
 	before := l.lentLocked()
@@ -287,10 +349,9 @@ func (l *Lender) Tick(ctx context.Context) {
 		if to.Phase != from.Phase {
 			changes = append(changes, change{g: g, from: from, to: to, h: h})
 		}
-		if to.Phase == lending.Reclaiming && now.Sub(to.Since) > l.graceLimit() {
+		if to.Phase == lending.Reclaiming {
 			for _, b := range h.borrowers {
-				if !l.warned[b.UID] {
-					l.warned[b.UID] = true
+				if !now.Before(l.killAtLocked(to, b.UID)) {
 					outstaying = append(outstaying, b)
 				}
 			}
@@ -315,6 +376,11 @@ func (l *Lender) Tick(ctx context.Context) {
 			delete(l.warned, uid)
 		}
 	}
+	for uid := range l.graces {
+		if !l.isBorrower(byGPU, uid) {
+			delete(l.graces, uid)
+		}
+	}
 	if !maps.Equal(before, after) && l.opts.Republish != nil {
 		l.opts.Republish()
 	}
@@ -322,9 +388,190 @@ func (l *Lender) Tick(ctx context.Context) {
 		l.report(ctx, c.g, c.from, c.to, c.h)
 	}
 	for _, b := range outstaying {
+		l.killBorrower(ctx, b, pods[b.UID], pids)
+	}
+}
+
+// killAtLocked is when a borrower of a GPU being taken back (s) is killed:
+// its reclaim grace and the kill margin after the reclaim began.
+func (l *Lender) killAtLocked(s lending.State, borrower types.UID) time.Time {
+	grace, ok := l.graces[borrower]
+	if !ok {
+		grace = MaxReclaimGrace
+	}
+	return s.Since.Add(grace + l.opts.KillMargin)
+}
+
+// killBorrower kills the pods of a borrower that outstayed its reclaim,
+// at every sample until it is unprepared (a container the kubelet restarts
+// is killed again), and says so once in an event on its claim.
+func (l *Lender) killBorrower(ctx context.Context, b checkpoint.Claim, pods []types.UID, pids map[types.UID][]uint32) {
+	logger := klog.FromContext(ctx)
+	first := !l.warned[b.UID]
+	l.warned[b.UID] = true
+	bound := fmt.Sprintf("its reclaim grace (%s) plus %s", l.grace(b.UID), l.opts.KillMargin)
+	if l.opts.Kill == nil {
+		if first {
+			l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
+				fmt.Sprintf("the GPU was taken back and this borrower still holds it after %s: its pod's termination grace or a stuck eviction keeps it, and this node does not kill borrowers", bound))
+			l.p.opts.Metrics.BorrowerOutstayed()
+		}
+		return
+	}
+	var killed []string
+	var errs []error
+	for _, pod := range pods {
+		dirs, err := l.opts.Kill(pod, pids[pod])
+		killed = append(killed, dirs...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod, err))
+		}
+	}
+	if len(pods) == 0 {
+		errs = append(errs, fmt.Errorf("no pod is known to hold the claim"))
+	}
+	err := errors.Join(errs...)
+	if !first {
+		if len(killed) > 0 || err != nil {
+			logger.V(2).Info("Killed an outstaying borrower again", "claim", klog.KRef(b.Namespace, b.Name), "cgroups", killed, "err", err)
+		}
+		return
+	}
+	l.p.opts.Metrics.BorrowerOutstayed()
+	switch {
+	case len(killed) > 0:
+		logger.Info("Killed a borrower that outstayed its reclaim", "claim", klog.KRef(b.Namespace, b.Name), "cgroups", killed, "err", err)
+		msg := fmt.Sprintf("the GPU was taken back and this borrower still held it after %s: its processes were killed (cgroup.kill of %s)", bound, strings.Join(killed, ", "))
+		if err != nil {
+			msg += fmt.Sprintf("; not killed: %v", err)
+		}
+		l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerKilled", msg)
+	default:
+		logger.Error(err, "A borrower outstayed its reclaim and could not be killed", "claim", klog.KRef(b.Namespace, b.Name))
 		l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
-			fmt.Sprintf("the GPU was taken back more than %s ago and this borrower still holds it: its pods tolerate the %s taint too long, or eviction is stuck", l.graceLimit(), model.ReclaimTaintKey))
-		l.p.opts.Metrics.BorrowerOutstayed()
+			fmt.Sprintf("the GPU was taken back and this borrower still holds it after %s; killing it failed (retried at every sample): %v", bound, err))
+	}
+}
+
+// grace is the borrower's reclaim grace (MaxReclaimGrace when unknown).
+func (l *Lender) grace(borrower types.UID) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if g, ok := l.graces[borrower]; ok {
+		return g
+	}
+	return MaxReclaimGrace
+}
+
+// isBorrower reports whether the claim borrows a GPU in byGPU.
+func (l *Lender) isBorrower(byGPU map[int]*holders, uid types.UID) bool {
+	for _, h := range byGPU {
+		if slices.ContainsFunc(h.borrowers, func(c checkpoint.Claim) bool { return c.UID == uid }) {
+			return true
+		}
+	}
+	return false
+}
+
+// rememberGrace keeps a borrower claim's reclaim grace.
+func (l *Lender) rememberGrace(claim *resourceapi.ResourceClaim) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.graces[claim.UID] = reclaimGrace(claim)
+}
+
+// learnGrace reads the reclaim grace of a borrower prepared before this
+// instance started (or by the other instance of a surge update) from its
+// claim in the API; until it is known the borrower gets MaxReclaimGrace.
+func (l *Lender) learnGrace(ctx context.Context, b checkpoint.Claim) {
+	l.mu.Lock()
+	_, known := l.graces[b.UID]
+	l.mu.Unlock()
+	if known || l.p.opts.Client == nil {
+		return
+	}
+	claim, err := l.p.opts.Client.ResourceV1().ResourceClaims(b.Namespace).Get(ctx, b.Name, metav1.GetOptions{})
+	if err != nil || claim.UID != b.UID {
+		klog.FromContext(ctx).V(2).Info("Borrower's claim not read; its reclaim grace is taken as the longest allowed", "claim", klog.KRef(b.Namespace, b.Name), "err", err)
+		return
+	}
+	l.rememberGrace(claim)
+}
+
+// reclaimGrace is how long a borrower claim may stay once its GPU is taken
+// back: the longest tolerationSeconds of its allocation's tolerations of
+// the reclaim taint (kube-controller-manager evicts after the shortest; the
+// longest never cuts a borrower short), at most MaxReclaimGrace (a
+// toleration without seconds, which the chart's admission policy refuses,
+// included). Without a toleration it is evicted at once: 0.
+func reclaimGrace(claim *resourceapi.ResourceClaim) time.Duration {
+	var grace time.Duration
+	if claim.Status.Allocation == nil {
+		return 0
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != model.DriverName {
+			continue
+		}
+		for _, t := range r.Tolerations {
+			if t.Key != model.ReclaimTaintKey && (t.Key != "" || t.Operator != resourceapi.DeviceTolerationOpExists) {
+				continue
+			}
+			if t.Effect != "" && t.Effect != resourceapi.DeviceTaintEffectNoExecute {
+				continue
+			}
+			d := MaxReclaimGrace
+			if t.TolerationSeconds != nil {
+				d = min(time.Duration(max(*t.TolerationSeconds, 0))*time.Second, MaxReclaimGrace)
+			}
+			grace = max(grace, d)
+		}
+	}
+	return grace
+}
+
+// waitingGPUs are the GPUs for which a claim that does not lend was
+// refused at prepare within waitingTTL; older entries are dropped.
+func (l *Lender) waitingGPUs(now time.Time) map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]bool{}
+	for uuid, claims := range l.waiting {
+		for uid, at := range claims {
+			if now.Sub(at) > waitingTTL {
+				delete(claims, uid)
+			}
+		}
+		if len(claims) == 0 {
+			delete(l.waiting, uuid)
+			continue
+		}
+		out[uuid] = true
+	}
+	return out
+}
+
+// ownerWaits records that a claim that does not lend was refused on the GPU
+// and has Run look again now: the GPU is taken back at once.
+func (l *Lender) ownerWaits(uuid string, claim types.UID) {
+	l.mu.Lock()
+	if l.waiting[uuid] == nil {
+		l.waiting[uuid] = map[types.UID]time.Time{}
+	}
+	l.waiting[uuid][claim] = l.opts.Now()
+	l.mu.Unlock()
+	l.Kick()
+}
+
+// ownerPrepared forgets a claim that waited: it is an owner now.
+func (l *Lender) ownerPrepared(claim types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for uuid, claims := range l.waiting {
+		delete(claims, claim)
+		if len(claims) == 0 {
+			delete(l.waiting, uuid)
+		}
 	}
 }
 
@@ -362,11 +609,6 @@ func (l *Lender) servicePods(ctx context.Context, now time.Time) map[types.UID]b
 	l.service, l.serviceAt, l.serviceFor = pods, now, mpsGPUs
 	return pods
 }
-
-// graceLimit is how long a reclaim may take before its borrowers are
-// reported: the longest reclaim grace a borrower may ask for, plus time to
-// evict.
-func (l *Lender) graceLimit() time.Duration { return MaxReclaimGrace + 30*time.Second }
 
 // MaxReclaimGrace is the longest tolerationSeconds of the reclaim taint that
 // the admission webhook lets a borrower claim carry.
@@ -464,11 +706,58 @@ func (p *Plugin) lendingChanged() {
 	}
 }
 
+// admitOwners refuses a claim that does not lend on a GPU that borrowers
+// hold. The scheduler may place it there (the lending device holds none of
+// the GPU's counters, so consent is seen only here); it would then run
+// beside the borrowers until they leave. Instead the GPU is taken back at
+// once (lending.Observation.OwnerWaiting: the borrowers are evicted after
+// their grace and killed at the kill margin) and prepare fails with an
+// error and an event on the claim; the kubelet retries until the GPU is
+// free. It never waits here: the kubelet gives a prepare 45 s.
+func (p *Plugin) admitOwners(claim *resourceapi.ResourceClaim, pl *plan) error {
+	l := p.currentLender()
+	for _, d := range pl.devices {
+		if d.lent || d.adminAccess || d.lend {
+			continue
+		}
+		var borrowers []string
+		for _, c := range p.opts.Store.List() {
+			if c.UID == claim.UID {
+				continue
+			}
+			for _, cd := range c.Devices {
+				if cd.Device == model.LentDeviceName(d.gpu.Minor) && !cd.AdminAccess {
+					borrowers = append(borrowers, c.Namespace+"/"+c.Name)
+					break
+				}
+			}
+		}
+		if len(borrowers) == 0 {
+			continue
+		}
+		var err error
+		if l == nil {
+			err = deviceError(d.device, "GPU %s is lent to %s and this claim does not lend it (GpuConfig lending.lendWhenIdle): waiting until they are evicted (lending is off on node %s: its lending device is tainted); the kubelet retries", d.gpu.UUID, strings.Join(borrowers, ", "), p.opts.NodeName)
+		} else {
+			l.ownerWaits(d.gpu.UUID, claim.UID)
+			err = deviceError(d.device, "GPU %s is lent to %s and this claim does not lend it (GpuConfig lending.lendWhenIdle): the GPU is being taken back (borrowers are evicted after their reclaim grace, killed %s later at the latest); the kubelet retries", d.gpu.UUID, strings.Join(borrowers, ", "), l.opts.KillMargin)
+		}
+		p.claimEvent(claim, corev1.EventTypeWarning, "WaitingForBorrowers", err.Error())
+		return err
+	}
+	if l != nil {
+		l.ownerPrepared(claim.UID)
+	}
+	return nil
+}
+
 // admitBorrowers refuses a claim with a borrower's device on a GPU that is
 // not lent now. Such a claim was allocated just before its GPU was taken
 // back (or on a node without lending): its pod is evicted through the
-// reclaim taint, or runs once the GPU is lent again.
-func (p *Plugin) admitBorrowers(claim types.UID, pl *plan) error {
+// reclaim taint, or runs once the GPU is lent again. An admitted borrower's
+// reclaim grace is remembered (the kill deadline).
+func (p *Plugin) admitBorrowers(claimObj *resourceapi.ResourceClaim, pl *plan) error {
+	claim := claimObj.UID
 	l := p.currentLender()
 	for _, d := range pl.devices {
 		if !d.lent || d.adminAccess {
@@ -498,6 +787,7 @@ func (p *Plugin) admitBorrowers(claim types.UID, pl *plan) error {
 		if err := l.admit(d.gpu.UUID, d.consumedMemory, held); err != nil {
 			return deviceError(d.device, "borrower refused: %v", err)
 		}
+		l.rememberGrace(claimObj)
 	}
 	return nil
 }

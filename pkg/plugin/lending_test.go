@@ -2,12 +2,15 @@ package plugin
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-dev/tessera/pkg/lending"
@@ -256,3 +259,209 @@ func TestBorrowersFitWhatIsLent(t *testing.T) {
 }
 
 func resourceMiB(b int64) string { return strconv.FormatInt(b>>20, 10) + "Mi" }
+
+// borrowerFor is a borrower claim of memory on GPU 0's lending device,
+// reserved for pod, tolerating the reclaim taint for grace seconds.
+func borrowerFor(uid, pod, memory string, grace int64) *resourceapi.ResourceClaim {
+	c := newClaim(uid, []result{share("gpu", model.LentDeviceName(0), uid+"-1", memory, "")})
+	c.Status.Allocation.Devices.Results[0].Tolerations = []resourceapi.DeviceToleration{
+		{Key: model.ReclaimTaintKey, Operator: resourceapi.DeviceTolerationOpExists, Effect: resourceapi.DeviceTaintEffectNoExecute, TolerationSeconds: &grace},
+	}
+	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID(pod)}}
+	return c
+}
+
+type killCall struct {
+	pod  types.UID
+	pids []uint32
+}
+
+// A borrower whose pod ignores its eviction (a long termination grace, a
+// process that ignores SIGTERM) is killed by the plugin its reclaim grace
+// plus the kill margin after the reclaim began, again at every sample
+// while it holds the GPU, and its claim is told once.
+func TestOutstayingBorrowerIsKilled(t *testing.T) {
+	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e.i = e.start(nil)
+	var calls []killCall
+	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
+		Policy:     lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
+		Sample:     e.act.sample,
+		Store:      lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
+		BootID:     e.bootID,
+		Now:        func() time.Time { return e.now },
+		KillMargin: 20 * time.Second,
+		Kill: func(pod types.UID, pids []uint32) ([]string, error) {
+			calls = append(calls, killCall{pod, pids})
+			return []string{"/sys/fs/cgroup/kubepods/pod" + string(pod)}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.l = l
+	uuid := uuidOf(0)
+	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
+	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
+	e.tick(t, time.Second)
+	e.tick(t, time.Minute)
+	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 10))
+	e.act.pods[uuid]["borrower-pod"] = lending.Activity{Memory: 4 << 30, PIDs: []uint32{200, 201}}
+
+	e.act.pods[uuid]["owner-pod"] = lending.Activity{SM: 80, Memory: 10 << 30, PIDs: []uint32{100}}
+	e.tick(t, time.Second)
+	reclaimed := e.now
+	if s := e.l.States()[uuid]; s.Phase != lending.Reclaiming {
+		t.Fatalf("busy owner: %s, want Reclaiming", s.Phase)
+	}
+	// Within the grace (10 s) plus the margin (20 s): nothing is killed.
+	e.tick(t, 29*time.Second)
+	if len(calls) != 0 {
+		t.Fatalf("killed %v %s after the reclaim began, before its grace and margin (30 s)", calls, e.now.Sub(reclaimed))
+	}
+	e.tick(t, time.Second)
+	if len(calls) != 1 || calls[0].pod != "borrower-pod" || !slices.Equal(calls[0].pids, []uint32{200, 201}) {
+		t.Fatalf("at grace + margin: kills %v, want borrower-pod with its GPU processes 200, 201", calls)
+	}
+	// Killed again while it holds the GPU (a restarted container), told once.
+	e.tick(t, time.Second)
+	if len(calls) != 2 {
+		t.Fatalf("next sample: %d kills, want 2", len(calls))
+	}
+	var killed []string
+	for _, ev := range e.events.list() {
+		if strings.HasPrefix(ev, "claim default/claim-borrower: Warning BorrowerKilled") {
+			killed = append(killed, ev)
+		}
+	}
+	if len(killed) != 1 || !strings.Contains(killed[0], "cgroup.kill of /sys/fs/cgroup/kubepods/podborrower-pod") || !strings.Contains(killed[0], "reclaim grace (10s) plus 20s") {
+		t.Fatalf("BorrowerKilled events %q, want one naming the cgroup and the bound", killed)
+	}
+	// Gone: no more kills, and the GPU is the owner's.
+	mustUnprepare(t, e.i.Plugin, "borrower")
+	e.tick(t, time.Second)
+	if len(calls) != 2 {
+		t.Errorf("kills after the borrower was unprepared: %v", calls[2:])
+	}
+	if s := e.l.States()[uuid]; s.Phase != lending.Busy {
+		t.Fatalf("after the kill: %s, want %s", s.Phase, lending.Busy)
+	}
+}
+
+// A borrower the plugin cannot kill (no cgroup found) is reported with the
+// reason, and tried again.
+func TestOutstayingBorrowerNotKillable(t *testing.T) {
+	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e.i = e.start(nil)
+	tries := 0
+	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
+		Policy: lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
+		Sample: e.act.sample,
+		Store:  lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
+		BootID: e.bootID,
+		Now:    func() time.Time { return e.now },
+		Kill: func(types.UID, []uint32) ([]string, error) {
+			tries++
+			return nil, fmt.Errorf("no cgroup v2 hierarchy")
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.l = l
+	uuid := uuidOf(0)
+	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
+	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
+	e.tick(t, time.Second)
+	e.tick(t, time.Minute)
+	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 0))
+	e.act.pods[uuid]["owner-pod"] = lending.Activity{SM: 80, Memory: 10 << 30, PIDs: []uint32{100}}
+	e.tick(t, time.Second)
+	e.tick(t, DefaultKillMargin)
+	e.tick(t, time.Second)
+	if tries != 2 {
+		t.Fatalf("%d kill attempts, want 2 (one per sample from the default margin on)", tries)
+	}
+	if ev := e.events.list(); !eventsContain(ev, "claim default/claim-borrower: Warning BorrowerOutstayed") || !strings.Contains(strings.Join(ev, "\n"), "no cgroup v2 hierarchy") {
+		t.Fatalf("events %v: want BorrowerOutstayed with the reason", ev)
+	}
+}
+
+// The scheduler may place a claim that does not lend on a GPU with
+// borrowers (the lending device holds no counters): its prepare takes the
+// GPU back at once and fails, with an event, until the borrowers are gone.
+func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
+	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e.startLender(t)
+	uuid := uuidOf(0)
+	shared := model.SharedDeviceName(0)
+	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{share("gpu", shared, "o-1", "20Gi", "20")}, claimConfig(lendConfig)))
+	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
+	e.tick(t, time.Second)
+	e.tick(t, time.Minute)
+	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 5))
+
+	select { // the prepares so far asked for a sample too
+	case <-e.l.kick:
+	default:
+	}
+	second := newClaim("second", []result{share("gpu", shared, "s-1", "10Gi", "20")})
+	r := prepare(t, e.i.Plugin, second)
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "is being taken back") || !strings.Contains(r.Err.Error(), "default/claim-borrower") {
+		t.Fatalf("a claim that does not lend on a lent GPU: %v, want refused while default/claim-borrower is taken back", r.Err)
+	}
+	if !eventsContain(e.events.list(), "claim default/claim-second: Warning WaitingForBorrowers") {
+		t.Errorf("no WaitingForBorrowers event on the waiting claim: %v", e.events.list())
+	}
+	// The refusal asked for a sample now (Run's kick), which takes the GPU back.
+	select {
+	case <-e.l.kick:
+	default:
+		t.Error("the refused prepare did not ask the lender to look again")
+	}
+	e.tick(t, 0)
+	if s := e.l.States()[uuid]; s.Phase != lending.Reclaiming || s.Reason != lending.ReasonOwnerDoesNotLend {
+		t.Fatalf("after the refused prepare: %s (%s), want Reclaiming (%s)", s.Phase, s.Reason, lending.ReasonOwnerDoesNotLend)
+	}
+	if e.l.Lent()[uuid].Open {
+		t.Error("the GPU is still open to borrowers")
+	}
+	// Retries fail until the borrower is gone, then succeed.
+	if r := prepare(t, e.i.Plugin, second); r.Err == nil {
+		t.Fatal("retry prepared beside the borrower")
+	}
+	mustUnprepare(t, e.i.Plugin, "borrower")
+	e.tick(t, time.Second)
+	if s := e.l.States()[uuid]; s.Phase != lending.NotLending {
+		t.Fatalf("borrower gone, owner still waiting: %s, want %s", s.Phase, lending.NotLending)
+	}
+	mustPrepare(t, e.i.Plugin, second)
+	e.tick(t, time.Second)
+	if s := e.l.States()[uuid]; s.Phase != lending.NotLending {
+		t.Fatalf("with the second owner: %s, want %s", s.Phase, lending.NotLending)
+	}
+	// A claim that lends is not refused on a lent GPU (the loan ends by
+	// OwnersChanged instead), nor one on another GPU.
+	mustPrepare(t, e.i.Plugin, newClaim("elsewhere", []result{share("gpu", model.SharedDeviceName(1), "e-1", "10Gi", "20")}))
+}
+
+// What a GPU held in shares lends is its memory less what the shares are
+// entitled to, not less what they use.
+func TestLendableLeavesSharesTheirMemory(t *testing.T) {
+	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e.startLender(t)
+	uuid := uuidOf(0)
+	mustPrepare(t, e.i.Plugin, newClaim("a", []result{share("gpu", model.SharedDeviceName(0), "a-1", "20Gi", "20")}, claimConfig(lendConfig)))
+	mustPrepare(t, e.i.Plugin, newClaim("b", []result{share("gpu", model.SharedDeviceName(0), "b-1", "30Gi", "20")}, claimConfig(lendConfig)))
+	e.act.pods[uuid] = map[types.UID]lending.Activity{"a-pod": {Memory: 1 << 30, PIDs: []uint32{100}}, "b-pod": {Memory: 1 << 30, PIDs: []uint32{101}}}
+	e.tick(t, time.Second)
+	e.tick(t, time.Minute)
+	s := e.l.States()[uuid]
+	if want := int64(80-20-30-1) << 30; s.Phase != lending.Lent || s.Lendable != want {
+		t.Fatalf("%s lending %d MiB; want Lent, %d MiB (80Gi - 20Gi - 30Gi - the 1Gi reserve)", s.Phase, s.Lendable>>20, want>>20)
+	}
+}

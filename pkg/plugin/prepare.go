@@ -85,7 +85,10 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if err != nil {
 		return nil, err
 	}
-	if err := p.admitBorrowers(claim.UID, pl); err != nil {
+	if err := p.admitBorrowers(claim, pl); err != nil {
+		return nil, err
+	}
+	if err := p.admitOwners(claim, pl); err != nil {
 		return nil, err
 	}
 	if len(pl.devices) == 0 {
