@@ -24,13 +24,14 @@ import (
 // from /proc and parsed with the plugin's flag set (pluginFlags, which
 // fills f), unless flags are given after "--".
 func newDoctorCommand(f *flags, pluginFlags *pflag.FlagSet) *cobra.Command {
-	var output, procRoot, containerdConfig string
+	var output, procRoot, containerdConfig, toolkitConfig string
 	cmd := &cobra.Command{
 		Use:   "doctor [-o table|json|yaml] [-- PLUGIN-FLAGS...]",
 		Short: "Check this node for what the plugin needs; run it in the plugin's pod",
 		Long: `Check the node the plugin runs on: NVML and the driver version, the NVIDIA
-container toolkit's CDI spec for every GPU, containerd's CDI setting, the
-plugin's kubelet registration and DRA sockets, the MPS control binary and
+container toolkit's CDI spec for every GPU, containerd's CDI setting, whether
+the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES from unprivileged containers
+(the toolkit's config.toml), the plugin's kubelet registration and DRA sockets, the MPS control binary and
 daemon image, the HAMi-core library, cgroup v2 and driver-enforced memory
 limits, and the clock against the API server's. Each line is OK, WARN, FAIL
 or SKIP, with the fix for WARN and FAIL. The exit status is 1 when a check
@@ -66,7 +67,9 @@ command line, read from /proc); give other plugin flags after "--".`,
 			if err := pluginFlags.Parse(args); err != nil {
 				return fmt.Errorf("plugin flags %q: %w", strings.Join(args, " "), err)
 			}
-			report := doctor.Run(cmd.Context(), doctorConfig(*f, containerdConfig))
+			config := doctorConfig(*f, containerdConfig)
+			config.ToolkitConfig = toolkitConfig
+			report := doctor.Run(cmd.Context(), config)
 			report.Config = source
 			out := cmd.OutOrStdout()
 			switch output {
@@ -93,6 +96,7 @@ command line, read from /proc); give other plugin flags after "--".`,
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().StringVar(&procRoot, "proc-root", "/proc", "where to look for the running plugin's command line")
 	cmd.Flags().StringVar(&containerdConfig, "containerd-config", "", "containerd's config.toml as seen here (default <host-root>/etc/containerd/config.toml)")
+	cmd.Flags().StringVar(&toolkitConfig, "toolkit-config", "", "the NVIDIA container toolkit's config.toml as seen here (default <host-root>/etc/nvidia-container-runtime/config.toml, else the GPU Operator's <host-root>/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml)")
 	return cmd
 }
 
@@ -109,6 +113,7 @@ func doctorConfig(f flags, containerdConfig string) doctor.Config {
 		ToolkitSpecDirs:   f.nvidiaCDISpecDirs,
 		LegacyRuntime:     f.legacyRuntime,
 		ContainerdConfig:  containerdConfig,
+		HostProc:          f.procRoot,
 		NVIDIACDIHookPath: f.nvidiaCDIHookPath,
 		HAMiCoreLibrary:   f.hamiCoreLibrary,
 		MPSImage:          f.mps.image,

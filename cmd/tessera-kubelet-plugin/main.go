@@ -87,9 +87,6 @@ type flags struct {
 	lendingBusyThreshold  uint
 	lendingReserve        string
 	lendingMin            string
-	lendingKillMargin     time.Duration
-	lendingCgroupRoot     string
-	lendingProcRoot       string
 }
 
 func main() {
@@ -124,9 +121,9 @@ func newCommand() *cobra.Command {
 	fs.StringVar(&f.hamiCoreLibrary, "hami-core-library", "", "host path of HAMi-core's libvgpu.so (the chart's hamiCore.image installs it); empty: HAMiCore shares fail to prepare")
 	fs.StringVar(&f.hamiClaimRoot, "hami-claim-root", isolation.DefaultHAMiCoreClaimRoot, "host directory for the HAMiCore claims' shared regions, one directory per claim (a tmpfs suits them); the plugin must see it at the same path")
 	fs.StringVar(&f.hostDriverRoot, "host-driver-root", "", "the host path of --driver-root, written into CDI specs (device nodes' hostPath, the DriverMemory hook's --driver-root); default: --driver-root")
-	fs.StringVar(&f.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads <host-root>/sys/fs/cgroup/cgroup.controllers and <host-root><nvidia-cdi-hook-path>")
+	fs.StringVar(&f.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads the cgroups under <host-root>/sys/fs/cgroup and runs <host-root><nvidia-cdi-hook-path> --help")
 	fs.StringVar(&f.nvidiaCDIHookPath, "nvidia-cdi-hook-path", isolation.DefaultNVIDIACDIHookPath, "host path of the NVIDIA container toolkit's nvidia-cdi-hook, which the container runtime runs to apply a DriverMemory share's limits")
-	fs.BoolVar(&f.legacyRuntime, "legacy-nvidia-runtime", false, "the node's container runtime is the NVIDIA runtime in legacy mode, which adds the driver's libraries for NVIDIA_VISIBLE_DEVICES=<uuid>: GPUs without a device in the toolkit's CDI spec get Tessera's device nodes and that variable instead of failing to prepare")
+	fs.BoolVar(&f.legacyRuntime, "legacy-nvidia-runtime", false, "the node's container runtime is the NVIDIA runtime in legacy mode with accept-nvidia-visible-devices-as-volume-mounts = true in the toolkit's config.toml: GPUs without a device in the toolkit's CDI spec get Tessera's device nodes and a /dev/null mount at /var/run/nvidia-container-devices/<uuid>, for which the runtime adds the driver's libraries, instead of failing to prepare (NVIDIA_VISIBLE_DEVICES stays void; see docs/security.md)")
 	fs.StringVar(&f.mpsRoot, "mps-root", "", "host directory for the MPS daemons' pipe, shared-memory and log directories (default <plugin-data-dir>/mps); the plugin must see it at the same path")
 	fs.StringVar(&f.mps.image, "mps-image", "", "image of the MPS control daemon pods (the plugin's image: it runs this binary's mps-daemon command); empty: MPS shares fail to prepare")
 	fs.StringVar(&f.mps.pullPolicy, "mps-image-pull-policy", string(corev1.PullIfNotPresent), "image pull policy of the MPS control daemon pods")
@@ -161,9 +158,6 @@ func newCommand() *cobra.Command {
 	fs.UintVar(&f.lendingBusyThreshold, "lending-busy-threshold", 5, "SM utilization (percent) at or above which an owner's process is busy")
 	fs.StringVar(&f.lendingReserve, "lending-reserve", "1Gi", "GPU memory kept back for the owners when lending")
 	fs.StringVar(&f.lendingMin, "lending-min", "1Gi", "least GPU memory worth lending")
-	fs.DurationVar(&f.lendingKillMargin, "lending-kill-margin", plugin.DefaultKillMargin, "how long after its reclaim grace a borrower that still holds its GPU is killed (cgroup.kill of its pod's cgroups)")
-	fs.StringVar(&f.lendingCgroupRoot, "lending-cgroup-root", "/sys/fs/cgroup", "where the host's cgroup filesystem is mounted (read-write), to kill borrowers that outstay a reclaim; empty: borrowers are only reported")
-	fs.StringVar(&f.lendingProcRoot, "lending-proc-root", "", "the host's /proc for finding an outstaying borrower's containers from its GPU processes where the kubelet makes no pod cgroups; empty: --proc-root")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -652,9 +646,6 @@ func newLender(ctx context.Context, f flags, p *plugin.Plugin, lib nvml.Interfac
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("--lending-*: %w", err)
 	}
-	if f.lendingKillMargin < 0 {
-		return nil, fmt.Errorf("--lending-kill-margin %s: must not be negative", f.lendingKillMargin)
-	}
 	if f.lendingSampleInterval <= 0 || f.lendingBusyThreshold > 100 {
 		return nil, fmt.Errorf("--lending-sample-interval %s, --lending-busy-threshold %d: want a positive interval and a threshold of at most 100", f.lendingSampleInterval, f.lendingBusyThreshold)
 	}
@@ -671,17 +662,7 @@ func newLender(ctx context.Context, f flags, p *plugin.Plugin, lib nvml.Interfac
 	if pods, ok := mpsDaemons.(*mpsdaemon.Pods); ok {
 		service = pods.PodUIDs
 	}
-	var kill func(types.UID, []uint32) ([]string, error)
-	if f.lendingCgroupRoot != "" {
-		procRoot := f.lendingProcRoot
-		if procRoot == "" {
-			procRoot = f.procRoot
-		}
-		kill = lending.Cgroups{Root: f.lendingCgroupRoot, ProcRoot: procRoot}.KillPod
-	}
 	return plugin.NewLender(ctx, p, plugin.LenderOptions{
-		Kill:          kill,
-		KillMargin:    f.lendingKillMargin,
 		ServicePods:   service,
 		LockPath:      lockPath,
 		Policy:        policy,

@@ -48,11 +48,19 @@ type Config struct {
 	// looked for (--nvidia-cdi-spec-dirs).
 	ToolkitSpecDirs []string
 	// LegacyRuntime is --legacy-nvidia-runtime: GPUs without a toolkit CDI
-	// device are handed out through NVIDIA_VISIBLE_DEVICES.
+	// device are asked of the NVIDIA runtime through a volume mount.
 	LegacyRuntime bool
 	// ContainerdConfig is containerd's config.toml as seen here; empty:
 	// <HostRoot>/etc/containerd/config.toml.
 	ContainerdConfig string
+	// ToolkitConfig is the NVIDIA container toolkit's config.toml as seen
+	// here; empty: /etc/nvidia-container-runtime/config.toml, else the GPU
+	// Operator's under /usr/local/nvidia/toolkit, each looked for under
+	// HostRoot and then under HostProc's 1/root.
+	ToolkitConfig string
+	// HostProc is the host's /proc as seen here (the plugin's
+	// --proc-root); empty: not available.
+	HostProc string
 	// NVIDIACDIHookPath is the host path of nvidia-cdi-hook
 	// (--nvidia-cdi-hook-path), for driver-enforced memory limits.
 	NVIDIACDIHookPath string
@@ -104,6 +112,7 @@ func Run(ctx context.Context, c Config) Report {
 	defer closeNVML()
 	add(c.checkToolkitSpec(gpus, nvmlResult.Status == Fail))
 	add(c.checkContainerd())
+	add(c.checkToolkitEnvvar())
 	add(c.checkSocket("kubelet-registration", c.RegistrarDir, "--registrar-dir", registrationSocket,
 		"the kubelet finds the plugin through this socket",
 		"Is the plugin running on this node? kubeletPlugin.kubeletDir must be the kubelet's root directory (its plugins_registry is where the kubelet looks)."))
@@ -228,7 +237,7 @@ func (c Config) checkToolkitSpec(gpus []gpu.GPU, nvmlFailed bool) Result {
 			"service or the GPU Operator's cdi.enabled=true keep it current), and check kubeletPlugin.nvidiaCDISpecDirs names its directory."}
 	if c.LegacyRuntime {
 		res.Status = Warn
-		res.Message = strings.TrimSuffix(res.Message, "; their claims fail to prepare") + "; --legacy-nvidia-runtime hands them out through NVIDIA_VISIBLE_DEVICES instead"
+		res.Message = strings.TrimSuffix(res.Message, "; their claims fail to prepare") + "; --legacy-nvidia-runtime asks the NVIDIA runtime for them through volume mounts instead (check toolkit-envvar)"
 	}
 	return res
 }
@@ -372,10 +381,10 @@ func (c Config) checkDriverMemory(gpus []gpu.GPU) Result {
 	}
 	d := isolation.DriverMemoryProbe{HostRoot: c.HostRoot, HookPath: c.NVIDIACDIHookPath, DriverVersion: version}.Detect()
 	if d.Capable {
-		return Result{Check: check, Status: OK, Message: fmt.Sprintf("the node can enforce DriverMemory shares (driver %s, cgroup dmem delegated, %s has %s)", version, c.NVIDIACDIHookPath, isolation.DriverMemoryHookName)}
+		return Result{Check: check, Status: OK, Message: fmt.Sprintf("the node can enforce DriverMemory shares (driver %s, cgroup dmem delegated to the kubelet's pods, %s lists %s)", version, c.NVIDIACDIHookPath, isolation.DriverMemoryHookName)}
 	}
 	return Result{Check: check, Status: c.severity(configapi.IsolationDriverMemory), Message: "DriverMemory shares fail to prepare: " + d.Reason,
-		Fix: "Only needed for isolation DriverMemory: NVIDIA driver r615+, Linux 6.14+ with the dmem cgroup controller delegated to kubepods.slice (systemd cgroup driver), and an NVIDIA container toolkit with apply-cuda-memory-limits. Other backends are unaffected."}
+		Fix: "Only needed for isolation DriverMemory: NVIDIA driver r615+, Linux 6.14+ with the dmem cgroup controller delegated to the kubelet's pods slice (the systemd cgroup driver: the toolkit's hook does not support cgroupfs), and an NVIDIA container toolkit whose nvidia-cdi-hook --help lists apply-cuda-memory-limits. Other backends are unaffected."}
 }
 
 // checkClock compares the local clock with the API server's.

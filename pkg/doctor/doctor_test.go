@@ -153,7 +153,7 @@ func TestMockProfileNodeIsHealthy(t *testing.T) {
 		t.Fatalf("%v\n%s", err, buf.String())
 	}
 	want(t, r, "nvml", OK, "mock of profile hgx-h100", "driver 580.95.05", "8 GPUs")
-	for _, check := range []string{"toolkit-cdi", "containerd-cdi", "mps-binary", "cgroup-v2", "driver-memory"} {
+	for _, check := range []string{"toolkit-cdi", "containerd-cdi", "toolkit-envvar", "mps-binary", "cgroup-v2", "driver-memory"} {
 		want(t, r, check, Skip, "skipped (mock profile hgx-h100)")
 	}
 	want(t, r, "kubelet-registration", OK, "gpu.tessera.dev-reg.sock accepts connections")
@@ -372,6 +372,75 @@ func TestCgroupAndDriverMemory(t *testing.T) {
 	if res.Status != Fail || !strings.Contains(res.Message, "dmem is not delegated") {
 		t.Errorf("driver-memory without dmem delegated, node default DriverMemory: %+v", res)
 	}
+}
+
+// TestToolkitEnvvar: the check of the NVIDIA runtime's settings for device
+// requests says whether a pod can take every GPU with NVIDIA_VISIBLE_DEVICES
+// and whether --legacy-nvidia-runtime's volume-mount requests are read.
+func TestToolkitEnvvar(t *testing.T) {
+	const file = "host/etc/nvidia-container-runtime/config.toml"
+	fixed := "accept-nvidia-visible-devices-envvar-when-unprivileged = false\naccept-nvidia-visible-devices-as-volume-mounts = true\n"
+	for _, tc := range []struct {
+		name, config string
+		legacy       bool
+		path         string // where the config is; "" means file
+		status       Status
+		says         []string
+	}{
+		{"the toolkit's defaults", "[nvidia-container-runtime]\nmode = \"auto\"\n", false, "", Warn,
+			[]string{"envvar-when-unprivileged is not set (the toolkit's default is true)", "NVIDIA_VISIBLE_DEVICES=all", "other tenants' whole GPUs"}},
+		{"the toolkit's defaults, legacy runtime", "", true, "", Fail,
+			[]string{"envvar-when-unprivileged is not set", "as-volume-mounts is not set (the toolkit's default is false)", "start without the driver's libraries"}},
+		{"envvar accepted explicitly", "accept-nvidia-visible-devices-envvar-when-unprivileged = true\n", false, "", Warn,
+			[]string{"envvar-when-unprivileged is true:"}},
+		{"fixed", fixed, true, "", OK, []string{"= false: the NVIDIA runtime ignores NVIDIA_VISIBLE_DEVICES", "as-volume-mounts = true"}},
+		{"envvar refused, no legacy runtime", "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", false, "", OK, []string{"ignores NVIDIA_VISIBLE_DEVICES"}},
+		{"envvar refused, legacy runtime without mounts", "accept-nvidia-visible-devices-envvar-when-unprivileged = false\n", true, "", Fail,
+			[]string{"as-volume-mounts is not set", "--legacy-nvidia-runtime asks the NVIDIA runtime for a GPU through a volume mount"}},
+		{"GPU Operator's toolkit", fixed, true, "host/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml", OK,
+			[]string{"/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml"}},
+		{"not TOML", "accept = = 1", false, "", Warn, []string{"not a TOML file"}},
+		{"wrong type", "accept-nvidia-visible-devices-envvar-when-unprivileged = \"no\"\n", false, "", Warn, []string{"= no: want true or false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t, "")
+			path := tc.path
+			if path == "" {
+				path = file
+			}
+			n.write(t, path, tc.config, 0o644)
+			n.config.LegacyRuntime = tc.legacy
+			r := Run(context.Background(), n.config)
+			res := want(t, r, "toolkit-envvar", tc.status, tc.says...)
+			if strings.Contains(res.Message, "-when-unprivileged is") && !strings.Contains(res.Fix, "accept-nvidia-visible-devices-envvar-when-unprivileged=false") {
+				t.Errorf("fix %q does not say how to turn the variable off", res.Fix)
+			}
+			// The fix names the file as the admin finds it on the node.
+			if strings.Contains(res.Fix, n.root) {
+				t.Errorf("fix %q names the path inside the plugin's pod", res.Fix)
+			}
+		})
+	}
+	t.Run("not mounted", func(t *testing.T) {
+		n := newNode(t, "")
+		want(t, Run(context.Background(), n.config), "toolkit-envvar", Warn, "cannot be checked", "etc/nvidia-container-runtime/config.toml")
+		n.config.LegacyRuntime = true
+		want(t, Run(context.Background(), n.config), "toolkit-envvar", Warn, "as-volume-mounts must be true")
+		n.config.MockProfile = "hgx-h100"
+		want(t, Run(context.Background(), n.config), "toolkit-envvar", Skip, "skipped (mock profile hgx-h100)")
+	})
+	t.Run("through the host's /proc", func(t *testing.T) {
+		n := newNode(t, "")
+		n.config.HostProc = n.mkdir(t, "hostproc")
+		n.write(t, "hostproc/1/root/etc/nvidia-container-runtime/config.toml", fixed, 0o644)
+		n.config.LegacyRuntime = true
+		want(t, Run(context.Background(), n.config), "toolkit-envvar", OK, "hostproc/1/root/etc/nvidia-container-runtime/config.toml")
+	})
+	t.Run("--toolkit-config", func(t *testing.T) {
+		n := newNode(t, "")
+		n.config.ToolkitConfig = n.write(t, "elsewhere/config.toml", fixed, 0o644)
+		want(t, Run(context.Background(), n.config), "toolkit-envvar", OK, "elsewhere/config.toml")
+	})
 }
 
 func TestContainerd(t *testing.T) {

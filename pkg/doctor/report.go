@@ -1,8 +1,9 @@
 // Package doctor checks a node for what the gpu.tessera.dev kubelet plugin
 // needs: NVML and the driver, the NVIDIA container toolkit's CDI spec,
-// containerd's CDI setting, the plugin's kubelet sockets, what each isolation
-// backend needs (MPS, HAMi-core, driver-enforced memory limits) and the clock
-// against the API server's.
+// containerd's CDI setting, whether the NVIDIA runtime honours
+// NVIDIA_VISIBLE_DEVICES from unprivileged containers, the plugin's kubelet
+// sockets, what each isolation backend needs (MPS, HAMi-core,
+// driver-enforced memory limits) and the clock against the API server's.
 //
 // Every check reads paths given in [Config] (as the checking process sees
 // them: inside the plugin's pod, the chart's mounts) or goes through a small

@@ -28,6 +28,15 @@
 // No list variable (CUDA_VISIBLE_DEVICES, a UUID list) is set: two devices
 // would set it to two values and the runtime keeps the last.
 //
+// A GPU without a device in the NVIDIA container toolkit's CDI spec, on a
+// node whose runtime is the NVIDIA runtime in legacy mode
+// (--legacy-nvidia-runtime), gets its device nodes from [DevNodes] and a
+// read-only mount of /dev/null at /var/run/nvidia-container-devices/<uuid>:
+// the runtime's request for that GPU's driver libraries, one mount per GPU,
+// so they compose too. NVIDIA_VISIBLE_DEVICES stays void there as well,
+// which lets the node refuse the variable from unprivileged containers
+// (docs/security.md, "The NVIDIA_VISIBLE_DEVICES escape").
+//
 // Per backend, on every share device of the claim:
 //   - Advisory: TF_FORCE_GPU_ALLOW_GROWTH=true (nothing enforces the limit).
 //   - MPS: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,

@@ -54,7 +54,7 @@ func (g GPU) check() error {
 // without one device's value replacing another's: a container sees exactly
 // the GPUs of the devices it references.
 //
-//	NVIDIA_VISIBLE_DEVICES=void       the container gets GPUs through CDI device nodes only
+//	NVIDIA_VISIBLE_DEVICES=void       the container gets GPUs through CDI devices only
 //	CUDA_DEVICE_ORDER=PCI_BUS_ID      CUDA indices follow the PCI bus order
 //	TESSERA_GPU_<minor>=<uuid>
 //	TESSERA_GPU_<minor>_MEMORY_LIMIT=<bytes>   shares only
@@ -63,21 +63,29 @@ func (g GPU) check() error {
 //	                                  evicted when the GPU's owner needs it
 //
 // With legacyRuntime (a real node without the NVIDIA toolkit's CDI device
-// for the GPU) NVIDIA_VISIBLE_DEVICES is the GPU's UUID instead, so that a
-// legacy-mode NVIDIA runtime adds the driver's libraries; if the container
-// has several such GPUs the runtime keeps one of their UUIDs, which is
-// enough for the libraries and names no GPU the container was not given.
+// for the GPU) the device also mounts the host's /dev/null at
+// /var/run/nvidia-container-devices/<uuid>: a legacy-mode NVIDIA runtime
+// configured with accept-nvidia-visible-devices-as-volume-mounts = true
+// reads the GPUs a container asks for from such mounts (source /dev/null,
+// one per GPU, so any set of devices merges into exactly their GPUs) and
+// adds the driver's libraries for them. NVIDIA_VISIBLE_DEVICES stays void,
+// so a node may set accept-nvidia-visible-devices-envvar-when-unprivileged
+// = false: then a pod without a claim that sets NVIDIA_VISIBLE_DEVICES=all
+// itself (every CUDA base image does) gets no GPU from the runtime. A pod
+// can ask for such a mount only with a hostPath volume of /dev/null, which
+// Pod Security's baseline level refuses; a variable it can always set.
+// docs/security.md has the node settings.
 func DeviceEdits(g GPU, legacyRuntime bool) (cdispec.ContainerEdits, error) {
 	if err := g.check(); err != nil {
 		return cdispec.ContainerEdits{}, err
 	}
-	visible := "void"
+	var edits cdispec.ContainerEdits
 	if legacyRuntime {
-		visible = g.UUID
+		edits.Mounts = []*cdispec.Mount{bindMount("/dev/null", LegacyDeviceMount(g.UUID), "ro")}
 	}
 	prefix := GPUVariable(g.Minor)
 	env := []string{
-		"NVIDIA_VISIBLE_DEVICES=" + visible,
+		"NVIDIA_VISIBLE_DEVICES=void",
 		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 		prefix + "=" + g.UUID,
 	}
@@ -90,8 +98,18 @@ func DeviceEdits(g GPU, legacyRuntime bool) (cdispec.ContainerEdits, error) {
 		// The same value on every device, so it composes.
 		env = append(env, "TESSERA_PREEMPTIBLE=true")
 	}
-	return cdispec.ContainerEdits{Env: env}, nil
+	edits.Env = env
+	return edits, nil
 }
+
+// LegacyDeviceListRoot is where the NVIDIA container runtime reads device
+// requests made as volume mounts (the toolkit's
+// DeviceListAsVolumeMountsRoot).
+const LegacyDeviceListRoot = "/var/run/nvidia-container-devices"
+
+// LegacyDeviceMount is the container path whose /dev/null mount asks a
+// legacy-mode NVIDIA runtime for the GPU with this UUID.
+func LegacyDeviceMount(uuid string) string { return LegacyDeviceListRoot + "/" + uuid }
 
 // GPUVariable is the name of the variable that holds the UUID of GPU minor
 // in a container, and the prefix of its limit variables.

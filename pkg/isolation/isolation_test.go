@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/types"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
@@ -41,43 +42,88 @@ func TestDeviceEditsCompose(t *testing.T) {
 		{UUID: "GPU-b", Minor: 1},
 		{UUID: "GPU-c", Minor: 2, Shared: true, MemoryLimit: 2 << 30, CoresLimit: 20},
 	}
-	for mask := 1; mask < 1<<len(devices); mask++ {
-		merged := map[string]string{}
-		var want []string
-		for i, g := range devices {
-			if mask&(1<<i) == 0 {
-				continue
-			}
-			edits, err := DeviceEdits(g, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, kv := range edits.Env {
-				k, v, _ := strings.Cut(kv, "=")
-				if old, ok := merged[k]; ok && old != v {
-					t.Fatalf("devices %b: %s set to %q and %q", mask, k, old, v)
-				}
-				merged[k] = v
-			}
-			want = append(want, GPUVariable(g.Minor)+"="+g.UUID)
-		}
-		var got []string
-		for k, v := range merged {
-			if strings.HasPrefix(k, "TESSERA_GPU_") && !strings.HasSuffix(k, "_LIMIT") {
-				got = append(got, k+"="+v)
-			}
-		}
-		slices.Sort(got)
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("devices %b: visible GPUs (-want +got):\n%s", mask, diff)
-		}
-		if merged["NVIDIA_VISIBLE_DEVICES"] != "void" {
-			t.Errorf("devices %b: NVIDIA_VISIBLE_DEVICES=%q, want void", mask, merged["NVIDIA_VISIBLE_DEVICES"])
+	for _, legacy := range []bool{false, true} {
+		for mask := 1; mask < 1<<len(devices); mask++ {
+			checkDeviceEditsCompose(t, devices, mask, legacy)
 		}
 	}
 	if _, err := DeviceEdits(GPU{Minor: 3}, false); err == nil {
 		t.Error("DeviceEdits without a UUID: no error")
 	}
+}
+
+// checkDeviceEditsCompose merges the edits of the devices in mask as a
+// runtime does and checks what the container gets: its GPUs' variables,
+// NVIDIA_VISIBLE_DEVICES=void, and with legacy exactly its GPUs requested
+// from a legacy NVIDIA runtime through volume mounts.
+func checkDeviceEditsCompose(t *testing.T, devices []GPU, mask int, legacy bool) {
+	t.Helper()
+	merged := map[string]string{}
+	var want, wantRequested, gotRequested []string
+	for i, g := range devices {
+		if mask&(1<<i) == 0 {
+			continue
+		}
+		edits, err := DeviceEdits(g, legacy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantRequested = append(wantRequested, g.UUID)
+		gotRequested = append(gotRequested, volumeMountRequests(edits.Mounts)...)
+		for _, kv := range edits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			if old, ok := merged[k]; ok && old != v {
+				t.Fatalf("devices %b (legacy %v): %s set to %q and %q", mask, legacy, k, old, v)
+			}
+			merged[k] = v
+		}
+		want = append(want, GPUVariable(g.Minor)+"="+g.UUID)
+	}
+	var got []string
+	for k, v := range merged {
+		if strings.HasPrefix(k, "TESSERA_GPU_") && !strings.HasSuffix(k, "_LIMIT") {
+			got = append(got, k+"="+v)
+		}
+	}
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("devices %b (legacy %v): visible GPUs (-want +got):\n%s", mask, legacy, diff)
+	}
+	// void on every node: a legacy NVIDIA runtime must not be able to take
+	// the GPUs from the variable, or a node could not refuse it.
+	if merged["NVIDIA_VISIBLE_DEVICES"] != "void" {
+		t.Errorf("devices %b (legacy %v): NVIDIA_VISIBLE_DEVICES=%q, want void", mask, legacy, merged["NVIDIA_VISIBLE_DEVICES"])
+	}
+	if !legacy {
+		wantRequested = nil
+	}
+	slices.Sort(gotRequested)
+	if diff := cmp.Diff(wantRequested, gotRequested); diff != "" {
+		t.Errorf("devices %b (legacy %v): GPUs requested through volume mounts (-want +got):\n%s", mask, legacy, diff)
+	}
+}
+
+// volumeMountRequests are the device ids a legacy NVIDIA runtime with
+// accept-nvidia-visible-devices-as-volume-mounts = true reads from a
+// container's mounts: those whose host path is /dev/null, by their path
+// under /var/run/nvidia-container-devices (the toolkit's rule, in
+// internal/config/image/cuda_image.go).
+func volumeMountRequests(mounts []*cdispec.Mount) []string {
+	var out []string
+	for _, m := range mounts {
+		if filepath.Clean(m.HostPath) != "/dev/null" {
+			continue
+		}
+		dest := filepath.Clean(m.ContainerPath)
+		if !strings.HasPrefix(dest, "/var/run/nvidia-container-devices/") {
+			continue
+		}
+		if slices.Contains(m.Options, "rw") || !slices.Contains(m.Options, "ro") {
+			continue // the request need not, and must not, be writable
+		}
+		out = append(out, strings.TrimPrefix(dest, "/var/run/nvidia-container-devices/"))
+	}
+	return out
 }
 
 // TestHAMiCoreFailsClosed: a missing library is an error naming path and flag.

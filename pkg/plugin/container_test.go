@@ -43,12 +43,19 @@ func TestContainerSeesClaim(t *testing.T) {
 				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
 			},
 		},
-		"whole GPU on a real node without the toolkit: device nodes, its UUID for a legacy NVIDIA runtime": {
+		"whole GPU on a real node without the toolkit: device nodes, a volume-mount request for a legacy NVIDIA runtime": {
 			claim:       newClaim("uid-whole-real", []result{whole("gpu", "gpu-2")}),
 			realGPUs:    true,
 			wantDevices: []string{"gpu-2"},
 			wantEnv: func(*env) []string {
-				return append(base, "NVIDIA_VISIBLE_DEVICES=GPU-00000002", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
+				// void: the node can refuse the variable from
+				// unprivileged containers (docs/security.md).
+				return append(base, "NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "TESSERA_GPU_2=GPU-00000002")
+			},
+			wantMounts: func(*env) []oci.Mount {
+				return []oci.Mount{
+					{Destination: "/var/run/nvidia-container-devices/GPU-00000002", Type: "bind", Source: "/dev/null", Options: []string{"bind", "ro", "nosuid", "nodev"}},
+				}
 			},
 			wantNodes: []oci.LinuxDevice{
 				{Path: "/dev/nvidia2", Type: "c", Major: 195, Minor: 2},

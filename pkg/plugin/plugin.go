@@ -83,10 +83,13 @@ type Options struct {
 	// enforce a share's memory; DriverMemory shares fail without it.
 	DriverMemory isolation.DriverMemory
 	// LegacyRuntime says the node's container runtime is the NVIDIA runtime
-	// in legacy mode, which adds the driver's libraries for
-	// NVIDIA_VISIBLE_DEVICES=<uuid>. Without it, a real GPU without a device
-	// in the NVIDIA container toolkit's CDI spec fails to prepare: its
-	// container would get device nodes but no libcuda.
+	// in legacy mode, configured to take device requests as volume mounts
+	// (accept-nvidia-visible-devices-as-volume-mounts = true): it adds the
+	// driver's libraries for a GPU whose device mounts /dev/null at
+	// /var/run/nvidia-container-devices/<uuid> (isolation.DeviceEdits).
+	// Without it, a real GPU without a device in the NVIDIA container
+	// toolkit's CDI spec fails to prepare: its container would get device
+	// nodes but no libcuda.
 	LegacyRuntime bool
 	// ToolkitSpecDirs are where Toolkit looks, for error messages.
 	ToolkitSpecDirs []string
