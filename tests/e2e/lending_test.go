@@ -25,6 +25,9 @@ import (
 // The local cluster's lending settings (demo/clusters/local/overlay/values.yaml).
 const (
 	lendingIdlePeriod = 10 * time.Second
+	// lendingKillMargin is lending.killMargin: a borrower still on its GPU
+	// this long after its reclaim grace is killed.
+	lendingKillMargin = 15 * time.Second
 	// reclaimBudget is what the issue allows beyond the borrower's grace.
 	reclaimBudget = 10 * time.Second
 )
@@ -517,4 +520,225 @@ spec:
 	if !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "OwnersChanged") }) {
 		t.Errorf("borrower's claim events %q: want Reclaimed (OwnersChanged)", events)
 	}
+}
+
+// hostPIDOf finds the host PID of the process whose command line holds
+// marker (a borrower's container runs `sh -c … <marker>`; the local
+// cluster's containers share this host's /proc).
+func hostPIDOf(ctx context.Context, marker string) (int, error) {
+	var pid int
+	err := Poll(ctx, "the process of "+marker, PodTimeout, func(context.Context) (bool, error) {
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			return false, err
+		}
+		for _, e := range entries {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err == nil && strings.HasPrefix(string(cmd), "sh\x00") && strings.Contains(string(cmd), "\x00"+marker) {
+				pid = n
+				return true, nil
+			}
+		}
+		return false, retry("no process with %s in its command line", marker)
+	})
+	return pid, err
+}
+
+// setProcess makes the mock NVML report the host process pid as pod's GPU
+// process on the GPU with this NVML index (remove: stop reporting it).
+func setProcess(t testing.TB, index string, pid int, pod types.UID, memory int64, remove bool) {
+	t.Helper()
+	q := url.Values{"gpu": {index}, "pid": {strconv.Itoa(pid)}, "pod": {string(pod)}, "memory": {strconv.FormatInt(memory, 10)}}
+	if remove {
+		q.Set("remove", "true")
+	}
+	resp, err := http.Post(mockKnobURL("/mock/process", q), "", nil)
+	if err != nil {
+		t.Fatalf("mock knob: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("mock knob: %s: %s", resp.Status, body)
+	}
+}
+
+// TestOutstayingBorrowerKilled: a borrower whose pod asks for a day of
+// termination grace and whose process ignores SIGTERM (reported by the
+// mock as its GPU process, with its real host PID) loses the GPU within
+// its reclaim grace plus the plugin's kill margin: the plugin kills its
+// container (cgroup.kill), says so on its claim, and the pod goes.
+func TestOutstayingBorrowerKilled(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-lending-kill")
+	const grace = 5
+	c.Apply(t, ns, MustDecodeYAML(t, borrowerClaimYAML("borrower", grace))...)
+	gpu, index, owner := startOwner(t, c, ns)
+
+	marker := "tessera-outstay-" + ns
+	pod := EnvPod("borrower", "borrower", false)
+	spec := pod.Object["spec"].(map[string]any)
+	spec["terminationGracePeriodSeconds"] = int64(86400)
+	ctr := spec["containers"].([]any)[0].(map[string]any)
+	ctr["command"] = []any{"sh", "-c", `trap "" TERM; while :; do sleep 1; done`, marker}
+	c.Apply(t, ns, pod)
+	t.Cleanup(func() {
+		zero := int64(0)
+		_ = c.Client.CoreV1().Pods(ns).Delete(context.Background(), "borrower", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	})
+	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.WaitForPodRunning(ctx, ns, "borrower")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := hostPIDOf(ctx, marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setProcess(t, index, pid, b.UID, 1<<30, false)
+	t.Cleanup(func() { setProcess(t, index, pid, b.UID, 0, true) })
+	t.Logf("borrower runs on %s-lent as host process %d", gpu, pid)
+
+	busyAt := time.Now()
+	setOwnerActivity(t, index, owner.UID, 80, strconv.FormatInt(10<<30, 10))
+	bound := grace*time.Second + lendingKillMargin + reclaimBudget
+	err = Poll(ctx, fmt.Sprintf("process %d to end", pid), bound+PodTimeout, func(context.Context) (bool, error) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			return true, nil
+		}
+		return false, retry("running")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(busyAt)
+	t.Logf("borrower's process ended %s after the owner turned busy (grace %ds, kill margin %s)", took.Round(100*time.Millisecond), grace, lendingKillMargin)
+	if took > bound {
+		t.Errorf("the borrower kept the GPU %s, more than its grace %ds + the kill margin %s + %s", took, grace, lendingKillMargin, reclaimBudget)
+	}
+	if took < grace*time.Second+lendingKillMargin-2*time.Second {
+		t.Errorf("the borrower's process ended %s after the reclaim, before its grace and the kill margin: it did not ignore SIGTERM, so this test shows nothing", took)
+	}
+	if err := c.waitForPodGone(ctx, ns, "borrower", PodTimeout); err != nil {
+		t.Fatal(err)
+	}
+	events, err := c.claimEvents(ctx, ns, "borrower")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(events, func(e string) bool {
+		return strings.HasPrefix(e, "BorrowerKilled: ") && strings.Contains(e, "cgroup.kill")
+	}) {
+		t.Errorf("borrower's claim events %q: want BorrowerKilled (cgroup.kill)", events)
+	}
+	t.Logf("borrower's claim events: %q", events)
+}
+
+// TestNonLendingOwnerReclaimsAtPrepare: a share that does not lend, pinned
+// to a GPU whose owner lends it to a borrower, is scheduled there (the
+// lending device holds no counters). Its prepare takes the GPU back at once
+// and fails, with an event on its claim, until the borrower is gone; then it
+// runs.
+func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-lending-consent")
+	const grace = 5
+	c.Apply(t, ns, MustDecodeYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: owner}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity: {requests: {memory: 10Gi, cores: "20"}}
+    config:
+    - opaque:
+        driver: gpu.tessera.dev
+        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
+`+"---"+borrowerClaimYAML("borrower", grace))...)
+	owner := c.RunObjects(t, ns, EnvPod("owner", "owner", false))["owner"].Pod
+	devs, err := c.AllocatedDevices(ctx, ns, "owner")
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("owner's devices: %v, %v", devs, err)
+	}
+	shared, index := devs[0].Result.Device, devs[0].Attribute("index")
+	gpu := strings.TrimSuffix(shared, "-shared")
+	minor, err := DeviceMinor(gpu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setOwnerActivity(t, index, owner.UID, 0, strconv.FormatInt(5<<30, 10))
+	c.Apply(t, ns, EnvPod("borrower", "borrower", false))
+	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitForPodRunning(ctx, ns, "borrower"); err != nil {
+		t.Fatal(err)
+	}
+
+	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: private}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: shared.gpu.tessera.dev
+        capacity: {requests: {memory: 10Gi, cores: "20"}}
+        selectors:
+        - cel: {expression: 'device.attributes["gpu.tessera.dev"].minor == %d'}
+`, minor))...)
+	placedAt := time.Now()
+	c.Apply(t, ns, EnvPod("private", "private", false))
+	// Its prepare is refused and the GPU taken back at once.
+	err = Poll(ctx, "the private claim to wait for the borrower", PodTimeout, func(ctx context.Context) (bool, error) {
+		events, err := c.claimEvents(ctx, ns, "private")
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		if slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, "WaitingForBorrowers: ") }) {
+			return true, nil
+		}
+		return false, retry("events %q", events)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitForPodGone(ctx, ns, "borrower", grace*time.Second+reclaimBudget+PodTimeout); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("borrower gone %s after the private share was created", time.Since(placedAt).Round(100*time.Millisecond))
+	events, err := c.claimEvents(ctx, ns, "borrower")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(events, func(e string) bool {
+		return strings.HasPrefix(e, "Reclaimed: ") && strings.Contains(e, "OwnerDoesNotLend")
+	}) {
+		t.Errorf("borrower's claim events %q: want Reclaimed (OwnerDoesNotLend)", events)
+	}
+	// The kubelet's retry prepares it once the borrower is gone.
+	p, err := c.WaitForPodRunning(ctx, ns, "private")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := c.AllocatedDevices(ctx, ns, "private"); len(d) != 1 || d[0].Result.Device != shared {
+		t.Fatalf("private share's devices %v, want %s", d, shared)
+	}
+	t.Logf("private share running %s after creation (node %s)", time.Since(placedAt).Round(100*time.Millisecond), p.Spec.NodeName)
 }
