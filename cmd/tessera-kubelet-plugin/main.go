@@ -87,6 +87,9 @@ type flags struct {
 	lendingBusyThreshold  uint
 	lendingReserve        string
 	lendingMin            string
+	lendingKillMargin     time.Duration
+	lendingCgroupRoot     string
+	lendingProcRoot       string
 }
 
 func main() {
@@ -158,6 +161,9 @@ func newCommand() *cobra.Command {
 	fs.UintVar(&f.lendingBusyThreshold, "lending-busy-threshold", 5, "SM utilization (percent) at or above which an owner's process is busy")
 	fs.StringVar(&f.lendingReserve, "lending-reserve", "1Gi", "GPU memory kept back for the owners when lending")
 	fs.StringVar(&f.lendingMin, "lending-min", "1Gi", "least GPU memory worth lending")
+	fs.DurationVar(&f.lendingKillMargin, "lending-kill-margin", plugin.DefaultKillMargin, "how long after its reclaim grace a borrower that still holds its GPU is killed (cgroup.kill of its pod's cgroups)")
+	fs.StringVar(&f.lendingCgroupRoot, "lending-cgroup-root", "/sys/fs/cgroup", "where the host's cgroup filesystem is mounted (read-write), to kill borrowers that outstay a reclaim; empty: borrowers are only reported")
+	fs.StringVar(&f.lendingProcRoot, "lending-proc-root", "", "the host's /proc for finding an outstaying borrower's containers from its GPU processes where the kubelet makes no pod cgroups; empty: --proc-root")
 	klogFlags := goflag.NewFlagSet("klog", goflag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	fs.AddGoFlagSet(klogFlags)
@@ -646,6 +652,9 @@ func newLender(ctx context.Context, f flags, p *plugin.Plugin, lib nvml.Interfac
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("--lending-*: %w", err)
 	}
+	if f.lendingKillMargin < 0 {
+		return nil, fmt.Errorf("--lending-kill-margin %s: must not be negative", f.lendingKillMargin)
+	}
 	if f.lendingSampleInterval <= 0 || f.lendingBusyThreshold > 100 {
 		return nil, fmt.Errorf("--lending-sample-interval %s, --lending-busy-threshold %d: want a positive interval and a threshold of at most 100", f.lendingSampleInterval, f.lendingBusyThreshold)
 	}
@@ -662,7 +671,17 @@ func newLender(ctx context.Context, f flags, p *plugin.Plugin, lib nvml.Interfac
 	if pods, ok := mpsDaemons.(*mpsdaemon.Pods); ok {
 		service = pods.PodUIDs
 	}
+	var kill func(types.UID, []uint32) ([]string, error)
+	if f.lendingCgroupRoot != "" {
+		procRoot := f.lendingProcRoot
+		if procRoot == "" {
+			procRoot = f.procRoot
+		}
+		kill = lending.Cgroups{Root: f.lendingCgroupRoot, ProcRoot: procRoot}.KillPod
+	}
 	return plugin.NewLender(ctx, p, plugin.LenderOptions{
+		Kill:          kill,
+		KillMargin:    f.lendingKillMargin,
 		ServicePods:   service,
 		LockPath:      lockPath,
 		Policy:        policy,
