@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -33,6 +35,7 @@ func newCommand() *cobra.Command {
 	server := &webhook.Server{}
 	var kubeconfig string
 	var classTimeout time.Duration
+	var memoryLimit string
 	cmd := &cobra.Command{
 		Use:   "tessera-webhook",
 		Short: "Validating admission webhook for gpu.tessera.dev GpuConfig in ResourceClaims and ResourceClaimTemplates",
@@ -52,6 +55,9 @@ func newCommand() *cobra.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			ctx = klog.NewContext(ctx, klog.Background().WithName("tessera-webhook"))
+			if err := setMemoryLimit(ctx, memoryLimit); err != nil {
+				return err
+			}
 			classes, err := deviceClasses(kubeconfig)
 			if err != nil {
 				return err
@@ -74,6 +80,12 @@ func newCommand() *cobra.Command {
 	flags.DurationVar(&server.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "after the drain, wait at most this long for requests in flight")
 	flags.IntVar(&server.MaxInFlight, "max-in-flight", webhook.DefaultMaxInFlight, "reviews served at once; more wait up to --max-wait, then get 429")
 	flags.DurationVar(&server.MaxWait, "max-wait", webhook.DefaultMaxWait, "how long a review waits for a slot when --max-in-flight are served")
+	flags.DurationVar(&server.BodyTimeout, "body-timeout", webhook.DefaultBodyTimeout,
+		"bound on reading a request's body, which happens before the review takes one of --max-in-flight slots; a body not read by then gets 400")
+	flags.Int64Var(&server.BodyBudget, "body-budget", webhook.DefaultBodyBudget,
+		"bytes that request bodies beyond their first 64 KiB may hold at once, from reading to the end of their review; a body that gets none within --body-timeout gets 429")
+	flags.StringVar(&memoryLimit, "memory-limit", "",
+		"the container's memory limit (bytes or a quantity such as 256Mi; the chart passes limits.memory): the Go runtime's soft memory limit is set to 90% of it, unless GOMEMLIMIT is set; empty or 0: none")
 	flags.BoolVar(&server.ReusePort, "reuse-port", false, "listen with SO_REUSEPORT, so that replicas in the host's network namespace of one node share --bind-address")
 	flags.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for the API server; empty: the pod's service account (in-cluster)")
 	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
@@ -83,6 +95,33 @@ func newCommand() *cobra.Command {
 	flags.AddGoFlagSet(klogFlags)
 	cmd.AddCommand(newLocalityCommand())
 	return cmd
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit (what GOMEMLIMIT
+// sets) to 90% of limit, a Kubernetes quantity: the garbage collector then
+// works harder as the heap nears the container's limit instead of letting
+// the kernel kill the process, keeping a tenth for what the runtime does not
+// count against it (goroutine stacks in use by the OS, kernel buffers).
+// GOMEMLIMIT in the environment wins.
+func setMemoryLimit(ctx context.Context, limit string) error {
+	if limit == "" || os.Getenv("GOMEMLIMIT") != "" {
+		return nil
+	}
+	q, err := resource.ParseQuantity(limit)
+	if err != nil {
+		return fmt.Errorf("--memory-limit %q: %w", limit, err)
+	}
+	bytes, ok := q.AsInt64()
+	if !ok || bytes < 0 {
+		return fmt.Errorf("--memory-limit %q: not a byte count", limit)
+	}
+	if bytes == 0 {
+		return nil
+	}
+	soft := bytes / 10 * 9
+	debug.SetMemoryLimit(soft)
+	klog.FromContext(ctx).Info("Set the Go runtime's memory limit", "containerLimit", bytes, "goMemLimit", soft)
+	return nil
 }
 
 // deviceClasses connects to the API server: with kubeconfig when set, else

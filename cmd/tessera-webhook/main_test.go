@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +83,38 @@ func TestLocalityControllerFlags(t *testing.T) {
 	root.SetArgs([]string{"locality-controller"})
 	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "connect to the API server") {
 		t.Fatalf("Execute = %v, want an error about the API server", err)
+	}
+}
+
+// TestMemoryLimit: --memory-limit (the container's limit, as the chart
+// passes it) sets the Go runtime's soft limit to 90% of it; GOMEMLIMIT wins;
+// a value that is not a quantity is an error naming the flag.
+func TestMemoryLimit(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(before)
+	ctx := context.Background()
+	t.Setenv("GOMEMLIMIT", "")
+	if err := setMemoryLimit(ctx, "268435456"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(268435456/10*9); got != want {
+		t.Errorf("soft limit = %d, want %d", got, want)
+	}
+	if err := setMemoryLimit(ctx, "128Mi"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(128<<20/10*9); got != want {
+		t.Errorf("soft limit = %d, want %d", got, want)
+	}
+	t.Setenv("GOMEMLIMIT", "100MiB")
+	if err := setMemoryLimit(ctx, "1Gi"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := debug.SetMemoryLimit(-1), int64(128<<20/10*9); got != want {
+		t.Errorf("with GOMEMLIMIT set: soft limit = %d, want it unchanged (%d)", got, want)
+	}
+	t.Setenv("GOMEMLIMIT", "")
+	if err := setMemoryLimit(ctx, "lots"); err == nil || !strings.Contains(err.Error(), "--memory-limit") {
+		t.Errorf("setMemoryLimit(lots) = %v, want an error naming --memory-limit", err)
 	}
 }

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -85,7 +86,8 @@ const (
 // names no memory is allocated all of its GPU's memory (the shared device's
 // requestPolicy default). They start with the field path.
 func ValidateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path) (errs field.ErrorList, warnings []string) {
-	return validateDeviceClaim(devices, path, false, nil)
+	errs, warnings, _ = validateDeviceClaim(context.Background(), devices, path, false, nil)
+	return errs, warnings
 }
 
 // ValidateDeviceClaimWithClasses is ValidateDeviceClaim, and also checks the
@@ -95,7 +97,8 @@ func ValidateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path) (er
 // is (a map in tests, the API server's classes in the webhook). A nil classes
 // reads none: the same as ValidateDeviceClaim.
 func ValidateDeviceClaimWithClasses(devices *resourceapi.DeviceClaim, path *field.Path, classes DeviceClassLookup) (errs field.ErrorList, warnings []string) {
-	return validateDeviceClaim(devices, path, false, classes)
+	errs, warnings, _ = validateDeviceClaim(context.Background(), devices, path, false, classes)
+	return errs, warnings
 }
 
 // unit is one way a request of the claim is allocated: the request itself, or
@@ -153,37 +156,74 @@ type claimChecker struct {
 
 // validateDeviceClaim is ValidateDeviceClaimWithClasses; inline says that the
 // fields of an exact request sit in the request itself
-// (resource.k8s.io/v1beta1), which only changes the field paths.
-func validateDeviceClaim(devices *resourceapi.DeviceClaim, path *field.Path, inline bool, classes DeviceClassLookup) (field.ErrorList, []string) {
+// (resource.k8s.io/v1beta1), which only changes the field paths. A claim
+// over the API's list sizes (checkLimits) gets only those errors. err is
+// ctx's error when ctx ended before the checks did.
+func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, path *field.Path, inline bool, classes DeviceClassLookup) (field.ErrorList, []string, error) {
+	if errs := checkLimits(devices, path); len(errs) > 0 {
+		return errs, nil, nil
+	}
 	c := &claimChecker{devices: devices, path: path}
 	c.collectUnits(inline)
 	warnings := c.warnings()
 
 	errs, ours := c.decodeConfigs()
 	if len(errs) > 0 || len(ours) == 0 {
-		return errs, warnings
+		return errs, warnings, ctx.Err()
 	}
+	// Units to which the same config entries apply merge to the same config:
+	// merge once per distinct set of entries (configs are at most 32, see
+	// checkLimits), so the cost grows with the configs, not with requests ×
+	// configs.
+	merged := map[uint64]error{}
 	for _, u := range c.units {
-		if _, err := configapi.ConfigForRequest(ours, u.name); err != nil {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		key := c.appliesMask(u.name)
+		err, done := merged[key]
+		if !done {
+			_, err = configapi.ConfigForRequest(ours, u.name)
+			merged[key] = err
+		}
+		if err != nil {
 			errs = append(errs, field.Invalid(path.Child("config"), "", fmt.Sprintf("request %q: %v", u.name, err)))
 		}
 	}
 	if len(errs) > 0 {
-		return errs, warnings
+		return errs, warnings, nil
 	}
 	c.resolveSettings()
-	errs = append(errs, c.checkShareLimits()...)
-	errs = append(errs, c.checkIsolation()...)
-	errs = append(errs, c.checkNVLink()...)
+	for _, check := range []func() field.ErrorList{c.checkShareLimits, c.checkIsolation, c.checkNVLink} {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		errs = append(errs, check()...)
+	}
 	if classes != nil {
 		floorErrs, floorWarnings := c.checkFloor(classes)
 		errs = append(errs, floorErrs...)
 		warnings = append(warnings, floorWarnings...)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	if len(errs) == 0 {
 		warnings = append(warnings, c.hamiSharingWarnings()...)
 	}
-	return errs, warnings
+	return errs, warnings, nil
+}
+
+// appliesMask has bit i set when config entry i of the driver applies to
+// request (configapi.AppliesTo). checkLimits keeps the entries within 32.
+func (c *claimChecker) appliesMask(request string) uint64 {
+	var mask uint64
+	for i, cfg := range c.decoded {
+		if cfg != nil && configapi.AppliesTo(c.devices.Config[i].Requests, request) {
+			mask |= 1 << i
+		}
+	}
+	return mask
 }
 
 // hamiSharingWarnings warns about a standalone ResourceClaim (its devices at

@@ -41,12 +41,22 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 	if err := json.Unmarshal(req.Object.Raw, &class); err != nil {
 		return badRequest(req, err)
 	}
+	configs := field.NewPath("spec", "config")
+	if n := len(class.Spec.Config); n > maxConfigs {
+		resp.Allowed = false
+		resp.Result = denial(req, field.ErrorList{field.TooMany(configs, n, maxConfigs)})
+		return resp
+	}
 	var errs field.ErrorList
 	for i, entry := range class.Spec.Config {
 		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
 			continue
 		}
-		path := field.NewPath("spec", "config").Index(i).Child("opaque", "parameters")
+		path := configs.Index(i).Child("opaque", "parameters")
+		if tooLong := checkParameters(path, len(entry.Opaque.Parameters)); len(tooLong) > 0 {
+			errs = append(errs, tooLong...)
+			continue
+		}
 		cfg, err := configapi.DecodeStrict(entry.Opaque.Parameters)
 		if err != nil {
 			errs = append(errs, field.Invalid(path, "", err.Error()))

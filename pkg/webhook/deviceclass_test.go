@@ -1,8 +1,12 @@
 package webhook
 
 import (
+	"bytes"
+	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -58,7 +62,7 @@ func TestReviewDeviceClass(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := Review(classReview(tc.op, tc.version, tc.object), nil)
+			resp := Review(context.Background(), classReview(tc.op, tc.version, tc.object), nil)
 			if tc.want == "" {
 				if !resp.Allowed {
 					t.Fatalf("denied: %s", resp.Result.Message)
@@ -78,11 +82,27 @@ func TestReviewDeviceClass(t *testing.T) {
 	}
 }
 
+// reviewerFunc is a reviewer from a function.
+type reviewerFunc func(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview)
+
+func (f reviewerFunc) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
+	f(w, r, review)
+}
+
 func TestLimitInFlight(t *testing.T) {
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func() *http.Request {
+		r := httptest.NewRequest(http.MethodPost, ValidatePath, bytes.NewReader(valid))
+		r.Header.Set("Content-Type", "application/json")
+		return r
+	}
 	release := make(chan struct{})
 	var mu sync.Mutex
 	running, most := 0, 0
-	h := limitInFlight(2, 200*time.Millisecond, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	h := newGate(2, 200*time.Millisecond, DefaultBodyTimeout, DefaultBodyBudget).serve(reviewerFunc(func(http.ResponseWriter, *http.Request, *admissionv1.AdmissionReview) {
 		mu.Lock()
 		running++
 		most = max(most, running)
@@ -99,7 +119,7 @@ func TestLimitInFlight(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, ValidatePath, nil))
+			h.ServeHTTP(rec, post())
 			codes <- rec.Code
 		}()
 	}
@@ -116,7 +136,7 @@ func TestLimitInFlight(t *testing.T) {
 		}
 	}
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, ValidatePath, nil))
+	h.ServeHTTP(rec, post())
 	if rec.Code != http.StatusTooManyRequests {
 		t.Errorf("third review while two are in flight: %d, want 429 after the wait", rec.Code)
 	}

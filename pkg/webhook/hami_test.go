@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -37,7 +38,7 @@ devices:
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Review(&admissionv1.AdmissionRequest{
+		return Review(context.Background(), &admissionv1.AdmissionRequest{
 			UID:       "1",
 			Kind:      metav1.GroupVersionKind{Group: ResourceGroup, Version: "v1", Kind: kind},
 			Operation: admissionv1.Create,

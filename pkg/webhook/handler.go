@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -44,16 +45,24 @@ type DeviceClassReader interface {
 
 var _ http.Handler = Handler{}
 
+// ServeHTTP reads the request and answers it. Server puts the handler behind
+// a gate that reads the body under a deadline and a memory budget before
+// the review takes a slot; served on its own, the body is read as it comes.
 func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	logger := klog.FromContext(r.Context())
 	review, ok := readReview(w, r)
 	if !ok {
 		return
 	}
+	h.review(w, r, review)
+}
+
+func (h Handler) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
+	ctx, cancel := reviewContext(r)
+	defer cancel()
+	logger := klog.FromContext(ctx)
 	req := review.Request
 	var classes DeviceClassLookup
 	if h.Classes != nil {
-		ctx := r.Context()
 		classes = func(name string) (*resourceapi.DeviceClass, error) {
 			class, err := h.Classes.Get(ctx, name)
 			if err != nil && !apierrors.IsNotFound(err) {
@@ -63,7 +72,7 @@ func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return class, err
 		}
 	}
-	resp := Review(req, classes)
+	resp := Review(ctx, req, classes)
 	if !resp.Allowed {
 		logger.V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
 			"operation", req.Operation, "uid", req.UID, "reason", resp.Result.Message)
@@ -73,17 +82,21 @@ func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	writeReview(w, review, resp)
 }
 
+// reviewContext is the request's context, bounded by the timeout the API
+// server puts in the webhook URL's query (?timeout=5s): past it the API
+// server no longer waits for the answer.
+func reviewContext(r *http.Request) (context.Context, context.CancelFunc) {
+	if timeout, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && timeout > 0 {
+		return context.WithTimeout(r.Context(), timeout)
+	}
+	return context.WithCancel(r.Context())
+}
+
 // readReview reads an AdmissionReview v1 request (POST, application/json, at
 // most maxReviewBytes). On a malformed request it answers with the HTTP error
 // and returns false; the API server then applies the webhook's failurePolicy.
 func readReview(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionReview, bool) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "only POST is served", http.StatusMethodNotAllowed)
-		return nil, false
-	}
-	if mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mediaType != "application/json" {
-		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
+	if !checkRequest(w, r) {
 		return nil, false
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxReviewBytes+1))
@@ -92,9 +105,30 @@ func readReview(w http.ResponseWriter, r *http.Request) (*admissionv1.AdmissionR
 		return nil, false
 	}
 	if len(body) > maxReviewBytes {
-		http.Error(w, fmt.Sprintf("the request is larger than %d bytes", maxReviewBytes), http.StatusRequestEntityTooLarge)
+		http.Error(w, errTooLarge.Error(), http.StatusRequestEntityTooLarge)
 		return nil, false
 	}
+	return decodeReview(w, body)
+}
+
+// checkRequest answers a request that is not a POST of application/json
+// with the HTTP error and returns false.
+func checkRequest(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "only POST is served", http.StatusMethodNotAllowed)
+		return false
+	}
+	if mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mediaType != "application/json" {
+		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
+		return false
+	}
+	return true
+}
+
+// decodeReview decodes an AdmissionReview v1 with a request, or answers 400
+// and returns false.
+func decodeReview(w http.ResponseWriter, body []byte) (*admissionv1.AdmissionReview, bool) {
 	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &review); err != nil {
 		http.Error(w, fmt.Sprintf("not an AdmissionReview: %v", err), http.StatusBadRequest)

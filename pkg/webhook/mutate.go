@@ -96,10 +96,16 @@ func (h MutateHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	h.review(w, r, review)
+}
+
+func (h MutateHandler) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
+	ctx, cancel := reviewContext(r)
+	defer cancel()
 	req := review.Request
-	resp := Mutate(req, func() ([]fraction.Model, error) { return h.Models.Models(r.Context()) })
+	resp := Mutate(req, func() ([]fraction.Model, error) { return h.Models.Models(ctx) })
 	if !resp.Allowed {
-		klog.FromContext(r.Context()).V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace,
+		klog.FromContext(ctx).V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace,
 			"name", req.Name, "uid", req.UID, "reason", resp.Result.Message)
 	}
 	writeReview(w, review, resp)
@@ -128,6 +134,13 @@ func Mutate(req *admissionv1.AdmissionRequest, models func() ([]fraction.Model, 
 	}
 	value, ok := claim.Annotations[fraction.Annotation]
 	if !ok {
+		return resp
+	}
+	// Mutation runs before the API server validates the object: hold it to
+	// the API's sizes before expanding anything.
+	if errs := checkLimits(&claim.Spec.Devices, field.NewPath("spec", "devices")); len(errs) > 0 {
+		resp.Allowed = false
+		resp.Result = denial(req, errs)
 		return resp
 	}
 	requests, errs := expandFraction(value, claim.Spec.Devices.Requests, models)

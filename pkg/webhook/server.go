@@ -32,30 +32,12 @@ const (
 const (
 	// DefaultMaxInFlight reviews at once: a review is a JSON decode and a
 	// DeviceClass read from the cache, milliseconds each, so 32 keep up with
-	// the API server's bursts while bounding memory (32 × maxReviewBytes).
+	// the API server's bursts. Bodies are read before a review takes a slot
+	// (see BodyTimeout and BodyBudget).
 	DefaultMaxInFlight = 32
 	// DefaultMaxWait for a slot: below the webhook's default timeoutSeconds (5).
 	DefaultMaxWait = 3 * time.Second
 )
-
-// limitInFlight serves at most n requests at once; the others wait for a
-// slot up to maxWait (or until their request ends) and then get 429.
-func limitInFlight(n int, maxWait time.Duration, next http.Handler) http.Handler {
-	slots := make(chan struct{}, n)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		timer := time.NewTimer(maxWait)
-		defer timer.Stop()
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-			next.ServeHTTP(w, r)
-		case <-timer.C:
-			w.Header().Set("Retry-After", "1")
-			http.Error(w, fmt.Sprintf("more than %d reviews in flight", n), http.StatusTooManyRequests)
-		case <-r.Context().Done():
-		}
-	})
-}
 
 // Server serves Handler over TLS. The zero value is not usable: Addr, CertFile
 // and KeyFile are required.
@@ -80,12 +62,23 @@ type Server struct {
 	// (MutateHandler); nil serves no MutatePath.
 	Models GPUModelReader
 	// MaxInFlight caps the reviews served at once (0: DefaultMaxInFlight).
-	// A review beyond it waits for a slot, at most until its request's
-	// context ends or MaxWait passes, then gets 429 (the API server applies
-	// the webhook's failurePolicy).
+	// A review takes a slot only once its body has been read; beyond the
+	// cap it waits, at most until its request's context ends or MaxWait
+	// passes, then gets 429 (the API server applies the webhook's
+	// failurePolicy).
 	MaxInFlight int
 	// MaxWait bounds the wait for a slot (0: DefaultMaxWait).
 	MaxWait time.Duration
+	// BodyTimeout bounds reading a request's body, which happens before the
+	// review takes a slot (0: DefaultBodyTimeout). A body not read by then
+	// gets 400.
+	BodyTimeout time.Duration
+	// BodyBudget bounds the bytes that bodies beyond their first 64 KiB
+	// hold at once, from reading to the end of their review
+	// (0: DefaultBodyBudget). A body that cannot get budget before its
+	// BodyTimeout gets 429. Ordinary reviews (a few KiB) draw only on a
+	// separate pool of 256 × 64 KiB, so large bodies cannot starve them.
+	BodyBudget int64
 	// ReusePort sets SO_REUSEPORT on the listener: replicas in the host's
 	// network namespace of one node (running as the same user) can then all
 	// listen on Addr, the kernel spreads connections among them, and one
@@ -113,16 +106,11 @@ func (s *Server) Run(ctx context.Context) error {
 
 	var shuttingDown atomic.Bool
 	mux := http.NewServeMux()
-	maxInFlight, maxWait := s.MaxInFlight, s.MaxWait
-	if maxInFlight <= 0 {
-		maxInFlight = DefaultMaxInFlight
-	}
-	if maxWait <= 0 {
-		maxWait = DefaultMaxWait
-	}
-	mux.Handle(ValidatePath, limitInFlight(maxInFlight, maxWait, Handler{Classes: s.Classes}))
+	// One gate for both paths: the slots and the budget bound the process.
+	g := s.gate()
+	mux.Handle(ValidatePath, g.serve(Handler{Classes: s.Classes}))
 	if s.Models != nil {
-		mux.Handle(MutatePath, limitInFlight(maxInFlight, maxWait, MutateHandler{Models: s.Models}))
+		mux.Handle(MutatePath, g.serve(MutateHandler{Models: s.Models}))
 	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
@@ -201,6 +189,26 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	logger.Info("Stopped")
 	return nil
+}
+
+// gate is the Server's gate, with its limits or their defaults.
+func (s *Server) gate() *gate {
+	maxInFlight, maxWait, bodyTimeout, bodyBudget := s.MaxInFlight, s.MaxWait, s.BodyTimeout, s.BodyBudget
+	if maxInFlight <= 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	if maxWait <= 0 {
+		maxWait = DefaultMaxWait
+	}
+	if bodyTimeout <= 0 {
+		bodyTimeout = DefaultBodyTimeout
+	}
+	if bodyBudget <= 0 {
+		bodyBudget = DefaultBodyBudget
+	}
+	// The largest body must fit, or it would wait for budget that never comes.
+	bodyBudget = max(bodyBudget, maxReviewBytes+1)
+	return newGate(maxInFlight, maxWait, bodyTimeout, bodyBudget)
 }
 
 // certificateFiles loads a key pair from files and loads it again when either

@@ -23,7 +23,7 @@ import (
 
 // writeCert writes a self-signed serving certificate for 127.0.0.1 with the
 // given common name and returns it parsed.
-func writeCert(t *testing.T, dir, cn string, mtime time.Time) *x509.Certificate {
+func writeCert(t testing.TB, dir, cn string, mtime time.Time) *x509.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -28,6 +29,14 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // claim's requests name, for their sharing.allowedIsolations (see
 // ValidateDeviceClaimWithClasses); nil reads none.
 //
+// Before any check, an object with more requests, firstAvailable
+// alternatives, constraints or configs than resource.k8s.io/v1 allows, or
+// opaque parameters over its 10 KiB, is denied (see checkLimits): the API
+// server never stores such an object, and the checks' cost is bounded by
+// these sizes. Review stops as soon as ctx is done (between steps, and
+// between requests within a step) and denies the request with a Timeout
+// status: the API server has stopped waiting for the answer by then.
+//
 // It denies the CREATE of a ResourceClaim or ResourceClaimTemplate (any of
 // Versions) that ValidateDeviceClaim refuses: an opaque config for driver
 // gpu.tessera.dev that does not decode with configapi.DecodeStrict, does not
@@ -54,8 +63,11 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // claim created before the webhook existed. A request whose object cannot be
 // parsed at all is denied with a BadRequest status: the API server produced it,
 // so that is a bug worth seeing rather than waving through.
-func Review(req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admissionv1.AdmissionResponse {
+func Review(ctx context.Context, req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if err := ctx.Err(); err != nil {
+		return abandoned(req, err)
+	}
 	if req.Kind.Group != ResourceGroup || !supportedVersion(req.Kind.Version) {
 		return resp
 	}
@@ -86,7 +98,10 @@ func Review(req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admis
 		}
 		return resp
 	}
-	errs, warnings := validateDeviceClaim(devices, root.Child("devices"), inline, classes)
+	errs, warnings, err := validateDeviceClaim(ctx, devices, root.Child("devices"), inline, classes)
+	if err != nil {
+		return abandoned(req, err)
+	}
 	resp.Warnings = warnings
 	if len(errs) == 0 {
 		return resp
@@ -94,6 +109,21 @@ func Review(req *admissionv1.AdmissionRequest, classes DeviceClassLookup) *admis
 	resp.Allowed = false
 	resp.Result = denial(req, errs)
 	return resp
+}
+
+// abandoned is the answer to a request whose review stopped because its
+// context ended (err).
+func abandoned(req *admissionv1.AdmissionRequest, err error) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{
+		UID:     req.UID,
+		Allowed: false,
+		Result: &metav1.Status{
+			Status:  metav1.StatusFailure,
+			Code:    504,
+			Reason:  metav1.StatusReasonTimeout,
+			Message: fmt.Sprintf("%s %s: review abandoned: %v", req.Kind.Kind, objectName(req), err),
+		},
+	}
 }
 
 func supportedVersion(version string) bool {

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -211,7 +212,7 @@ func TestReview(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req := loadReview(t, tc.file, tc.replacements...)
-			resp := Review(req, nil)
+			resp := Review(context.Background(), req, nil)
 			if resp.UID != req.UID {
 				t.Errorf("UID = %q, want the request's %q", resp.UID, req.UID)
 			}

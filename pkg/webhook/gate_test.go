@@ -1,0 +1,234 @@
+package webhook
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// startServer runs s on a loopback port with a fresh certificate and returns
+// its base URL and a client that trusts it.
+func startServer(t testing.TB, s *Server) (string, *http.Client, *x509.Certificate) {
+	t.Helper()
+	dir := t.TempDir()
+	cert := writeCert(t, dir, "gate", time.Now().Add(-time.Minute))
+	listening := make(chan net.Addr, 1)
+	s.Addr, s.CertFile, s.KeyFile, s.listening = "127.0.0.1:0", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), listening
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	var addr net.Addr
+	select {
+	case addr = <-listening:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not listening after 10s")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	t.Cleanup(client.CloseIdleConnections)
+	return "https://" + addr.String(), client, cert
+}
+
+// slowBody opens a connection to base and POSTs a review whose headers
+// declare length bytes, then sends first of them and nothing more. It
+// returns the connection's response status once the server answers (or 0
+// when the connection closes without one).
+func slowBody(t *testing.T, base string, cert *x509.Certificate, length int, first []byte) <-chan int {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	conn, err := tls.Dial("tcp", base[len("https://"):], &tls.Config{RootCAs: pool, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", ValidatePath, length); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			status <- 0
+			return
+		}
+		_ = resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	return status
+}
+
+func postReview(client *http.Client, url string, body []byte) (int, *admissionv1.AdmissionReview, error) {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, nil, nil
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(out, &review); err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("%w: %s", err, out)
+	}
+	return resp.StatusCode, &review, nil
+}
+
+// Bodies that never finish hold no review slot: with every slot's worth of
+// them open, an ordinary review is answered, and each of them is cut off
+// after the body timeout. (Before the body was read under a slot, the
+// ordinary review got 429 after MaxWait.)
+func TestSlowBodiesHoldNoSlot(t *testing.T) {
+	s := &Server{MaxInFlight: 2, MaxWait: 500 * time.Millisecond, BodyTimeout: 2 * time.Second}
+	base, client, cert := startServer(t, s)
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stalled []<-chan int
+	for range 2 * s.MaxInFlight {
+		stalled = append(stalled, slowBody(t, base, cert, len(valid), valid[:10]))
+	}
+	// Let the server start reading every stalled body before the ordinary
+	// review arrives.
+	time.Sleep(200 * time.Millisecond)
+	code, review, err := postReview(client, base+ValidatePath, valid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusOK || review.Response == nil || !review.Response.Allowed {
+		t.Fatalf("ordinary review beside %d stalled bodies: status %d, want 200 and allowed", len(stalled), code)
+	}
+	for i, status := range stalled {
+		select {
+		case code := <-status:
+			if code != http.StatusBadRequest && code != 0 {
+				t.Errorf("stalled body %d: status %d, want 400 or the connection closed", i, code)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("stalled body %d still open 15s after a body timeout of %v", i, s.BodyTimeout)
+		}
+	}
+}
+
+// Large bodies draw on a budget of their own: with it spent by bodies that
+// stall, an ordinary review is answered at once.
+func TestLargeBodiesCannotStarveSmallOnes(t *testing.T) {
+	s := &Server{BodyTimeout: 5 * time.Second, BodyBudget: 2 * maxReviewBytes}
+	base, client, cert := startServer(t, s)
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two stalled bodies that declare the largest review take the budget.
+	for range 2 {
+		slowBody(t, base, cert, maxReviewBytes, []byte("{"))
+	}
+	time.Sleep(200 * time.Millisecond)
+	code, review, err := postReview(client, base+ValidatePath, valid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusOK || review.Response == nil || !review.Response.Allowed {
+		t.Fatalf("ordinary review with the large budget spent: status %d, want 200 and allowed", code)
+	}
+}
+
+// A body that cannot get budget before its deadline is refused with 429
+// (errNoBudget) instead of waiting on; one within the small pool is read.
+func TestReadBodyBudget(t *testing.T) {
+	g := newGate(1, time.Second, 300*time.Millisecond, 1<<20)
+	if err := g.large.Acquire(context.Background(), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	read := func(body []byte) ([]byte, error) {
+		req := httptest.NewRequest(http.MethodPost, ValidatePath, bytes.NewReader(body))
+		got, release, err := g.readBody(httptest.NewRecorder(), req)
+		release()
+		return got, err
+	}
+	small := bytes.Repeat([]byte("s"), 10<<10)
+	if got, err := read(small); err != nil || !bytes.Equal(got, small) {
+		t.Fatalf("small body with the large budget spent: %d bytes, %v", len(got), err)
+	}
+	if _, err := read(bytes.Repeat([]byte("l"), 200<<10)); !errors.Is(err, errNoBudget) {
+		t.Fatalf("large body with the large budget spent: %v, want %v", err, errNoBudget)
+	}
+	g.large.Release(1 << 20)
+	large := bytes.Repeat([]byte("l"), 200<<10)
+	if got, err := read(large); err != nil || !bytes.Equal(got, large) {
+		t.Fatalf("large body with budget: %d bytes, %v", len(got), err)
+	}
+	// Every byte was given back.
+	if !g.large.TryAcquire(1<<20) || !g.small.TryAcquire(smallBodies*smallBodyBytes) {
+		t.Error("budget not released")
+	}
+}
+
+// blockingClasses answers every read only when the read's context ends.
+type blockingClasses struct{}
+
+func (blockingClasses) Get(ctx context.Context, _ string) (*resourceapi.DeviceClass, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// The handler bounds a review by the timeout the API server puts in the
+// URL and stops it there: a DeviceClass read that never returns by itself
+// ends with the request's deadline, and the review is abandoned.
+func TestHandlerHonoursRequestTimeout(t *testing.T) {
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, ValidatePath+"?timeout=100ms", bytes.NewReader(valid))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Handler{Classes: blockingClasses{}}.ServeHTTP(rec, req)
+	}()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the review did not end 15s after its 100ms timeout")
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(rec.Body.Bytes(), &review); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body.String())
+	}
+	if review.Response == nil || review.Response.Allowed || review.Response.Result.Code != http.StatusGatewayTimeout {
+		t.Fatalf("response = %+v, want a denial with code 504", review.Response)
+	}
+}
