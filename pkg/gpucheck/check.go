@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	nvmlmock "github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -238,6 +239,11 @@ func computeModeCheck(cfg Config, g gpu.GPU) Check {
 	dev, ret := cfg.NVML.DeviceGetHandleByUUID(g.UUID)
 	if ret != nvml.SUCCESS {
 		c.Status, c.Detail = StatusError, fmt.Sprintf("gpu-%d: nvmlDeviceGetHandleByUUID: %v", g.Minor, ret)
+		return c
+	}
+	if m, ok := dev.(*nvmlmock.Device); ok && m.GetComputeModeFunc == nil {
+		// go-nvml's mock panics on a method it was not given.
+		c.Status, c.Detail = StatusSkipped, fmt.Sprintf("gpu-%d: this mock NVML reports no compute mode", g.Minor)
 		return c
 	}
 	mode, ret := dev.GetComputeMode()
