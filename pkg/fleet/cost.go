@@ -66,7 +66,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 		return nil, fmt.Errorf("cost scenario: unknown kind %q", kind)
 	}
 	s := &CostScenario{Kind: kind, Nodes: nodes, Shares: shares, classes: newClassLister(m.classes()), cel: newCELCache(), state: newAllocatedState()}
-	// An eighth of the GPU in whole MiB (81559Mi/8 rounded down) and 12 cores, so
+	// An eighth of the GPU in whole MiB (81089Mi/8 rounded down) and 12 cores, so
 	// that eight fit on one GPU.
 	eighth := map[resourceapi.QualifiedName]resource.Quantity{
 		"memory": *resource.NewQuantity(gpuMemory.Value()/8>>20<<20, resource.BinarySI),

@@ -237,8 +237,10 @@ func TestClaimSizes(t *testing.T) {
 		cores   int64
 		memMi   int64
 	}{
-		{0.01, 1, 1, 815}, {0.125, 1, 12, 10194}, {0.13, 2, 13, 10602}, {0.25, 2, 25, 20389}, {0.3, 4, 30, 24467},
-		{0.51, 8, 51, 41595}, {1.0 / 3, 4, 33, 27186}, {1, 8, 100, 81559},
+		// 0.01 of the memory is less than the 1Gi minimum share: the
+		// smallest fraction above it (0.0127).
+		{0.01, 1, 1, 1029}, {0.125, 1, 12, 10136}, {0.13, 2, 13, 10541}, {0.25, 2, 25, 20272}, {0.3, 4, 30, 24326},
+		{0.51, 8, 51, 41355}, {1.0 / 3, 4, 33, 27029}, {1, 8, 100, 81089},
 	} {
 		if got := partitionEighths(tc.demand); got != tc.eighths {
 			t.Errorf("demand %.3f: partition of %d eighths, want %d", tc.demand, got, tc.eighths)
@@ -255,7 +257,7 @@ func TestClaimSizes(t *testing.T) {
 		}
 	}
 	mem, cores := ShareRequest(Demand{0.5, 0.2})
-	if mem.Value() != 40779<<20 || cores.Value() != 20 {
+	if mem.Value() != 40544<<20 || cores.Value() != 20 {
 		t.Errorf("memory 1/2, cores 1/5: %s, %d cores", mem.String(), cores.Value())
 	}
 }

@@ -18,9 +18,9 @@ import (
 // GPUsPerNode is the size of the hgx-h100 node profile every simulated node has.
 const GPUsPerNode = 8
 
-// gpuMemory is the framebuffer of one H100 80GB as NVML reports it (and the mock
-// profile hgx-h100, which a test checks); the model publishes it as is.
-var gpuMemory = resource.MustParse("81559Mi")
+// gpuMemory is what one H100 80GB publishes (the mock profile hgx-h100, which a
+// test checks): NVML's 81559Mi less the 470Mi its driver reserves.
+var gpuMemory = resource.MustParse("81089Mi")
 
 // Driver is the driver name on every simulated device (the real one, so the
 // DeviceClass selectors are the ones users get).

@@ -342,7 +342,7 @@ func (r *Report) Markdown() string {
 	if choice == "" {
 		choice = ChoiceScore
 	}
-	p("Fleet: %d nodes × %d GPUs (mock profile hgx-h100: H100 80GB, 81559Mi each, published by pkg/model), %d GPUs. ",
+	p("Fleet: %d nodes × %d GPUs (mock profile hgx-h100: H100 80GB, 81089Mi each, published by pkg/model), %d GPUs. ",
 		r.Nodes, GPUsPerNode, r.Nodes*GPUsPerNode)
 	if w.Trace != nil {
 		p("Stream: the trace's %d jobs as they are. ", len(w.Trace))

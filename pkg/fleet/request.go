@@ -53,6 +53,22 @@ func demandFraction(x float64) (fraction.Fraction, error) {
 	return fraction.Parse(strconv.FormatInt(n, 10) + "/10000")
 }
 
+// memoryFraction is demandFraction for memory, raised to the smallest
+// fraction of m whose share is at least m's minimum share: a job that needs
+// less memory than that asks for the minimum, which is what the scheduler
+// would charge it anyway.
+func memoryFraction(x float64, m fraction.Model) (fraction.Fraction, error) {
+	f, err := demandFraction(x)
+	if err != nil {
+		return f, err
+	}
+	if s, err := f.Share(m); err == nil && s.Memory.Cmp(m.MemoryMin) >= 0 {
+		return f, nil
+	}
+	least := float64(m.MemoryMin.Value()+m.MemoryStep.Value()) / float64(m.Memory.Value())
+	return demandFraction(max(x, least))
+}
+
 // ShareRequest is the capacity a job of this demand asks for on the fleet's GPU
 // model: the memory of its memory fraction's share and the cores of its cores
 // fraction's share (the same fraction when they are equal).
@@ -85,7 +101,7 @@ func formShare(d Demand) (memory, cores resource.Quantity, err error) {
 	if err != nil {
 		return memory, cores, err
 	}
-	fm, err := demandFraction(d.Memory)
+	fm, err := memoryFraction(d.Memory, models[0])
 	if err != nil {
 		return memory, cores, err
 	}
@@ -97,7 +113,11 @@ func formShare(d Demand) (memory, cores resource.Quantity, err error) {
 	if err != nil {
 		return memory, cores, err
 	}
-	sc, err := fc.Share(models[0])
+	// Only the cores of fc's share are used: its memory may be below the
+	// minimum share, which is not what this share asks for.
+	coresOnly := models[0]
+	coresOnly.MemoryMin = resource.Quantity{}
+	sc, err := fc.Share(coresOnly)
 	if err != nil {
 		return memory, cores, err
 	}
@@ -111,7 +131,11 @@ func formShare(d Demand) (memory, cores resource.Quantity, err error) {
 func shareClaim(j *Job) (*resourceapi.ResourceClaim, error) {
 	name := "job-" + strconv.Itoa(j.ID)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "fleet", UID: types.UID("uid-" + name)}}
-	fm, err := demandFraction(j.Memory)
+	models, err := gpuModels()
+	if err != nil {
+		return nil, err
+	}
+	fm, err := memoryFraction(j.Memory, models[0])
 	if err != nil {
 		return nil, fmt.Errorf("job %d: %w", j.ID, err)
 	}
@@ -120,10 +144,6 @@ func shareClaim(j *Job) (*resourceapi.ResourceClaim, error) {
 		return nil, fmt.Errorf("job %d: %w", j.ID, err)
 	}
 	if fm == fc {
-		models, err := gpuModels()
-		if err != nil {
-			return nil, err
-		}
 		req, err := fraction.Request(claimtemplate.RequestName, fm, models)
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", j.ID, err)

@@ -2,18 +2,29 @@
 // Tessera share, per GPU model, so that shares of 1/k tile every model: exactly
 // k of them fit on one GPU and k+1 do not.
 //
-// The memory a GPU publishes is what NVML reports (an H100 80GB is 81559Mi),
-// so fixed sizes do not tile: two 40Gi shares do not fit on an H100. A
-// fraction is computed from each model's own capacity, rounded down to the
-// step of the shared device's request policy, and the request names one
-// firstAvailable subrequest per model, each with a selector on that model's
-// memory, so a claim takes the same fraction of whichever model it lands on.
+// The memory a GPU publishes is what workloads can use, NVML's total less the
+// driver's reserved memory (an H100 80GB publishes about 81089Mi of NVML's
+// 81559Mi), so fixed sizes do not tile: two 40Gi shares do not fit on an
+// H100. A fraction is computed from each model's own capacity, rounded down
+// to the step of the shared device's request policy, and the request names
+// one firstAvailable subrequest per model, each with a selector on that
+// model's product names, so a claim takes the same fraction of whichever
+// model it lands on.
+//
+// A model's capacity is the smallest memory any node publishes for it. Nodes
+// of one product do not all publish the same: during a rolling upgrade of
+// Tessera old nodes publish NVML's total and new ones total − reserved, and a
+// driver update can change what the driver reserves. Sized from the smallest,
+// k shares of 1/k fit on every node of the model; selected by product rather
+// than by exact memory, a claim expanded before a node changed what it
+// publishes still matches that node.
 package fraction
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math/big"
 	"slices"
 	"strconv"
@@ -21,6 +32,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 )
 
 // The names of pkg/model's resource model that a fraction depends on. They
@@ -104,15 +116,22 @@ func (f Fraction) String() string { return fmt.Sprintf("%d/%d", f.Num, f.Den) }
 // Tiles is how many shares of f fit on one GPU: floor(Den/Num).
 func (f Fraction) Tiles() int64 { return f.Den / f.Num }
 
-// Model is what a GPU model's shared device publishes: its memory and cores
-// and the steps its request policy rounds requests up to.
+// Model is what a GPU model's shared devices publish: their memory and cores
+// and the steps and minimum their request policy rounds requests up to.
 type Model struct {
-	// Products are the productName attributes of the GPUs with this capacity.
-	Products   []string
+	// Products are the productName attributes of the GPUs of this model.
+	// Empty for devices that publish no product name: they are told apart
+	// by their memory alone.
+	Products []string
+	// Memory is the smallest memory any shared device of the model publishes.
 	Memory     resource.Quantity
 	MemoryStep resource.Quantity
-	Cores      int64
-	CoresStep  int64
+	// MemoryMin is the least memory a share is charged (the request
+	// policy's validRange.min, the largest any device of the model has);
+	// zero when the devices publish none.
+	MemoryMin resource.Quantity
+	Cores     int64
+	CoresStep int64
 }
 
 // Share is one share's capacity requests.
@@ -127,7 +146,8 @@ type Share struct {
 // a request up to it, and k rounded-up shares can overflow the GPU). For f up
 // to 1/8 and the models Tessera knows, Tiles()+1 shares never fit (tested
 // through the scheduler's allocator); it errors when the share would be
-// smaller than one step.
+// smaller than one step or than the model's minimum share (the allocator
+// would charge the minimum, and Tiles() of those need not fit).
 func (f Fraction) Share(m Model) (Share, error) {
 	memStep := max(m.MemoryStep.Value(), 1)
 	coresStep := max(m.CoresStep, 1)
@@ -136,6 +156,10 @@ func (f Fraction) Share(m Model) (Share, error) {
 	if mem < memStep || cores < coresStep {
 		return Share{}, fmt.Errorf("%s of %s (%s, %d cores) is less than one step (%s, %d cores)",
 			f, m.name(), m.Memory.String(), m.Cores, m.MemoryStep.String(), coresStep)
+	}
+	if mem < m.MemoryMin.Value() {
+		return Share{}, fmt.Errorf("%s of %s (%s) is %s of memory, less than the smallest share the GPU gives (%s)",
+			f, m.name(), m.Memory.String(), ptr.To(quantity(mem, memStep)).String(), m.MemoryMin.String())
 	}
 	return Share{Memory: quantity(mem, memStep), Cores: cores}, nil
 }
@@ -163,23 +187,57 @@ func (m Model) name() string {
 }
 
 // Models are the distinct GPU models among the shared devices Tessera
-// publishes in slices, by capacity (GPUs with equal memory and steps share a
-// model whatever their product names), smallest memory first.
-func Models(slices []resourceapi.ResourceSlice) []Model {
-	var out []Model
-	for i := range slices {
-		s := &slices[i]
+// publishes in slices, smallest memory first. Devices are grouped by product
+// name and each product takes the smallest memory, the largest minimum share
+// and the coarsest steps any of its devices publishes, so that a share sized
+// for it fits on every one of them; products that come out equal are one
+// model. Devices without a product name are grouped by their memory.
+func Models(published []resourceapi.ResourceSlice) []Model {
+	byProduct := map[string]Model{}
+	var anonymous []Model
+	for i := range published {
+		s := &published[i]
 		if s.Spec.Driver != driverName {
 			continue
 		}
 		for j := range s.Spec.Devices {
-			if m, ok := modelOf(&s.Spec.Devices[j]); ok {
-				out = addModel(out, m)
+			m, ok := modelOf(&s.Spec.Devices[j])
+			switch {
+			case !ok:
+			case len(m.Products) == 0:
+				anonymous = addModel(anonymous, m)
+			default:
+				p := m.Products[0]
+				if o, seen := byProduct[p]; seen {
+					m = smallest(o, m)
+				}
+				byProduct[p] = m
 			}
 		}
 	}
+	var out []Model
+	for _, p := range slices.Sorted(maps.Keys(byProduct)) {
+		out = addModel(out, byProduct[p])
+	}
+	out = append(out, anonymous...)
 	sortModels(out)
 	return out
+}
+
+// smallest is what shares of one product can count on across its devices a
+// and b: the smaller memory and cores, the larger minimum and steps.
+func smallest(a, b Model) Model {
+	if b.Memory.Cmp(a.Memory) < 0 {
+		a.Memory = b.Memory
+	}
+	if b.MemoryStep.Cmp(a.MemoryStep) > 0 {
+		a.MemoryStep = b.MemoryStep
+	}
+	if b.MemoryMin.Cmp(a.MemoryMin) > 0 {
+		a.MemoryMin = b.MemoryMin
+	}
+	a.Cores, a.CoresStep = min(a.Cores, b.Cores), max(a.CoresStep, b.CoresStep)
+	return a
 }
 
 func modelOf(d *resourceapi.Device) (Model, bool) {
@@ -192,8 +250,13 @@ func modelOf(d *resourceapi.Device) (Model, bool) {
 		return Model{}, false
 	}
 	m := Model{Memory: mem.Value, MemoryStep: resource.MustParse("1"), Cores: cores.Value.Value(), CoresStep: 1}
-	if p := mem.RequestPolicy; p != nil && p.ValidRange != nil && p.ValidRange.Step != nil {
-		m.MemoryStep = *p.ValidRange.Step
+	if p := mem.RequestPolicy; p != nil && p.ValidRange != nil {
+		if p.ValidRange.Step != nil {
+			m.MemoryStep = *p.ValidRange.Step
+		}
+		if p.ValidRange.Min != nil {
+			m.MemoryMin = *p.ValidRange.Min
+		}
 	}
 	if p := cores.RequestPolicy; p != nil && p.ValidRange != nil && p.ValidRange.Step != nil {
 		m.CoresStep = p.ValidRange.Step.Value()
@@ -207,7 +270,8 @@ func modelOf(d *resourceapi.Device) (Model, bool) {
 func addModel(models []Model, m Model) []Model {
 	for i := range models {
 		o := &models[i]
-		if o.Memory.Cmp(m.Memory) == 0 && o.MemoryStep.Cmp(m.MemoryStep) == 0 && o.Cores == m.Cores && o.CoresStep == m.CoresStep {
+		if o.Memory.Cmp(m.Memory) == 0 && o.MemoryStep.Cmp(m.MemoryStep) == 0 && o.MemoryMin.Cmp(m.MemoryMin) == 0 &&
+			o.Cores == m.Cores && o.CoresStep == m.CoresStep {
 			for _, p := range m.Products {
 				if !slices.Contains(o.Products, p) {
 					o.Products = append(o.Products, p)
@@ -235,7 +299,8 @@ var ErrNoModels = errors.New("no GPU model publishes Tessera shared devices (is 
 // Request is a share request named name for f of whichever model it lands on:
 // one firstAvailable subrequest per model (smallest memory first), each of
 // class shared.gpu.tessera.dev with the model's share and a selector on the
-// model's memory. Subrequests are named after the model's memory ("m81559mi").
+// model's products (Selector). Subrequests are named after the model's memory
+// ("m81089mi").
 func Request(name string, f Fraction, models []Model) (resourceapi.DeviceRequest, error) {
 	if len(models) == 0 {
 		return resourceapi.DeviceRequest{}, ErrNoModels
@@ -270,7 +335,7 @@ func Request(name string, f Fraction, models []Model) (resourceapi.DeviceRequest
 }
 
 // SubrequestName names a model's subrequest after its memory: "m" and the
-// memory in MiB ("m81559mi"), or in bytes ("m85520809984b").
+// memory in MiB ("m81089mi"), or in bytes ("m85027880960b").
 func SubrequestName(m Model) string {
 	b := m.Memory.Value()
 	if b%(1<<20) == 0 {
@@ -279,8 +344,18 @@ func SubrequestName(m Model) string {
 	return fmt.Sprintf("m%db", b)
 }
 
-// Selector is the CEL expression that selects m's devices: their memory
-// capacity is m's.
+// Selector is the CEL expression that selects m's devices: their product
+// name is one of m's, or, for a model without product names, their memory
+// is m's. Devices that publish no product name are not errors for a
+// product selector (the guard keeps CEL from failing the whole claim).
 func Selector(m Model) string {
-	return fmt.Sprintf(`device.capacity[%q].%s.compareTo(quantity(%q)) == 0`, driverName, capMemory, m.Memory.String())
+	if len(m.Products) == 0 {
+		return fmt.Sprintf(`device.capacity[%q].%s.compareTo(quantity(%q)) == 0`, driverName, capMemory, m.Memory.String())
+	}
+	attrs := fmt.Sprintf("device.attributes[%q]", driverName)
+	names := make([]string, len(m.Products))
+	for i, p := range m.Products {
+		names[i] = strconv.Quote(p)
+	}
+	return fmt.Sprintf(`%q in %s && %s.%s in [%s]`, string(attrProductName), attrs, attrs, attrProductName, strings.Join(names, ", "))
 }

@@ -64,6 +64,12 @@ func TestParse(t *testing.T) {
 // first n GPUs (all of them with n 0) on node "node-1".
 func profileSlices(t *testing.T, profile string, n int) []resourceapi.ResourceSlice {
 	t.Helper()
+	return publish(t, profileGPUs(t, profile, n))
+}
+
+// profileGPUs are the first n GPUs of a mock profile (all of them with n 0).
+func profileGPUs(t *testing.T, profile string, n int) []gpu.GPU {
+	t.Helper()
 	lib, err := gpu.NewMock(profile)
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +85,12 @@ func profileSlices(t *testing.T, profile string, n int) []resourceapi.ResourceSl
 	if n > 0 {
 		gpus = gpus[:n]
 	}
+	return gpus
+}
+
+// publish is what the kubelet plugin publishes for gpus on node "node-1".
+func publish(t *testing.T, gpus []gpu.GPU) []resourceapi.ResourceSlice {
+	t.Helper()
 	res, err := model.Resources("node-1", gpus)
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +229,7 @@ func TestRequestPicksEachModel(t *testing.T) {
 
 func TestShareArithmetic(t *testing.T) {
 	h100 := Models(profileSlices(t, "hgx-h100", 1))[0]
-	for in, want := range map[string]string{"1/2": "40779Mi 50", "1/3": "27186Mi 33", "1/4": "20389Mi 25", "3/8": "30584Mi 37", "1/1": "81559Mi 100"} {
+	for in, want := range map[string]string{"1/2": "40544Mi 50", "1/3": "27029Mi 33", "1/4": "20272Mi 25", "3/8": "30408Mi 37", "1/1": "81089Mi 100"} {
 		s, err := MustParse(in).Share(h100)
 		if got := fmt.Sprintf("%s %d", s.Memory.String(), s.Cores); err != nil || got != want {
 			t.Errorf("%s of H100 = %s, %v; want %s", in, got, err, want)

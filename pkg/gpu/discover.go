@@ -76,8 +76,13 @@ func (f Failure) Unwrap() error { return f.Err }
 //
 // Facts a driver or GPU does not support are left at their zero value instead of
 // failing discovery: NUMANode stays nil, MultiprocessorCount 0, MIGEnabled false,
-// and a GPU without NVLink forms its own domain. Calls that newer drivers added
-// (nvmlDeviceGetNumaNodeId, nvmlDeviceGetGpuFabricInfo,
+// ComputeMode and Fabric empty, and a GPU without NVLink forms its own domain.
+// An NVML failure of the NVLink or fabric queries (nvmlDeviceGetNvLink*,
+// nvmlDeviceGetGpuFabricInfo) does not fail the GPU either: it is described
+// in an NVLink domain of its own with the error in NVLinkError, since a GPU
+// whose links cannot be read may still compute (see Conditions for what
+// callers make of that, of Fabric and of ComputeMode). Calls that newer drivers added
+// (nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetNumaNodeId, nvmlDeviceGetGpuFabricInfo,
 // nvmlDeviceGetNvLinkRemoteDeviceType) are made only when the loaded library
 // exports them, because go-nvml binds symbols lazily and calling a missing one
 // kills the process. Any other NVML failure fails the GPU; its Failure names
@@ -87,7 +92,8 @@ func (f Failure) Unwrap() error { return f.Err }
 // Calls made: SystemGetDriverVersion, SystemGetCudaDriverVersion, DeviceGetCount,
 // DeviceGetHandleByIndex, Extensions().LookupSymbol, and on each device GetUUID,
 // GetMinorNumber, GetIndex, GetName, GetArchitecture, GetCudaComputeCapability,
-// GetMemoryInfo, GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode,
+// GetMemoryInfo_v2 (GetMemoryInfo where v2 is missing or refused),
+// GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode, GetComputeMode,
 // GetNvLinkState, GetNvLinkRemoteDeviceType, GetNvLinkRemotePciInfo and
 // GetGpuFabricInfo. A mock must implement all of them (see NewMockNode).
 // A lib that also has a PCIeRoot(pciBusID) (string, bool) method (MockNode)
@@ -201,11 +207,9 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 	}
 	g.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
 
-	mem, ret := dev.GetMemoryInfo()
-	if ret != nvml.SUCCESS {
-		return g, nvmlError("nvmlDeviceGetMemoryInfo", ret)
+	if err := readMemory(dev, sym, &g); err != nil {
+		return g, err
 	}
-	g.MemoryBytes = mem.Total
 
 	// nvmlDeviceGetAttributes is documented for MIG device handles; drivers that
 	// refuse it for a full GPU leave the SM count unknown rather than failing.
@@ -252,6 +256,7 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 
 // symbols records which optional NVML entry points the loaded library exports.
 type symbols struct {
+	memoryInfoV2     bool
 	numaNode         bool
 	fabricInfo       bool
 	nvlinkRemoteType bool
@@ -261,6 +266,7 @@ func lookupSymbols(lib nvml.Interface) symbols {
 	ext := lib.Extensions()
 	has := func(name string) bool { return ext != nil && ext.LookupSymbol(name) == nil }
 	return symbols{
+		memoryInfoV2:     has("nvmlDeviceGetMemoryInfo_v2"),
 		numaNode:         has("nvmlDeviceGetNumaNodeId"),
 		fabricInfo:       has("nvmlDeviceGetGpuFabricInfo"),
 		nvlinkRemoteType: has("nvmlDeviceGetNvLinkRemoteDeviceType"),

@@ -56,22 +56,22 @@ func TestDiscoverProfiles(t *testing.T) {
 		domains [][]int
 	}{
 		{
-			profile: "dgx-a100", count: 8, product: "NVIDIA A100-SXM4-40GB", memory: 40960 << 20,
+			profile: "dgx-a100", count: 8, product: "NVIDIA A100-SXM4-40GB", memory: (40960 - 424) << 20,
 			arch: "ampere", cc: "8.0", sms: 108,
 			domains: [][]int{{0, 1, 2, 3, 4, 5, 6, 7}},
 		},
 		{
-			profile: "hgx-h100", count: 8, product: "NVIDIA H100 80GB HBM3", memory: 85520809984, // 81559 MiB
+			profile: "hgx-h100", count: 8, product: "NVIDIA H100 80GB HBM3", memory: (81559 - 470) << 20,
 			arch: "hopper", cc: "9.0", sms: 132,
 			domains: [][]int{{0, 1, 2, 3, 4, 5, 6, 7}},
 		},
 		{
-			profile: "l4x4", count: 4, product: "NVIDIA L4", memory: 23034 << 20,
+			profile: "l4x4", count: 4, product: "NVIDIA L4", memory: (23034 - 375) << 20,
 			arch: "ada", cc: "8.9", sms: 58,
 			domains: [][]int{{0}, {1}, {2}, {3}},
 		},
 		{
-			profile: "a100-pairs", count: 4, product: "NVIDIA A100 80GB PCIe", memory: 80 << 30,
+			profile: "a100-pairs", count: 4, product: "NVIDIA A100 80GB PCIe", memory: (81920 - 698) << 20,
 			arch: "ampere", cc: "8.0", sms: 108,
 			domains: [][]int{{0, 1}, {2, 3}},
 		},
@@ -265,10 +265,16 @@ func TestDiscoverOptionalFacts(t *testing.T) {
 			d.GetNumaNodeIdFunc = nil
 			d.GetGpuFabricInfoFunc = nil
 			d.GetNvLinkRemoteDeviceTypeFunc = nil
+			d.GetMemoryInfo_v2Func = nil
 		}
 		gpus := mustDiscover(t, node)
 		if gpus[0].NUMANode != nil {
 			t.Errorf("NUMANode = %d, want nil", *gpus[0].NUMANode)
+		}
+		// Without v2 the total is all the driver can tell, and the GPU says so.
+		if g := gpus[0]; g.MemoryBytes != 40960<<20 || g.MemoryTotalBytes != 40960<<20 || g.MemoryReservedBytes != 0 ||
+			!strings.Contains(g.MemoryReservedUnknown, "no nvmlDeviceGetMemoryInfo_v2") {
+			t.Errorf("memory %d of %d, %d reserved (%q), want the v1 total and why", g.MemoryBytes, g.MemoryTotalBytes, g.MemoryReservedBytes, g.MemoryReservedUnknown)
 		}
 		// Without the remote type, the switch is recognised by its bus id.
 		if got := domainGroups(gpus); len(got) != 1 {
@@ -304,7 +310,7 @@ func TestDiscoverErrorsNameTheDevice(t *testing.T) {
 	if err == nil {
 		t.Fatal("Discover succeeded with a lost GPU")
 	}
-	want := fmt.Sprintf("GPU index 2 (%s): nvmlDeviceGetMemoryInfo: ", mockUUID("a100-pairs", 2))
+	want := fmt.Sprintf("GPU index 2 (%s): nvmlDeviceGetMemoryInfo_v2: ", mockUUID("a100-pairs", 2))
 	if !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("error %q, want it to start with %q", err, want)
 	}

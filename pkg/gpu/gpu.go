@@ -25,8 +25,23 @@ type GPU struct {
 	DriverVersion string `json:"driverVersion"`
 	// CUDADriverVersion as "major.minor", e.g. "12.4".
 	CUDADriverVersion string `json:"cudaDriverVersion"`
-	// MemoryBytes is the total framebuffer memory.
+	// MemoryBytes is the framebuffer memory workloads can use: NVML's total
+	// less what the driver and firmware reserve (nvmlDeviceGetMemoryInfo_v2).
+	// It is what Tessera publishes and what shares are cut from. Where the
+	// driver cannot say what it reserves it is the total, and
+	// MemoryReservedUnknown says why.
 	MemoryBytes uint64 `json:"memoryBytes"`
+	// MemoryTotalBytes is NVML's total framebuffer memory (nvidia-smi's
+	// memory.total), reserved memory included.
+	MemoryTotalBytes uint64 `json:"memoryTotalBytes,omitempty"`
+	// MemoryReservedBytes is the memory the driver and firmware reserve
+	// (nvidia-smi's memory.reserved); no workload can allocate it.
+	MemoryReservedBytes uint64 `json:"memoryReservedBytes,omitempty"`
+	// MemoryReservedUnknown is empty when NVML reported the reserved memory,
+	// else why it did not (an NVML older than R510 has no
+	// nvmlDeviceGetMemoryInfo_v2): MemoryBytes is then the total, which
+	// promises shares memory no process can get.
+	MemoryReservedUnknown string `json:"memoryReservedUnknown,omitempty"`
 	// MultiprocessorCount is the number of SMs; 0 when the driver does not report
 	// it (NVML documents nvmlDeviceGetAttributes for MIG devices only).
 	MultiprocessorCount int `json:"multiprocessorCount"`

@@ -20,11 +20,16 @@ const (
 // mockProfile describes one mock node. Memory sizes are what NVML reports on the
 // real product (nvidia-smi's "Total" memory), not the marketing size.
 type mockProfile struct {
-	product     string
-	arch        nvml.DeviceArchitecture
-	ccMajor     int
-	ccMinor     int
-	memoryMiB   uint64
+	product   string
+	arch      nvml.DeviceArchitecture
+	ccMajor   int
+	ccMinor   int
+	memoryMiB uint64
+	// reservedMiB is what the driver reserves of memoryMiB (nvidia-smi's
+	// memory.reserved, nvmlDeviceGetMemoryInfo_v2's Reserved). NVIDIA
+	// publishes no table of it and it varies with the driver; each profile
+	// says where its figure comes from.
+	reservedMiB uint64
 	sms         uint32
 	pciDeviceID uint32
 	// mig is true for GPUs that support MIG; the mocks report it disabled.
@@ -62,7 +67,11 @@ var mockProfiles = map[string]mockProfile{
 	// 4-5 under pci0000:80, 6-7 under pci0000:a0.
 	"dgx-a100": {
 		product: "NVIDIA A100-SXM4-40GB", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
-		memoryMiB: 40960, sms: 108, pciDeviceID: 0x20B010DE, mig: true,
+		// CUDA's total on an A100-SXM4-40GB is commonly reported as 40536
+		// MiB (PaddlePaddle's get_device_properties docstring:
+		// total_memory=40536MB, computed in MiB); CUDA's total leaves the
+		// reserved memory out: 40960 - 40536.
+		memoryMiB: 40960, reservedMiB: 424, sms: 108, pciDeviceID: 0x20B010DE, mig: true,
 		buses:    []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
 		roots:    pairs("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:a0"),
 		links:    12,
@@ -74,7 +83,11 @@ var mockProfiles = map[string]mockProfile{
 	// pci0000:4e, 4-5 under pci0000:97, 6-7 under pci0000:cb.
 	"hgx-h100": {
 		product: "NVIDIA H100 80GB HBM3", arch: nvml.DEVICE_ARCH_HOPPER, ccMajor: 9, ccMinor: 0,
-		memoryMiB: 81559, sms: 132, pciDeviceID: 0x233010DE, mig: true,
+		// PyTorch's get_device_properties on an H100 80GB HBM3 is commonly
+		// reported with total_memory=81082MB..81090MB (MiB, by driver
+		// version; e.g. 81089 with torch 2.7/CUDA 12.8): CUDA's total, which
+		// leaves the reserved memory out, so 81559 - 81089.
+		memoryMiB: 81559, reservedMiB: 470, sms: 132, pciDeviceID: 0x233010DE, mig: true,
 		buses:    []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
 		roots:    pairs("pci0000:15", "pci0000:4e", "pci0000:97", "pci0000:cb"),
 		links:    18,
@@ -85,7 +98,10 @@ var mockProfiles = map[string]mockProfile{
 	// complex: pci0000:16, pci0000:30, pci0000:b0, pci0000:c9.
 	"l4x4": {
 		product: "NVIDIA L4", arch: nvml.DEVICE_ARCH_ADA, ccMajor: 8, ccMinor: 9,
-		memoryMiB: 23034, sms: 58, pciDeviceID: 0x27B810DE,
+		// No published figure found for the L4. Assumed: the T4's share
+		// (deviceQuery reports 15110 of nvidia-smi's 15360 MiB, 250 MiB
+		// reserved, 1.6%) of the L4's 23034 MiB.
+		memoryMiB: 23034, reservedMiB: 375, sms: 58, pciDeviceID: 0x27B810DE,
 		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
 		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
 	},
@@ -94,7 +110,10 @@ var mockProfiles = map[string]mockProfile{
 	// an NVLink pair spans two roots.
 	"a100-pairs": {
 		product: "NVIDIA A100 80GB PCIe", arch: nvml.DEVICE_ARCH_AMPERE, ccMajor: 8, ccMinor: 0,
-		memoryMiB: 81920, sms: 108, pciDeviceID: 0x20B510DE, mig: true,
+		// No figure found for the PCIe card; an A100-SXM4-80GB's CUDA total
+		// is reported as 81221.8 MiB (cudaDeviceProp.totalGlobalMem), so
+		// 81920 - 81222.
+		memoryMiB: 81920, reservedMiB: 698, sms: 108, pciDeviceID: 0x20B510DE, mig: true,
 		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
 		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
 		links: 12,
@@ -185,6 +204,7 @@ func (n *MockNode) PCIeRoot(pciBusID string) (string, bool) {
 
 // mockSymbols are the optional NVML symbols the mock claims to export.
 var mockSymbols = []string{
+	"nvmlDeviceGetMemoryInfo_v2",
 	"nvmlDeviceGetNumaNodeId",
 	"nvmlDeviceGetGpuFabricInfo",
 	"nvmlDeviceGetNvLinkRemoteDeviceType",
@@ -268,8 +288,21 @@ func newMockDevice(name string, p mockProfile, i int) *mock.Device {
 	d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return nvml.BRAND_NVIDIA, nvml.SUCCESS }
 	d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return p.arch, nvml.SUCCESS }
 	d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return p.ccMajor, p.ccMinor, nvml.SUCCESS }
+	// v1 counts the reserved memory as used, as the driver does.
 	d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-		return nvml.Memory{Total: p.memoryMiB << 20, Free: p.memoryMiB << 20}, nvml.SUCCESS
+		return nvml.Memory{Total: p.memoryMiB << 20, Used: p.reservedMiB << 20, Free: (p.memoryMiB - p.reservedMiB) << 20}, nvml.SUCCESS
+	}
+	// v2 answers what v1 answers (so a lost GPU, an injected failure of
+	// nvmlDeviceGetMemoryInfo or a test's replacement of it applies to both)
+	// with the reserved memory split out of v1's used memory, as the driver
+	// does.
+	d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		m, ret := d.GetMemoryInfo()
+		if ret != nvml.SUCCESS {
+			return nvml.Memory_v2{}, ret
+		}
+		reserved := min(p.reservedMiB<<20, m.Used)
+		return nvml.Memory_v2{Version: nvml.STRUCT_VERSION(nvml.Memory_v2{}, 2), Total: m.Total, Reserved: reserved, Free: m.Free, Used: m.Used - reserved}, nvml.SUCCESS
 	}
 	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
 		return nvml.DeviceAttributes{MultiprocessorCount: p.sms, MemorySizeMB: p.memoryMiB}, nvml.SUCCESS

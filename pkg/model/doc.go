@@ -12,8 +12,12 @@
 //   - counter set gpu-N with counters memory (bytes) and cores (100);
 //   - device gpu-N, the whole GPU: capacity memory and cores, consuming all of gpu-N;
 //   - device gpu-N-shared, fractions of the GPU: allowMultipleAllocations, capacity
-//     memory (request policy: default all, min 1Mi, step 1Mi) and cores (request
-//     policy: default 0, 0..100 in steps of 1), also consuming all of gpu-N.
+//     memory (request policy: default all, min MinShareMemory, step 1Mi) and cores
+//     (request policy: default 0, 0..100 in steps of 1), also consuming all of gpu-N.
+//
+// Memory is what workloads can use: NVML's total less the driver's reserved
+// memory (gpu.GPU.MemoryBytes), in whole MiB. A share's memory includes the
+// CUDA contexts of its processes, so no share is smaller than MinShareMemory.
 //
 // Because both devices consume the whole counter set and the scheduler charges a
 // shared device's counters once while it holds any share, a GPU is either held

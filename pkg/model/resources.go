@@ -68,12 +68,18 @@ const (
 	ReclaimTaintKey = DriverName + "/reclaim"
 )
 
+// LentBelowMinimumShare is the lending taints' value on a GPU that would lend
+// less than MinShareMemory: no share that small can be allocated.
+const LentBelowMinimumShare = "BelowMinimumShare"
+
 // Lent is what a GPU's lending device publishes (see WithLending).
 type Lent struct {
 	// Open is true while the GPU is lent: the device has no lending taint.
 	Open bool
 	// Memory is the memory the GPU lends, in bytes; 0 publishes the GPU's
-	// whole memory (with the device tainted, nobody can take it).
+	// whole memory (with the device tainted, nobody can take it). Less than
+	// MinShareMemory plus one MiB is published as 0 and closes the device
+	// (LentBelowMinimumShare).
 	Memory int64
 	// Reason is the value of the lending taints (NotLent when empty).
 	Reason string
@@ -81,6 +87,30 @@ type Lent struct {
 
 // Request policy of the shared device's memory capacity: shares are whole MiB.
 var memoryStep = resource.MustParse("1Mi")
+
+// MinShareMemory is the least memory a share is charged. It is the
+// validRange.min of the shared device's memory request policy, so the
+// scheduler rounds a smaller request up to it and charges the GPU that much.
+//
+// A share's memory includes the CUDA contexts of its processes: HAMi-core
+// counts each context (about 0.5 GiB on an H100) against the share's limit,
+// and whatever MPS or the driver's limit count, the context comes out of the
+// same GPU: nothing is set aside for it outside the shares. A share smaller
+// than one context cannot start a CUDA process at all; 1 GiB leaves one
+// process about half of it for its own allocations. Whoever runs N
+// processes in one share asks for N contexts more (docs/fractions.md).
+var MinShareMemory = resource.MustParse("1Gi")
+
+// minShareMemory is MinShareMemory, or one step for a device with too little
+// memory to offer it (the API wants min + step within the capacity).
+func minShareMemory(capacity resource.Quantity) resource.Quantity {
+	least := MinShareMemory.DeepCopy()
+	least.Add(memoryStep)
+	if capacity.Cmp(least) < 0 {
+		return memoryStep.DeepCopy()
+	}
+	return MinShareMemory.DeepCopy()
+}
 
 // PCIeRoots resolves the PCIe root complex of a GPU, the value of the standard
 // attribute resource.kubernetes.io/pcieRoot. Implementations may read sysfs; the
@@ -284,8 +314,12 @@ func checkGPU(g gpu.GPU, o options) error {
 	return nil
 }
 
+// memoryOf is the memory a GPU publishes: its usable memory rounded down to
+// whole MiB. NVML's reserved memory need not be a whole MiB, and the shared
+// device's default request (all of it) must be a whole number of steps.
 func memoryOf(g gpu.GPU) resource.Quantity {
-	return *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI)
+	step := memoryStep.Value()
+	return *resource.NewQuantity(int64(g.MemoryBytes)/step*step, resource.BinarySI)
 }
 
 func coresOf() resource.Quantity {
@@ -348,7 +382,7 @@ func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
 			Memory: {Value: memory, RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default: ptr.To(memory.DeepCopy()),
 				ValidRange: &resourceapi.CapacityRequestPolicyRange{
-					Min:  ptr.To(memoryStep.DeepCopy()),
+					Min:  ptr.To(minShareMemory(memory)),
 					Step: ptr.To(memoryStep.DeepCopy()),
 				},
 			}},
@@ -374,8 +408,16 @@ func sharedDevice(g gpu.GPU, o options) resourceapi.Device {
 func lentDevice(g gpu.GPU, o options) (resourceapi.Device, error) {
 	l := o.lending[g.UUID]
 	memory := memoryOf(g)
-	if l.Memory > 0 && l.Memory < memory.Value() {
-		memory = *resource.NewQuantity(l.Memory, resource.BinarySI)
+	if least := MinShareMemory.Value() + memoryStep.Value(); l.Memory > 0 && l.Memory < least {
+		// Less than the smallest share cannot be lent (and would not be a
+		// valid request policy): closed, offering the whole GPU as when
+		// nothing is lendable.
+		if l.Open {
+			l.Open, l.Reason = false, LentBelowMinimumShare
+		}
+	} else if l.Memory > 0 && l.Memory < memory.Value() {
+		step := memoryStep.Value()
+		memory = *resource.NewQuantity(l.Memory/step*step, resource.BinarySI)
 	}
 	d := sharedDevice(g, o)
 	d.Name = LentDeviceName(g.Minor)
@@ -387,6 +429,7 @@ func lentDevice(g gpu.GPU, o options) (resourceapi.Device, error) {
 	mem := d.Capacity[Memory]
 	mem.Value = memory
 	mem.RequestPolicy.Default = ptr.To(memory.DeepCopy())
+	mem.RequestPolicy.ValidRange.Min = ptr.To(minShareMemory(memory))
 	d.Capacity[Memory] = mem
 	reason := l.Reason
 	if reason == "" {

@@ -57,7 +57,7 @@ func TestResourcesShape(t *testing.T) {
 				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 					"memory": {Value: mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{
 						Default:    ptr.To(mem),
-						ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("1Mi")), Step: ptr.To(resource.MustParse("1Mi"))},
+						ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("1Gi")), Step: ptr.To(resource.MustParse("1Mi"))},
 					}},
 					"cores": {Value: cores, RequestPolicy: &resourceapi.CapacityRequestPolicy{
 						Default:    ptr.To(resource.MustParse("0")),

@@ -206,6 +206,14 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	}
 	klog.FromContext(ctx).Info("Published GPU inventory", "gpus", len(gpus), "tainted", len(taints), "failedDiscovery", len(i.failed), "first", !i.synced)
 	gpusChanged := !i.synced || !reflect.DeepEqual(gpus, i.published)
+	if gpusChanged {
+		for _, g := range gpus {
+			if g.MemoryReservedUnknown != "" {
+				klog.FromContext(ctx).Info("GPU published with NVML's total memory, driver-reserved memory included: its shares can add up to more than processes can allocate",
+					"gpu", g.UUID, "reason", g.MemoryReservedUnknown)
+			}
+		}
+	}
 	i.published, i.taints, i.lent, i.synced = gpus, taints, lent, true
 	i.statusMu.Lock()
 	i.status.synced, i.status.published = true, len(gpus)

@@ -44,8 +44,8 @@ const (
 	WorkloadLabel = "scale.tessera.dev/workload"
 )
 
-// Share sizes: a quarter of an H100 80GB (it reports 81559Mi, so four 20Gi shares
-// would not fit), as in demo/specs/10-quarter-gpu-shares.yaml.
+// Share sizes: a quarter of an H100 80GB (it publishes 81089Mi, so four 20Gi
+// shares would not fit), as in demo/specs/10-quarter-gpu-shares.yaml.
 const (
 	ShareMemory  = "19Gi"
 	ShareCores   = "25"

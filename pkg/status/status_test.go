@@ -93,7 +93,7 @@ func TestStatus(t *testing.T) {
 	if g0.Device != "gpu-0" || g0.Mode != ModeShared || g0.AllocatedMemoryBytes != 48<<30 || g0.AllocatedCores != 50 || len(g0.Holders) != 3 {
 		t.Errorf("gpu-0: %+v", g0)
 	}
-	if g0.ProductName != "NVIDIA H100 80GB HBM3" || g0.MemoryBytes != 81559<<20 || g0.Cores != 100 || !g0.Healthy {
+	if g0.ProductName != "NVIDIA H100 80GB HBM3" || g0.MemoryBytes != (81559-470)<<20 || g0.Cores != 100 || !g0.Healthy {
 		t.Errorf("gpu-0 facts: %+v", g0)
 	}
 	if h := g0.Holders[0]; h.Namespace != "demo" || h.Pods[0] != "quarter-0" || h.Claim != "quarter-0-gpu" || h.MemoryBytes != 19<<30 {
@@ -118,11 +118,11 @@ func TestStatus(t *testing.T) {
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	text := squeeze(table.String())
 	for _, want := range []string{
-		"node-a gpu-0 NVIDIA H100 80GB HBM3 48Gi/79.6Gi 50/100 Healthy demo/quarter-0",
+		"node-a gpu-0 NVIDIA H100 80GB HBM3 48Gi/79.2Gi 50/100 Healthy demo/quarter-0",
 		"demo/quarter-0 (claim quarter-0-gpu: 19Gi, 25 cores; not attested)",
 		"demo/reader,writer (claim shared: 10Gi, 0 cores; not attested)",
-		"node-a gpu-3 NVIDIA H100 80GB HBM3 0/79.6Gi 0/100 Unhealthy(XID-79:NoExecute) -",
-		"node-a gpu-7 NVIDIA H100 80GB HBM3 79.6Gi/79.6Gi 100/100 Healthy ml/train",
+		"node-a gpu-3 NVIDIA H100 80GB HBM3 0/79.2Gi 0/100 Unhealthy(XID-79:NoExecute) -",
+		"node-a gpu-7 NVIDIA H100 80GB HBM3 79.2Gi/79.2Gi 100/100 Healthy ml/train",
 		"ml/train (claim whole: whole GPU)",
 		"node-b gpu-3 NVIDIA L4",
 	} {

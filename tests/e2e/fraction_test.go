@@ -16,8 +16,9 @@ import (
 // each claim the resourceclaim controller creates from it into a share of
 // half of each GPU model the cluster publishes) and 16 pods using it, created
 // at once on the 8-GPU node: every pod runs, each GPU holds exactly two of
-// the shares, and each share is half of an H100's 81559Mi rounded down to the
-// MiB, through the H100 model's subrequest.
+// the shares, and each share is half of the 81089Mi an H100 publishes (NVML's
+// 81559Mi less the driver's reserved memory) rounded down to the MiB, through
+// the H100 model's subrequest.
 func TestFractionHalvesTileTheNode(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
@@ -47,10 +48,10 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 	perGPU := map[string][]string{}
 	for name, p := range pods {
 		d := claimOf(t, c, p, "gpu")
-		if d.Result.Request != "gpu/m81559mi" {
-			t.Errorf("pod %s: allocated for request %s, want the H100 model's subrequest gpu/m81559mi", name, d.Result.Request)
+		if d.Result.Request != "gpu/m81089mi" {
+			t.Errorf("pod %s: allocated for request %s, want the H100 model's subrequest gpu/m81089mi", name, d.Result.Request)
 		}
-		wantConsumed(t, name, d, map[string]string{"memory": "40779Mi", "cores": "50"})
+		wantConsumed(t, name, d, map[string]string{"memory": "40544Mi", "cores": "50"})
 		perGPU[d.Result.Device] = append(perGPU[d.Result.Device], name)
 	}
 	if len(perGPU) != 8 {
@@ -118,7 +119,7 @@ func logAllocations(t *testing.T, c *Cluster) {
 }
 
 // TestDemoFractionQuarter runs demo/specs/80-fraction-quarter.yaml: each pod
-// gets a quarter of an H100 (20389Mi, 25 cores) through the webhook's
+// gets a quarter of an H100 (20272Mi of 81089Mi, 25 cores) through the webhook's
 // expansion of its claim, and sees exactly that share.
 func TestDemoFractionQuarter(t *testing.T) {
 	c := needCluster(t)
@@ -130,8 +131,8 @@ func TestDemoFractionQuarter(t *testing.T) {
 	}
 	for name, p := range pods {
 		d := claimOf(t, c, p, "gpu")
-		wantConsumed(t, name, d, map[string]string{"memory": "20389Mi", "cores": "25"})
-		wantGPUs(t, "pod "+name, p.Env, shareGPU(t, d, "20389Mi", 25))
+		wantConsumed(t, name, d, map[string]string{"memory": "20272Mi", "cores": "25"})
+		wantGPUs(t, "pod "+name, p.Env, shareGPU(t, d, "20272Mi", 25))
 	}
 }
 

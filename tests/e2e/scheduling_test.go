@@ -19,7 +19,7 @@ import (
 const unschedulableClaims = "cannot allocate all claims"
 
 // TestFifthQuarterLandsOnSecondGPU: the four quarters of
-// 10-quarter-gpu-shares.yaml fill one GPU (4 x 19Gi of 81559Mi, 4 x 25
+// 10-quarter-gpu-shares.yaml fill one GPU (4 x 19Gi of 81089Mi, 4 x 25
 // cores), so a fifth pod from the same template gets a share of another GPU,
 // and sees that GPU, and only it, with the quarter's limits.
 func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
@@ -75,7 +75,7 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 }
 
 // TestOversizedClaimsStayPending: a share larger than any GPU (100Gi of an
-// 81559Mi GPU) and nine whole GPUs on an eight-GPU node can never be
+// 81089Mi GPU) and nine whole GPUs on an eight-GPU node can never be
 // allocated. Their pods stay Pending, unbound, their claims unallocated, and
 // the pod's PodScheduled condition and FailedScheduling event carry the
 // scheduler's reason.
