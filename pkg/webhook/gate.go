@@ -157,12 +157,14 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, re
 		}
 		return nil
 	}
-	const limit = maxReviewBytes + 1
-	size := int64(4 << 10)
-	if n := r.ContentLength; n > 0 {
-		// The whole body at once when its length is declared.
-		size = min(n+1, limit)
+	// The buffer grows with what arrives, up to the declared length (one
+	// byte more, to see the end), so a client that declares a large body and
+	// sends little holds little.
+	limit := int64(maxReviewBytes + 1)
+	if n := r.ContentLength; n >= 0 && n < maxReviewBytes {
+		limit = n + 1
 	}
+	size := min(limit, smallBodyBytes)
 	if err := grow(size); err != nil {
 		return nil, release, err
 	}
