@@ -292,7 +292,16 @@ func run(ctx context.Context, f flags) error {
 		Client:           client,
 	}
 	mpsDaemons := mpsRunner(ctx, f, client, mock)
-	opts.MPS = isolation.NewMPS(f.mpsRoot, mpsDaemons)
+	if mock {
+		// The mock plugin may not mount: each domain's shared memory is a
+		// plain directory, and mock GPUs hold no MPS server context.
+		opts.MPS = isolation.NewMPS(f.mpsRoot, mpsDaemons)
+	} else {
+		opts.MPS = isolation.NewMPSWith(f.mpsRoot, mpsDaemons, isolation.MPSOptions{
+			Shm:           isolation.HostShm{},
+			ServerReserve: isolation.DefaultMPSServerReserve,
+		})
+	}
 	if !mock {
 		opts.DevNodes = isolation.HostDevNodes{DriverRoot: f.driverRoot, HostDriverRoot: f.hostDriverRoot}
 		opts.ToolkitSpecDirs = f.nvidiaCDISpecDirs

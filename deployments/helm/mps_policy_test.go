@@ -23,6 +23,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/cel/environment"
 
+	"k8s.io/utils/ptr"
+
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 )
@@ -181,7 +183,7 @@ func TestMPSPodPolicy(t *testing.T) {
 			ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "tessera-kubelet-plugin")
 			cfg, root := daemonConfig(t, ds, "node-a")
 			daemon := func() *corev1.Pod {
-				return cfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-0f5e6a2c-1111-2222-3333-444455556666"))
+				return cfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-0f5e6a2c-1111-2222-3333-444455556666", "team-a"))
 			}
 			onA := pluginUser("node-a")
 
@@ -221,6 +223,29 @@ func TestMPSPodPolicy(t *testing.T) {
 					"runs only /usr/bin/tessera-kubelet-plugin mps-daemon run"},
 				"another subcommand": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{"--help"} }), onA,
 					"runs only /usr/bin/tessera-kubelet-plugin mps-daemon run"},
+				// The whole argument list is pinned: a privileged daemon
+				// pointed at another driver root would run any host
+				// binary named nvidia-cuda-mps-control.
+				"another driver root": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args[:4:4], "--driver-root=/driver-root/tmp/evil")
+				}), onA, "runs only /usr/bin/tessera-kubelet-plugin mps-daemon run --gpu=GPU-0f5e6a2c-1111-2222-3333-444455556666"},
+				"an extra argument": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--fake")
+				}), onA, "(spec.containers[].command and args"},
+				"another GPU than annotated": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Args[2] = "--gpu=GPU-other"
+				}), onA, "(spec.containers[].command and args"},
+				"a writable driver root or propagation": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					for i := range p.Spec.Containers[0].VolumeMounts {
+						m := &p.Spec.Containers[0].VolumeMounts[i]
+						m.ReadOnly = false
+						if cfg.Mock {
+							// No driver root on mock nodes: propagation is
+							// refused all the same.
+							m.MountPropagation = ptr.To(corev1.MountPropagationBidirectional)
+						}
+					}
+				}), onA, "mounts the driver root read-only and propagates no mounts"},
 				"postStart hook": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", "id"}}}}
 				}), onA, "has no lifecycle hooks"},

@@ -47,6 +47,12 @@ type Device struct {
 	// Lend is the owner's consent (GpuConfig lending.lendWhenIdle) to lend
 	// the GPU of this whole or shared device while it idles.
 	Lend bool `json:"lend,omitempty"`
+	// MPSDomain is the trust domain whose MPS control daemon serves an MPS
+	// share (the claim's namespace). Records written before per-domain
+	// daemons have none: their share uses the GPU-wide daemon of that
+	// release, which is kept until they are unprepared. Older readers
+	// ignore the member (a v1 addition they need not understand).
+	MPSDomain string `json:"mpsDomain,omitempty"`
 }
 
 // Grants reports whether the device holds part of its GPU: false for admin

@@ -30,7 +30,7 @@ type LocalMPS struct {
 	Wait time.Duration
 
 	mu      sync.Mutex
-	running map[string]isolation.Daemon
+	running map[isolation.DaemonKey]isolation.Daemon
 }
 
 var _ isolation.DaemonRunner = (*LocalMPS)(nil)
@@ -57,7 +57,7 @@ func (l *LocalMPS) command(ctx context.Context, d isolation.Daemon, args ...stri
 func (l *LocalMPS) Start(ctx context.Context, d isolation.Daemon, _ bool) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.running[d.UUID]; ok {
+	if _, ok := l.running[d.Key()]; ok {
 		return nil
 	}
 	for _, dir := range []string{d.PipeDir, d.LogDir} {
@@ -76,9 +76,9 @@ func (l *LocalMPS) Start(ctx context.Context, d isolation.Daemon, _ bool) error 
 		return fmt.Errorf("mps daemon for GPU %s: no control socket %s after %s (see %s)", d.UUID, control, l.wait(), d.LogDir)
 	}
 	if l.running == nil {
-		l.running = map[string]isolation.Daemon{}
+		l.running = map[isolation.DaemonKey]isolation.Daemon{}
 	}
-	l.running[d.UUID] = d
+	l.running[d.Key()] = d
 	return nil
 }
 
@@ -87,7 +87,7 @@ func (l *LocalMPS) Start(ctx context.Context, d isolation.Daemon, _ bool) error 
 func (l *LocalMPS) Stop(ctx context.Context, d isolation.Daemon) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.running[d.UUID]; !ok {
+	if _, ok := l.running[d.Key()]; !ok {
 		return nil
 	}
 	var out bytes.Buffer
@@ -101,20 +101,20 @@ func (l *LocalMPS) Stop(ctx context.Context, d isolation.Daemon) error {
 	if err := waitFor(ctx, l.wait(), func() bool { _, err := os.Stat(control); return errors.Is(err, os.ErrNotExist) }); err != nil {
 		return fmt.Errorf("mps daemon for GPU %s: control socket %s still there %s after quit", d.UUID, control, l.wait())
 	}
-	delete(l.running, d.UUID)
+	delete(l.running, d.Key())
 	return nil
 }
 
 // Running implements isolation.DaemonRunner: the daemons this runner
 // started and has not stopped.
-func (l *LocalMPS) Running(context.Context) ([]string, error) {
+func (l *LocalMPS) Running(context.Context) ([]isolation.DaemonKey, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]string, 0, len(l.running))
-	for uuid := range l.running {
-		out = append(out, uuid)
+	out := make([]isolation.DaemonKey, 0, len(l.running))
+	for key := range l.running {
+		out = append(out, key)
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b isolation.DaemonKey) int { return strings.Compare(a.String(), b.String()) })
 	return out, nil
 }
 

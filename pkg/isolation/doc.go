@@ -41,10 +41,11 @@
 //   - Advisory: TF_FORCE_GPU_ALLOW_GROWTH=true (nothing enforces the limit).
 //   - MPS: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps,
 //     CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M,
-//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>, the GPU's daemon pipe
-//     directory mounted read-only at /tmp/nvidia-mps and its shared-memory
-//     directory at /dev/shm (never its logs). The daemon runs in a pod of
-//     its own (pkg/mpsdaemon); see docs/mps.md.
+//     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<percent>, the pipe directory of the
+//     daemon of the GPU and the claim's namespace mounted read-only at
+//     /tmp/nvidia-mps and that daemon's shared memory at /dev/shm (never its
+//     logs). The daemon runs in a pod of its own (pkg/mpsdaemon); see
+//     docs/mps.md.
 //   - HAMiCore: CUDA_VISIBLE_DEVICES=<uuid>, CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m,
 //     CUDA_DEVICE_SM_LIMIT=<percent>, the host's libvgpu.so mounted read-only
 //     at /usr/local/vgpu/libvgpu.so and an /etc/ld.so.preload naming it.

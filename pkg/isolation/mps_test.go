@@ -3,7 +3,11 @@ package isolation
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -29,13 +33,15 @@ func (r *startRecorder) Start(ctx context.Context, d Daemon, inUse bool) error {
 func TestMPSRefcount(t *testing.T) {
 	ctx := context.Background()
 	r := &startRecorder{FakeRunner: NewFakeRunner()}
-	m := NewMPS("/run/mps", r)
+	root := t.TempDir()
+	m := NewMPS(root, r)
 	for _, c := range []types.UID{"a", "b", "a"} {
-		d, err := m.Acquire(ctx, "GPU-1", c)
+		d, err := m.Acquire(ctx, "GPU-1", "team-a", c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := Daemon{UUID: "GPU-1", PipeDir: "/run/mps/GPU-1/pipe", ShmDir: "/run/mps/GPU-1/shm", LogDir: "/run/mps/GPU-1/log"}
+		dir := filepath.Join(root, "GPU-1", "domains", "team-a")
+		want := Daemon{UUID: "GPU-1", Domain: "team-a", Dir: dir, PipeDir: filepath.Join(dir, "pipe"), ShmDir: filepath.Join(dir, "shm"), LogDir: filepath.Join(dir, "log")}
 		if diff := cmp.Diff(want, d); diff != "" {
 			t.Errorf("daemon (-want +got):\n%s", diff)
 		}
@@ -49,14 +55,14 @@ func TestMPSRefcount(t *testing.T) {
 		t.Errorf("Start's inUse per acquire (-want +got):\n%s", diff)
 	}
 	for _, c := range []types.UID{"a", "a", "unknown"} {
-		if err := m.Release(ctx, "GPU-1", c); err != nil {
+		if err := m.Release(ctx, "GPU-1", "team-a", c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if running, _ := r.Running(ctx); len(running) != 1 {
 		t.Errorf("daemon stopped while b holds it")
 	}
-	if err := m.Release(ctx, "GPU-1", "b"); err != nil {
+	if err := m.Release(ctx, "GPU-1", "team-a", "b"); err != nil {
 		t.Fatal(err)
 	}
 	if s, st := r.Counts(); s != 1 || st != 1 {
@@ -65,7 +71,7 @@ func TestMPSRefcount(t *testing.T) {
 
 	// A failed start leaves no holder.
 	r.FailStarts(errors.New("no image"))
-	if _, err := m.Acquire(ctx, "GPU-2", "c"); err == nil {
+	if _, err := m.Acquire(ctx, "GPU-2", "team-a", "c"); err == nil {
 		t.Fatal("acquire succeeded without daemon")
 	}
 	if len(m.Holders()) != 0 {
@@ -80,15 +86,15 @@ func TestMPSRefcount(t *testing.T) {
 func TestMPSAcquireRestartsVanishedDaemon(t *testing.T) {
 	ctx := context.Background()
 	r := NewFakeRunner()
-	m := NewMPS("/run/mps", r)
-	if _, err := m.Acquire(ctx, "GPU-1", "a"); err != nil {
+	m := NewMPS(t.TempDir(), r)
+	if _, err := m.Acquire(ctx, "GPU-1", "ns", "a"); err != nil {
 		t.Fatal(err)
 	}
-	r.Kill("GPU-1")
-	if _, err := m.Acquire(ctx, "GPU-1", "b"); err != nil {
+	r.Kill(DaemonKey{"GPU-1", "ns"})
+	if _, err := m.Acquire(ctx, "GPU-1", "ns", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if running, _ := r.Running(ctx); !cmp.Equal(running, []string{"GPU-1"}) {
+	if running, _ := r.Running(ctx); !cmp.Equal(running, []DaemonKey{{"GPU-1", "ns"}}) {
 		t.Errorf("running after the second acquire: %v, want [GPU-1]", running)
 	}
 	if diff := cmp.Diff(map[string][]types.UID{"GPU-1": {"a", "b"}}, m.Holders()); diff != "" {
@@ -101,19 +107,21 @@ func TestMPSAcquireRestartsVanishedDaemon(t *testing.T) {
 func TestMPSRestore(t *testing.T) {
 	ctx := context.Background()
 	r := &startRecorder{FakeRunner: NewFakeRunner()}
-	m := NewMPS("/run/mps", r)
-	_ = r.FakeRunner.Start(ctx, m.Daemon("GPU-orphan"), false)
-	_ = r.FakeRunner.Start(ctx, m.Daemon("GPU-3"), false)
-	held := map[string][]types.UID{"GPU-3": {"d"}, "GPU-4": {"e", "f"}, "GPU-5": nil}
+	m := NewMPS(t.TempDir(), r)
+	_ = r.FakeRunner.Start(ctx, m.Daemon("GPU-orphan", "ns"), false)
+	_ = r.FakeRunner.Start(ctx, m.Daemon("GPU-3", ""), false)
+	// GPU-3's daemon is the GPU-wide one of an earlier release (a record
+	// without a domain); GPU-4 has two domains.
+	held := map[DaemonKey][]types.UID{{"GPU-3", ""}: {"d"}, {"GPU-4", "x"}: {"e"}, {"GPU-4", "y"}: {"f"}, {"GPU-5", "x"}: nil}
 
 	if err := m.Restore(ctx, held, false); err != nil {
 		t.Fatal(err)
 	}
 	running, _ := r.Running(ctx)
-	if diff := cmp.Diff([]string{"GPU-3", "GPU-4", "GPU-orphan"}, running); diff != "" {
+	if diff := cmp.Diff([]DaemonKey{{"GPU-3", ""}, {"GPU-4", "x"}, {"GPU-4", "y"}, {"GPU-orphan", "ns"}}, running); diff != "" {
 		t.Errorf("running without stopping orphans (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]bool{true, true}, r.inUse); diff != "" {
+	if diff := cmp.Diff([]bool{true, true, true}, r.inUse); diff != "" {
 		t.Errorf("Start's inUse at restore (-want +got):\n%s", diff)
 	}
 
@@ -121,7 +129,7 @@ func TestMPSRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	running, _ = r.Running(ctx)
-	if diff := cmp.Diff([]string{"GPU-3", "GPU-4"}, running); diff != "" {
+	if diff := cmp.Diff([]DaemonKey{{"GPU-3", ""}, {"GPU-4", "x"}, {"GPU-4", "y"}}, running); diff != "" {
 		t.Errorf("running after restore (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(map[string][]types.UID{"GPU-3": {"d"}, "GPU-4": {"e", "f"}}, m.Holders()); diff != "" {
@@ -131,7 +139,7 @@ func TestMPSRestore(t *testing.T) {
 	// A daemon that cannot start is reported, and its holders are kept
 	// (their claims are prepared; a later start may succeed).
 	r.FailStarts(errors.New("quota"))
-	if err := m.Restore(ctx, map[string][]types.UID{"GPU-6": {"g"}}, false); err == nil {
+	if err := m.Restore(ctx, map[DaemonKey][]types.UID{{"GPU-6", "x"}: {"g"}}, false); err == nil {
 		t.Error("restore with a failing start: no error")
 	}
 	if diff := cmp.Diff(map[string][]types.UID{"GPU-6": {"g"}}, m.Holders()); diff != "" {
@@ -144,7 +152,7 @@ func TestMPSRestore(t *testing.T) {
 func TestMPSEdits(t *testing.T) {
 	m := NewMPS(filepath.FromSlash("/var/lib/tessera/mps"), NewFakeRunner())
 	g := GPU{UUID: "GPU-1", Minor: 1, Shared: true, MemoryLimit: 16 << 30, CoresLimit: 50}
-	got, err := BackendEdits(Claim{GPUs: []GPU{g}, Isolation: configapi.IsolationMPS, MPS: m.Daemon("GPU-1")})
+	got, err := BackendEdits(Claim{GPUs: []GPU{g}, Isolation: configapi.IsolationMPS, MPS: m.Daemon("GPU-1", "team-a")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,8 +164,8 @@ func TestMPSEdits(t *testing.T) {
 			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
 		},
 		Mounts: []*cdispec.Mount{
-			{HostPath: "/var/lib/tessera/mps/GPU-1/pipe", ContainerPath: "/tmp/nvidia-mps", Type: "bind", Options: []string{"bind", "ro", "nosuid", "nodev"}},
-			{HostPath: "/var/lib/tessera/mps/GPU-1/shm", ContainerPath: "/dev/shm", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev"}},
+			{HostPath: "/var/lib/tessera/mps/GPU-1/domains/team-a/pipe", ContainerPath: "/tmp/nvidia-mps", Type: "bind", Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{HostPath: "/var/lib/tessera/mps/GPU-1/domains/team-a/shm", ContainerPath: "/dev/shm", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev"}},
 		},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -190,11 +198,192 @@ func TestMPSAcquireAfterIncompleteRestore(t *testing.T) {
 		if err := m.Restore(context.Background(), nil, complete); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.Acquire(context.Background(), "GPU-1", "claim-1"); err != nil {
+		if _, err := m.Acquire(context.Background(), "GPU-1", "ns", "claim-1"); err != nil {
 			t.Fatal(err)
 		}
 		if len(r.inUse) != 1 || r.inUse[0] != !complete {
 			t.Errorf("restore complete=%v: Start inUse %v, want [%v]", complete, r.inUse, !complete)
 		}
+	}
+}
+
+// shmRecorder is a ShmMounter that records its calls, together with the
+// runner's, in one log so that tests can check their order.
+type shmRecorder struct {
+	log *[]string
+}
+
+func (s shmRecorder) Mount(dir string, size int64) error {
+	*s.log = append(*s.log, fmt.Sprintf("mount %s %d", dir, size))
+	return os.MkdirAll(dir, 0o755)
+}
+
+func (s shmRecorder) Unmount(dir string) error {
+	*s.log = append(*s.log, "unmount "+dir)
+	return nil
+}
+
+type loggingRunner struct {
+	*FakeRunner
+	log *[]string
+}
+
+func (r loggingRunner) Start(ctx context.Context, d Daemon, inUse bool) error {
+	*r.log = append(*r.log, "start "+d.Key().String())
+	return r.FakeRunner.Start(ctx, d, inUse)
+}
+
+func (r loggingRunner) Stop(ctx context.Context, d Daemon) error {
+	*r.log = append(*r.log, "stop "+d.Key().String())
+	return r.FakeRunner.Stop(ctx, d)
+}
+
+// TestMPSDomainsNeverShare: two namespaces with MPS shares of one GPU get two
+// daemons with disjoint directories (pipe, shared memory, logs); the last
+// claim of one domain stops only that domain's daemon. Before per-domain
+// daemons, both claims got root/<uuid>/shm and one daemon.
+func TestMPSDomainsNeverShare(t *testing.T) {
+	ctx := context.Background()
+	r := NewFakeRunner()
+	root := t.TempDir()
+	m := NewMPS(root, r)
+	a, err := m.Acquire(ctx, "GPU-1", "team-a", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Acquire(ctx, "GPU-1", "team-b", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pa := range []string{a.Dir, a.PipeDir, a.ShmDir, a.LogDir} {
+		for _, pb := range []string{b.Dir, b.PipeDir, b.ShmDir, b.LogDir} {
+			if rel, err := filepath.Rel(pa, pb); err == nil && !strings.HasPrefix(rel, "..") {
+				t.Errorf("domain team-b's %s is inside team-a's %s", pb, pa)
+			}
+			if rel, err := filepath.Rel(pb, pa); err == nil && !strings.HasPrefix(rel, "..") {
+				t.Errorf("domain team-a's %s is inside team-b's %s", pa, pb)
+			}
+		}
+	}
+	if running, _ := r.Running(ctx); !cmp.Equal(running, []DaemonKey{{"GPU-1", "team-a"}, {"GPU-1", "team-b"}}) {
+		t.Errorf("running daemons %v, want one per domain", running)
+	}
+	if err := m.Release(ctx, "GPU-1", "team-a", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if running, _ := r.Running(ctx); !cmp.Equal(running, []DaemonKey{{"GPU-1", "team-b"}}) {
+		t.Errorf("running after team-a's last release: %v, want only team-b's", running)
+	}
+	for _, bad := range []string{"", "Team-A", "a/b", "..", strings.Repeat("x", 64)} {
+		if _, err := m.Acquire(ctx, "GPU-1", bad, "c"); err == nil {
+			t.Errorf("acquire for domain %q: no error", bad)
+		}
+	}
+}
+
+// TestMPSShmLifecycle: a domain's tmpfs is mounted before its daemon starts
+// (the daemon and its clients bind the directory, so it must already be the
+// tmpfs), and unmounted and removed with the directories after the daemon
+// stops; a restore mounts what is held and removes what is not.
+func TestMPSShmLifecycle(t *testing.T) {
+	ctx := context.Background()
+	var log []string
+	r := loggingRunner{FakeRunner: NewFakeRunner(), log: &log}
+	root := t.TempDir()
+	m := NewMPSWith(root, r, MPSOptions{Shm: shmRecorder{log: &log}, ShmSize: 64 << 20})
+	d, err := m.Acquire(ctx, "GPU-1", "team-a", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Acquire(ctx, "GPU-1", "team-a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.ShmDir, "segment"), []byte("tensor"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []types.UID{"a", "b"} {
+		if err := m.Release(ctx, "GPU-1", "team-a", c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{
+		"mount " + d.ShmDir + " 67108864",
+		"start GPU-1/team-a",
+		"mount " + d.ShmDir + " 67108864", // the second holder makes sure it is there
+		"start GPU-1/team-a",
+		"stop GPU-1/team-a",
+		"unmount " + d.ShmDir,
+	}
+	if diff := cmp.Diff(want, log); diff != "" {
+		t.Errorf("calls (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the domain's directory after its last release: %v, want it gone", err)
+	}
+
+	// A failed start leaves nothing mounted or on disk.
+	log = nil
+	r.FailStarts(errors.New("no image"))
+	if _, err := m.Acquire(ctx, "GPU-1", "team-b", "c"); err == nil {
+		t.Fatal("acquire succeeded without a daemon")
+	}
+	r.FailStarts(nil)
+	b := m.Daemon("GPU-1", "team-b")
+	if diff := cmp.Diff([]string{"mount " + b.ShmDir + " 67108864", "start GPU-1/team-b", "unmount " + b.ShmDir}, log); diff != "" {
+		t.Errorf("calls of a failed acquire (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(b.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("directory of a daemon that did not start: %v, want it gone", err)
+	}
+
+	// A restore mounts the held domain's tmpfs again; a complete one
+	// removes the directories of a domain nobody holds (a crash between
+	// stopping a daemon and cleaning up after it). The GPU-wide daemon of
+	// an earlier release gets no tmpfs: its clients already share its
+	// plain directory.
+	log = nil
+	orphan := m.Daemon("GPU-2", "gone")
+	if err := os.MkdirAll(orphan.ShmDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	held := map[DaemonKey][]types.UID{{"GPU-1", "team-a"}: {"a"}, {"GPU-3", ""}: {"old"}}
+	if err := m.Restore(ctx, held, true); err != nil {
+		t.Fatal(err)
+	}
+	want = []string{
+		"mount " + d.ShmDir + " 67108864",
+		"start GPU-1/team-a",
+		"start GPU-3",
+		"unmount " + orphan.ShmDir,
+	}
+	if diff := cmp.Diff(want, log); diff != "" {
+		t.Errorf("calls of restore (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(orphan.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphaned domain directory after restore: %v, want it gone", err)
+	}
+	if _, err := os.Stat(d.ShmDir); err != nil {
+		t.Errorf("held domain's shared memory after restore: %v", err)
+	}
+}
+
+// TestMPSEditsServerReserve: each MPS client's pinned-memory limit leaves
+// one MPS server's context out of its share, so that shares filling the GPU
+// still fit beside one server per domain; a share too small for that is
+// refused with the fields to change.
+func TestMPSEditsServerReserve(t *testing.T) {
+	m := NewMPSWith(t.TempDir(), NewFakeRunner(), MPSOptions{ServerReserve: DefaultMPSServerReserve})
+	g := GPU{UUID: "GPU-1", Minor: 1, Shared: true, MemoryLimit: 16 << 30, CoresLimit: 50}
+	got, err := BackendEdits(Claim{GPUs: []GPU{g}, Isolation: configapi.IsolationMPS, MPS: m.Daemon("GPU-1", "ns")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(got.Env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=15872M") {
+		t.Errorf("env %v, want CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=15872M (16 GiB less 512 MiB)", got.Env)
+	}
+	g.MemoryLimit = 512 << 20
+	_, err = BackendEdits(Claim{GPUs: []GPU{g}, Isolation: configapi.IsolationMPS, MPS: m.Daemon("GPU-1", "ns")})
+	if err == nil || !strings.Contains(err.Error(), "sharing.memoryLimit") {
+		t.Errorf("a 512 MiB MPS share: error %v, want one naming the memory fields", err)
 	}
 }

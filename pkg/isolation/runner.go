@@ -2,6 +2,7 @@ package isolation
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -12,14 +13,14 @@ import (
 // restart, as the daemon pods of pkg/mpsdaemon do.
 type FakeRunner struct {
 	mu      sync.Mutex
-	running map[string]Daemon
+	running map[DaemonKey]Daemon
 	// starts and stops count calls that changed something.
 	starts, stops int
 	startErr      error
 }
 
 // NewFakeRunner returns a FakeRunner with no daemons running.
-func NewFakeRunner() *FakeRunner { return &FakeRunner{running: map[string]Daemon{}} }
+func NewFakeRunner() *FakeRunner { return &FakeRunner{running: map[DaemonKey]Daemon{}} }
 
 // FailStarts makes every following Start fail with err (nil: succeed again).
 func (f *FakeRunner) FailStarts(err error) {
@@ -35,8 +36,8 @@ func (f *FakeRunner) Start(_ context.Context, d Daemon, _ bool) error {
 	if f.startErr != nil {
 		return f.startErr
 	}
-	if _, ok := f.running[d.UUID]; !ok {
-		f.running[d.UUID] = d
+	if _, ok := f.running[d.Key()]; !ok {
+		f.running[d.Key()] = d
 		f.starts++
 	}
 	return nil
@@ -46,31 +47,26 @@ func (f *FakeRunner) Start(_ context.Context, d Daemon, _ bool) error {
 func (f *FakeRunner) Stop(_ context.Context, d Daemon) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.running[d.UUID]; ok {
-		delete(f.running, d.UUID)
+	if _, ok := f.running[d.Key()]; ok {
+		delete(f.running, d.Key())
 		f.stops++
 	}
 	return nil
 }
 
 // Running implements [DaemonRunner].
-func (f *FakeRunner) Running(context.Context) ([]string, error) {
+func (f *FakeRunner) Running(context.Context) ([]DaemonKey, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]string, 0, len(f.running))
-	for uuid := range f.running {
-		out = append(out, uuid)
-	}
-	slices.Sort(out)
-	return out, nil
+	return slices.SortedFunc(maps.Keys(f.running), compareKeys), nil
 }
 
-// Kill makes the GPU's daemon vanish without a Stop (someone deleted its
-// pod), so that tests can check it is started again.
-func (f *FakeRunner) Kill(uuid string) {
+// Kill makes the daemon vanish without a Stop (someone deleted its pod), so
+// that tests can check it is started again.
+func (f *FakeRunner) Kill(key DaemonKey) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.running, uuid)
+	delete(f.running, key)
 }
 
 // Counts returns the number of daemons started and stopped so far.

@@ -14,14 +14,19 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Options configure [Run], the program in a daemon pod.
 type Options struct {
 	// GPU is the UUID of the GPU the daemon serves (CUDA_VISIBLE_DEVICES).
 	GPU string
-	// DriverRoot is the container path of the driver root that the real
-	// daemon runs chrooted in; PipeDir, LogDir and ShmDir are under it.
+	// DriverRoot is the container path of the driver root (read-only)
+	// whose nvidia-cuda-mps-control the real daemon runs: chrooted into it
+	// when it has a dynamic loader, else with its libraries on
+	// LD_LIBRARY_PATH (see [planLaunch]). PipeDir, LogDir and ShmDir are
+	// the pod's own mounts, outside it.
 	DriverRoot string
 	// Fake runs the fake daemon of mock nodes instead, with its directories
 	// under DriverRoot if set, else under /.
@@ -59,9 +64,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = time.Minute
 	}
-	root := o.DriverRoot
-	if o.Fake && root == "" {
-		root = "/"
+	root := "/"
+	if o.Fake && o.DriverRoot != "" {
+		root = o.DriverRoot
 	}
 	pipe := filepath.Join(root, PipeDir)
 	// A ready file from before a container restart must not make the pod
@@ -75,16 +80,169 @@ func Run(ctx context.Context, o Options) error {
 	if err := clearDir(pipe); err != nil {
 		return err
 	}
-	// Clients of any user share the daemon's /dev/shm (the MPS server
-	// creates its segments there with the client's UID): sticky and
-	// writable by all, as /dev/shm is; the kubelet creates it 0755.
-	if err := os.Chmod(filepath.Join(root, ShmDir), 0o777|os.ModeSticky); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("make the shared-memory directory writable for clients: %w", err)
+	// The control daemon runs as root, but it starts each MPS server with
+	// the uid of the server's first client (runAsUser 1000, say), and the
+	// server creates its pipes in the pipe directory, its log in the log
+	// directory and its segments in /dev/shm: all three are sticky and
+	// writable by all, as /dev/shm is (the kubelet creates them 0755).
+	// Clients get the pipe directory read-only and never the log
+	// directory, so only the daemon's own processes write there.
+	for _, dir := range []string{pipe, filepath.Join(root, LogDir), filepath.Join(root, ShmDir)} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+			return fmt.Errorf("make %s writable for MPS servers of any uid: %w", dir, err)
+		}
 	}
 	if o.Fake {
 		return runFake(ctx, o, pipe, filepath.Join(root, LogDir))
 	}
 	return runReal(ctx, o, pipe)
+}
+
+// Where the chrooted daemon finds its directories: the pod's /mps (pipe
+// and log) is bound over the driver root's /tmp and its /dev/shm over the
+// driver root's /dev/shm, both in the pod's own mount namespace, so the
+// read-only driver root needs no mount point of Tessera's.
+const (
+	chrootScratch = "/tmp"
+	chrootPipeDir = chrootScratch + "/pipe"
+	chrootLogDir  = chrootScratch + "/log"
+)
+
+// launch is how the daemon's binary runs.
+type launch struct {
+	// Chroot is the driver root the binary runs chrooted in; empty: none.
+	Chroot string
+	// Path is the binary as executed (inside Chroot if set).
+	Path string
+	Env  []string
+	// Binds are (source, target) pairs to bind before the daemon starts.
+	Binds [][2]string
+	// Why says which way was chosen and why, for the pod's log.
+	Why string
+}
+
+// loaders are the dynamic loaders a driver root's binaries may ask for.
+var loaders = []string{
+	"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "usr/lib64/ld-linux-x86-64.so.2",
+	"lib/ld-linux-aarch64.so.1", "lib/aarch64-linux-gnu/ld-linux-aarch64.so.1", "usr/lib/ld-linux-aarch64.so.1",
+}
+
+// libDirs are the driver root's library directories, for LD_LIBRARY_PATH
+// when the daemon cannot run chrooted.
+var libDirs = []string{
+	"usr/local/nvidia/lib64", "usr/local/nvidia/lib", "lib64", "usr/lib64",
+	"usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib/aarch64-linux-gnu",
+	"usr/lib", "lib",
+}
+
+// planLaunch decides how to run the driver root's control daemon for gpu.
+// Chrooted when the driver root is a whole root filesystem: it has a
+// dynamic loader (its binaries' ELF interpreter), /tmp and /dev/shm. Driver
+// roots that hold only the driver's files (COS's /home/kubernetes/bin/nvidia,
+// with bin/ and lib64/ and no loader) cannot be chrooted into: the binary
+// then runs from the pod's own root, with the image's loader and the driver
+// root's library directories on LD_LIBRARY_PATH (the way GKE's own GPU
+// containers run these binaries).
+func planLaunch(driverRoot, gpu string) (launch, error) {
+	bin, err := ControlBinary(driverRoot)
+	if err != nil {
+		return launch{}, err
+	}
+	env := []string{"CUDA_VISIBLE_DEVICES=" + gpu}
+	loader, hasLoader := findInRoot(driverRoot, loaders)
+	tmp := isDir(filepath.Join(driverRoot, chrootScratch))
+	shm := isDir(filepath.Join(driverRoot, ShmDir))
+	if hasLoader && tmp && shm {
+		return launch{
+			Chroot: driverRoot,
+			Path:   bin,
+			Env: append(env,
+				"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/nvidia/bin",
+				"CUDA_MPS_PIPE_DIRECTORY="+chrootPipeDir,
+				"CUDA_MPS_LOG_DIRECTORY="+chrootLogDir),
+			Binds: [][2]string{
+				{ScratchDir, filepath.Join(driverRoot, chrootScratch)},
+				{ShmDir, filepath.Join(driverRoot, ShmDir)},
+			},
+			Why: fmt.Sprintf("chrooted into %s (dynamic loader %s)", driverRoot, loader),
+		}, nil
+	}
+	var missing []string
+	if !hasLoader {
+		missing = append(missing, "no dynamic loader")
+	}
+	if !tmp {
+		missing = append(missing, "no /tmp")
+	}
+	if !shm {
+		missing = append(missing, "no /dev/shm")
+	}
+	var libs []string
+	for _, d := range libDirs {
+		if p := filepath.Join(driverRoot, d); isDir(p) {
+			libs = append(libs, p)
+		}
+	}
+	if len(libs) == 0 {
+		return launch{}, fmt.Errorf("driver root %s cannot be chrooted into (%s) and has no library directory (looked for %s)", driverRoot, strings.Join(missing, ", "), strings.Join(libDirs, ", "))
+	}
+	path := []string{filepath.Dir(filepath.Join(driverRoot, bin))}
+	path = append(path, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+	return launch{
+		Path: filepath.Join(driverRoot, bin),
+		Env: append(env,
+			"PATH="+strings.Join(path, ":"),
+			"LD_LIBRARY_PATH="+strings.Join(libs, ":"),
+			"CUDA_MPS_PIPE_DIRECTORY="+PipeDir,
+			"CUDA_MPS_LOG_DIRECTORY="+LogDir),
+		Why: fmt.Sprintf("not chrooted: driver root %s has %s; its libraries are on LD_LIBRARY_PATH", driverRoot, strings.Join(missing, ", ")),
+	}, nil
+}
+
+// findInRoot returns the first of names (relative paths) that exists in
+// root, following symbolic links inside root (an absolute link target is
+// relative to root, as it is for a process chrooted there).
+func findInRoot(root string, names []string) (string, bool) {
+	for _, name := range names {
+		if fileInRoot(root, name) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+func fileInRoot(root, name string) bool {
+	p := filepath.Join(root, name)
+	for range 16 {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return false
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			return fi.Mode().IsRegular()
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return false
+		}
+		if filepath.IsAbs(target) {
+			p = filepath.Join(root, target)
+		} else {
+			p = filepath.Join(filepath.Dir(p), target)
+		}
+		if rel, err := filepath.Rel(root, p); err != nil || strings.HasPrefix(rel, "..") {
+			return false
+		}
+	}
+	return false
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }
 
 // ControlBinary returns the path, inside driverRoot, of the driver's
@@ -102,27 +260,28 @@ func ControlBinary(driverRoot string) (string, error) {
 }
 
 func runReal(ctx context.Context, o Options, pipe string) error {
-	bin, err := ControlBinary(o.DriverRoot)
+	l, err := planLaunch(o.DriverRoot, o.GPU)
 	if err != nil {
 		return err
 	}
-	env := []string{
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"CUDA_VISIBLE_DEVICES=" + o.GPU,
-		"CUDA_MPS_PIPE_DIRECTORY=" + PipeDir,
-		"CUDA_MPS_LOG_DIRECTORY=" + LogDir,
+	fmt.Fprintf(o.Log, "running %s %s\n", l.Path, l.Why)
+	if err := bindAll(l.Binds); err != nil {
+		return err
 	}
 	command := func(args ...string) *exec.Cmd {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = env
+		cmd := exec.Command(l.Path, args...)
+		cmd.Env = l.Env
 		cmd.Dir = "/"
-		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: o.DriverRoot}
+		if l.Chroot != "" {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: l.Chroot}
+		}
 		return cmd
 	}
+	bin := l.Path
 	daemon := command("-f")
 	daemon.Stdout, daemon.Stderr = o.Log, o.Log
 	if err := daemon.Start(); err != nil {
-		return fmt.Errorf("start %s -f in %s: %w", bin, o.DriverRoot, err)
+		return fmt.Errorf("start %s -f (%s): %w", bin, l.Why, err)
 	}
 	fmt.Fprintf(o.Log, "started %s -f (pid %d) for GPU %s\n", bin, daemon.Process.Pid, o.GPU)
 	exited := make(chan error, 1)
@@ -157,6 +316,23 @@ func runReal(ctx context.Context, o Options, pipe string) error {
 		<-exited
 	}
 	fmt.Fprintf(o.Log, "MPS control daemon for GPU %s stopped\n", o.GPU)
+	return nil
+}
+
+// bindAll binds each source over its target in the pod's own mount
+// namespace (the pod's volumes propagate nothing to the host), making the
+// new mounts private first so that nothing leaks into the host's driver
+// root. A target that already is the bind (a restarted container of the
+// same pod keeps no mounts, but be safe) is bound again on top.
+func bindAll(binds [][2]string) error {
+	for _, b := range binds {
+		if err := unix.Mount(b[0], b[1], "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s over %s: %w", b[0], b[1], err)
+		}
+		if err := unix.Mount("", b[1], "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("make %s private: %w", b[1], err)
+		}
+	}
 	return nil
 }
 

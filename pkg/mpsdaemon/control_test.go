@@ -51,8 +51,13 @@ func TestRunFake(t *testing.T) {
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Errorf("stale file in the pipe directory: %v", err)
 	}
-	if fi, err := os.Stat(shm); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
-		t.Errorf("shared-memory directory %v, %v: want drwxrwxrwt so clients of any user can use it", fi.Mode(), err)
+	// The MPS server runs as its first client's uid (runAsUser 1000, say)
+	// and writes its pipes, its log and its segments: all three are
+	// writable by any uid, sticky as /dev/shm is.
+	for _, dir := range []string{shm, pipe, filepath.Join(root, LogDir)} {
+		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+			t.Errorf("%s: %v, %v: want drwxrwxrwt so an MPS server of any uid can use it", dir, fi.Mode(), err)
+		}
 	}
 	if pid, err := os.ReadFile(filepath.Join(pipe, "nvidia-cuda-mps-control.pid")); err != nil || strings.TrimSpace(string(pid)) == "" {
 		t.Errorf("pid file: %q, %v", pid, err)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -33,22 +32,27 @@ const (
 	LabelNode = "gpu.tessera.dev/mps-node"
 	// AnnotationGPU is the UUID of the GPU the daemon serves.
 	AnnotationGPU = "gpu.tessera.dev/gpu-uuid"
+	// AnnotationDomain is the trust domain (namespace) whose clients the
+	// daemon serves; absent on the GPU-wide daemon of earlier releases.
+	AnnotationDomain = "gpu.tessera.dev/mps-domain"
 	// AnnotationSpecHash is the hash of the pod as the plugin built it;
 	// adoption compares it.
 	AnnotationSpecHash = "gpu.tessera.dev/mps-spec-hash"
 )
 
-// Paths inside the daemon pod, under the driver root on real nodes. The
-// pipe and log directories are not MPS's defaults (/tmp/nvidia-mps,
-// /var/log/nvidia-mps): the container runtime creates their mount points in
-// the host's driver root, and NVIDIA's tooling (libnvidia-container, the
-// toolkit's generated CDI spec) mounts a host /tmp/nvidia-mps into every GPU
-// container when it exists.
+// Paths inside the daemon pod: the pod's own mounts, never under the driver
+// root, which is mounted read-only (a chrooted daemon sees them where
+// planLaunch binds them). They are not MPS's defaults (/tmp/nvidia-mps,
+// /var/log/nvidia-mps): NVIDIA's tooling (libnvidia-container, the toolkit's
+// generated CDI spec) mounts a host /tmp/nvidia-mps into every GPU container
+// when it exists.
 const (
-	// PipeDir is CUDA_MPS_PIPE_DIRECTORY of the daemon.
-	PipeDir = "/run/tessera-mps/pipe"
-	// LogDir is CUDA_MPS_LOG_DIRECTORY of the daemon.
-	LogDir = "/run/tessera-mps/log"
+	// ScratchDir holds the pipe and log directories.
+	ScratchDir = "/mps"
+	// PipeDir is the daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY).
+	PipeDir = ScratchDir + "/pipe"
+	// LogDir is the daemon's log directory (CUDA_MPS_LOG_DIRECTORY).
+	LogDir = ScratchDir + "/log"
 	// ShmDir is the daemon's /dev/shm, shared with its clients.
 	ShmDir = "/dev/shm"
 	// ContainerDriverRoot is where the driver root is mounted in the pod.
@@ -172,29 +176,27 @@ func shortHash(s string, n int) string {
 
 var notDNS = regexp.MustCompile(`[^a-z0-9-]+`)
 
-// PodName is the name of the daemon pod of the GPU on the config's node:
-// readable (the GPU's UUID) and unique per node (a hash of the node name).
-func (c Config) PodName(uuid string) string {
-	id := strings.Trim(notDNS.ReplaceAllString(strings.ToLower(uuid), "-"), "-")
+// PodName is the name of the daemon pod of a (GPU, trust domain) on the
+// config's node: readable (the GPU's UUID) and unique per node and domain (a
+// hash of the node name, the GPU and the domain). The GPU-wide daemon of
+// earlier releases (domain "") keeps the name it had, so that its pod is
+// adopted.
+func (c Config) PodName(key isolation.DaemonKey) string {
+	id := strings.Trim(notDNS.ReplaceAllString(strings.ToLower(key.GPU), "-"), "-")
 	if len(id) > 40 {
 		id = id[:40]
 	}
-	return "tessera-mps-" + id + "-" + shortHash(c.NodeName+"/"+uuid, 8)
+	seed := c.NodeName + "/" + key.GPU
+	if key.Domain != "" {
+		seed += "/" + key.Domain
+	}
+	return "tessera-mps-" + id + "-" + shortHash(seed, 8)
 }
 
 // Pod is the daemon pod of d as this plugin creates it, with its spec hash
 // in AnnotationSpecHash.
 func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
-	root := ""
-	if !c.Mock {
-		root = ContainerDriverRoot
-	}
-	args := []string{"mps-daemon", "run", "--gpu=" + d.UUID, "--ready-file=" + readyFile}
-	if c.Mock {
-		args = append(args, "--fake")
-	} else {
-		args = append(args, "--driver-root="+root)
-	}
+	args := DaemonArgs(d.UUID, c.Mock)
 	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
 		Command: []string{c.binary(), "mps-daemon", "ready", "--ready-file=" + readyFile},
 	}}}
@@ -211,9 +213,9 @@ func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
 		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr.To(resource.MustParse("1Mi"))}}},
 	}
 	mounts := []corev1.VolumeMount{
-		{Name: "pipe", MountPath: path.Join("/", root, PipeDir)},
-		{Name: "shm", MountPath: path.Join("/", root, ShmDir)},
-		{Name: "log", MountPath: path.Join("/", root, LogDir)},
+		{Name: "pipe", MountPath: PipeDir},
+		{Name: "shm", MountPath: ShmDir},
+		{Name: "log", MountPath: LogDir},
 		{Name: "state", MountPath: stateDir},
 	}
 	security := &corev1.SecurityContext{
@@ -222,13 +224,17 @@ func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
 		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 	}
 	if !c.Mock {
-		// The driver root comes first so that the directories mount on
-		// top of it. It is writable because the container runtime creates
-		// the mount points (run/tessera-mps/{pipe,log}) in it.
+		// Read-only: the daemon writes only its own directories, which are
+		// mounts of their own outside it (planLaunch binds them into a
+		// chrooted daemon's view in the pod's mount namespace).
+		// RecursiveReadOnly would also make the host's submounts under a
+		// driver root of / read-only (its /dev among them), which the GPU's
+		// device nodes and the host's /dev/shm must not be for the daemon
+		// pod; the daemon never writes there but the runtime may refuse.
 		volumes = append([]corev1.Volume{{Name: "driver-root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: c.DriverRoot, Type: ptr.To(corev1.HostPathDirectory)}}}}, volumes...)
-		mounts = append([]corev1.VolumeMount{{Name: "driver-root", MountPath: ContainerDriverRoot}}, mounts...)
-		// The daemon opens the GPU's device nodes and chroots into the
-		// driver root.
+		mounts = append([]corev1.VolumeMount{{Name: "driver-root", MountPath: ContainerDriverRoot, ReadOnly: true}}, mounts...)
+		// The daemon opens the GPU's device nodes, binds its directories
+		// into the driver root's view and chroots into it.
 		security = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	}
 	var pullSecrets []corev1.LocalObjectReference
@@ -238,7 +244,7 @@ func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      c.PodName(d.UUID),
+			Name:      c.PodName(d.Key()),
 			Namespace: c.Namespace,
 			Labels: map[string]string{
 				LabelComponent: ComponentValue,
@@ -274,8 +280,22 @@ func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
 			Volumes: volumes,
 		},
 	}
+	if d.Domain != "" {
+		pod.Annotations[AnnotationDomain] = d.Domain
+	}
 	pod.Annotations[AnnotationSpecHash] = specHash(pod)
 	return pod
+}
+
+// DaemonArgs is the whole argument list of a daemon pod's container, which
+// the chart's admission policy pins: nothing but the GPU varies, and the
+// driver root is always the pod's read-only mount of the configured one.
+func DaemonArgs(gpu string, mock bool) []string {
+	args := []string{"mps-daemon", "run", "--gpu=" + gpu, "--ready-file=" + readyFile}
+	if mock {
+		return append(args, "--fake")
+	}
+	return append(args, "--driver-root="+ContainerDriverRoot)
 }
 
 // specHash hashes what the plugin decides about a pod: its labels, the GPU
@@ -285,7 +305,8 @@ func specHash(pod *corev1.Pod) string {
 	raw, _ := json.Marshal(struct {
 		Labels map[string]string
 		GPU    string
+		Domain string `json:",omitempty"`
 		Spec   corev1.PodSpec
-	}{pod.Labels, pod.Annotations[AnnotationGPU], pod.Spec})
+	}{pod.Labels, pod.Annotations[AnnotationGPU], pod.Annotations[AnnotationDomain], pod.Spec})
 	return shortHash(string(raw), 16)
 }

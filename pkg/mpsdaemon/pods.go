@@ -138,7 +138,7 @@ func (p *Pods) deleteUID(ctx context.Context, pod *corev1.Pod) {
 
 // Stop implements isolation.DaemonRunner: it deletes the GPU's daemon pod.
 func (p *Pods) Stop(ctx context.Context, d isolation.Daemon) error {
-	name := p.Config.PodName(d.UUID)
+	name := p.Config.PodName(d.Key())
 	err := p.pods().Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete pod %s/%s: %w", p.Config.Namespace, name, err)
@@ -147,23 +147,23 @@ func (p *Pods) Stop(ctx context.Context, d isolation.Daemon) error {
 	return nil
 }
 
-// Running implements isolation.DaemonRunner: the GPUs of this node's daemon
-// pods, terminating ones included.
-func (p *Pods) Running(ctx context.Context) ([]string, error) {
+// Running implements isolation.DaemonRunner: the daemons of this node's
+// daemon pods, terminating ones included.
+func (p *Pods) Running(ctx context.Context) ([]isolation.DaemonKey, error) {
 	sel := labels.SelectorFromSet(labels.Set{LabelComponent: ComponentValue, LabelNode: p.Config.nodeHash()})
 	list, err := p.pods().List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		return nil, fmt.Errorf("list pods in %s: %w", p.Config.Namespace, err)
 	}
-	var out []string
+	var out []isolation.DaemonKey
 	for _, pod := range list.Items {
-		uuid := pod.Annotations[AnnotationGPU]
-		if pod.Spec.NodeName != p.Config.NodeName || uuid == "" || pod.Name != p.Config.PodName(uuid) {
+		key := isolation.DaemonKey{GPU: pod.Annotations[AnnotationGPU], Domain: pod.Annotations[AnnotationDomain]}
+		if pod.Spec.NodeName != p.Config.NodeName || key.GPU == "" || pod.Name != p.Config.PodName(key) {
 			continue
 		}
-		out = append(out, uuid)
+		out = append(out, key)
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b isolation.DaemonKey) int { return strings.Compare(a.String(), b.String()) })
 	return slices.Compact(out), nil
 }
 
@@ -214,4 +214,4 @@ func (u Unavailable) Start(context.Context, isolation.Daemon, bool) error { retu
 func (Unavailable) Stop(context.Context, isolation.Daemon) error { return nil }
 
 // Running implements isolation.DaemonRunner; nothing was started.
-func (Unavailable) Running(context.Context) ([]string, error) { return nil, nil }
+func (Unavailable) Running(context.Context) ([]isolation.DaemonKey, error) { return nil, nil }

@@ -78,8 +78,16 @@ func (k *kubelet) calls() (created, deleted []string) {
 	return slices.Clone(k.created), slices.Clone(k.deleted)
 }
 
+// testDomain is the trust domain (namespace) of the tests' daemons.
+const testDomain = "team-a"
+
 func daemonOf(uuid string) isolation.Daemon {
-	return isolation.NewMPS("/var/lib/kubelet/plugins/gpu.tessera.dev/mps", nil).Daemon(uuid)
+	return isolation.NewMPS("/var/lib/kubelet/plugins/gpu.tessera.dev/mps", nil).Daemon(uuid, testDomain)
+}
+
+// keyOf is the key of daemonOf(uuid).
+func keyOf(uuid string) isolation.DaemonKey {
+	return isolation.DaemonKey{GPU: uuid, Domain: testDomain}
 }
 
 func getPod(t *testing.T, client *fake.Clientset, name string) *corev1.Pod {
@@ -107,7 +115,7 @@ func TestStartCreatesPod(t *testing.T) {
 		if err := p.Start(context.Background(), d, false); err != nil {
 			t.Fatalf("mock %v: %v", mock, err)
 		}
-		pod := getPod(t, client, cfg.PodName("GPU-1"))
+		pod := getPod(t, client, cfg.PodName(keyOf("GPU-1")))
 		if pod.Spec.NodeName != "node-a" || len(pod.OwnerReferences) != 0 || pod.Spec.RestartPolicy != corev1.RestartPolicyAlways {
 			t.Errorf("mock %v: nodeName %q, owners %v, restartPolicy %s", mock, pod.Spec.NodeName, pod.OwnerReferences, pod.Spec.RestartPolicy)
 		}
@@ -146,7 +154,7 @@ func TestStartTimesOutWithPodState(t *testing.T) {
 	cfg.ReadyTimeout = 100 * time.Millisecond
 	p, _ := NewPods(newClient(t, k), cfg)
 	err := p.Start(context.Background(), daemonOf("GPU-1"), false)
-	if err == nil || !strings.Contains(err.Error(), cfg.PodName("GPU-1")) || !strings.Contains(err.Error(), "ImagePullBackOff") {
+	if err == nil || !strings.Contains(err.Error(), cfg.PodName(keyOf("GPU-1"))) || !strings.Contains(err.Error(), "ImagePullBackOff") {
 		t.Fatalf("Start = %v, want the pod's name and ImagePullBackOff", err)
 	}
 }
@@ -177,7 +185,7 @@ func TestStartAdopts(t *testing.T) {
 		if len(created)+len(deleted) != 0 {
 			t.Errorf("inUse %v: created %v, deleted %v; want the pod adopted", inUse, created, deleted)
 		}
-		if uid := getPod(t, client, cfg.PodName("GPU-1")).UID; uid != "old-uid" {
+		if uid := getPod(t, client, cfg.PodName(keyOf("GPU-1"))).UID; uid != "old-uid" {
 			t.Errorf("inUse %v: pod uid %s, want old-uid", inUse, uid)
 		}
 	}
@@ -209,10 +217,10 @@ func TestStartReplaces(t *testing.T) {
 			if err != nil {
 				t.Errorf("%s: %v", name, err)
 			}
-			if diff := cmp.Diff([]string{cfg.PodName("GPU-1")}, created); diff != "" || len(deleted) != 1 {
+			if diff := cmp.Diff([]string{cfg.PodName(keyOf("GPU-1"))}, created); diff != "" || len(deleted) != 1 {
 				t.Errorf("%s: created %v, deleted %v; want replaced once", name, created, deleted)
 			}
-			if uid := getPod(t, client, cfg.PodName("GPU-1")).UID; uid == "old-uid" {
+			if uid := getPod(t, client, cfg.PodName(keyOf("GPU-1"))).UID; uid == "old-uid" {
 				t.Errorf("%s: pod not replaced", name)
 			}
 			continue
@@ -243,7 +251,7 @@ func TestStartWaitsForTerminatingPod(t *testing.T) {
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		// The kubelet finishes the deletion.
-		_ = client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), testNS, cfg.PodName("GPU-1"))
+		_ = client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), testNS, cfg.PodName(keyOf("GPU-1")))
 	}()
 	if err := p.Start(context.Background(), daemonOf("GPU-1"), true); err != nil {
 		t.Fatal(err)
@@ -251,7 +259,7 @@ func TestStartWaitsForTerminatingPod(t *testing.T) {
 	if created, _ := k.calls(); len(created) != 1 {
 		t.Errorf("created %v, want the pod created again once", created)
 	}
-	if uid := getPod(t, client, cfg.PodName("GPU-1")).UID; uid == "old-uid" {
+	if uid := getPod(t, client, cfg.PodName(keyOf("GPU-1"))).UID; uid == "old-uid" {
 		t.Error("the terminating pod was taken for the daemon")
 	}
 }
@@ -271,7 +279,7 @@ func TestStopAndRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"GPU-1", "GPU-2"}, running); diff != "" {
+	if diff := cmp.Diff([]isolation.DaemonKey{keyOf("GPU-1"), keyOf("GPU-2")}, running); diff != "" {
 		t.Errorf("running (-want +got):\n%s", diff)
 	}
 	for range 2 {
@@ -279,13 +287,13 @@ func TestStopAndRunning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := client.CoreV1().Pods(testNS).Get(ctx, cfg.PodName("GPU-1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().Pods(testNS).Get(ctx, cfg.PodName(keyOf("GPU-1")), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("pod of GPU-1 after Stop: %v", err)
 	}
-	if _, err := client.CoreV1().Pods(testNS).Get(ctx, other.PodName("GPU-1"), metav1.GetOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods(testNS).Get(ctx, other.PodName(keyOf("GPU-1")), metav1.GetOptions{}); err != nil {
 		t.Errorf("the other node's pod: %v", err)
 	}
-	if cfg.PodName("GPU-1") == other.PodName("GPU-1") {
+	if cfg.PodName(keyOf("GPU-1")) == other.PodName(keyOf("GPU-1")) {
 		t.Error("two nodes' daemon pods of the same GPU UUID share a name")
 	}
 }
@@ -301,39 +309,40 @@ func TestPluginRestartAdoptsDaemon(t *testing.T) {
 	client := newClient(t, k, existing(cfg, "GPU-orphan", "orphan", nil))
 	runner, _ := NewPods(client, cfg)
 
-	first := isolation.NewMPS("/var/lib/kubelet/plugins/gpu.tessera.dev/mps", runner)
+	root := t.TempDir()
+	first := isolation.NewMPS(root, runner)
 	for _, claim := range []types.UID{"a", "b"} {
-		if _, err := first.Acquire(ctx, "GPU-1", claim); err != nil {
+		if _, err := first.Acquire(ctx, "GPU-1", testDomain, claim); err != nil {
 			t.Fatal(err)
 		}
 	}
-	uid := getPod(t, client, cfg.PodName("GPU-1")).UID
+	uid := getPod(t, client, cfg.PodName(keyOf("GPU-1"))).UID
 
 	// The plugin restarts: a new instance rebuilds the holders from its
 	// checkpoint (claims a and b prepared) and may stop orphans.
-	second := isolation.NewMPS("/var/lib/kubelet/plugins/gpu.tessera.dev/mps", runner)
-	if err := second.Restore(ctx, map[string][]types.UID{"GPU-1": {"a", "b"}}, true); err != nil {
+	second := isolation.NewMPS(root, runner)
+	if err := second.Restore(ctx, map[isolation.DaemonKey][]types.UID{keyOf("GPU-1"): {"a", "b"}}, true); err != nil {
 		t.Fatal(err)
 	}
-	if got := getPod(t, client, cfg.PodName("GPU-1")).UID; got != uid {
+	if got := getPod(t, client, cfg.PodName(keyOf("GPU-1"))).UID; got != uid {
 		t.Errorf("daemon pod uid %s after the restart, want %s (adopted)", got, uid)
 	}
 	created, deleted := k.calls()
-	if diff := cmp.Diff([]string{cfg.PodName("GPU-1")}, created); diff != "" {
+	if diff := cmp.Diff([]string{cfg.PodName(keyOf("GPU-1"))}, created); diff != "" {
 		t.Errorf("created (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{cfg.PodName("GPU-orphan")}, deleted); diff != "" {
+	if diff := cmp.Diff([]string{cfg.PodName(keyOf("GPU-orphan"))}, deleted); diff != "" {
 		t.Errorf("deleted (-want +got):\n%s", diff)
 	}
 
-	if err := second.Release(ctx, "GPU-1", "a"); err != nil {
+	if err := second.Release(ctx, "GPU-1", testDomain, "a"); err != nil {
 		t.Fatal(err)
 	}
-	getPod(t, client, cfg.PodName("GPU-1"))
-	if err := second.Release(ctx, "GPU-1", "b"); err != nil {
+	getPod(t, client, cfg.PodName(keyOf("GPU-1")))
+	if err := second.Release(ctx, "GPU-1", testDomain, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().Pods(testNS).Get(ctx, cfg.PodName("GPU-1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().Pods(testNS).Get(ctx, cfg.PodName(keyOf("GPU-1")), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("daemon pod after the last release: %v, want it deleted", err)
 	}
 }

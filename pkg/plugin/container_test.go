@@ -90,8 +90,8 @@ func TestContainerSeesClaim(t *testing.T) {
 			wantMounts: func(e *env) []oci.Mount {
 				return []oci.Mount{
 					// The pipe directory read-only, the shared memory, never the logs.
-					{Destination: "/tmp/nvidia-mps", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "pipe"), Options: []string{"bind", "ro", "nosuid", "nodev"}},
-					{Destination: "/dev/shm", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "shm"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
+					{Destination: "/tmp/nvidia-mps", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "domains", "default", "pipe"), Options: []string{"bind", "ro", "nosuid", "nodev"}},
+					{Destination: "/dev/shm", Type: "bind", Source: filepath.Join(e.mpsRoot, "GPU-00000001", "domains", "default", "shm"), Options: []string{"bind", "rw", "nosuid", "nodev"}},
 				}
 			},
 			wantDaemons: []string{"GPU-00000001"},
@@ -192,7 +192,7 @@ func TestContainerSeesClaim(t *testing.T) {
 				t.Errorf("container hooks (-want +got):\n%s", diff)
 			}
 			running, _ := e.runner.Running(ctxFor(t))
-			if diff := cmp.Diff(tc.wantDaemons, running, cmpopts.EquateEmpty()); diff != "" {
+			if diff := cmp.Diff(tc.wantDaemons, gpusOf(running), cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("MPS daemons (-want +got):\n%s", diff)
 			}
 

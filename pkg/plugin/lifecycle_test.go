@@ -399,7 +399,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
 			t.Errorf("specs after recovery %v: a spec was deleted", uids)
 		}
-		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(running, []string{uuidOf(1)}) {
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{uuidOf(1)}) {
 			t.Errorf("MPS daemons after recovery %v, want the share's", running)
 		}
 		// The next start (the checkpoint is valid now) deletes nothing either.
@@ -407,7 +407,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
 			t.Errorf("specs after the next restart %v: a spec was deleted", uids)
 		}
-		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(running, []string{uuidOf(1)}) {
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{uuidOf(1)}) {
 			t.Errorf("MPS daemons after the next restart %v, want the share's", running)
 		}
 		// The rebuilt entries answer as before and still hold their GPUs.

@@ -42,6 +42,10 @@ type plannedDevice struct {
 	// consumedCapacity: what it takes from the GPU.
 	consumedMemory int64
 	consumedCores  int64
+	// mpsDomain is the trust domain whose MPS daemon serves an MPS share:
+	// the claim's namespace ("" in records of releases that ran one
+	// daemon per GPU).
+	mpsDomain string
 }
 
 // plan is everything prepare decided before it changes anything.
@@ -169,6 +173,11 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other shares; a claim uses one isolation backend", d.isolation, pl.isolation)
 			}
 			pl.isolation = d.isolation
+			if d.isolation == configapi.IsolationMPS {
+				// No two namespaces share an MPS daemon, pipe directory or
+				// shared memory (docs/mps.md).
+				d.mpsDomain = claim.Namespace
+			}
 		}
 		if cfg.Topology != nil && stricter(cfg.Topology.NVLink, nvlinkPolicy) {
 			nvlinkPolicy = cfg.Topology.NVLink

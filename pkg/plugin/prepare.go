@@ -220,7 +220,7 @@ func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configap
 			return nil, deviceError(shareDevice, "isolation MPS is not available on this node (no MPS root configured)")
 		}
 		// The daemon's paths are known before it runs; it is acquired later.
-		in.MPS = p.opts.MPS.Daemon(devs[0].gpu.UUID)
+		in.MPS = p.opts.MPS.Daemon(devs[0].gpu.UUID, devs[0].mpsDomain)
 	case configapi.IsolationHAMiCore:
 		if err := p.opts.HAMiCore.Check(); err != nil {
 			return nil, deviceError(shareDevice, "%v", err)
@@ -279,7 +279,7 @@ func isolationGPU(d plannedDevice) isolation.GPU {
 // may have done part of the work; the caller rolls back.
 func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
 	if pl.isolation == configapi.IsolationMPS {
-		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, record.UID); err != nil {
+		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, pl.devices[0].mpsDomain, record.UID); err != nil {
 			return deviceError(pl.devices[0].device, "%v", err)
 		}
 	}
@@ -389,6 +389,7 @@ func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
 			request: d.Request, pool: d.Pool, device: d.Device, shareID: types.UID(d.ShareID),
 			adminAccess: d.AdminAccess, gpu: g, shared: shared, lent: kind == model.KindLent, lend: d.Lend,
 			isolation: configapi.Isolation(d.Isolation), memoryLimit: d.MemoryLimit, coresLimit: d.CoresLimit,
+			mpsDomain: d.MPSDomain,
 		}
 		if shared && !d.AdminAccess && iso == "" {
 			iso = configapi.Isolation(d.Isolation)
@@ -412,11 +413,11 @@ func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
 // succeeded, so that a failed rollback is retried from it.
 func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
 	var errs []error
-	for _, uuid := range mpsGPUs(c) {
+	for _, key := range mpsDaemons(c) {
 		if p.opts.MPS == nil {
 			continue
 		}
-		if err := p.opts.MPS.Release(ctx, uuid, c.UID); err != nil {
+		if err := p.opts.MPS.Release(ctx, key.GPU, key.Domain, c.UID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -441,12 +442,14 @@ func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
 	return nil
 }
 
-// mpsGPUs are the GPUs whose MPS daemon the claim holds (or may hold).
-func mpsGPUs(c checkpoint.Claim) []string {
-	var out []string
+// mpsDaemons are the MPS daemons the claim holds (or may hold): one per GPU
+// of its MPS shares, of the domain its record names.
+func mpsDaemons(c checkpoint.Claim) []isolation.DaemonKey {
+	var out []isolation.DaemonKey
 	for _, d := range c.Devices {
-		if d.Isolation == string(configapi.IsolationMPS) && !slices.Contains(out, d.UUID) {
-			out = append(out, d.UUID)
+		key := isolation.DaemonKey{GPU: d.UUID, Domain: d.MPSDomain}
+		if d.Isolation == string(configapi.IsolationMPS) && !slices.Contains(out, key) {
+			out = append(out, key)
 		}
 	}
 	return out
@@ -469,6 +472,7 @@ func checkpointDevices(pl *plan) []checkpoint.Device {
 			ConsumedMemory: d.consumedMemory,
 			ConsumedCores:  d.consumedCores,
 			Lend:           d.lend && !d.adminAccess,
+			MPSDomain:      d.mpsDomain,
 		}
 	}
 	return out

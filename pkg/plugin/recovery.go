@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
 // recover brings the node in line with the checkpoint at start:
@@ -147,7 +148,7 @@ func (p *Plugin) rebuildHolds(ctx context.Context, stopOrphans bool) {
 	logger := klog.FromContext(ctx)
 	p.grants.reset()
 	claims := p.opts.Store.List()
-	holders := map[string][]types.UID{}
+	holders := map[isolation.DaemonKey][]types.UID{}
 	for _, c := range claims {
 		if err := p.grants.restore(c.UID, c.String(), grantRequests(c), p.memoryOf); err != nil {
 			// Two checkpointed claims on one GPU: keep both prepared (their
@@ -155,8 +156,8 @@ func (p *Plugin) rebuildHolds(ctx context.Context, stopOrphans bool) {
 			logger.Error(err, "Checkpoint holds conflicting claims", "claim", c.String())
 			p.event(corev1.EventTypeWarning, "DoubleGrant", err.Error())
 		}
-		for _, uuid := range mpsGPUs(c) {
-			holders[uuid] = append(holders[uuid], c.UID)
+		for _, key := range mpsDaemons(c) {
+			holders[key] = append(holders[key], c.UID)
 		}
 	}
 	if p.opts.MPS == nil {

@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -47,12 +46,8 @@ func (p *Plugin) unprepareClaim(ctx context.Context, uid types.UID) error {
 		// earlier failed rollback may have left behind.
 		p.grants.release(uid)
 		if p.opts.MPS != nil {
-			for uuid, holders := range p.opts.MPS.Holders() {
-				if slices.Contains(holders, uid) {
-					if err := p.opts.MPS.Release(ctx, uuid, uid); err != nil {
-						return err
-					}
-				}
+			if err := p.opts.MPS.ReleaseClaim(ctx, uid); err != nil {
+				return err
 			}
 		}
 		return p.opts.Specs.Remove(uid)

@@ -99,7 +99,7 @@ func TestPluginTokenMPSPods(t *testing.T) {
 	}
 	cfg, root := installedDaemonConfig(t, ds, node)
 	daemon := func(change func(*corev1.Pod)) *corev1.Pod {
-		p := cfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-e2e-policy-0000"))
+		p := cfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-e2e-policy-0000", "e2e-policy"))
 		p.Name = "e2e-mps-policy"
 		if change != nil {
 			change(p)
@@ -150,7 +150,7 @@ func TestPluginTokenMPSPods(t *testing.T) {
 	// counts it as its own.
 	otherCfg := cfg
 	otherCfg.NodeName = other
-	foreignPod := otherCfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-e2e-policy-0000"))
+	foreignPod := otherCfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-e2e-policy-0000", "e2e-policy"))
 	foreignPod.Name = "e2e-mps-policy-other-node"
 	foreign, err := c.Client.CoreV1().Pods(installNamespace).Create(ctx, foreignPod, metav1.CreateOptions{})
 	if err != nil {

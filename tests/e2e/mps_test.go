@@ -76,6 +76,19 @@ spec:
 // mpsDaemonPod returns the daemon pod of the GPU (by the annotation the
 // plugin writes), failing unless there is exactly one.
 func (c *Cluster) mpsDaemonPod(ctx context.Context, uuid string) (*corev1.Pod, error) {
+	found, err := c.mpsDaemonPods(ctx, uuid)
+	if err != nil {
+		return nil, err
+	}
+	if len(found) != 1 {
+		return nil, fmt.Errorf("%d MPS daemon pods for GPU %s, want 1", len(found), uuid)
+	}
+	return &found[0], nil
+}
+
+// mpsDaemonPods returns the daemon pods of the GPU, one per trust domain
+// (namespace) with MPS shares on it.
+func (c *Cluster) mpsDaemonPods(ctx context.Context, uuid string) ([]corev1.Pod, error) {
 	pods, err := c.Client.CoreV1().Pods(PluginNamespace).List(ctx, metav1.ListOptions{LabelSelector: mpsDaemonSelector})
 	if err != nil {
 		return nil, err
@@ -86,10 +99,7 @@ func (c *Cluster) mpsDaemonPod(ctx context.Context, uuid string) (*corev1.Pod, e
 			found = append(found, p)
 		}
 	}
-	if len(found) != 1 {
-		return nil, fmt.Errorf("%d MPS daemon pods for GPU %s, want 1", len(found), uuid)
-	}
-	return &found[0], nil
+	return found, nil
 }
 
 // TestMPSDaemonOutlivesPlugin: an MPS share's daemon runs in a pod of its

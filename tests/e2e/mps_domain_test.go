@@ -1,0 +1,163 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// mpsTenantYAML is an MPS share and a client, run as runAsUser (0: the
+// image's user), that writes a marker into its /dev/shm and prints the
+// inode of the control socket it reaches, then waits.
+func mpsTenantYAML(runAsUser int) string {
+	security := ""
+	if runAsUser != 0 {
+		security = fmt.Sprintf("\n    securityContext: {runAsUser: %d, runAsGroup: %d, runAsNonRoot: true}", runAsUser, runAsUser)
+	}
+	return `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: mps}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: shared.gpu.tessera.dev
+          capacity:
+            requests: {memory: 4Gi, cores: "10"}
+      config:
+      - requests: ["gpu"]
+        opaque:
+          driver: gpu.tessera.dev
+          parameters:
+            apiVersion: gpu.tessera.dev/v1alpha1
+            kind: GpuConfig
+            sharing: {isolation: MPS}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: tenant}
+spec:
+  terminationGracePeriodSeconds: 1
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: mps
+  containers:
+  - name: ctr
+    image: docker.io/library/busybox:1.36` + security + `
+    command:
+    - sh
+    - -c
+    - |
+      echo "MPS_UID=$(id -u)"
+      if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
+      echo "MPS_CONTROL_INODE=$(stat -c %i /tmp/nvidia-mps/control 2>/dev/null)"
+      if echo "$POD_NAMESPACE" > /dev/shm/tenant-secret 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=not-writable; fi
+      echo tessera-env-done
+      exec sleep 2147483647
+    env:
+    - name: POD_NAMESPACE
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    resources:
+      claims:
+      - name: gpu
+`
+}
+
+// TestMPSTrustDomains: MPS shares in two namespaces on one GPU run with two
+// daemons: the file one tenant writes into its /dev/shm is not in the
+// other's, their control sockets are different files, and both run; a
+// client running as uid 1000 runs too (its pipe, log and shared-memory
+// directories are writable by any uid). On a release with one daemon per
+// GPU, tenant B read tenant A's /dev/shm file.
+func TestMPSTrustDomains(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	ctx := context.Background()
+	nsA := c.Namespace(t, "e2e-mps-a")
+	nsB := c.Namespace(t, "e2e-mps-b")
+	// Both shares on one GPU: the first GPU the scheduler picked for A
+	// must also be where B lands; a 4Gi share fits any mock GPU many
+	// times, and the scheduler fills the GPU it used first only if
+	// nothing else ranks it lower, so check and say so rather than
+	// assume.
+	a := c.RunObjects(t, nsA, MustDecodeYAML(t, mpsTenantYAML(0))...)["tenant"]
+	b := c.RunObjects(t, nsB, MustDecodeYAML(t, mpsTenantYAML(1000))...)["tenant"]
+	uuidOf := func(ns string, p SpecPod) string {
+		name, err := PodClaimName(p.Pod, "gpu")
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs, err := c.AllocatedDevices(ctx, ns, name)
+		if err != nil || len(devs) != 1 {
+			t.Fatalf("claim %s/%s: %v devices, %v", ns, name, len(devs), err)
+		}
+		return devs[0].Attribute("uuid")
+	}
+	sameGPU := uuidOf(nsA, a) == uuidOf(nsB, b)
+	if !sameGPU {
+		t.Logf("the two shares landed on different GPUs (%s, %s): the daemons differ trivially; the shared-memory check below still holds", uuidOf(nsA, a), uuidOf(nsB, b))
+	}
+
+	for name, p := range map[string]SpecPod{"A": a, "B (runAsUser 1000)": b} {
+		if !strings.Contains(p.Log, "MPS_CONTROL=socket") || !strings.Contains(p.Log, "MPS_SHM=writable") {
+			t.Errorf("tenant %s: want the control socket and a writable /dev/shm, got:\n%s", name, p.Log)
+		}
+	}
+	if !strings.Contains(b.Log, "MPS_UID=1000") {
+		t.Errorf("tenant B runs as %q, want uid 1000", b.Log)
+	}
+	inode := func(log string) string {
+		for _, l := range strings.Split(log, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "MPS_CONTROL_INODE="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	if ia, ib := inode(a.Log), inode(b.Log); ia == "" || ia == ib {
+		t.Errorf("control socket inodes %q (A) and %q (B): want two different sockets", ia, ib)
+	}
+
+	// What each tenant sees in its /dev/shm now that both wrote.
+	for _, tc := range []struct{ ns, other string }{{nsA, nsB}, {nsB, nsA}} {
+		out, err := kubectlExec(t, tc.ns, "tenant", "cat", "/dev/shm/tenant-secret")
+		if err != nil {
+			t.Fatalf("read /dev/shm in %s: %v: %s", tc.ns, err, out)
+		}
+		if got := strings.TrimSpace(out); got != tc.ns {
+			t.Errorf("tenant in %s reads %q from its /dev/shm/tenant-secret, want its own %q (the other namespace %s wrote over it)", tc.ns, got, tc.ns, tc.other)
+		}
+	}
+
+	if sameGPU {
+		uuid := uuidOf(nsA, a)
+		pods, err := c.mpsDaemonPods(ctx, uuid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		domains := map[string]bool{}
+		for _, p := range pods {
+			domains[p.Annotations["gpu.tessera.dev/mps-domain"]] = true
+		}
+		if !domains[nsA] || !domains[nsB] {
+			t.Errorf("daemon pods of GPU %s serve domains %v, want %s and %s", uuid, domains, nsA, nsB)
+		}
+	}
+}
+
+// kubectlExec runs a command in a pod's first container.
+func kubectlExec(t *testing.T, ns, pod string, command ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(kubectlBinary(t), append([]string{"exec", "-n", ns, pod, "--"}, command...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+operateKubeconfig(t))
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
