@@ -120,6 +120,9 @@ func doctorConfig(f flags, containerdConfig string) doctor.Config {
 		DefaultIsolation:  configapi.Isolation(f.defaultIsolation),
 		OpenNVML:          func() (nvml.Interface, error) { return openNVML(f) },
 	}
+	// A bad --expected-compute-mode stops the plugin; the doctor then
+	// checks against the default (Default).
+	c.ComputeModes, _ = f.computeModes()
 	// As the plugin connects: --kubeconfig, else in-cluster (quietly
 	// nothing outside a pod).
 	load := rest.InClusterConfig

@@ -62,6 +62,8 @@ type flags struct {
 	mps               mpsFlags
 	nvidiaCDISpecDirs []string
 	rediscoverEvery   time.Duration
+	// expectedComputeMode is --expected-compute-mode.
+	expectedComputeMode string
 
 	health               bool
 	healthIgnoredXIDs    []uint
@@ -139,6 +141,7 @@ func newCommand() *cobra.Command {
 	fs.StringToStringVar(&f.mps.limits, "mps-limits", nil, "resource limits of the MPS control daemon pods, as cpu=QUANTITY,memory=QUANTITY; empty: none. Equal to --mps-requests gives the pods Guaranteed QoS (docs/mps.md)")
 	fs.StringSliceVar(&f.nvidiaCDISpecDirs, "nvidia-cdi-spec-dirs", []string{"/etc/cdi", "/var/run/cdi"}, "where to look for the NVIDIA container toolkit's CDI spec (nvidia.com/gpu)")
 	fs.DurationVar(&f.rediscoverEvery, "rediscover-interval", time.Minute, "how often to rediscover GPUs and republish when the inventory changed")
+	fs.StringVar(&f.expectedComputeMode, "expected-compute-mode", string(gpu.ComputeModeDefault), "compute mode every GPU is expected in (Default, ExclusiveProcess, Prohibited, or Any to accept every mode); a GPU in another is published tainted "+health.TaintKey+"=ComputeMode<mode>:NoSchedule. The plugin only reads compute modes, never sets them")
 	fs.BoolVar(&f.health, "health", true, "watch NVML error events: taint unhealthy GPUs' devices ("+health.TaintKey+") and report device health to the kubelet")
 	fs.UintSliceVar(&f.healthIgnoredXIDs, "health-ignored-xids", toUint(health.DefaultIgnoredXIDs), "XIDs that never make a GPU unhealthy (application faults)")
 	fs.UintSliceVar(&f.healthFatalXIDs, "health-fatal-xids", toUint(health.DefaultFatalXIDs), "XIDs that taint with --health-fatal-effect; other critical XIDs taint NoSchedule")
@@ -219,6 +222,10 @@ func run(ctx context.Context, f flags) error {
 	logger := klog.FromContext(ctx)
 	if f.nodeName == "" {
 		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	computeModes, err := f.computeModes()
+	if err != nil {
+		return err
 	}
 	iso := configapi.Isolation(f.defaultIsolation)
 	if !slices.Contains(configapi.SupportedIsolations, iso) {
@@ -378,7 +385,7 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events}
+	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events, ComputeModes: computeModes}
 	if !mock {
 		// Mock GPUs' bus ids exist in no sysfs (their profile gives their
 		// roots); real ones get the standard resource.kubernetes.io/pcieRoot
@@ -544,6 +551,19 @@ func driverMemory(f flags, mock bool, gpus []gpu.GPU) isolation.DriverMemory {
 		d.DriverRoot = f.driverRoot
 	}
 	return d
+}
+
+// computeModes is the compute mode policy of --expected-compute-mode; empty
+// means Default.
+func (f flags) computeModes() (gpu.ComputeModePolicy, error) {
+	if f.expectedComputeMode == "" {
+		return gpu.ComputeModePolicy{}, nil
+	}
+	mode, err := gpu.ParseComputeMode(f.expectedComputeMode)
+	if err != nil {
+		return gpu.ComputeModePolicy{}, fmt.Errorf("--expected-compute-mode: %w", err)
+	}
+	return gpu.ComputeModePolicy{Default: mode}, nil
 }
 
 // errNVMLAvailable ends a plugin that started without NVML once NVML can be

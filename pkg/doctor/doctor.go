@@ -71,6 +71,9 @@ type Config struct {
 	// DefaultIsolation is --default-isolation: a backend the node default
 	// needs is a FAIL when missing, any other a WARN.
 	DefaultIsolation configapi.Isolation
+	// ComputeModes is the compute mode the plugin expects of each GPU
+	// (--expected-compute-mode); the zero value expects Default.
+	ComputeModes gpu.ComputeModePolicy
 
 	// OpenNVML opens and initialises NVML (the mock's on mock profiles);
 	// nil: gpu.OpenNVML(DriverRoot). The caller's library is shut down
@@ -111,6 +114,7 @@ func Run(ctx context.Context, c Config) Report {
 	add(nvmlResult)
 	defer closeNVML()
 	add(c.checkToolkitSpec(gpus, nvmlResult.Status == Fail))
+	add(c.checkGPUConditions(gpus, nvmlResult.Status == Fail)...)
 	add(c.checkContainerd())
 	add(c.checkToolkitEnvvar())
 	add(c.checkSocket("kubelet-registration", c.RegistrarDir, "--registrar-dir", registrationSocket,

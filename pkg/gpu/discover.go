@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -133,10 +134,17 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 			d.Failed = append(d.Failed, failure(i, g, err))
 			continue
 		}
-		peers, err := probeNVLink(dev, sym, g.UUID, g.PCIBusID)
-		if err != nil {
-			d.Failed = append(d.Failed, failure(i, g, err))
-			continue
+		// An NVLink or fabric query that fails says nothing about whether
+		// the GPU computes: it is published in a domain of its own
+		// (NVLinkError says why) rather than dropped.
+		peers, linkErr := probeNVLink(dev, sym, g.UUID, g.PCIBusID)
+		fabric, fabricErr := probeFabric(dev, sym)
+		g.Fabric, g.FabricError = fabric.state, fabric.err
+		if err := errors.Join(linkErr, fabricErr); err != nil {
+			g.NVLinkError = strings.ReplaceAll(err.Error(), "\n", "; ")
+			peers = NVLinkPeers{UUID: g.UUID, PCIBusID: g.PCIBusID, Unknown: true}
+		} else {
+			peers.Fabric = fabric.key
 		}
 		gpus = append(gpus, g)
 		links = append(links, peers)
@@ -250,6 +258,17 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 		g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 	case !absent(ret):
 		return g, nvmlError("nvmlDeviceGetMigMode", ret)
+	}
+
+	// Read only: the compute mode belongs to the admin (nvidia-smi -c) or
+	// to whatever manages the GPU; Conditions compares it with the mode
+	// Tessera expects.
+	mode, ret := dev.GetComputeMode()
+	switch {
+	case ret == nvml.SUCCESS:
+		g.ComputeMode = computeModeName(mode)
+	case !absent(ret):
+		return g, nvmlError("nvmlDeviceGetComputeMode", ret)
 	}
 	return g, nil
 }

@@ -319,9 +319,9 @@ func TestDiscoverErrorsNameTheDevice(t *testing.T) {
 	}
 
 	node = mustMockNode(t, "a100-pairs")
-	node.Devices[1].GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	node.Devices[1].GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	_, err = Discover(node)
-	want = fmt.Sprintf("GPU index 1 (%s): nvmlDeviceGetNvLinkState(link 0): ", mockUUID("a100-pairs", 1))
+	want = fmt.Sprintf("GPU index 1 (%s): nvmlDeviceGetComputeMode: ", mockUUID("a100-pairs", 1))
 	if err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("error %v, want it to start with %q", err, want)
 	}

@@ -61,4 +61,18 @@ type GPU struct {
 	// (connected components of the NVLink graph, or the NVLink fabric clique).
 	// GPUs with the same value can talk over NVLink. Stable across restarts.
 	NVLinkDomain string `json:"nvlinkDomain"`
+	// NVLinkError is the NVML error of the NVLink or fabric queries that left
+	// this GPU in an NVLink domain of its own although it may have peers;
+	// empty when its links and fabric registration were read.
+	NVLinkError string `json:"nvlinkError,omitempty"`
+	// Fabric is the GPU's NVLink fabric registration
+	// (nvmlDeviceGetGpuFabricInfo); FabricNone when the GPU or driver takes
+	// no part in an NVLink fabric.
+	Fabric FabricState `json:"fabric,omitempty"`
+	// FabricError is the error NVML reports for a registration that completed
+	// without success; empty otherwise.
+	FabricError string `json:"fabricError,omitempty"`
+	// ComputeMode is the GPU's compute mode as NVML reports it; empty when
+	// the driver does not report one. Discovery only reads it.
+	ComputeMode ComputeMode `json:"computeMode,omitempty"`
 }

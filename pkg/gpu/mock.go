@@ -266,6 +266,7 @@ func newMockNode(name string, p mockProfile) *MockNode {
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	node.installEvents()
+	node.installConditions()
 	node.installDiscoveryFailures()
 	return node
 }
@@ -309,6 +310,9 @@ func newMockDevice(name string, p mockProfile, i int) *mock.Device {
 	}
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return pci, nvml.SUCCESS }
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa, nvml.SUCCESS }
+	// Mock GPUs are in the Default compute mode, as a GPU is unless an
+	// admin changed it.
+	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return nvml.COMPUTEMODE_DEFAULT, nvml.SUCCESS }
 	d.GetMigModeFunc = func() (int, int, nvml.Return) {
 		if p.mig {
 			return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS

@@ -15,9 +15,13 @@ import (
 // MockDiscoveryCalls are the NVML calls FailDiscovery can make fail, in the
 // order discovery makes them. Failing nvmlDeviceGetUUID leaves nothing known
 // about the GPU but its index; nvmlDeviceGetMemoryInfo leaves its UUID and
-// minor number known but not enough to publish it; nvmlDeviceGetPciInfo
-// leaves enough to publish it (see Failure.Partial).
-var MockDiscoveryCalls = []string{"nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo"}
+// minor number known but not enough to publish it; nvmlDeviceGetPciInfo and
+// nvmlDeviceGetComputeMode leave enough to publish it (see Failure.Partial).
+// The NVLink and fabric calls (nvmlDeviceGetNvLinkState,
+// nvmlDeviceGetGpuFabricInfo) do not fail the GPU: it is described in an
+// NVLink domain of its own (GPU.NVLinkError).
+var MockDiscoveryCalls = []string{"nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo",
+	"nvmlDeviceGetComputeMode", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfo"}
 
 // DefaultMockDiscoveryCall is the call FailDiscoverySpec fails when the spec
 // names none: what a GPU in a bad state typically answers.
@@ -30,8 +34,9 @@ type mockFailure struct {
 }
 
 // FailDiscovery makes GPU i answer ret to call (one of MockDiscoveryCalls),
-// so that discovery reports the GPU in Discovery.Failed; ret SUCCESS makes
-// it answer normally again. Only one call fails per GPU: a second
+// so that discovery reports the GPU in Discovery.Failed (or, for the NVLink
+// and fabric calls, with an NVLinkError); ret SUCCESS makes it answer
+// normally again. Only one call fails per GPU: a second
 // FailDiscovery replaces the first. Other users of the call (the health
 // watcher reads the UUID, metrics the memory) see the same failure, as they
 // would on a real node.
@@ -79,7 +84,8 @@ func (n *MockNode) failing(i int, call string) (nvml.Return, bool) {
 }
 
 // installDiscoveryFailures wraps the calls of MockDiscoveryCalls; call it
-// after installEvents, which wraps GetMemoryInfo itself.
+// after installEvents, which wraps GetMemoryInfo itself, and
+// installConditions, so that a failure wins over a knob.
 func (n *MockNode) installDiscoveryFailures() {
 	n.state.failures = map[int]mockFailure{}
 	for i, d := range n.Devices {
@@ -103,6 +109,27 @@ func (n *MockNode) installDiscoveryFailures() {
 				return nvml.PciInfo{}, ret
 			}
 			return pci()
+		}
+		computeMode := d.GetComputeModeFunc
+		d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetComputeMode"); failed {
+				return 0, ret
+			}
+			return computeMode()
+		}
+		linkState := d.GetNvLinkStateFunc
+		d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetNvLinkState"); failed {
+				return nvml.FEATURE_DISABLED, ret
+			}
+			return linkState(link)
+		}
+		fabric := d.GetGpuFabricInfoFunc
+		d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetGpuFabricInfo"); failed {
+				return nvml.GpuFabricInfo{}, ret
+			}
+			return fabric()
 		}
 	}
 }

@@ -28,6 +28,9 @@ type mockState struct {
 	// activity is the utilization and pod of processes, by GPU and PID
 	// (see SetProcessActivity).
 	activity map[int]map[uint32]mockActivity
+	// conditions are the MIG, compute mode and fabric knobs (see
+	// SetComputeMode).
+	conditions mockConditions
 }
 
 // mockEventSet is what NVML keeps for one nvmlEventSet: which GPUs deliver

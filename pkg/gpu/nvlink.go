@@ -26,6 +26,11 @@ type NVLinkPeers struct {
 	// Fabric is "<cluster uuid>/<clique id>" when the GPU completed its
 	// registration with the NVLink fabric (nvmlDeviceGetGpuFabricInfo), else "".
 	Fabric string
+	// Unknown is true when the GPU's links or fabric registration could not
+	// be read: the GPU is a domain of its own, and the links of other GPUs
+	// that end at it join nothing (they are not taken for NVSwitch links
+	// either). Its Remotes, Switch and Fabric are ignored.
+	Unknown bool
 }
 
 // NVLinkDomains reduces the NVLink graph of one node to connected components and
@@ -49,7 +54,8 @@ type NVLinkPeers struct {
 // stable across restarts: a domain that contains registered GPUs is named after
 // its (smallest) fabric cluster/clique, so GPUs of one clique on different nodes
 // share the id; any other domain is named after its sorted member UUIDs. A GPU
-// without NVLink is a domain of its own. Ids look like "nvl-1a2b3c4d".
+// without NVLink, or whose links are Unknown, is a domain of its own. Ids look
+// like "nvl-1a2b3c4d".
 //
 // A node-local domain id changes when its membership changes, for example when a
 // GPU falls off the bus; the id names the set of GPUs that can talk over NVLink,
@@ -68,10 +74,18 @@ func NVLinkDomains(gpus []NVLinkPeers) map[string]string {
 	switchGroup := -1
 	fabricGroup := map[string]int{}
 	for i, p := range peers {
+		if p.Unknown {
+			// What it reports cannot be trusted; claiming a peer it may not
+			// reach would let a matchAttribute constraint place a job
+			// across GPUs that cannot talk over NVLink.
+			continue
+		}
 		reachesSwitch := p.Switch
 		for _, remote := range p.Remotes {
 			if j, ok := byBus[remote]; ok {
-				u.union(i, j)
+				if !peers[j].Unknown {
+					u.union(i, j)
+				}
 			} else {
 				reachesSwitch = true
 			}
@@ -105,7 +119,7 @@ func NVLinkDomains(gpus []NVLinkPeers) map[string]string {
 			components[root] = c
 		}
 		c.uuids = append(c.uuids, p.UUID) // peers is sorted, so uuids is too
-		if p.Fabric != "" && (c.fabric == "" || p.Fabric < c.fabric) {
+		if !p.Unknown && p.Fabric != "" && (c.fabric == "" || p.Fabric < c.fabric) {
 			c.fabric = p.Fabric
 		}
 	}
@@ -175,9 +189,9 @@ func (u unionFind) union(i, j int) {
 	u[rj] = ri
 }
 
-// probeNVLink asks NVML about the links and the fabric registration of one GPU.
-// Links that do not exist on the GPU and facts the driver does not support are
-// skipped; any other NVML failure is returned, naming the call and the link.
+// probeNVLink asks NVML about the links of one GPU. Links that do not exist
+// on the GPU and facts the driver does not support are skipped; any other
+// NVML failure is returned, naming the call and the link.
 func probeNVLink(dev nvml.Device, sym symbols, uuid, busID string) (NVLinkPeers, error) {
 	peers := NVLinkPeers{UUID: uuid, PCIBusID: busID}
 	for link := 0; link < nvml.NVLINK_MAX_LINKS; link++ {
@@ -218,15 +232,48 @@ func probeNVLink(dev nvml.Device, sym symbols, uuid, busID string) (NVLinkPeers,
 		}
 		peers.Remotes = append(peers.Remotes, remote)
 	}
-
-	if sym.fabricInfo {
-		info, ret := dev.GetGpuFabricInfo()
-		switch {
-		case ret == nvml.SUCCESS:
-			peers.Fabric = fabricKey(info)
-		case !absent(ret):
-			return peers, nvmlError("nvmlDeviceGetGpuFabricInfo", ret)
-		}
-	}
 	return peers, nil
+}
+
+// fabricRegistration is what nvmlDeviceGetGpuFabricInfo says about one GPU.
+type fabricRegistration struct {
+	// key is NVLinkPeers.Fabric (see fabricKey).
+	key   string
+	state FabricState
+	// err is NVML's error of a registration completed without success.
+	err string
+}
+
+// probeFabric reads the GPU's NVLink fabric registration. A driver without
+// the call, and a GPU that answers NOT_SUPPORTED (no NVSwitch, pre-Hopper),
+// take no part in a fabric (FabricNone); any other NVML failure is returned.
+func probeFabric(dev nvml.Device, sym symbols) (fabricRegistration, error) {
+	if !sym.fabricInfo {
+		return fabricRegistration{}, nil
+	}
+	info, ret := dev.GetGpuFabricInfo()
+	switch {
+	case absent(ret):
+		return fabricRegistration{}, nil
+	case ret != nvml.SUCCESS:
+		return fabricRegistration{}, nvmlError("nvmlDeviceGetGpuFabricInfo", ret)
+	}
+	r := fabricRegistration{key: fabricKey(info)}
+	switch info.State {
+	case nvml.GPU_FABRIC_STATE_NOT_STARTED:
+		r.state = FabricNotStarted
+	case nvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		r.state = FabricInProgress
+	case nvml.GPU_FABRIC_STATE_COMPLETED:
+		// NVML documents Status as valid only once the state is COMPLETED.
+		r.state = FabricCompleted
+		if status := nvml.Return(info.Status); status != nvml.SUCCESS {
+			r.state, r.err = FabricFailed, status.Error()
+		}
+	default:
+		// GPU_FABRIC_STATE_NOT_SUPPORTED, or a state newer than go-nvml:
+		// the GPU is not (known to be) in a fabric.
+		r.state = FabricNone
+	}
+	return r, nil
 }

@@ -18,7 +18,28 @@ type Discovery struct {
 	// Errors counts the discoveries since the start that failed as a whole
 	// or for at least one GPU.
 	Errors uint64
+	// Conditions are what the latest discovery found wrong with the GPUs
+	// it described (gpu.Conditions).
+	Conditions []GPUCondition
 }
+
+// GPUCondition is one gpu.Condition of a described GPU.
+type GPUCondition struct {
+	Index int
+	UUID  string
+	// Reason is the gpu.ConditionReason ("MIGEnabled", "NVLinkUnknown",
+	// "FabricNotReady", "ComputeMode").
+	Reason string
+	// Published is false when the GPU is not published at all.
+	Published bool
+	// Taint is the value of the gpu.tessera.dev/unhealthy taint its devices
+	// carry for it; empty for none.
+	Taint string
+}
+
+// SkipReasons are the reasons of tessera_gpus_skipped, always exported (0
+// when no GPU is skipped for them) so that an alert can compare them.
+var SkipReasons = []string{"MIGEnabled", "DiscoveryFailed"}
 
 // FailedGPU is one GPU that failed discovery.
 type FailedGPU struct {
@@ -43,6 +64,10 @@ type DiscoverySource interface {
 //	tessera_gpu_discovery_failed{index,uuid,published}
 //	                                         1 for every GPU that failed the latest discovery
 //	tessera_gpu_discovery_errors_total       discoveries that failed, as a whole or for a GPU
+//	tessera_gpus_skipped{reason}             GPUs NVML enumerates that are not published, by reason
+//	                                         (SkipReasons: MIG mode, discovery failed before their facts were known)
+//	tessera_gpu_condition{index,uuid,reason,published,taint}
+//	                                         1 for every condition of a described GPU (gpu.Conditions)
 func (m *Metrics) AddDiscovery(src DiscoverySource) {
 	m.Registry.MustRegister(newDiscoveryCollector(m.node, src))
 }
@@ -50,6 +75,7 @@ func (m *Metrics) AddDiscovery(src DiscoverySource) {
 type discoveryCollector struct {
 	src                          DiscoverySource
 	up, discovered, failed, errs *prometheus.Desc
+	skipped, condition           *prometheus.Desc
 }
 
 func newDiscoveryCollector(node string, src DiscoverySource) *discoveryCollector {
@@ -63,6 +89,14 @@ func newDiscoveryCollector(node string, src DiscoverySource) *discoveryCollector
 			"(uuid empty when unreadable); published=true when its devices are published anyway, tainted gpu.tessera.dev/unhealthy=DiscoveryFailed:NoSchedule.",
 			[]string{"index", "uuid", "published"}, c),
 		errs: prometheus.NewDesc("tessera_gpu_discovery_errors_total", "GPU discoveries that failed, as a whole or for at least one GPU.", nil, c),
+		skipped: prometheus.NewDesc("tessera_gpus_skipped", "GPUs NVML enumerates that the latest discovery left unpublished, by reason: "+
+			"MIGEnabled (MIG mode is on; Tessera does not hand out MIG instances), DiscoveryFailed (failed before its UUID, minor number or memory were known).",
+			[]string{"reason"}, c),
+		condition: prometheus.NewDesc("tessera_gpu_condition", "1 for every condition the latest discovery found on a GPU it described: "+
+			"MIGEnabled (not published), NVLinkUnknown (NVML failed on its NVLink or fabric queries: published in an NVLink domain of its own), "+
+			"FabricNotReady (NVLink fabric registration not completed), ComputeMode (not in the expected compute mode); "+
+			"taint is the value of its gpu.tessera.dev/unhealthy:NoSchedule taint, empty for none.",
+			[]string{"index", "uuid", "reason", "published", "taint"}, c),
 	}
 }
 
@@ -71,6 +105,8 @@ func (c *discoveryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.discovered
 	ch <- c.failed
 	ch <- c.errs
+	ch <- c.skipped
+	ch <- c.condition
 }
 
 func (c *discoveryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -85,4 +121,21 @@ func (c *discoveryCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, c.failed, 1, strconv.Itoa(f.Index), f.UUID, strconv.FormatBool(f.Published))
 	}
 	ch <- prometheus.MustNewConstMetric(c.errs, prometheus.CounterValue, float64(d.Errors))
+	skipped := map[string]int{}
+	for _, f := range d.Failed {
+		if !f.Published {
+			skipped["DiscoveryFailed"]++
+		}
+	}
+	for _, cond := range d.Conditions {
+		if !cond.Published {
+			skipped[cond.Reason]++
+		}
+	}
+	for _, reason := range SkipReasons {
+		gauge(ch, c.skipped, float64(skipped[reason]), reason)
+	}
+	for _, cond := range d.Conditions {
+		gauge(ch, c.condition, 1, strconv.Itoa(cond.Index), cond.UUID, cond.Reason, strconv.FormatBool(cond.Published), cond.Taint)
+	}
 }

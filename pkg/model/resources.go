@@ -42,6 +42,11 @@ const (
 	AttrIndex                 resourceapi.QualifiedName = "index"
 	AttrMinor                 resourceapi.QualifiedName = "minor"
 	AttrNVLinkDomain          resourceapi.QualifiedName = "nvlinkDomain"
+	// AttrComputeMode is the GPU's compute mode as discovery read it
+	// (gpu.ComputeMode: "Default", "ExclusiveProcess", "Prohibited"); left
+	// out when the driver does not report it. A DeviceClass can select GPUs
+	// dedicated to one mode with it.
+	AttrComputeMode resourceapi.QualifiedName = "computeMode"
 )
 
 // Values of the type attribute.
@@ -465,6 +470,7 @@ func attributes(g gpu.GPU, typ string, o options) map[resourceapi.QualifiedName]
 		AttrProductName:  g.ProductName,
 		AttrArchitecture: g.Architecture,
 		AttrNVLinkDomain: g.NVLinkDomain,
+		AttrComputeMode:  string(g.ComputeMode),
 	} {
 		if v != "" {
 			attrs[name] = resourceapi.DeviceAttribute{StringValue: ptr.To(v)}

@@ -91,13 +91,21 @@ type Inventory struct {
 	Lending func() map[string]model.Lent
 	// Model are more options for model.Resources (model.WithPCIeRoots).
 	Model []model.Option
+	// ComputeModes says which compute mode each GPU is expected in (the
+	// zero value: Default); a GPU in another is published tainted (see
+	// gpu.Conditions, which also decides the MIG, NVLink and fabric
+	// conditions reported here).
+	ComputeModes gpu.ComputeModePolicy
 	// Events, when set, gets Node events about discovery, each when its
 	// message changes: Warning GPUDiscoveryFailed (a GPU failed; says whether
 	// it is published tainted) and Normal GPUDiscoveryRecovered (it is
 	// described again); Warning NoGPUs (nothing to publish: no usable NVML,
 	// or NVML reports no GPU), Warning GPUDiscoveryError (discovery failed as
 	// a whole; the earlier publication stays) and Normal GPUsDiscovered (GPUs
-	// are published again after either).
+	// are published again after either). Every gpu.Condition of a
+	// described GPU gets a Warning GPU<reason> (GPUMIGEnabled,
+	// GPUNVLinkUnknown, GPUFabricNotReady, GPUComputeMode) and, once it no
+	// longer holds, a Normal GPUConditionCleared.
 	Events EventRecorder
 
 	mu        sync.Mutex
@@ -112,6 +120,9 @@ type Inventory struct {
 	uuids map[int]string
 	// failed are the GPUs that failed the latest successful discovery.
 	failed []failedGPU
+	// conditions are gpu.Conditions of the GPUs the latest successful
+	// discovery described.
+	conditions []gpu.Condition
 	// reported is the last event message by key ("" node, "gpu-<index>").
 	reported map[string]string
 
@@ -138,7 +149,9 @@ type discoveryStatus struct {
 	described int   // GPUs the latest successful discovery described
 	published int
 	failed    []failedGPU
-	errors    uint64
+	// conditions as in Inventory.conditions.
+	conditions []gpu.Condition
+	errors     uint64
 }
 
 // Sync discovers and, if anything changed (or nothing was published yet),
@@ -185,9 +198,10 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 		gpus = i.published
 	} else {
 		gpus, i.failed = i.withFailed(d)
+		i.conditions = gpu.Conditions(d.GPUs, i.ComputeModes)
 	}
-	taints := withDiscoveryTaints(healthTaints, i.failed)
-	i.report(ctx, d, discoverErr, len(gpus))
+	taints := withConditionTaints(withDiscoveryTaints(healthTaints, i.failed), i.conditions)
+	i.report(ctx, d, discoverErr, countPublished(gpus))
 	opts := append(slices.Clone(i.Model), model.WithTaints(taints))
 	var lent map[string]model.Lent
 	if i.Lending != nil {
@@ -216,7 +230,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	}
 	i.published, i.taints, i.lent, i.synced = gpus, taints, lent, true
 	i.statusMu.Lock()
-	i.status.synced, i.status.published = true, len(gpus)
+	i.status.synced, i.status.published = true, countPublished(gpus)
 	i.statusMu.Unlock()
 	if gpusChanged && i.OnChange != nil {
 		i.OnChange(gpus)
@@ -306,6 +320,40 @@ func withDiscoveryTaints(healthTaints map[string][]resourceapi.DeviceTaint, fail
 	return out
 }
 
+// countPublished is how many of gpus model.Resources publishes: all but
+// those in MIG mode.
+func countPublished(gpus []gpu.GPU) int {
+	n := 0
+	for _, g := range gpus {
+		if !g.MIGEnabled {
+			n++
+		}
+	}
+	return n
+}
+
+// withConditionTaints adds the taint of every condition that has one
+// (health.TaintKey=<condition's taint>:NoSchedule) to taints; nil when there
+// is no taint at all.
+func withConditionTaints(taints map[string][]resourceapi.DeviceTaint, conds []gpu.Condition) map[string][]resourceapi.DeviceTaint {
+	for _, c := range conds {
+		if c.Taint == "" {
+			continue
+		}
+		if taints == nil {
+			taints = map[string][]resourceapi.DeviceTaint{}
+		}
+		taints[c.UUID] = append(slices.Clone(taints[c.UUID]), conditionTaint(c))
+	}
+	return taints
+}
+
+// conditionTaint is the device taint of a condition: NoSchedule, like
+// DiscoveryFailedTaint, since the pods already on the GPU may still work.
+func conditionTaint(c gpu.Condition) resourceapi.DeviceTaint {
+	return resourceapi.DeviceTaint{Key: health.TaintKey, Value: c.Taint, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+}
+
 // report updates the status and emits the events and logs of one discovery.
 func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr error, publishing int) {
 	logger := klog.FromContext(ctx)
@@ -314,6 +362,7 @@ func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr err
 	if discoverErr == nil {
 		i.status.described = len(d.GPUs)
 		i.status.failed = slices.Clone(i.failed)
+		i.status.conditions = slices.Clone(i.conditions)
 	}
 	if discoverErr != nil || len(d.Failed) > 0 {
 		i.status.errors++
@@ -344,7 +393,7 @@ func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr err
 	case discoverErr != nil:
 		msg := fmt.Sprintf("GPU discovery failed: %v. The %d GPUs published before stay published.", discoverErr, publishing)
 		emit("", corev1.EventTypeWarning, "GPUDiscoveryError", msg)
-	case publishing == 0 && len(d.Failed) == 0:
+	case publishing == 0 && len(d.Failed) == 0 && len(d.GPUs) == 0:
 		msg := "NVML reports no GPU on this node: no GPU is published. " + unprepare
 		if i.reported[""] != "NoGPUs"+msg {
 			logger.Info("NVML reports no GPU on this node; publishing none")
@@ -371,8 +420,30 @@ func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr err
 		}
 		emit(key, corev1.EventTypeWarning, "GPUDiscoveryFailed", msg)
 	}
+	holding := map[string]bool{}
+	for _, c := range i.conditions {
+		key := "condition/" + c.UUID + "/" + string(c.Reason)
+		holding[key] = true
+		reason := "GPU" + string(c.Reason)
+		if i.reported[key] != reason+c.Message {
+			logger.Info("GPU condition", "index", c.Index, "uuid", c.UUID, "reason", c.Reason, "published", c.Published, "taint", c.Taint, "message", c.Message)
+		}
+		emit(key, corev1.EventTypeWarning, reason, c.Message)
+	}
 	for _, key := range slices.Sorted(maps.Keys(i.reported)) {
-		if key == "" || failing[key] {
+		rest, ok := strings.CutPrefix(key, "condition/")
+		if !ok || holding[key] {
+			continue
+		}
+		delete(i.reported, key)
+		uuid, reason, _ := strings.Cut(rest, "/")
+		logger.Info("GPU condition cleared", "uuid", uuid, "reason", reason)
+		if i.Events != nil {
+			i.Events.Event(corev1.EventTypeNormal, "GPUConditionCleared", fmt.Sprintf("GPU %s: %s no longer holds.", uuid, reason))
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(i.reported)) {
+		if key == "" || failing[key] || strings.HasPrefix(key, "condition/") {
 			continue
 		}
 		delete(i.reported, key)
@@ -414,7 +485,7 @@ func (i *Inventory) Status() string {
 	switch {
 	case s.published == 0 && s.err != nil:
 		fmt.Fprintf(&b, "ok: no GPUs: %v", s.err)
-	case s.published == 0 && len(s.failed) == 0:
+	case s.published == 0 && len(s.failed) == 0 && s.described == 0:
 		b.WriteString("ok: no GPUs: NVML reports none on this node")
 	case s.err != nil:
 		fmt.Fprintf(&b, "ok: %d GPUs published (from an earlier discovery; the latest failed: %v)", s.published, s.err)
@@ -423,6 +494,16 @@ func (i *Inventory) Status() string {
 	}
 	for _, f := range s.failed {
 		fmt.Fprintf(&b, "; %v, %s", f.Failure, f.outcome())
+	}
+	for _, c := range s.conditions {
+		fmt.Fprintf(&b, "; GPU index %d (%s): %s", c.Index, c.UUID, c.Reason)
+		switch {
+		case !c.Published:
+			b.WriteString(", not published")
+		case c.Taint != "":
+			t := conditionTaint(c)
+			fmt.Fprintf(&b, ", published with taint %s=%s:%s", t.Key, t.Value, t.Effect)
+		}
 	}
 	return b.String()
 }
@@ -451,6 +532,9 @@ func (i *Inventory) DiscoverySnapshot() metrics.Discovery {
 			uuid = f.facts.UUID
 		}
 		out.Failed = append(out.Failed, metrics.FailedGPU{Index: f.Index, UUID: uuid, Published: f.published})
+	}
+	for _, c := range s.conditions {
+		out.Conditions = append(out.Conditions, metrics.GPUCondition{Index: c.Index, UUID: c.UUID, Reason: string(c.Reason), Published: c.Published, Taint: c.Taint})
 	}
 	return out
 }

@@ -477,7 +477,7 @@ func allocatedMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (
 var oneShareOnly = map[configapi.Isolation]string{
 	configapi.IsolationMPS:      "a client talks to one MPS daemon, which serves one GPU",
 	configapi.IsolationHAMiCore: "its limits are per process, for the one GPU CUDA sees",
-	// The hook's NVIDIA_GPU_MEMORY_LIMITS is one value for the whole container.
+	// The hook's NVIDIA_GPU_MEMORY_LIMIT is one value for the whole container.
 	configapi.IsolationDriverMemory: "the driver's memory limit variables are one value for the whole container",
 }
 

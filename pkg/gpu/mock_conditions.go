@@ -1,0 +1,143 @@
+package gpu
+
+import (
+	"fmt"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Test knobs of MockNode for the states of a GPU that discovery reports as
+// Conditions: MIG mode, compute mode and NVLink fabric registration. Mock
+// GPUs start in Default compute mode with MIG disabled (where the product
+// supports MIG) and with their profile's fabric registration. Nothing on a
+// real node uses them.
+
+// mockConditions are the per-GPU overrides of the knobs.
+type mockConditions struct {
+	mig         map[int]bool
+	computeMode map[int]nvml.ComputeMode
+	fabric      map[int]nvml.GpuFabricInfo
+	// noFabric are the GPUs whose product has no fabric info.
+	noFabric map[int]bool
+}
+
+// SetMIG turns GPU i's MIG mode on or off, as nvidia-smi -mig would after
+// a reset; it fails for a product without MIG.
+func (n *MockNode) SetMIG(i int, enabled bool) error {
+	if err := n.checkIndex(i); err != nil {
+		return err
+	}
+	if _, _, ret := n.Devices[i].GetMigMode(); ret == nvml.ERROR_NOT_SUPPORTED {
+		return fmt.Errorf("mock node %s: GPU %d does not support MIG", n.Profile, i)
+	}
+	n.state.mu.Lock()
+	defer n.state.mu.Unlock()
+	n.state.conditions.mig[i] = enabled
+	return nil
+}
+
+// SetComputeMode sets GPU i's compute mode, as nvidia-smi -c would (an
+// admin's doing: Tessera never sets it).
+func (n *MockNode) SetComputeMode(i int, mode ComputeMode) error {
+	if err := n.checkIndex(i); err != nil {
+		return err
+	}
+	var m nvml.ComputeMode
+	switch mode {
+	case ComputeModeDefault:
+		m = nvml.COMPUTEMODE_DEFAULT
+	case ComputeModeExclusiveProcess:
+		m = nvml.COMPUTEMODE_EXCLUSIVE_PROCESS
+	case ComputeModeProhibited:
+		m = nvml.COMPUTEMODE_PROHIBITED
+	case ComputeModeExclusiveThread:
+		m = nvml.COMPUTEMODE_EXCLUSIVE_THREAD
+	default:
+		return fmt.Errorf("mock node %s: compute mode %q: want Default, ExclusiveProcess, Prohibited or ExclusiveThread", n.Profile, mode)
+	}
+	n.state.mu.Lock()
+	defer n.state.mu.Unlock()
+	n.state.conditions.computeMode[i] = m
+	return nil
+}
+
+// SetFabric makes GPU i report this NVLink fabric registration
+// (nvmlDeviceGetGpuFabricInfo): NotStarted (Fabric Manager down),
+// InProgress, Completed (in a cluster of its own, clique 0), Failed
+// (completed with ERROR_UNKNOWN) or None (GPU_FABRIC_STATE_NOT_SUPPORTED).
+// It fails on a profile whose GPUs do not support fabric info.
+func (n *MockNode) SetFabric(i int, state FabricState) error {
+	if err := n.checkIndex(i); err != nil {
+		return err
+	}
+	if n.state.conditions.noFabric[i] {
+		return fmt.Errorf("mock node %s: its GPUs have no NVLink fabric info (NVML answers NOT_SUPPORTED)", n.Profile)
+	}
+	info := nvml.GpuFabricInfo{ClusterUuid: [16]uint8{0x7e, 0x55, 15: uint8(i + 1)}}
+	switch state {
+	case FabricNone:
+		info = nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
+	case FabricNotStarted:
+		info.State = nvml.GPU_FABRIC_STATE_NOT_STARTED
+	case FabricInProgress:
+		info.State = nvml.GPU_FABRIC_STATE_IN_PROGRESS
+	case FabricCompleted:
+		info.State = nvml.GPU_FABRIC_STATE_COMPLETED
+	case FabricFailed:
+		info.State, info.Status = nvml.GPU_FABRIC_STATE_COMPLETED, uint32(nvml.ERROR_UNKNOWN)
+	default:
+		return fmt.Errorf("mock node %s: fabric state %q: want None, NotStarted, InProgress, Completed or Failed", n.Profile, state)
+	}
+	n.state.mu.Lock()
+	defer n.state.mu.Unlock()
+	n.state.conditions.fabric[i] = info
+	return nil
+}
+
+func (n *MockNode) checkIndex(i int) error {
+	if i < 0 || i >= len(n.Devices) {
+		return fmt.Errorf("mock node %s: no GPU with index %d (it has %d)", n.Profile, i, len(n.Devices))
+	}
+	return nil
+}
+
+// installConditions wraps the MIG, compute mode and fabric calls of every
+// device with the knobs. Call it after installEvents (which makes the state).
+func (n *MockNode) installConditions() {
+	n.state.conditions = mockConditions{mig: map[int]bool{}, computeMode: map[int]nvml.ComputeMode{}, fabric: map[int]nvml.GpuFabricInfo{}, noFabric: map[int]bool{}}
+	for i, d := range n.Devices {
+		migMode := d.GetMigModeFunc
+		d.GetMigModeFunc = func() (int, int, nvml.Return) {
+			n.state.mu.Lock()
+			enabled, set := n.state.conditions.mig[i]
+			n.state.mu.Unlock()
+			current, pending, ret := migMode()
+			if set && ret == nvml.SUCCESS {
+				mode := nvml.DEVICE_MIG_DISABLE
+				if enabled {
+					mode = nvml.DEVICE_MIG_ENABLE
+				}
+				return mode, mode, nvml.SUCCESS
+			}
+			return current, pending, ret
+		}
+		d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
+			n.state.mu.Lock()
+			defer n.state.mu.Unlock()
+			return n.state.conditions.computeMode[i], nvml.SUCCESS // zero: Default
+		}
+		fabric := d.GetGpuFabricInfoFunc
+		if _, ret := fabric(); ret == nvml.ERROR_NOT_SUPPORTED {
+			n.state.conditions.noFabric[i] = true
+		}
+		d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+			n.state.mu.Lock()
+			info, set := n.state.conditions.fabric[i]
+			n.state.mu.Unlock()
+			if set {
+				return info, nvml.SUCCESS
+			}
+			return fabric()
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package plugin
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/metrics"
+)
+
+// What discovery finds wrong with a GPU it described is never silent: a MIG
+// GPU is left out with an event, a status line and a metric; a GPU waiting
+// for the NVLink fabric or in the wrong compute mode is published tainted;
+// a GPU whose NVLink queries fail is published in a domain of its own. Each
+// taint goes once the GPU is fixed, with an event.
+func TestInventoryConditions(t *testing.T) {
+	ctx := ctxFor(t)
+	node, err := gpu.NewMockNode("hgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustDo := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustDo(node.SetMIG(1, true))
+	mustDo(node.SetFabric(2, gpu.FabricNotStarted))
+	mustDo(node.SetComputeMode(3, gpu.ComputeModeExclusiveProcess))
+	mustDo(node.FailDiscovery(4, "nvmlDeviceGetNvLinkState", nvml.ERROR_UNKNOWN))
+	uuid := func(i int) string { u, _ := node.Devices[i].GetUUID(); return u }
+
+	pub, events := &fakePublisher{}, &fakeEvents{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events}
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("first sync: changed %v, err %v", changed, err)
+	}
+	devs, _ := pub.devices(t)
+	if _, ok := devs["gpu-1"]; ok || len(devs) != 14 {
+		t.Errorf("published %d devices (gpu-1 among them: %v), want the 7 GPUs not in MIG mode", len(devs), ok)
+	}
+	taint := func(value string) resourceapi.DeviceTaint {
+		return resourceapi.DeviceTaint{Key: health.TaintKey, Value: value, Effect: resourceapi.DeviceTaintEffectNoSchedule}
+	}
+	for name, want := range map[string]string{
+		"gpu-2": "FabricNotReady", "gpu-2-shared": "FabricNotReady",
+		"gpu-3": "ComputeModeExclusiveProcess", "gpu-3-shared": "ComputeModeExclusiveProcess",
+	} {
+		if got := devs[name]; len(got) != 1 || got[0] != taint(want) {
+			t.Errorf("%s taints %v, want %v", name, got, taint(want))
+		}
+	}
+	for _, name := range []string{"gpu-0", "gpu-4", "gpu-4-shared"} {
+		if devs[name] != nil {
+			t.Errorf("%s tainted: %v", name, devs[name])
+		}
+	}
+	list := events.list()
+	for _, e := range []struct{ reason, gpu, says string }{
+		{"Warning GPUMIGEnabled", "GPU index 1 (" + uuid(1) + ")", "not published"},
+		{"Warning GPUFabricNotReady", "GPU index 2 (" + uuid(2) + ")", "NotStarted"},
+		{"Warning GPUComputeMode", "GPU index 3 (" + uuid(3) + ")", "compute mode is ExclusiveProcess, Tessera expects Default"},
+		{"Warning GPUNVLinkUnknown", "GPU index 4 (" + uuid(4) + ")", "nvmlDeviceGetNvLinkState"},
+	} {
+		if !hasEvent(list, e.reason, e.gpu, e.says) {
+			t.Errorf("events %q, want %s for %s saying %q", list, e.reason, e.gpu, e.says)
+		}
+	}
+	status := inv.Status()
+	for _, s := range []string{"ok: 7 GPUs published", "GPU index 1 (" + uuid(1) + "): MIGEnabled, not published",
+		"GPU index 2 (" + uuid(2) + "): FabricNotReady, published with taint gpu.tessera.dev/unhealthy=FabricNotReady:NoSchedule"} {
+		if !strings.Contains(status, s) {
+			t.Errorf("status %q does not say %q", status, s)
+		}
+	}
+	snap := inv.DiscoverySnapshot()
+	if len(snap.Conditions) != 4 || snap.Conditions[0] != (metrics.GPUCondition{Index: 1, UUID: uuid(1), Reason: "MIGEnabled"}) {
+		t.Errorf("metrics conditions %+v", snap.Conditions)
+	}
+	// Unchanged: no new event, nothing republished.
+	n := len(events.list())
+	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.list()) != n {
+		t.Errorf("unchanged: changed %v, err %v, new events %q", changed, err, events.list()[n:])
+	}
+
+	// The Fabric Manager registers GPU 2; the admin puts GPU 3 back.
+	mustDo(node.SetFabric(2, gpu.FabricCompleted))
+	mustDo(node.SetComputeMode(3, gpu.ComputeModeDefault))
+	if changed, err := inv.Sync(ctx); err != nil || !changed {
+		t.Fatalf("after the fix: changed %v, err %v", changed, err)
+	}
+	devs, _ = pub.devices(t)
+	for _, name := range []string{"gpu-2", "gpu-2-shared", "gpu-3", "gpu-3-shared"} {
+		if devs[name] != nil {
+			t.Errorf("after the fix: %s taints %v", name, devs[name])
+		}
+	}
+	for _, reason := range []string{"FabricNotReady", "ComputeMode"} {
+		if !hasEvent(events.list(), "Normal GPUConditionCleared", reason+" no longer holds") {
+			t.Errorf("events %q, want GPUConditionCleared for %s", events.list(), reason)
+		}
+	}
+	if hasEvent(events.list(), "Normal GPUConditionCleared", "MIGEnabled") {
+		t.Errorf("MIG cleared although GPU 1 is still in MIG mode: %q", events.list())
+	}
+}
+
+// A GPU the node expects in another mode (an MPS-dedicated GPU) is not
+// tainted for being in it.
+func TestInventoryExpectedComputeMode(t *testing.T) {
+	ctx := ctxFor(t)
+	node, err := gpu.NewMockNode("l4x4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.SetComputeMode(0, gpu.ComputeModeExclusiveProcess); err != nil {
+		t.Fatal(err)
+	}
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub,
+		ComputeModes: gpu.ComputeModePolicy{PerGPU: func(g gpu.GPU) (gpu.ComputeMode, bool) { return gpu.ComputeModeExclusiveProcess, g.Index == 0 }}}
+	if _, err := inv.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if devs, _ := pub.devices(t); devs["gpu-0"] != nil || devs["gpu-1"] != nil {
+		t.Errorf("taints gpu-0 %v gpu-1 %v, want none", devs["gpu-0"], devs["gpu-1"])
+	}
+}
+
+// Every GPU in MIG mode: nothing is published, and the node does not claim
+// that NVML sees no GPU.
+func TestInventoryAllMIG(t *testing.T) {
+	ctx := ctxFor(t)
+	node, err := gpu.NewMockNode("a100-pairs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range node.Devices {
+		if err := node.SetMIG(i, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events := &fakeEvents{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: &fakePublisher{}, Events: events}
+	if _, err := inv.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if hasEvent(events.list(), "Warning NoGPUs", "NVML reports no GPU") {
+		t.Errorf("events %q: NoGPUs although NVML reports 4", events.list())
+	}
+	if s := inv.Status(); !strings.HasPrefix(s, "ok: 0 GPUs published; GPU index 0") {
+		t.Errorf("status %q", s)
+	}
+}
