@@ -37,6 +37,9 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 	if len(req.Object.Raw) == 0 {
 		return badRequest(req, fmt.Errorf("the request has no object"))
 	}
+	if denied := shapeDenial(req); denied != nil {
+		return denied
+	}
 	var class wireDeviceClass
 	if err := json.Unmarshal(req.Object.Raw, &class); err != nil {
 		return badRequest(req, err)

@@ -25,8 +25,12 @@ func TestReviewRefusesOverAPILimits(t *testing.T) {
 	}{
 		{name: "at the limits", requests: 32, subs: 8, configs: 32, constraints: 32, pb: 10 << 10},
 		{name: "requests", requests: 33, want: "spec.devices.requests: Too many: 33: must have at most 32 items"},
+		{name: "250 requests and configs", requests: 250, configs: 250,
+			want: "spec.devices.requests: Too many: 250: must have at most 32 items; spec.devices.config: Too many: 250: must have at most 32 items"},
+		// Lists longer than any the API allows are refused before decoding
+		// (checkShape), at the first one in the body.
 		{name: "1000 requests and configs", requests: 1000, configs: 1000,
-			want: "spec.devices.requests: Too many: 1000: must have at most 32 items; spec.devices.config: Too many: 1000: must have at most 32 items"},
+			want: "spec.devices.config[0].requests: Too many: must have at most 256 items"},
 		{name: "subrequests", requests: 1, subs: 9, want: "spec.devices.requests[0].firstAvailable: Too many: 9: must have at most 8 items"},
 		{name: "configs", requests: 1, configs: 33, want: "spec.devices.config: Too many: 33: must have at most 32 items"},
 		{name: "constraints", requests: 1, constraints: 33, want: "spec.devices.constraints: Too many: 33: must have at most 32 items"},

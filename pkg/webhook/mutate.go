@@ -125,6 +125,10 @@ func Mutate(req *admissionv1.AdmissionRequest, models func() ([]fraction.Model, 
 	if req.Kind.Group != ResourceGroup || req.Kind.Version != "v1" || req.Kind.Kind != "ResourceClaim" || req.Operation != admissionv1.Create {
 		return resp
 	}
+	// Before the object is decoded (see checkShape).
+	if denied := shapeDenial(req); denied != nil {
+		return denied
+	}
 	var claim resourceapi.ResourceClaim
 	if err := json.Unmarshal(req.Object.Raw, &claim); err != nil {
 		resp.Allowed = false

@@ -29,6 +29,10 @@ var Versions = []string{"v1", "v1beta2", "v1beta1"}
 // claim's requests name, for their sharing.allowedIsolations (see
 // ValidateDeviceClaimWithClasses); nil reads none.
 //
+// Before the object is decoded, checkShape scans its bytes and denies a
+// list longer than any resource.k8s.io/v1 allows (256), more than 65536
+// list elements in all, or nesting deeper than 64: decoding costs memory by
+// the elements it creates, not by the body's size.
 // Before any check, an object with more requests, firstAvailable
 // alternatives, constraints or configs than resource.k8s.io/v1 allows, or
 // opaque parameters over its 10 KiB, is denied (see checkLimits): the API
@@ -86,6 +90,11 @@ func Review(ctx context.Context, req *admissionv1.AdmissionRequest, classes Devi
 		root = field.NewPath("spec", "spec")
 	default:
 		return resp
+	}
+	// Before the object is decoded: decoding costs memory by the elements
+	// it creates, not by the body's bytes (see checkShape).
+	if denied := shapeDenial(req); denied != nil {
+		return denied
 	}
 	devices, inline, err := claimDevices(req.Object, req.Kind.Kind == "ResourceClaimTemplate")
 	if err != nil {
