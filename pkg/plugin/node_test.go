@@ -193,6 +193,33 @@ func TestSharesNeverOversubscribe(t *testing.T) {
 	}
 }
 
+// TestSharesAllocatedBeforeReservedMemoryPrepare: claims the scheduler
+// allocated while the GPU published NVML's total (before an upgrade to
+// total − reserved, or before a driver update raised the reserved memory)
+// still prepare once the GPU publishes less, up to NVML's total and no
+// further.
+func TestSharesAllocatedBeforeReservedMemoryPrepare(t *testing.T) {
+	e := newEnv(t)
+	gpus := testGPUs()
+	for i := range gpus {
+		gpus[i].MemoryTotalBytes = gpus[i].MemoryBytes
+		gpus[i].MemoryReservedBytes = 470 << 20
+		gpus[i].MemoryBytes -= gpus[i].MemoryReservedBytes
+	}
+	p := e.start(func(o *Options) { o.GPUs = gpus })
+	mustPrepare(t, p.Plugin, newClaim("uid-a", []result{share("gpu", "gpu-0-shared", "s-1", "40Gi", "10")}))
+	mustPrepare(t, p.Plugin, newClaim("uid-b", []result{share("gpu", "gpu-0-shared", "s-2", "40Gi", "10")}))
+	p = e.start(func(o *Options) { o.GPUs = gpus })
+	for _, ev := range e.events.list() {
+		if strings.Contains(ev, "DoubleGrant") || strings.Contains(ev, "Oversubscribed") {
+			t.Errorf("restart reported %q", ev)
+		}
+	}
+	if r := prepare(t, p.Plugin, newClaim("uid-c", []result{share("gpu", "gpu-0-shared", "s-3", "1Mi", "10")})); r.Err == nil {
+		t.Error("a share beyond NVML's total prepared")
+	}
+}
+
 // TestRecoveryWaitsForTheLock: a surge instance starting while the old one is
 // inside a prepare (holding the helper's serialize.lock) waits for it, and
 // then loses nothing of what the old one prepared.

@@ -492,13 +492,25 @@ func grantRequests(c checkpoint.Claim) []grantRequest {
 	return reqs
 }
 
-// memoryOf is the memory of a GPU in the inventory, for the capacity check.
+// memoryOf is the memory of a GPU in the inventory, for the capacity check:
+// NVML's total when known, not the usable memory the node publishes. The
+// scheduler already holds new allocations to the published figure; this
+// check only stops double grants, and must still take claims the scheduler
+// allocated against a larger figure published earlier (NVML's total before
+// an upgrade, less reserved memory before a driver update), which would
+// otherwise never start.
 func (p *Plugin) memoryOf(minor int) (int64, bool) {
 	g, ok := p.gpuByMinor(minor)
-	if !ok || g.MemoryBytes == 0 {
+	if !ok {
 		return 0, false
 	}
-	return int64(g.MemoryBytes), true
+	switch {
+	case g.MemoryTotalBytes > g.MemoryBytes:
+		return int64(g.MemoryTotalBytes), true
+	case g.MemoryBytes > 0:
+		return int64(g.MemoryBytes), true
+	}
+	return 0, false
 }
 
 // resultDevices is what the kubelet gets for a prepared claim, built from the
