@@ -99,7 +99,7 @@ func (s *Sampler) Sample(uuid string) Sample {
 	if s.lastSeen == nil {
 		s.lastSeen = map[string]uint64{}
 	}
-	samples, ret := dev.GetProcessUtilization(s.lastSeen[uuid])
+	samples, ret := processUtilization(dev, s.lastSeen[uuid])
 	switch {
 	case ret == nvml.SUCCESS:
 	case ret == nvml.ERROR_NOT_FOUND, ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0:
@@ -204,4 +204,18 @@ func ProcPods(procRoot string) func(pid uint32) (types.UID, bool) {
 		}
 		return metrics.PodUIDFromCgroup(string(data))
 	}
+}
+
+// processUtilization is dev.GetProcessUtilization without its panic: go-nvml
+// (v0.13.0-1 through v0.13.4-1) sizes its buffer with a first call and
+// slices the second call's answer to the count NVML then reports, which is
+// out of range when a process started in between (INSUFFICIENT_SIZE with a
+// larger count). That answer is "not observed", as any other error is.
+func processUtilization(dev nvml.Device, since uint64) (samples []nvml.ProcessUtilizationSample, ret nvml.Return) {
+	defer func() {
+		if recover() != nil {
+			samples, ret = nil, nvml.ERROR_UNKNOWN
+		}
+	}()
+	return dev.GetProcessUtilization(since)
 }

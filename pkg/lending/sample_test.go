@@ -128,6 +128,9 @@ func TestSamplerNoSamplesIsIdle(t *testing.T) {
 		{"insufficient size with samples", []nvml.ProcessUtilizationSample{{Pid: 10, TimeStamp: 1}}, nvml.ERROR_INSUFFICIENT_SIZE, true},
 		{"not supported", nil, nvml.ERROR_NOT_SUPPORTED, true},
 		{"unknown error", nil, nvml.ERROR_UNKNOWN, true},
+		// go-nvml slices its second answer to a count larger than its
+		// buffer when a process started between its two calls.
+		{"go-nvml's out-of-range panic", nil, nvml.ERROR_GPU_IS_LOST, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dev := &mock.Device{
@@ -137,6 +140,9 @@ func TestSamplerNoSamplesIsIdle(t *testing.T) {
 				GetMPSComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
 				GetMemoryInfoFunc:                 func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 80 << 30, Free: 76 << 30}, nvml.SUCCESS },
 				GetProcessUtilizationFunc: func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+					if tc.ret == nvml.ERROR_GPU_IS_LOST {
+						return make([]nvml.ProcessUtilizationSample, 1)[:2], nvml.ERROR_INSUFFICIENT_SIZE
+					}
 					return tc.samples, tc.ret
 				},
 			}
