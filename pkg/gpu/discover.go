@@ -268,7 +268,9 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 	case ret == nvml.SUCCESS:
 		g.ComputeMode = computeModeName(mode)
 	case !absent(ret):
-		return g, nvmlError("nvmlDeviceGetComputeMode", ret)
+		// Unknown, not fatal: a GPU is not dropped over a fact Tessera
+		// only reads (vGPU and sandboxes may refuse the query).
+		g.ComputeModeError = nvmlError("nvmlDeviceGetComputeMode", ret).Error()
 	}
 	return g, nil
 }

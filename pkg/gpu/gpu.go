@@ -75,4 +75,7 @@ type GPU struct {
 	// ComputeMode is the GPU's compute mode as NVML reports it; empty when
 	// the driver does not report one. Discovery only reads it.
 	ComputeMode ComputeMode `json:"computeMode,omitempty"`
+	// ComputeModeError is the NVML error that left ComputeMode unknown
+	// (a read-only fact: the GPU is published without it, not dropped).
+	ComputeModeError string `json:"computeModeError,omitempty"`
 }
