@@ -190,6 +190,11 @@ func TestMPSPodPolicy(t *testing.T) {
 			if denied := admit(t, v, admission.Create, daemon(), onA); denied != nil {
 				t.Fatalf("the plugin's own daemon pod is refused: %v", denied)
 			}
+			// The GPU-wide daemon of earlier releases (no domain) is
+			// adopted and restarted with its plain directories.
+			if denied := admit(t, v, admission.Create, cfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-0f5e6a2c-1111-2222-3333-444455556666", "")), onA); denied != nil {
+				t.Fatalf("the plugin's GPU-wide daemon pod is refused: %v", denied)
+			}
 			if denied := admit(t, v, admission.Delete, daemon(), onA); denied != nil {
 				t.Fatalf("deleting the plugin's own daemon pod is refused: %v", denied)
 			}
@@ -263,9 +268,43 @@ func TestMPSPodPolicy(t *testing.T) {
 				"hostPath /etc": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { addHostPath(p, "/etc") }), onA,
 					"etc hostPath /etc"},
 				"hostPath out of the MPS root with ..": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { addHostPath(p, root+"/../../../../etc") }), onA,
-					"may mount only emptyDir and hostPath volumes under " + filepath.Clean(root) + "/"},
+					"(its GPU's and trust domain's directories under " + filepath.Clean(root) + "/)"},
 				"hostPath beside the MPS root": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { addHostPath(p, filepath.Clean(root)+"-other") }), onA,
-					"may mount only emptyDir and hostPath volumes"},
+					"may mount only the emptyDir state and hostPath volumes pipe, shm and log"},
+				// Only the daemon's own directories, exactly: a tenant can
+				// plant a symbolic link in its domain's shm (mounted
+				// read-write into its containers), which the kubelet follows.
+				"pipe below a tenant's shm": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					setHostPath(p, "pipe", filepath.Join(root, "GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-a/shm/x"))
+				}), onA, "(spec.volumes: pipe hostPath " + filepath.Join(root, "GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-a/shm/x") + ")"},
+				"pipe in a directory sharing the MPS root's prefix": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					setHostPath(p, "pipe", filepath.Clean(root)+"-evil/GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-a/pipe")
+				}), onA, "(spec.volumes: pipe hostPath " + filepath.Clean(root) + "-evil/"},
+				"the MPS root itself": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { setHostPath(p, "log", filepath.Clean(root)) }), onA,
+					"(spec.volumes: log hostPath " + filepath.Clean(root) + ")"},
+				"another GPU's pipe": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					setHostPath(p, "pipe", filepath.Join(root, "GPU-99999999-1111-2222-3333-444455556666/domains/team-a/pipe"))
+				}), onA, "(spec.volumes: pipe hostPath " + filepath.Join(root, "GPU-99999999")},
+				"another domain's shm": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					setHostPath(p, "shm", filepath.Join(root, "GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-b/shm"))
+				}), onA, "(spec.volumes: shm hostPath "},
+				"the log directory as the pipe": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					setHostPath(p, "pipe", filepath.Join(root, "GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-a/log"))
+				}), onA, "(spec.volumes: pipe hostPath "},
+				"a domain annotation climbing out": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Annotations[mpsdaemon.AnnotationDomain] = "team-a/shm/x"
+					setHostPath(p, "pipe", filepath.Join(root, "GPU-0f5e6a2c-1111-2222-3333-444455556666/domains/team-a/shm/x/pipe"))
+				}), onA, "annotation gpu.tessera.dev/mps-domain, a namespace name"},
+				"the shm volume at the pipe with a subPath": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					for i := range p.Spec.Containers[0].VolumeMounts {
+						if m := &p.Spec.Containers[0].VolumeMounts[i]; m.Name == "pipe" {
+							m.Name, m.SubPath = "shm", "x"
+						}
+					}
+				}), onA, "mounts each of its volumes only where the plugin does, without subPath"},
+				"an extra emptyDir": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+				}), onA, "(spec.volumes: scratch)"},
 				"secret volume": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "tessera-webhook-tls"}}})
 				}), onA, "(spec.volumes: tls)"},
@@ -309,6 +348,17 @@ func TestMPSPodPolicy(t *testing.T) {
 func withSpec(p *corev1.Pod, change func(*corev1.Pod)) *corev1.Pod {
 	change(p)
 	return p
+}
+
+// setHostPath points the pod's hostPath volume name at path.
+func setHostPath(p *corev1.Pod, name, path string) {
+	for i := range p.Spec.Volumes {
+		if v := &p.Spec.Volumes[i]; v.Name == name {
+			v.HostPath.Path = path
+			return
+		}
+	}
+	panic("no volume " + name)
 }
 
 func addHostPath(p *corev1.Pod, path string) {

@@ -77,7 +77,7 @@ func Run(ctx context.Context, o Options) error {
 	// The pipe directory holds only the daemon's sockets and pid file; the
 	// previous daemon in this pod ended with its container, so what is left
 	// of it is stale.
-	if err := clearDir(pipe); err != nil {
+	if err := clearDir(root, pipe); err != nil {
 		return err
 	}
 	// The control daemon runs as root, but it starts each MPS server with
@@ -88,10 +88,7 @@ func Run(ctx context.Context, o Options) error {
 	// Clients get the pipe directory read-only and never the log
 	// directory, so only the daemon's own processes write there.
 	for _, dir := range []string{pipe, filepath.Join(root, LogDir), filepath.Join(root, ShmDir)} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		if err := chmodDir(root, dir, 0o777|unix.S_ISVTX); err != nil {
 			return fmt.Errorf("make %s writable for MPS servers of any uid: %w", dir, err)
 		}
 	}
@@ -455,19 +452,109 @@ func Ready(path string) error {
 	return nil
 }
 
-// clearDir removes everything in dir (creating dir if missing).
-func clearDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+// openDir opens dir, a directory below root, creating what is missing of
+// it, without following a symbolic link in any component below root: the
+// daemon runs as root, and a directory that is a link (a hostPath the
+// kubelet mounted through a tenant's link is not one, but a link inside a
+// mount may be) must not make it clear or chmod what the link names.
+func openDir(root, dir string) (*os.File, error) {
+	rel, err := filepath.Rel(root, dir)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, fmt.Errorf("%s is not below %s", dir, root)
 	}
-	entries, err := os.ReadDir(dir)
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Open(root, flags&^unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
+	}
+	at := root
+	if rel != "." {
+		for _, name := range strings.Split(rel, "/") {
+			at = filepath.Join(at, name)
+			next, err := unix.Openat(fd, name, flags, 0)
+			if errors.Is(err, unix.ENOENT) {
+				if err := unix.Mkdirat(fd, name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+					unix.Close(fd)
+					return nil, fmt.Errorf("create %s: %w", at, err)
+				}
+				next, err = unix.Openat(fd, name, flags, 0)
+			}
+			unix.Close(fd)
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				return nil, fmt.Errorf("refusing %s: a symbolic link or not a directory (%w)", at, err)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("open %s: %w", at, err)
+			}
+			fd = next
+		}
+	}
+	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// chmodDir sets the mode of dir (below root, created if missing) without
+// following symbolic links.
+func chmodDir(root, dir string, mode uint32) error {
+	f, err := openDir(root, dir)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return fmt.Errorf("clear %s: %w", dir, err)
+	defer f.Close()
+	return unix.Fchmod(int(f.Fd()), mode)
+}
+
+// clearDir removes everything in dir (below root, created if missing)
+// without following symbolic links: dir and its components below root
+// must be directories, not links, and an entry that is a link is removed
+// itself, never descended into.
+func clearDir(root, dir string) error {
+	f, err := openDir(root, dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("clear %s: %w", dir, err)
+	}
+	fd := int(f.Fd())
+	for _, name := range names {
+		if err := removeAt(fd, name); err != nil {
+			return fmt.Errorf("clear %s: %s: %w", dir, name, err)
 		}
+	}
+	return nil
+}
+
+// removeAt removes name in the directory dirfd and, if it is a directory
+// (not a link to one), everything in it.
+func removeAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err == nil || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(sub), name)
+	names, err := f.Readdirnames(-1)
+	if err == nil {
+		for _, n := range names {
+			if err = removeAt(sub, n); err != nil {
+				break
+			}
+		}
+	}
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
 	}
 	return nil
 }

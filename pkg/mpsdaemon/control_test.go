@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestRunFake: the fake daemon creates a control socket clients can connect
@@ -118,4 +120,97 @@ func TestReadyRefuses(t *testing.T) {
 	if err := Ready(filepath.Join(dir, "none")); err == nil {
 		t.Error("no ready file: Ready = nil")
 	}
+}
+
+// TestClearDirRefusesSymlinks: the daemon runs as root and clears its pipe
+// directory and chmods its directories at start; a symbolic link there (or
+// in a component below the root) must not make it clear or chmod what the
+// link names, and a link inside the directory is removed, not followed.
+func TestClearDirRefusesSymlinks(t *testing.T) {
+	victim := func(t *testing.T) string {
+		dir := filepath.Join(t.TempDir(), "victim")
+		if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "sub", "keep"), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	intact := func(t *testing.T, dir string) {
+		t.Helper()
+		if _, err := os.Stat(filepath.Join(dir, "sub", "keep")); err != nil {
+			t.Errorf("the link's target was cleared: %v", err)
+		}
+		if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 || fi.Mode()&os.ModeSticky != 0 {
+			t.Errorf("the link's target was chmodded: %v %v", fi.Mode(), err)
+		}
+	}
+
+	t.Run("the directory is a link", func(t *testing.T) {
+		root, v := t.TempDir(), victim(t)
+		if err := os.MkdirAll(filepath.Join(root, "mps"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		pipe := filepath.Join(root, "mps", "pipe")
+		if err := os.Symlink(v, pipe); err != nil {
+			t.Fatal(err)
+		}
+		if err := clearDir(root, pipe); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+			t.Errorf("clearDir of a link: %v; want a refusal", err)
+		}
+		if err := chmodDir(root, pipe, 0o777|unix.S_ISVTX); err == nil {
+			t.Error("chmodDir of a link: no error")
+		}
+		intact(t, v)
+	})
+	t.Run("a component is a link", func(t *testing.T) {
+		root, v := t.TempDir(), victim(t)
+		if err := os.Symlink(filepath.Dir(v), filepath.Join(root, "mps")); err != nil {
+			t.Fatal(err)
+		}
+		if err := clearDir(root, filepath.Join(root, "mps", "victim")); err == nil {
+			t.Error("clearDir through a linked component: no error")
+		}
+		intact(t, v)
+	})
+	t.Run("an entry is a link", func(t *testing.T) {
+		root, v := t.TempDir(), victim(t)
+		pipe := filepath.Join(root, "mps", "pipe")
+		if err := os.MkdirAll(filepath.Join(pipe, "stale"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(pipe, "stale", "control"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(v, filepath.Join(pipe, "link")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(v, filepath.Join(pipe, "stale", "link")); err != nil {
+			t.Fatal(err)
+		}
+		if err := clearDir(root, pipe); err != nil {
+			t.Fatal(err)
+		}
+		if entries, err := os.ReadDir(pipe); err != nil || len(entries) != 0 {
+			t.Errorf("pipe after clearDir: %v %v; want empty", entries, err)
+		}
+		intact(t, v)
+	})
+	t.Run("missing directories are created", func(t *testing.T) {
+		root := t.TempDir()
+		pipe := filepath.Join(root, "mps", "pipe")
+		if err := clearDir(root, pipe); err != nil {
+			t.Fatal(err)
+		}
+		if err := chmodDir(root, pipe, 0o777|unix.S_ISVTX); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(pipe); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+			t.Errorf("pipe: %v %v; want a sticky 0777 directory", fi.Mode(), err)
+		}
+		if err := clearDir(root, filepath.Join(root, "..", "elsewhere")); err == nil {
+			t.Error("clearDir outside root: no error")
+		}
+	})
 }
