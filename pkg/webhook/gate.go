@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -25,7 +26,7 @@ const (
 	// DefaultBodyBudget bounds the memory that bodies larger than
 	// smallBodyBytes hold at once (while they are read and reviewed).
 	// Every object the API server sends fits in a few KiB; a larger body
-	// waits for budget, at most until its body deadline.
+	// retries for budget, at most until its body deadline.
 	DefaultBodyBudget = 48 << 20
 	// smallBodyBytes of every body come from a pool of their own, which
 	// large bodies never draw from: reviews of ordinary claims (a few KiB)
@@ -37,8 +38,9 @@ const (
 
 // gate admits a review in two steps. First its body is read, without a
 // review slot, under a read deadline (bodyTimeout) and a memory budget: the
-// first smallBodyBytes of a body from the small pool, the rest from the
-// large one, taken as the buffer grows and held until the review ends. Then
+// first firstChunkBytes need none, the rest up to smallBodyBytes comes from
+// the small pool, the rest from the large one, taken (never queued for) as
+// the buffer grows with what arrived and held until the review ends. Then
 // the review takes one of the slots (maxInFlight at once), waiting at most
 // maxWait, or until its request ends, and gets 429 when none frees. A slow
 // or huge body therefore holds no slot, and a trickle of them cannot make
@@ -116,10 +118,24 @@ func (g *gate) acquireSlot(w http.ResponseWriter, r *http.Request) bool {
 // spent until its deadline.
 var errNoBudget = errors.New("too many large request bodies at once")
 
+// firstChunkBytes of every body are read into a pooled buffer of this size
+// without touching either budget: memory is granted only for bytes that
+// arrived, so requests that declare a body and send nothing hold no budget
+// and an ordinary review (a few KiB) never waits for one.
+const firstChunkBytes = 4 << 10
+
+// budgetRetry is how often a body that found the budget spent tries again.
+// Budget is taken with TryAcquire only: nobody queues, so a stalled body
+// can never sit ahead of another one.
+const budgetRetry = 10 * time.Millisecond
+
+var firstChunks = sync.Pool{New: func() any { return new([firstChunkBytes]byte) }}
+
 // readBody reads the request body, at most maxReviewBytes, before the body
-// deadline. Memory for it is taken from the budget before it is allocated;
-// release gives it back (call it once the body is no longer used, also
-// after an error).
+// deadline. The first firstChunkBytes need no budget; beyond them, memory
+// is taken from the budget (small pool first) before the buffer grows, at
+// most twice what has arrived; release gives it back (call it once the
+// body is no longer used, also after an error).
 func (g *gate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, release func(), err error) {
 	deadline := time.Now().Add(g.bodyTimeout)
 	// The connection's read deadline cuts a trickling client off mid-read
@@ -140,35 +156,86 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, re
 		}
 		smallHeld, largeHeld = 0, 0
 	}
-	// grow makes room for n bytes, from the small pool first.
-	grow := func(n int64) error {
-		fromSmall := min(n, smallBodyBytes-smallHeld)
-		if fromSmall > 0 {
-			if err := g.small.Acquire(ctx, fromSmall); err != nil {
-				return errNoBudget
-			}
-			smallHeld += fromSmall
+	// tryGrow takes n bytes at once, from the small pool as far as this
+	// body's share of it goes and from the large one for the rest, or
+	// nothing.
+	tryGrow := func(n int64) bool {
+		fromSmall := max(min(n, smallBodyBytes-smallHeld), 0)
+		if fromSmall > 0 && !g.small.TryAcquire(fromSmall) {
+			fromSmall = 0
 		}
-		if fromLarge := n - max(fromSmall, 0); fromLarge > 0 {
-			if err := g.large.Acquire(ctx, fromLarge); err != nil {
-				return errNoBudget
+		if fromLarge := n - fromSmall; fromLarge > 0 && !g.large.TryAcquire(fromLarge) {
+			if fromSmall > 0 {
+				g.small.Release(fromSmall)
 			}
-			largeHeld += fromLarge
+			return false
+		}
+		smallHeld += fromSmall
+		largeHeld += n - fromSmall
+		return true
+	}
+	// grow waits for n bytes of budget until the body deadline, retrying
+	// without queueing.
+	grow := func(n int64) error {
+		for !tryGrow(n) {
+			timer := time.NewTimer(budgetRetry)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return errNoBudget
+			case <-timer.C:
+			}
 		}
 		return nil
 	}
-	// The buffer grows with what arrives, up to the declared length (one
-	// byte more, to see the end), so a client that declares a large body and
-	// sends little holds little.
+	readErr := func(err error) error {
+		if errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() != nil {
+			return fmt.Errorf("the request body was not read within %v: %w", g.bodyTimeout, err)
+		}
+		return err
+	}
+	// Up to one byte more than the declared length (or the largest
+	// review), to see the end.
 	limit := int64(maxReviewBytes + 1)
 	if n := r.ContentLength; n >= 0 && n < maxReviewBytes {
 		limit = n + 1
 	}
-	size := min(limit, smallBodyBytes)
+	// The first chunk: no budget.
+	chunk := firstChunks.Get().(*[firstChunkBytes]byte)
+	first := chunk[:min(limit, firstChunkBytes)]
+	filled, eof := 0, false
+	for filled < len(first) && !eof {
+		n, err := r.Body.Read(first[filled:])
+		filled += n
+		if errors.Is(err, io.EOF) {
+			eof = true
+		} else if err != nil {
+			firstChunks.Put(chunk)
+			return nil, release, readErr(err)
+		} else if ctx.Err() != nil {
+			firstChunks.Put(chunk)
+			return nil, release, fmt.Errorf("the request body was not read within %v", g.bodyTimeout)
+		}
+	}
+	if eof || int64(filled) >= limit {
+		// The whole body (or one byte past the declared length, which
+		// ends the read below): copy it out, the chunk goes back.
+		buf := append([]byte(nil), first[:filled]...)
+		firstChunks.Put(chunk)
+		if len(buf) > maxReviewBytes {
+			return nil, release, errTooLarge
+		}
+		return buf, release, nil
+	}
+	// More than the first chunk: the buffer grows with what arrives, to at
+	// most twice what has arrived, with budget taken before each growth.
+	size := min(2*int64(filled), limit)
 	if err := grow(size); err != nil {
+		firstChunks.Put(chunk)
 		return nil, release, err
 	}
-	buf := make([]byte, 0, size)
+	buf := append(make([]byte, 0, size), first[:filled]...)
+	firstChunks.Put(chunk)
 	for {
 		if len(buf) == cap(buf) {
 			if int64(cap(buf)) >= limit {
@@ -186,10 +253,7 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, re
 			break
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() != nil {
-				return nil, release, fmt.Errorf("the request body was not read within %v: %w", g.bodyTimeout, err)
-			}
-			return nil, release, err
+			return nil, release, readErr(err)
 		}
 		if ctx.Err() != nil {
 			// Without connection deadlines (a handler served by something

@@ -232,3 +232,34 @@ func TestHandlerHonoursRequestTimeout(t *testing.T) {
 		t.Fatalf("response = %+v, want a denial with code 504", review.Response)
 	}
 }
+
+// Requests that declare a large body and send nothing hold no memory budget:
+// with 300 of them open (more than the 256 bodies the small pool once
+// granted 64 KiB each up front, in FIFO order), an ordinary review is still
+// answered and allowed within the API server's own timeout for it. (Before,
+// it queued for the small pool behind the stalled requests until they hit
+// their body deadline.)
+func TestStalledDeclaredBodiesHoldNoBudget(t *testing.T) {
+	s := &Server{BodyTimeout: 20 * time.Second}
+	base, client, cert := startServer(t, s)
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stalled []<-chan int
+	for i := range 300 {
+		// Half send nothing, half a few bytes.
+		stalled = append(stalled, slowBody(t, base, cert, 1<<20, []byte("{\"a\":1,"[:i%2*7])))
+	}
+	time.Sleep(500 * time.Millisecond)
+	// The API server gives the webhook timeoutSeconds (here 5s, the default
+	// is 10s) and says so in the URL; the review must be answered by then.
+	client.Timeout = 5 * time.Second
+	code, review, err := postReview(client, base+ValidatePath+"?timeout=5s", valid)
+	if err != nil {
+		t.Fatalf("ordinary review beside %d stalled bodies: %v", len(stalled), err)
+	}
+	if code != http.StatusOK || review.Response == nil || !review.Response.Allowed {
+		t.Fatalf("ordinary review beside %d stalled bodies: status %d, want 200 and allowed", len(stalled), code)
+	}
+}

@@ -37,6 +37,8 @@ const (
 	DefaultMaxInFlight = 32
 	// DefaultMaxWait for a slot: below the webhook's default timeoutSeconds (5).
 	DefaultMaxWait = 3 * time.Second
+	// maxConcurrentStreams per HTTP/2 connection.
+	maxConcurrentStreams = 100
 )
 
 // Server serves Handler over TLS. The zero value is not usable: Addr, CertFile
@@ -76,8 +78,11 @@ type Server struct {
 	// BodyBudget bounds the bytes that bodies beyond their first 64 KiB
 	// hold at once, from reading to the end of their review
 	// (0: DefaultBodyBudget). A body that cannot get budget before its
-	// BodyTimeout gets 429. Ordinary reviews (a few KiB) draw only on a
-	// separate pool of 256 × 64 KiB, so large bodies cannot starve them.
+	// BodyTimeout gets 429. Budget is granted only for bytes that arrived
+	// (the first 4 KiB need none) and without queueing, so requests that
+	// declare a body and send nothing hold none; bodies up to 64 KiB draw
+	// first on a separate pool of 256 × 64 KiB, so large bodies cannot
+	// starve them.
 	BodyBudget int64
 	// ReusePort sets SO_REUSEPORT on the listener: replicas in the host's
 	// network namespace of one node (running as the same user) can then all
@@ -144,6 +149,10 @@ func (s *Server) Run(ctx context.Context) error {
 			GetCertificate: certs.GetCertificate,
 		},
 		ReadHeaderTimeout: 10 * time.Second,
+		// Bound the streams (requests) one HTTP/2 connection has open at
+		// once, as HTTP/1 bounds them to one; the API server opens more
+		// connections when it needs more.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxConcurrentStreams},
 		// The API server's webhook timeout is at most 30s; nothing needs longer.
 		ReadTimeout:  30 * time.Second,
 		WriteTimeout: 30 * time.Second,
