@@ -767,17 +767,31 @@ func (p *Plugin) admitBorrowers(claimObj *resourceapi.ResourceClaim, pl *plan) e
 			return deviceError(d.device, "borrower refused: lending is off on node %s (the kubelet plugin runs without --lending)", p.opts.NodeName)
 		}
 		// What the GPU's other borrowers hold, and this claim's other
-		// shares of the same lending device.
+		// shares of the same lending device. An owner that does not lend,
+		// prepared (or being prepared) since the lender last looked, closes
+		// the GPU now: the lender would take it back at its next sample.
 		var held int64
+		var refusing []string
 		for _, c := range p.opts.Store.List() {
 			if c.UID == claim {
 				continue
 			}
 			for _, cd := range c.Devices {
-				if cd.Device == d.device && !cd.AdminAccess {
+				if cd.AdminAccess {
+					continue
+				}
+				if cd.Device == d.device {
 					held += cd.ConsumedMemory
+					continue
+				}
+				if minor, kind, err := model.ParseDevice(cd.Device); err == nil && minor == d.gpu.Minor && kind != model.KindLent && !cd.Lend &&
+					!slices.Contains(refusing, c.Namespace+"/"+c.Name) {
+					refusing = append(refusing, c.Namespace+"/"+c.Name)
 				}
 			}
+		}
+		if len(refusing) > 0 {
+			return deviceError(d.device, "borrower refused: the GPU is not lent now: %s hold it and do not lend it (GpuConfig lending.lendWhenIdle)", strings.Join(refusing, ", "))
 		}
 		for _, o := range pl.devices {
 			if o.device == d.device && o.shareID != d.shareID && !o.adminAccess {

@@ -465,3 +465,73 @@ func TestLendableLeavesSharesTheirMemory(t *testing.T) {
 		t.Fatalf("%s lending %d MiB; want Lent, %d MiB (80Gi - 20Gi - 30Gi - the 1Gi reserve)", s.Phase, s.Lendable>>20, want>>20)
 	}
 }
+
+// An owner that does not lend and a borrower of the same lent GPU prepared
+// at once: admission and the recording of the claim are one step, so the
+// one admitted second sees the other and is refused; never are both
+// prepared. The seam (Plugin.admitted) starts the other prepare right after
+// the first is admitted and before it is recorded, the window in which
+// both used to be admitted.
+func TestOwnerAndBorrowerPreparedAtOnce(t *testing.T) {
+	for _, first := range []string{"owner", "borrower"} {
+		t.Run(first+" first", func(t *testing.T) {
+			e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+				act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+			e.startLender(t)
+			uuid := uuidOf(0)
+			shared := model.SharedDeviceName(0)
+			mustPrepare(t, e.i.Plugin, newClaim("lender", []result{share("gpu", shared, "l-1", "20Gi", "20")}, claimConfig(lendConfig)))
+			e.act.pods[uuid] = map[types.UID]lending.Activity{"lender-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
+			e.tick(t, time.Second)
+			e.tick(t, time.Minute)
+			if !e.l.Lent()[uuid].Open {
+				t.Fatalf("GPU not lent: %v", e.l.States()[uuid])
+			}
+
+			claims := map[string]*resourceapi.ResourceClaim{
+				"owner":    newClaim("owner", []result{share("gpu", shared, "o-1", "10Gi", "20")}),
+				"borrower": borrowerFor("borrower", "borrower-pod", "8Gi", 5),
+			}
+			second := "borrower"
+			if first == "borrower" {
+				second = "owner"
+			}
+			ctx := ctxFor(t)
+			errs := map[string]error{}
+			done := make(chan error, 1)
+			var once bool
+			e.i.Plugin.admitted = func(uid types.UID) {
+				if uid != claims[first].UID || once {
+					return
+				}
+				once = true
+				go func() {
+					res, err := e.i.Plugin.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{claims[second]})
+					if err == nil {
+						err = res[claims[second].UID].Err
+					}
+					done <- err
+				}()
+				// Let the other prepare run as far as it can while this
+				// one is admitted but not yet recorded.
+				select {
+				case err := <-done:
+					done <- err
+				case <-time.After(time.Second):
+				}
+			}
+			errs[first] = prepare(t, e.i.Plugin, claims[first]).Err
+			errs[second] = <-done
+			if !once {
+				t.Fatal("the seam did not run")
+			}
+			if errs["owner"] == nil && errs["borrower"] == nil {
+				t.Fatalf("an owner that does not lend and a borrower were both prepared on GPU %s", uuid)
+			}
+			if errs[first] != nil {
+				t.Errorf("the %s admitted first was refused: %v", first, errs[first])
+			}
+			t.Logf("%s refused: %v", second, errs[second])
+		})
+	}
+}

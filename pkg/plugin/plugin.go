@@ -129,6 +129,16 @@ type Plugin struct {
 	// grants is the double-grant index, guarded by its own mutex.
 	grants grants
 
+	// admission serializes the lending admission of prepares with the
+	// recording of their claims (admitAndStart). Lock order: a claim's
+	// lock, then admission, then the grants', lender's and checkpoint's
+	// own mutexes; nothing that waits on I/O beyond the checkpoint write
+	// runs under it.
+	admission sync.Mutex
+	// admitted, when set (tests), is called under admission once a
+	// claim is admitted, before it is recorded.
+	admitted func(types.UID)
+
 	// complete is set at start when every CDI spec on disk is accounted for
 	// in the checkpoint, so that orphaned MPS daemons may be stopped.
 	complete bool

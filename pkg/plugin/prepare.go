@@ -85,12 +85,6 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if err != nil {
 		return nil, err
 	}
-	if err := p.admitBorrowers(claim, pl); err != nil {
-		return nil, err
-	}
-	if err := p.admitOwners(claim, pl); err != nil {
-		return nil, err
-	}
 	if len(pl.devices) == 0 {
 		return []kubeletplugin.Device{}, nil
 	}
@@ -99,24 +93,17 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 
-	record := checkpoint.Claim{
-		UID:       claim.UID,
-		Namespace: claim.Namespace,
-		Name:      claim.Name,
-		State:     checkpoint.PrepareStarted,
-		Devices:   checkpointDevices(pl),
-		Config:    pl.config,
-	}
-	if err := p.grants.reserve(claim.UID, record.String(), grantRequests(record), p.memoryOf); err != nil {
-		return nil, err
-	}
-	if err := p.opts.Store.Put(record); err != nil {
-		// A write that reached the disk but not durably (ErrNotDurable) left
-		// the entry in the store: take it out again with everything else.
-		if rbErr := p.rollback(ctx, record); rbErr != nil {
-			logger.Error(rbErr, "Rolling back failed prepare failed", "claim", klog.KObj(claim))
+	record, put, err := p.admitAndStart(claim, pl)
+	if err != nil {
+		if put {
+			// A write that reached the disk but not durably (ErrNotDurable)
+			// left the entry in the store: take it out again with
+			// everything else.
+			if rbErr := p.rollback(ctx, record); rbErr != nil {
+				logger.Error(rbErr, "Rolling back failed prepare failed", "claim", klog.KObj(claim))
+			}
 		}
-		return nil, fmt.Errorf("record prepare start in checkpoint: %w", err)
+		return nil, err
 	}
 
 	err = p.applyEffects(ctx, &record, pl, specDevices)
@@ -138,6 +125,44 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	p.lendingChanged()
 	logger.V(2).Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "devices", len(pl.devices))
 	return resultDevices(record), nil
+}
+
+// admitAndStart admits the claim's borrowers and owners
+// (admitBorrowers, admitOwners), reserves its grants and records it
+// PrepareStarted in the checkpoint, all under the plugin's admission lock:
+// an owner that does not lend and a borrower of the same GPU then each see
+// the other's record (or prepare first), never neither. The lock is taken
+// inside the claim's lock and held only for these in-memory checks and the
+// one checkpoint write; the slow work (CDI specs, MPS daemons) runs after.
+// put reports that the checkpoint write was tried: on an error the caller
+// rolls record back.
+func (p *Plugin) admitAndStart(claim *resourceapi.ResourceClaim, pl *plan) (record checkpoint.Claim, put bool, err error) {
+	p.admission.Lock()
+	defer p.admission.Unlock()
+	if err := p.admitBorrowers(claim, pl); err != nil {
+		return record, false, err
+	}
+	if err := p.admitOwners(claim, pl); err != nil {
+		return record, false, err
+	}
+	if p.admitted != nil {
+		p.admitted(claim.UID)
+	}
+	record = checkpoint.Claim{
+		UID:       claim.UID,
+		Namespace: claim.Namespace,
+		Name:      claim.Name,
+		State:     checkpoint.PrepareStarted,
+		Devices:   checkpointDevices(pl),
+		Config:    pl.config,
+	}
+	if err := p.grants.reserve(claim.UID, record.String(), grantRequests(record), p.memoryOf); err != nil {
+		return record, false, err
+	}
+	if err := p.opts.Store.Put(record); err != nil {
+		return record, true, fmt.Errorf("record prepare start in checkpoint: %w", err)
+	}
+	return record, false, nil
 }
 
 // specDevice is one planned device with its CDI edits and the toolkit
