@@ -206,6 +206,7 @@ func newMPSDaemonCommand() *cobra.Command {
 	run.Flags().StringVar(&o.DriverRoot, "driver-root", "", "container path of the driver root to run nvidia-cuda-mps-control in (chroot)")
 	run.Flags().BoolVar(&o.Fake, "fake", false, "run a fake daemon (mock GPU profiles): a control socket and pid file, no GPU")
 	run.Flags().StringVar(&o.ReadyFile, "ready-file", "", "file written once the daemon accepts clients")
+	run.Flags().BoolVar(&o.ShmTmpfs, strings.TrimPrefix(mpsdaemon.ShmTmpfsFlag, "--"), false, "refuse to start unless /dev/shm (the domain's shared memory the plugin mounts) is a tmpfs")
 	var readyFile string
 	ready := &cobra.Command{
 		Use:          "ready",

@@ -237,6 +237,11 @@ func TestMPSPodPolicy(t *testing.T) {
 				"an extra argument": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--fake")
 				}), onA, "(spec.containers[].command and args"},
+				// On a real node the last is --shm-tmpfs: a daemon without it
+				// would serve clients from a plain directory after a reboot.
+				"without the last argument": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Args = p.Spec.Containers[0].Args[:len(p.Spec.Containers[0].Args)-1]
+				}), onA, "(spec.containers[].command and args"},
 				"another GPU than annotated": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Containers[0].Args[2] = "--gpu=GPU-other"
 				}), onA, "(spec.containers[].command and args"},

@@ -37,6 +37,33 @@ type Options struct {
 	Log io.Writer
 	// StartTimeout bounds the wait for the control socket; zero: 60s.
 	StartTimeout time.Duration
+	// ShmTmpfs: ShmDir must be a tmpfs (the plugin's per-domain mount on a
+	// real node); Run fails, and the pod never becomes Ready, while it is
+	// not (after a reboot, before the plugin mounts it again, it is the
+	// root disk's plain directory). The container's restart then binds it
+	// again.
+	ShmTmpfs bool
+}
+
+// statfsType returns the filesystem type (f_type) of path; a seam for tests.
+var statfsType = func(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Type), nil
+}
+
+// checkShmTmpfs fails unless dir is on a tmpfs.
+func checkShmTmpfs(dir string) error {
+	t, err := statfsType(dir)
+	if err != nil {
+		return fmt.Errorf("--shm-tmpfs: statfs %s: %w", dir, err)
+	}
+	if t != unix.TMPFS_MAGIC {
+		return fmt.Errorf("--shm-tmpfs: %s is not a tmpfs (filesystem type %#x): the plugin has not mounted this domain's shared memory (yet, after a reboot?); not serving clients from the host's plain directory, the container's restart retries", dir, t)
+	}
+	return nil
 }
 
 // mpsControl is the control program, looked for in these directories of
@@ -69,6 +96,12 @@ func Run(ctx context.Context, o Options) error {
 		root = o.DriverRoot
 	}
 	pipe := filepath.Join(root, PipeDir)
+	if o.ShmTmpfs {
+		if err := checkShmTmpfs(filepath.Join(root, ShmDir)); err != nil {
+			fmt.Fprintln(o.Log, err)
+			return err
+		}
+	}
 	// A ready file from before a container restart must not make the pod
 	// Ready before this daemon is.
 	if err := os.Remove(o.ReadyFile); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -214,3 +214,49 @@ func TestClearDirRefusesSymlinks(t *testing.T) {
 		}
 	})
 }
+
+// TestRunShmTmpfs: with --shm-tmpfs the daemon refuses to start (and so
+// never becomes Ready) while its /dev/shm is not a tmpfs: after a reboot,
+// before the plugin mounts the domain's tmpfs again, it is the root disk's
+// plain directory.
+func TestRunShmTmpfs(t *testing.T) {
+	real := statfsType
+	t.Cleanup(func() { statfsType = real })
+	var asked string
+	fsType := int64(0xEF53) // ext4
+	statfsType = func(p string) (int64, error) { asked = p; return fsType, nil }
+
+	root := t.TempDir()
+	var log strings.Builder
+	o := Options{GPU: "GPU-1", Fake: true, DriverRoot: root, ReadyFile: filepath.Join(root, "ready"), ShmTmpfs: true, Log: &log}
+	err := Run(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), "is not a tmpfs") {
+		t.Fatalf("Run on a plain shm directory: %v; want a refusal", err)
+	}
+	if want := filepath.Join(root, ShmDir); asked != want {
+		t.Errorf("statfs of %q; want %q", asked, want)
+	}
+	if !strings.Contains(log.String(), "is not a tmpfs") {
+		t.Errorf("log %q: want the refusal", log.String())
+	}
+	if _, err := os.Stat(o.ReadyFile); err == nil {
+		t.Error("ready file written")
+	}
+
+	fsType = unix.TMPFS_MAGIC
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, o) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for Ready(o.ReadyFile) != nil {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("not ready on a tmpfs: %v", <-done)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

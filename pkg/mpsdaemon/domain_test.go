@@ -88,12 +88,18 @@ func TestRealPodDriverRootReadOnly(t *testing.T) {
 	if !sawRoot {
 		t.Error("no driver-root mount")
 	}
-	want := []string{"mps-daemon", "run", "--gpu=GPU-1", "--ready-file=/run/tessera-mps/ready", "--driver-root=/driver-root"}
+	// A per-domain daemon's shm is the plugin's tmpfs: the daemon checks it.
+	want := []string{"mps-daemon", "run", "--gpu=GPU-1", "--ready-file=/run/tessera-mps/ready", "--driver-root=/driver-root", "--shm-tmpfs"}
 	if diff := cmp.Diff(want, ctr.Args); diff != "" {
 		t.Errorf("args (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(want, DaemonArgs("GPU-1", false)); diff != "" {
+	if diff := cmp.Diff(want, DaemonArgs("GPU-1", false, true)); diff != "" {
 		t.Errorf("DaemonArgs (-want +got):\n%s", diff)
+	}
+	// The GPU-wide daemon of earlier releases keeps a plain directory.
+	legacy := cfg.Pod(isolation.NewMPS("/var/lib/kubelet/plugins/gpu.tessera.dev/mps", nil).Daemon("GPU-1", ""))
+	if diff := cmp.Diff(want[:5], legacy.Spec.Containers[0].Args); diff != "" {
+		t.Errorf("GPU-wide daemon's args (-want +got):\n%s", diff)
 	}
 }
 

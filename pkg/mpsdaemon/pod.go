@@ -196,7 +196,7 @@ func (c Config) PodName(key isolation.DaemonKey) string {
 // Pod is the daemon pod of d as this plugin creates it, with its spec hash
 // in AnnotationSpecHash.
 func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
-	args := DaemonArgs(d.UUID, c.Mock)
+	args := DaemonArgs(d.UUID, c.Mock, !c.Mock && d.Domain != "")
 	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
 		Command: []string{c.binary(), "mps-daemon", "ready", "--ready-file=" + readyFile},
 	}}}
@@ -290,13 +290,25 @@ func (c Config) Pod(d isolation.Daemon) *corev1.Pod {
 // DaemonArgs is the whole argument list of a daemon pod's container, which
 // the chart's admission policy pins: nothing but the GPU varies, and the
 // driver root is always the pod's read-only mount of the configured one.
-func DaemonArgs(gpu string, mock bool) []string {
+// shmTmpfs (a per-domain daemon on a real node, whose shm directory the
+// plugin mounts as a tmpfs of its own) adds --shm-tmpfs: after a reboot the
+// pod may restart before the plugin mounts it again, and must then not serve
+// its clients from the root disk's plain directory.
+func DaemonArgs(gpu string, mock, shmTmpfs bool) []string {
 	args := []string{"mps-daemon", "run", "--gpu=" + gpu, "--ready-file=" + readyFile}
 	if mock {
 		return append(args, "--fake")
 	}
-	return append(args, "--driver-root="+ContainerDriverRoot)
+	args = append(args, "--driver-root="+ContainerDriverRoot)
+	if shmTmpfs {
+		args = append(args, ShmTmpfsFlag)
+	}
+	return args
 }
+
+// ShmTmpfsFlag is the daemon's flag that makes it refuse a shm directory
+// that is not a tmpfs.
+const ShmTmpfsFlag = "--shm-tmpfs"
 
 // specHash hashes what the plugin decides about a pod: its labels, the GPU
 // and its spec as built (before the API server's defaults).
