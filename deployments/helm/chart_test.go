@@ -199,7 +199,16 @@ func find[T any](t *testing.T, objs []*unstructured.Unstructured, kind, name str
 func TestDeviceClassesMatchModel(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := objects(t, render(t, valueArgs(tc.values)...))
+			// Lending is off by default: its class is rendered only with it
+			// on (the local cluster's overlay turns it on).
+			if len(tc.values) == 0 {
+				for _, o := range objects(t, render(t)) {
+					if o.GetKind() == "DeviceClass" && o.GetName() == "lent.gpu.tessera.dev" {
+						t.Error("lent.gpu.tessera.dev rendered with lending off")
+					}
+				}
+			}
+			objs := objects(t, render(t, append(valueArgs(tc.values), "--set", "lending.enabled=true")...))
 			for _, want := range model.DeviceClasses() {
 				got := find[resourceapi.DeviceClass](t, objs, "DeviceClass", want.Name)
 				if diff := cmp.Diff(want.Spec.Selectors, got.Spec.Selectors); diff != "" {

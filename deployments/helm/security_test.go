@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -491,16 +492,31 @@ func TestRendersWithPreviousReleaseValues(t *testing.T) {
 			if v, _ := flagValue(spec.Containers[0].Args, "metrics-request-timeout"); v != "30s" {
 				t.Errorf("--metrics-request-timeout=%q", v)
 			}
-			// Lending is on by default: the plugin lends, borrowers have their
-			// class (with its enforced-isolation floor) and their policy.
-			if v, _ := flagValue(spec.Containers[0].Args, "lending"); v != "true" {
-				t.Errorf("--lending=%q, want true", v)
+			// Lending is off unless the values turn it on: the release from
+			// before lending existed has none (off: no lending devices, class
+			// or policy); v0.1.0's values said enabled: true, which
+			// --reuse-values keeps, with its class (MPS floor) and policy, and
+			// the host's cgroups writable for killing borrowers.
+			lendingOn := fixture == "values-v0.1.0-previous.yaml"
+			if v, _ := flagValue(spec.Containers[0].Args, "lending"); v != strconv.FormatBool(lendingOn) {
+				t.Errorf("--lending=%q, want %v", v, lendingOn)
 			}
-			lent := find[resourceapi.DeviceClass](t, objs, "DeviceClass", "lent.gpu.tessera.dev")
-			if len(lent.Spec.Config) != 1 || lent.Spec.Config[0].Opaque == nil || !strings.Contains(string(lent.Spec.Config[0].Opaque.Parameters.Raw), `"isolation":"MPS"`) {
-				t.Errorf("lent.gpu.tessera.dev config %+v: want the GpuConfig with isolation MPS", lent.Spec.Config)
+			if lendingOn {
+				lent := find[resourceapi.DeviceClass](t, objs, "DeviceClass", "lent.gpu.tessera.dev")
+				if len(lent.Spec.Config) != 1 || lent.Spec.Config[0].Opaque == nil || !strings.Contains(string(lent.Spec.Config[0].Opaque.Parameters.Raw), `"isolation":"MPS"`) {
+					t.Errorf("lent.gpu.tessera.dev config %+v: want the GpuConfig with isolation MPS", lent.Spec.Config)
+				}
+				find[admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", "tessera-kubelet-plugin-borrowers-resourceclaims")
+				if m, ok := mounts["/host/sys/fs/cgroup"]; !ok || m.readOnly {
+					t.Errorf("host cgroups with lending on: %+v (mounted %v), want read-write", m, ok)
+				}
+			} else {
+				for _, o := range objs {
+					if name := o.GetName(); name == "lent.gpu.tessera.dev" || name == "tessera-kubelet-plugin-borrowers-resourceclaims" {
+						t.Errorf("%s %s rendered with lending off", o.GetKind(), name)
+					}
+				}
 			}
-			find[admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", "tessera-kubelet-plugin-borrowers-resourceclaims")
 			find[admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", "tessera-kubelet-plugin-mps-pods")
 			find[policyv1.PodDisruptionBudget](t, objects(t, mustHelm(t, "template", "tessera", chart, "--namespace", "tessera", "--kube-version", kubeVersion, "--set", "webhook.replicas=2")), "PodDisruptionBudget", "tessera-webhook")
 		})

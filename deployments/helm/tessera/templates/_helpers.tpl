@@ -51,9 +51,16 @@ app.kubernetes.io/component: webhook
 {{- printf "%s/plugins/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletDir) (include "tessera.driver" .) -}}
 {{- end -}}
 
+{{/* An image reference: repository@digest when image.digest is set (the tag is
+then ignored: a digest names the bytes, a tag can move), else
+repository:tag, the tag defaulting to the chart's appVersion. */}}
 {{- define "tessera.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
 {{- $tag := default .root.Chart.AppVersion .image.tag -}}
 {{- printf "%s:%s" .image.repository $tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A DeviceClass's config list from a values map of GpuConfig fields. */}}
