@@ -13,8 +13,13 @@ import (
 
 // mpsTenantYAML is an MPS share and a client, run as runAsUser (0: the
 // image's user), that writes a marker into its /dev/shm and prints the
-// inode of the control socket it reaches, then waits.
-func mpsTenantYAML(runAsUser int) string {
+// inode of the control socket it reaches, then waits. A non-empty uuid pins
+// the share to that GPU.
+func mpsTenantYAML(runAsUser int, uuid string) string {
+	selector := ""
+	if uuid != "" {
+		selector = fmt.Sprintf("\n          selectors:\n          - cel: {expression: 'device.attributes[\"gpu.tessera.dev\"].uuid == \"%s\"'}", uuid)
+	}
 	security := ""
 	if runAsUser != 0 {
 		security = fmt.Sprintf("\n    securityContext: {runAsUser: %d, runAsGroup: %d, runAsNonRoot: true}", runAsUser, runAsUser)
@@ -29,7 +34,7 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: shared.gpu.tessera.dev
+          deviceClassName: shared.gpu.tessera.dev` + selector + `
           capacity:
             requests: {memory: 4Gi, cores: "10"}
       config:
@@ -83,13 +88,9 @@ func TestMPSTrustDomains(t *testing.T) {
 	ctx := context.Background()
 	nsA := c.Namespace(t, "e2e-mps-a")
 	nsB := c.Namespace(t, "e2e-mps-b")
-	// Both shares on one GPU: the first GPU the scheduler picked for A
-	// must also be where B lands; a 4Gi share fits any mock GPU many
-	// times, and the scheduler fills the GPU it used first only if
-	// nothing else ranks it lower, so check and say so rather than
-	// assume.
-	a := c.RunObjects(t, nsA, MustDecodeYAML(t, mpsTenantYAML(0))...)["tenant"]
-	b := c.RunObjects(t, nsB, MustDecodeYAML(t, mpsTenantYAML(1000))...)["tenant"]
+	// Both shares on one GPU: B's claim selects the GPU the scheduler
+	// gave A, so the two domains meet on one GPU.
+	a := c.RunObjects(t, nsA, MustDecodeYAML(t, mpsTenantYAML(0, ""))...)["tenant"]
 	uuidOf := func(ns string, p SpecPod) string {
 		name, err := PodClaimName(p.Pod, "gpu")
 		if err != nil {
@@ -101,9 +102,10 @@ func TestMPSTrustDomains(t *testing.T) {
 		}
 		return devs[0].Attribute("uuid")
 	}
+	b := c.RunObjects(t, nsB, MustDecodeYAML(t, mpsTenantYAML(1000, uuidOf(nsA, a)))...)["tenant"]
 	sameGPU := uuidOf(nsA, a) == uuidOf(nsB, b)
 	if !sameGPU {
-		t.Logf("the two shares landed on different GPUs (%s, %s): the daemons differ trivially; the shared-memory check below still holds", uuidOf(nsA, a), uuidOf(nsB, b))
+		t.Fatalf("the two shares landed on different GPUs (%s, %s) although B selected A's", uuidOf(nsA, a), uuidOf(nsB, b))
 	}
 
 	for name, p := range map[string]SpecPod{"A": a, "B (runAsUser 1000)": b} {
