@@ -37,6 +37,13 @@ type lendingEnv struct {
 	republis int
 }
 
+// newLendingEnv is a plugin environment at a fixed time with no GPU activity;
+// startLender starts its plugin and lender.
+func newLendingEnv(t *testing.T) *lendingEnv {
+	return &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
+		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+}
+
 func (e *lendingEnv) startLender(t *testing.T) {
 	t.Helper()
 	e.i = e.start(nil)
@@ -61,8 +68,7 @@ func (e *lendingEnv) tick(t *testing.T, d time.Duration) {
 }
 
 func TestLendingLifecycle(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.startLender(t)
 	uuid := uuidOf(0)
 	lent := model.LentDeviceName(0)
@@ -149,8 +155,7 @@ func TestLendingLifecycle(t *testing.T) {
 }
 
 func TestLendingNeedsEveryOwnersConsent(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.startLender(t)
 	shared := model.SharedDeviceName(1)
 	mustPrepare(t, e.i.Plugin, newClaim("a", []result{share("gpu", shared, "a-1", "10Gi", "20")}, claimConfig(lendConfig)))
@@ -197,8 +202,7 @@ func eventsContain(events []string, prefix string) bool {
 // The MPS daemons' processes compute for their clients: they are nobody's
 // activity, while a process of an unknown pod is the owners'.
 func TestLendingIgnoresServicePods(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.i = e.start(nil)
 	calls := 0
 	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
@@ -237,8 +241,7 @@ func TestLendingIgnoresServicePods(t *testing.T) {
 // A borrower is admitted only within what is lent now, counting the GPU's
 // other borrowers.
 func TestBorrowersFitWhatIsLent(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.startLender(t)
 	uuid := uuidOf(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
@@ -281,8 +284,7 @@ type killCall struct {
 // plus the kill margin after the reclaim began, again at every sample
 // while it holds the GPU, and its claim is told once.
 func TestOutstayingBorrowerIsKilled(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.i = e.start(nil)
 	var calls []killCall
 	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
@@ -352,8 +354,7 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 // A borrower the plugin cannot kill (no cgroup found) is reported with the
 // reason, and tried again.
 func TestOutstayingBorrowerNotKillable(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.i = e.start(nil)
 	tries := 0
 	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
@@ -393,8 +394,7 @@ func TestOutstayingBorrowerNotKillable(t *testing.T) {
 // borrowers (the lending device holds no counters): its prepare takes the
 // GPU back at once and fails, with an event, until the borrowers are gone.
 func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.startLender(t)
 	uuid := uuidOf(0)
 	shared := model.SharedDeviceName(0)
@@ -451,8 +451,7 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 // What a GPU held in shares lends is its memory less what the shares are
 // entitled to, not less what they use.
 func TestLendableLeavesSharesTheirMemory(t *testing.T) {
-	e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-		act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+	e := newLendingEnv(t)
 	e.startLender(t)
 	uuid := uuidOf(0)
 	mustPrepare(t, e.i.Plugin, newClaim("a", []result{share("gpu", model.SharedDeviceName(0), "a-1", "20Gi", "20")}, claimConfig(lendConfig)))
@@ -475,8 +474,7 @@ func TestLendableLeavesSharesTheirMemory(t *testing.T) {
 func TestOwnerAndBorrowerPreparedAtOnce(t *testing.T) {
 	for _, first := range []string{"owner", "borrower"} {
 		t.Run(first+" first", func(t *testing.T) {
-			e := &lendingEnv{env: newEnv(t), now: time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC),
-				act: &fakeActivity{pods: map[string]map[types.UID]lending.Activity{}}}
+			e := newLendingEnv(t)
 			e.startLender(t)
 			uuid := uuidOf(0)
 			shared := model.SharedDeviceName(0)
