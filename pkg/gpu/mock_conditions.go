@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -42,19 +43,12 @@ func (n *MockNode) SetComputeMode(i int, mode ComputeMode) error {
 	if err := n.checkIndex(i); err != nil {
 		return err
 	}
-	var m nvml.ComputeMode
-	switch mode {
-	case ComputeModeDefault:
-		m = nvml.COMPUTEMODE_DEFAULT
-	case ComputeModeExclusiveProcess:
-		m = nvml.COMPUTEMODE_EXCLUSIVE_PROCESS
-	case ComputeModeProhibited:
-		m = nvml.COMPUTEMODE_PROHIBITED
-	case ComputeModeExclusiveThread:
-		m = nvml.COMPUTEMODE_EXCLUSIVE_THREAD
-	default:
+	// The inverse of computeModeName, over the modes NVML names.
+	i0 := slices.IndexFunc(nvmlComputeModes, func(m nvml.ComputeMode) bool { return computeModeName(m) == mode })
+	if i0 < 0 {
 		return fmt.Errorf("mock node %s: compute mode %q: want Default, ExclusiveProcess, Prohibited or ExclusiveThread", n.Profile, mode)
 	}
+	m := nvmlComputeModes[i0]
 	n.state.mu.Lock()
 	defer n.state.mu.Unlock()
 	n.state.conditions.computeMode[i] = m
@@ -141,3 +135,6 @@ func (n *MockNode) installConditions() {
 		}
 	}
 }
+
+// nvmlComputeModes are the compute modes NVML names.
+var nvmlComputeModes = []nvml.ComputeMode{nvml.COMPUTEMODE_DEFAULT, nvml.COMPUTEMODE_EXCLUSIVE_THREAD, nvml.COMPUTEMODE_PROHIBITED, nvml.COMPUTEMODE_EXCLUSIVE_PROCESS}
