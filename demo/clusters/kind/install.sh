@@ -43,8 +43,8 @@ fi
 
 "$helm" --kube-context "kind-$name" upgrade --install "$release" "$repo/deployments/helm/tessera" \
   --namespace "$namespace" \
-  --set "kubeletPlugin.image.repository=${image%:*}" --set "kubeletPlugin.image.tag=${image##*:}" \
-  --set "webhook.image.repository=${webhook_image%:*}" --set "webhook.image.tag=${webhook_image##*:}" \
+  --set "kubeletPlugin.image.repository=${image%:*}" --set-string "kubeletPlugin.image.tag=${image##*:}" \
+  --set "webhook.image.repository=${webhook_image%:*}" --set-string "webhook.image.tag=${webhook_image##*:}" \
   --set "kubeletPlugin.mockProfile=$profile" \
   --wait --timeout "${timeout}s"
 

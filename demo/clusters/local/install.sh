@@ -114,8 +114,8 @@ log "helm upgrade --install $RELEASE (mock profile $PROFILE)"
 # shellcheck disable=SC2086 # TESSERA_HELM_ARGS is word-split on purpose
 "$helm" upgrade --install "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
   -f "$here/overlay/values.yaml" \
-  --set "kubeletPlugin.image.repository=$plugin_repo" --set "kubeletPlugin.image.tag=$plugin_tag" \
-  --set "webhook.image.repository=$webhook_repo" --set "webhook.image.tag=$webhook_tag" \
+  --set "kubeletPlugin.image.repository=$plugin_repo" --set-string "kubeletPlugin.image.tag=$plugin_tag" \
+  --set "webhook.image.repository=$webhook_repo" --set-string "webhook.image.tag=$webhook_tag" \
   --set "kubeletPlugin.mockProfile=$PROFILE" \
   --set-string "kubeletPlugin.apiServer.port=$APISERVER_PORT" \
   --set "webhook.port=$WEBHOOK_PORT" --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT" \
