@@ -55,8 +55,12 @@ type GPU struct {
 	PCIeRoot string `json:"pcieRoot,omitempty"`
 	// NUMANode is the GPU's NUMA node, nil when unknown.
 	NUMANode *int `json:"numaNode,omitempty"`
-	// MIGEnabled is true when MIG mode is on (such GPUs are not shared by Tessera).
+	// MIGEnabled is true when MIG mode is on: the GPU is handed out only as
+	// MIG devices, never whole or in shares.
 	MIGEnabled bool `json:"migEnabled"`
+	// MIG is the GPU's MIG state (pending mode, profiles, instances); nil
+	// for a GPU without MIG support.
+	MIG *MIG `json:"mig,omitempty"`
 	// NVLinkDomain identifies the set of GPUs connected to this one by NVLink
 	// (connected components of the NVLink graph, or the NVLink fabric clique).
 	// GPUs with the same value can talk over NVLink. Stable across restarts.
