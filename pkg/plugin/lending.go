@@ -274,6 +274,12 @@ func (l *Lender) Tick(ctx context.Context) {
 		return
 	}
 	defer unlock()
+	// What this instance published last: a phase change the other instance
+	// of a surge update made (read below) must republish here too, or the
+	// two instances publish different taints.
+	l.mu.Lock()
+	before := l.lentLocked()
+	l.mu.Unlock()
 	if l.opts.LockPath != "" {
 		// The other instance of a surge update may have prepared,
 		// unprepared or stepped since this one looked.
@@ -339,7 +345,6 @@ func (l *Lender) Tick(ctx context.Context) {
 	// outstaying are the borrowers past their reclaim bound.
 	var outstaying []checkpoint.Claim
 	l.mu.Lock()
-	before := l.lentLocked()
 	next := make(map[string]lending.State, len(gpus))
 	for _, g := range gpus {
 		h := byGPU[g.Minor]

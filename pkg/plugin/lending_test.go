@@ -533,3 +533,57 @@ func TestOwnerAndBorrowerPreparedAtOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestSurgeLendingChangeRepublishes: during a surge update two plugin
+// instances share the checkpoint and lending state. A phase change made by
+// one must make the other republish, or the two publish different taints
+// (the other would keep a NoExecute reclaim taint lifted, or a GPU closed).
+func TestSurgeLendingChangeRepublishes(t *testing.T) {
+	e := newLendingEnv(t)
+	lock := filepath.Join(t.TempDir(), "plugin.lock")
+	republished := map[string]int{}
+	newLender := func(name string, i *instance) *Lender {
+		l, err := NewLender(ctxFor(t), i.Plugin, LenderOptions{
+			Policy:        lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
+			BusyThreshold: 5,
+			Sample:        e.act.sample,
+			Store:         lending.Store{Path: filepath.Join(filepath.Dir(e.checkpoint), lending.StateFile)},
+			BootID:        e.bootID,
+			LockPath:      lock,
+			Republish:     func() { republished[name]++ },
+			Now:           func() time.Time { return e.now },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	oldI, newI := e.start(nil), e.start(nil)
+	old, surge := newLender("old", oldI), newLender("new", newI)
+	uuid := uuidOf(0)
+	mustPrepare(t, oldI.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
+	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
+
+	e.now = e.now.Add(time.Second)
+	old.Tick(ctxFor(t))
+	surge.Tick(ctxFor(t))
+	if old.Lent()[uuid].Open || surge.Lent()[uuid].Open {
+		t.Fatal("opened before the idle period")
+	}
+	before := republished["old"]
+	// The surge instance's sample opens the GPU.
+	e.now = e.now.Add(time.Minute)
+	surge.Tick(ctxFor(t))
+	if !surge.Lent()[uuid].Open {
+		t.Fatalf("surge instance after the idle period: %+v, want open", surge.States()[uuid])
+	}
+	// The old instance's next sample sees the opened GPU and republishes.
+	e.now = e.now.Add(time.Second)
+	old.Tick(ctxFor(t))
+	if !old.Lent()[uuid].Open {
+		t.Fatalf("old instance: %+v, want open (read from the shared state)", old.States()[uuid])
+	}
+	if republished["old"] == before {
+		t.Error("the old instance did not republish after the other instance opened the GPU: the two publish different taints")
+	}
+}
