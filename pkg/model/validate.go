@@ -1,6 +1,7 @@
 package model
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -28,7 +29,13 @@ import (
 //     exactly one value, strings and versions at most DeviceAttributeMaxValueLength
 //     long, versions semantic;
 //   - at most ResourceSliceMaxDeviceCounterConsumptionsPerDevice counter
-//     consumptions per device, each naming a counter set and counters of the pool.
+//     consumptions per device, each naming a counter set and counters of the pool,
+//     at most ResourceSliceMaxCountersPerDeviceCounterConsumption counters each;
+//   - counter names are DNS labels, counter values and consumptions not negative;
+//   - per device at most DeviceTaintsMaxLength taints and
+//     ResourceSliceMaxAttributeValuesPerDevice attribute values;
+//   - each slice's JSON (the spec fields a Slice carries) at most
+//     MaxResourceSliceBytes.
 //
 // It is not the API server's full validation (list attributes, node selectors,
 // taints and request policies are checked only as far as listed). All problems are
@@ -45,6 +52,12 @@ func Validate(res resourceslice.DriverResources) error {
 	}
 	return errors.Join(errs...)
 }
+
+// MaxResourceSliceBytes bounds the JSON of one slice's devices and counter
+// sets: a third below etcd's default request limit (1.5 MiB,
+// https://etcd.io/docs/v3.6/dev-guide/limit/), leaving room for the
+// metadata, pool and driver fields the API server stores with them.
+const MaxResourceSliceBytes = 1 << 20
 
 func validatePool(name string, pool resourceslice.Pool) []error {
 	var errs []error
@@ -73,7 +86,15 @@ func validatePool(name string, pool resourceslice.Pool) []error {
 			if n := len(cs.Counters); n > resourceapi.ResourceSliceMaxCountersPerCounterSet {
 				fail("slice %d: counter set %q: %d counters, more than %d", i, cs.Name, n, resourceapi.ResourceSliceMaxCountersPerCounterSet)
 			}
+			for _, err := range validateCounters(cs.Counters) {
+				fail("slice %d: counter set %q: %w", i, cs.Name, err)
+			}
 			counterSets[cs.Name] = cs
+		}
+		if b, err := json.Marshal(slice); err != nil {
+			fail("slice %d: %v", i, err)
+		} else if len(b) > MaxResourceSliceBytes {
+			fail("slice %d: %d bytes of JSON, more than %d", i, len(b), MaxResourceSliceBytes)
 		}
 	}
 
@@ -123,10 +144,22 @@ func validateDevice(d resourceapi.Device, counterSets map[string]resourceapi.Cou
 			fail("capacity %q: %w", name, err)
 		}
 	}
+	if n := attributeValues(d.Attributes); n > resourceapi.ResourceSliceMaxAttributeValuesPerDevice {
+		fail("%d attribute values, more than %d", n, resourceapi.ResourceSliceMaxAttributeValuesPerDevice)
+	}
+	if n := len(d.Taints); n > resourceapi.DeviceTaintsMaxLength {
+		fail("%d taints, more than %d", n, resourceapi.DeviceTaintsMaxLength)
+	}
 	if n := len(d.ConsumesCounters); n > resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice {
 		fail("%d counter consumptions, more than %d", n, resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice)
 	}
 	for _, c := range d.ConsumesCounters {
+		if n := len(c.Counters); n > resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption {
+			fail("consumes %d counters of counter set %q, more than %d", n, c.CounterSet, resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption)
+		}
+		for _, err := range validateCounters(c.Counters) {
+			fail("consumes counter set %q: %w", c.CounterSet, err)
+		}
 		cs, ok := counterSets[c.CounterSet]
 		if !ok {
 			fail("consumes counter set %q, which the pool does not have", c.CounterSet)
@@ -139,6 +172,41 @@ func validateDevice(d resourceapi.Device, counterSets map[string]resourceapi.Cou
 		}
 	}
 	return errs
+}
+
+// validateCounters checks counter names (DNS labels) and values (not negative).
+func validateCounters(counters map[string]resourceapi.Counter) []error {
+	var errs []error
+	for _, name := range sortedKeys(counters) {
+		for _, msg := range validation.IsDNS1123Label(name) {
+			errs = append(errs, fmt.Errorf("counter %q: name: %s", name, msg))
+		}
+		if v := counters[name].Value; v.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("counter %q: negative value %s", name, v.String()))
+		}
+	}
+	return errs
+}
+
+// attributeValues counts a device's attribute values, each element of a list
+// attribute as one (the API's ResourceSliceMaxAttributeValuesPerDevice).
+func attributeValues(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) int {
+	n := 0
+	for _, a := range attrs {
+		switch {
+		case a.IntValues != nil:
+			n += len(a.IntValues)
+		case a.BoolValues != nil:
+			n += len(a.BoolValues)
+		case a.StringValues != nil:
+			n += len(a.StringValues)
+		case a.VersionValues != nil:
+			n += len(a.VersionValues)
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // cIdentifier is the ID part of a qualified name.

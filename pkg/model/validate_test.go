@@ -1,10 +1,12 @@
 package model
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 )
@@ -98,6 +100,54 @@ func TestValidate(t *testing.T) {
 				pool(res).Slices[2].Devices[0].Attributes[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(strings.Repeat("u", 65))}
 			},
 			wantErr: `attribute "uuid": string longer than 64`,
+		},
+		{
+			name: "counter name not a DNS label",
+			mutate: func(res resourceslice.DriverResources) {
+				pool(res).Slices[0].SharedCounters[0].Counters["memory_slice_0"] = resourceapi.Counter{Value: resource.MustParse("1")}
+			},
+			wantErr: `counter set "gpu-0": counter "memory_slice_0": name:`,
+		},
+		{
+			name: "negative counter",
+			mutate: func(res resourceslice.DriverResources) {
+				pool(res).Slices[0].SharedCounters[0].Counters[string(Cores)] = resourceapi.Counter{Value: resource.MustParse("-1")}
+			},
+			wantErr: `counter set "gpu-0": counter "cores": negative value -1`,
+		},
+		{
+			name: "33 counters consumed",
+			mutate: func(res resourceslice.DriverResources) {
+				c := pool(res).Slices[2].Devices[0].ConsumesCounters[0].Counters
+				for i := range 31 {
+					c[fmt.Sprintf("c%d", i)] = resourceapi.Counter{Value: resource.MustParse("1")}
+				}
+			},
+			wantErr: `device "gpu-0-shared": consumes 33 counters of counter set "gpu-0", more than 32`,
+		},
+		{
+			name: "17 taints",
+			mutate: func(res resourceslice.DriverResources) {
+				d := &pool(res).Slices[2].Devices[0]
+				for i := range 17 {
+					d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: fmt.Sprintf("t%d", i), Effect: resourceapi.DeviceTaintEffectNoSchedule})
+				}
+			},
+			wantErr: `device "gpu-0-shared": 17 taints, more than 16`,
+		},
+		{
+			name: "49 attribute values",
+			mutate: func(res resourceslice.DriverResources) {
+				pool(res).Slices[2].Devices[0].Attributes["list"] = resourceapi.DeviceAttribute{StringValues: make([]string, 40)}
+			},
+			wantErr: `device "gpu-0-shared": 5`, // 40 + the device's own values
+		},
+		{
+			name: "slice over a MiB",
+			mutate: func(res resourceslice.DriverResources) {
+				pool(res).Slices[2].Devices[0].Attributes[AttrProductName] = resourceapi.DeviceAttribute{StringValue: ptr.To(strings.Repeat("x", MaxResourceSliceBytes))}
+			},
+			wantErr: `bytes of JSON, more than 1048576`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
