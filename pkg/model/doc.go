@@ -7,7 +7,7 @@
 //
 // # The published shape
 //
-// Per physical GPU with minor number N (MIG-enabled GPUs are skipped, see Resources):
+// Per physical GPU with minor number N that is not in MIG mode:
 //
 //   - counter set gpu-N with counters memory (bytes) and cores (100);
 //   - device gpu-N, the whole GPU: capacity memory and cores, consuming all of gpu-N;
@@ -25,4 +25,13 @@
 // never exceeds its memory or cores. Counter sets sit in their own slices (the API
 // requires it), at most ResourceSliceMaxCounterSets per slice, ahead of the device
 // slices (at most ResourceSliceMaxDevicesWithAdvancedFeatures devices each).
+//
+// A GPU in MIG mode publishes MIG devices instead (type "mig", DeviceClass
+// mig.gpu.tessera.dev; mig.go, docs/mig.md): statically, one exclusive device
+// gpu-N-mig-<GI>-<CI> per existing compute instance; with dynamic MIG, one
+// device gpu-N-mig-<profile>-<start> per placement of every profile, all
+// consuming the counter set gpu-N-counters (memory-slice-0 … memory-slice-7
+// of value 1, compute-slices, and the engines), so that the scheduler
+// allocates only placements that do not overlap and fit the GPU's compute
+// slices and engines together.
 package model

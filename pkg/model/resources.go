@@ -150,6 +150,11 @@ type options struct {
 	// localityVerdicts puts the locality binding conditions on shared
 	// devices (WithLocalityVerdicts).
 	localityVerdicts bool
+	// dynamicMIG names, by UUID, the MIG-mode GPUs published with dynamic
+	// MIG (WithDynamicMIG); migHeld the GPU instances Tessera holds on them
+	// (WithMIGHeld).
+	dynamicMIG map[string]bool
+	migHeld    map[string][]gpu.MIGPlacement
 }
 
 // WithPCIeRoots makes Resources publish resource.kubernetes.io/pcieRoot for the GPUs
@@ -207,9 +212,15 @@ func WithLending(lent map[string]Lent) Option {
 //     come first so that they find their device without the allocator evaluating
 //     the class selector on every whole device (BenchmarkAllocate: a share costs
 //     ~170–440 allocations per node, a whole GPU ~680, on 8 GPUs).
-//   - MIG-enabled GPUs are not published at all (neither devices nor counters):
-//     their memory and compute belong to MIG instances Tessera does not manage, so
-//     handing them out whole or in fractions would double-book them.
+//   - A GPU in MIG mode publishes only MIG devices (type "mig"), never whole,
+//     shared or lent ones: its memory and compute belong to its MIG instances.
+//     Statically (the default) every existing compute instance is an exclusive
+//     device; with WithDynamicMIG every placement of every profile is a device,
+//     and the GPU's counter set MIGCounterSetName holds its memory slices,
+//     compute slices and engines (see mig.go and docs/mig.md). MIG devices come
+//     after all others, by ascending minor; within a GPU small profiles come
+//     first and each profile's placements from the highest start down, which
+//     keeps the large profiles placeable (migPlacementOrder).
 //   - Version attributes are semantic versions: "9.0" → "9.0.0" and driver
 //     "580.95.05" → "580.95.5" (semver allows no leading zeros). A version that is
 //     not one to three dot-separated numbers is left out rather than guessed.
@@ -229,6 +240,7 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 	}
 
 	published := make([]gpu.GPU, 0, len(gpus))
+	var migGPUs []gpu.GPU
 	minors := make(map[int]string, len(gpus))
 	uuids := make(map[string]int, len(gpus))
 	for _, g := range gpus {
@@ -243,22 +255,28 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 		}
 		minors[g.Minor], uuids[g.UUID] = g.UUID, g.Minor
 		if g.MIGEnabled {
+			migGPUs = append(migGPUs, g)
 			continue
 		}
 		published = append(published, g)
 	}
-	slices.SortFunc(published, func(a, b gpu.GPU) int { return cmp.Compare(a.Minor, b.Minor) })
+	byMinor := func(a, b gpu.GPU) int { return cmp.Compare(a.Minor, b.Minor) }
+	slices.SortFunc(published, byMinor)
+	slices.SortFunc(migGPUs, byMinor)
 
-	var pool resourceslice.Pool
-	for chunk := range slices.Chunk(published, resourceapi.ResourceSliceMaxCounterSets) {
-		counterSets := make([]resourceapi.CounterSet, 0, len(chunk))
-		for _, g := range chunk {
-			counterSets = append(counterSets, resourceapi.CounterSet{
-				Name:     CounterSetName(g.Minor),
-				Counters: counters(g),
-			})
+	// Counter sets of all GPUs that have one, by ascending minor.
+	var counterSets []resourceapi.CounterSet
+	for _, g := range slices.SortedFunc(slices.Values(append(slices.Clone(published), migGPUs...)), byMinor) {
+		switch {
+		case !g.MIGEnabled:
+			counterSets = append(counterSets, resourceapi.CounterSet{Name: CounterSetName(g.Minor), Counters: counters(g)})
+		case migHasCounters(g, o):
+			counterSets = append(counterSets, migCounterSet(g, o.migHeld[g.UUID]))
 		}
-		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counterSets})
+	}
+	var pool resourceslice.Pool
+	for chunk := range slices.Chunk(counterSets, resourceapi.ResourceSliceMaxCounterSets) {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: chunk})
 	}
 
 	devices := make([]resourceapi.Device, 0, 3*len(published))
@@ -276,6 +294,9 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 			}
 			devices = append(devices, d)
 		}
+	}
+	for _, g := range migGPUs {
+		devices = append(devices, migDevices(g, o)...)
 	}
 	for chunk := range slices.Chunk(devices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
 		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
@@ -300,7 +321,10 @@ func checkGPU(g gpu.GPU, o options) error {
 	case g.Minor < 0:
 		return fmt.Errorf("GPU %s: negative minor %d", name, g.Minor)
 	case g.MIGEnabled:
-		return nil // not published; its other facts do not matter
+		// Published as MIG devices: the GPU's own memory does not matter.
+		if err := checkMIG(g, o.migDynamic(g)); err != nil {
+			return err
+		}
 	case g.MemoryBytes == 0:
 		return fmt.Errorf("GPU %s: memory size is 0", name)
 	case g.MemoryBytes > math.MaxInt64:

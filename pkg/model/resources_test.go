@@ -170,15 +170,35 @@ func TestResourcesProfiles(t *testing.T) {
 				t.Fatalf("Validate: %v", err)
 			}
 			byName := map[string]resourceapi.Device{}
+			migDevices := 0
 			for _, s := range res.Pools["node-1"].Slices {
 				for _, d := range s.Devices {
 					byName[d.Name] = d
+					if ptr.Deref(d.Attributes[AttrType].StringValue, "") == TypeMIG {
+						migDevices++
+					}
 				}
 			}
-			if len(byName) != 2*len(gpus) {
-				t.Errorf("%d devices for %d GPUs, want 2 per GPU", len(byName), len(gpus))
+			// A GPU in MIG mode publishes its compute instances instead
+			// (mig_test.go checks them).
+			plain := 0
+			for _, g := range gpus {
+				if !g.MIGEnabled {
+					plain++
+				}
+			}
+			if len(byName)-migDevices != 2*plain {
+				t.Errorf("%d devices besides %d MIG devices for %d GPUs not in MIG mode, want 2 per GPU", len(byName)-migDevices, migDevices, plain)
 			}
 			for _, g := range gpus {
+				if g.MIGEnabled {
+					for name := range byName {
+						if m, _, err := ParseDevice(name); err == nil && m == g.Minor {
+							t.Errorf("GPU %s in MIG mode: device %s published", g.UUID, name)
+						}
+					}
+					continue
+				}
 				for _, name := range []string{WholeDeviceName(g.Minor), SharedDeviceName(g.Minor)} {
 					d, ok := byName[name]
 					if !ok {
@@ -271,7 +291,8 @@ func TestResourcesPCIeRoots(t *testing.T) {
 	}
 }
 
-// TestResourcesMIGSkipped: a MIG-enabled GPU publishes neither devices nor counters.
+// TestResourcesMIGSkipped: a GPU in MIG mode whose MIG facts discovery did not
+// read publishes neither devices nor counters (mig_test.go has the others).
 func TestResourcesMIGSkipped(t *testing.T) {
 	gpus := fixtureGPUs(3, 80, oneDomain)
 	gpus[1].MIGEnabled = true
