@@ -168,7 +168,7 @@ func TestDeviceClassesJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		t.Fatalf("decode: %v", err)
 	}
-	if len(list.Items) != 3 || list.Items[0].Name != "gpu.tessera.dev" || list.Items[1].Name != "shared.gpu.tessera.dev" || list.Items[2].Name != "lent.gpu.tessera.dev" {
+	if len(list.Items) != 4 || list.Items[0].Name != "gpu.tessera.dev" || list.Items[1].Name != "shared.gpu.tessera.dev" || list.Items[2].Name != "lent.gpu.tessera.dev" || list.Items[3].Name != "mig.gpu.tessera.dev" {
 		t.Errorf("got %d classes: %+v", len(list.Items), list.Items)
 	}
 }

@@ -18,6 +18,10 @@ const (
 	// LentClassName selects the lending devices (gpu-N-lent): borrowers of
 	// idle GPUs, evicted when the GPU's owner needs it.
 	LentClassName = "lent." + DriverName
+	// MIGClassName selects MIG devices (type "mig"), static and dynamic;
+	// claims from it select a profile with
+	// device.attributes["gpu.tessera.dev"].profile.
+	MIGClassName = "mig." + DriverName
 	// ExtendedResourceName lets pods ask for whole GPUs as
 	// resources.limits["tessera.dev/gpu"]; the scheduler turns that into a claim of
 	// WholeClassName.
@@ -30,7 +34,7 @@ func typeSelector(typ string) string {
 }
 
 // DeviceClasses returns the DeviceClasses Tessera installs, in a fixed order
-// (whole, shared, lent), with apiVersion and kind set so they marshal into
+// (whole, shared, lent, mig), with apiVersion and kind set so they marshal into
 // manifests as they are. deployments/deviceclasses.yaml is these objects, and a
 // test keeps it so. Each call returns new objects the caller may modify.
 func DeviceClasses() []resourceapi.DeviceClass {
@@ -56,6 +60,13 @@ func DeviceClasses() []resourceapi.DeviceClass {
 			ObjectMeta: metav1.ObjectMeta{Name: LentClassName},
 			Spec: resourceapi.DeviceClassSpec{
 				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: typeSelector(TypeLent)}}},
+			},
+		},
+		{
+			TypeMeta:   typeMeta,
+			ObjectMeta: metav1.ObjectMeta{Name: MIGClassName},
+			Spec: resourceapi.DeviceClassSpec{
+				Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: typeSelector(TypeMIG)}}},
 			},
 		},
 	}

@@ -51,10 +51,14 @@ func TestDeviceClassesFile(t *testing.T) {
 
 func TestDeviceClasses(t *testing.T) {
 	classes := DeviceClasses()
-	if len(classes) != 3 {
-		t.Fatalf("%d classes, want 3", len(classes))
+	if len(classes) != 4 {
+		t.Fatalf("%d classes, want 4", len(classes))
 	}
-	whole, shared, lent := classes[0], classes[1], classes[2]
+	whole, shared, lent, mig := classes[0], classes[1], classes[2], classes[3]
+	if mig.Name != "mig.gpu.tessera.dev" || mig.Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "mig"` ||
+		mig.Spec.ExtendedResourceName != nil {
+		t.Errorf("mig class %+v", mig)
+	}
 	if lent.Name != "lent.gpu.tessera.dev" || lent.Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "lent"` ||
 		lent.Spec.ExtendedResourceName != nil {
 		t.Errorf("lent class %+v", lent)
