@@ -141,11 +141,12 @@ func TestMIGEightH100Limits(t *testing.T) {
 		t.Fatal(err)
 	}
 	var devices, counterSlices, deviceSlices, counters, maxConsumed, largest int
-	for _, s := range objs {
+	for i, s := range objs {
 		b, err := json.Marshal(s)
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Logf("slice %d: %d counter sets, %d devices, %d bytes of JSON", i, len(s.Spec.SharedCounters), len(s.Spec.Devices), len(b))
 		largest = max(largest, len(b))
 		if len(s.Spec.SharedCounters) > 0 {
 			counterSlices++
