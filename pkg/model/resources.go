@@ -165,8 +165,9 @@ func WithPCIeRoots(r PCIeRoots) Option {
 	return func(o *options) { o.pcieRoots = r }
 }
 
-// WithTaints puts device taints on both devices (gpu-N and gpu-N-shared) of
-// the GPUs named by UUID; the health monitor taints unhealthy GPUs this way.
+// WithTaints puts device taints on every device of the GPUs named by UUID
+// (gpu-N, gpu-N-shared, gpu-N-lent, or the MIG devices of a GPU in MIG
+// mode); the health monitor taints unhealthy GPUs this way.
 // The taints are copied. GPUs not in the map, and UUIDs of no published GPU,
 // change nothing; more than resourceapi.DeviceTaintsMaxLength taints for one
 // GPU make Resources fail.
@@ -180,7 +181,8 @@ func WithTaints(taints map[string][]resourceapi.DeviceTaint) Option {
 // while the GPU is held whole or in shares, and an owner never waits for it.
 // lent says, by GPU UUID, what each lends; a GPU not in it is published
 // tainted NotLentTaintKey=NotLent. The device carries the GPU's other taints
-// too (health).
+// too (health). A GPU in MIG mode has no lending device: MIG devices are not
+// lent.
 func WithLending(lent map[string]Lent) Option {
 	return func(o *options) {
 		o.lending = lent
