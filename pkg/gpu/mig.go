@@ -107,3 +107,55 @@ type MIGComputeInstance struct {
 // MIGPendingChange reports whether the GPU's MIG mode will change at its
 // next reset (an admin's change that has not taken effect).
 func (g GPU) MIGPendingChange() bool { return g.MIG != nil && g.MIG.PendingEnabled != g.MIGEnabled }
+
+// Profile is the profile with this ID.
+func (m *MIG) Profile(id int) (MIGProfile, bool) {
+	if m == nil {
+		return MIGProfile{}, false
+	}
+	for _, p := range m.Profiles {
+		if p.ID == id {
+			return p, true
+		}
+	}
+	return MIGProfile{}, false
+}
+
+// ComputeInstance is compute instance ci of GPU instance gi, with its GPU
+// instance.
+func (m *MIG) ComputeInstance(gi, ci int) (MIGInstance, MIGComputeInstance, bool) {
+	if m == nil {
+		return MIGInstance{}, MIGComputeInstance{}, false
+	}
+	for _, in := range m.Instances {
+		if in.ID != gi {
+			continue
+		}
+		for _, c := range in.ComputeInstances {
+			if c.ID == ci {
+				return in, c, true
+			}
+		}
+	}
+	return MIGInstance{}, MIGComputeInstance{}, false
+}
+
+// noInstanceID is the GPU or compute instance ID NVML event data carries
+// when the event is not attributable to one (nvml.h, nvmlEventData_t).
+const noInstanceID = ^uint32(0)
+
+// EventMIGInstance says which MIG device an NVML event concerns, from the
+// GPU and compute instance IDs the driver puts in the event data of an XID
+// on a GPU in MIG mode: ok false when the event concerns the whole GPU
+// (both IDs 0xFFFFFFFF), ci -1 when it concerns GPU instance gi and all its
+// compute instances. A consumer marks only that GPU instance's devices (or
+// that one compute instance's) unhealthy; see MIG.ComputeInstance.
+func EventMIGInstance(gpuInstanceID, computeInstanceID uint32) (gi, ci int, ok bool) {
+	if gpuInstanceID == noInstanceID {
+		return 0, 0, false
+	}
+	if computeInstanceID == noInstanceID {
+		return int(gpuInstanceID), -1, true
+	}
+	return int(gpuInstanceID), int(computeInstanceID), true
+}

@@ -32,8 +32,15 @@ type mockProfile struct {
 	reservedMiB uint64
 	sms         uint32
 	pciDeviceID uint32
-	// mig is true for GPUs that support MIG; the mocks report it disabled.
-	mig bool
+	// migTable is the MIG profile table of GPUs that support MIG; nil for
+	// a product without MIG.
+	migTable *mockMIGTable
+	// migOn are the GPUs (NVML indexes) that start in MIG mode; the others
+	// start with MIG disabled.
+	migOn []int
+	// migInstances are the GPU instances GPUs of migOn start with, each
+	// with one compute instance of its full size.
+	migInstances map[int][]mockStaticInstance
 	// buses are the PCI bus numbers of the GPUs in NVML index order; their count
 	// is the GPU count.
 	buses []uint8
@@ -71,7 +78,8 @@ var mockProfiles = map[string]mockProfile{
 		// MiB (PaddlePaddle's get_device_properties docstring:
 		// total_memory=40536MB, computed in MiB); CUDA's total leaves the
 		// reserved memory out: 40960 - 40536.
-		memoryMiB: 40960, reservedMiB: 424, sms: 108, pciDeviceID: 0x20B010DE, mig: true,
+		memoryMiB: 40960, reservedMiB: 424, sms: 108, pciDeviceID: 0x20B010DE,
+		migTable: mockMIGTables["NVIDIA A100-SXM4-40GB"],
 		buses:    []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
 		roots:    pairs("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:a0"),
 		links:    12,
@@ -87,7 +95,8 @@ var mockProfiles = map[string]mockProfile{
 		// reported with total_memory=81082MB..81090MB (MiB, by driver
 		// version; e.g. 81089 with torch 2.7/CUDA 12.8): CUDA's total, which
 		// leaves the reserved memory out, so 81559 - 81089.
-		memoryMiB: 81559, reservedMiB: 470, sms: 132, pciDeviceID: 0x233010DE, mig: true,
+		memoryMiB: 81559, reservedMiB: 470, sms: 132, pciDeviceID: 0x233010DE,
+		migTable: mockMIGTables["NVIDIA H100 80GB HBM3"],
 		buses:    []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
 		roots:    pairs("pci0000:15", "pci0000:4e", "pci0000:97", "pci0000:cb"),
 		links:    18,
@@ -113,11 +122,23 @@ var mockProfiles = map[string]mockProfile{
 		// No figure found for the PCIe card; an A100-SXM4-80GB's CUDA total
 		// is reported as 81221.8 MiB (cudaDeviceProp.totalGlobalMem), so
 		// 81920 - 81222.
-		memoryMiB: 81920, reservedMiB: 698, sms: 108, pciDeviceID: 0x20B510DE, mig: true,
-		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
-		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
-		links: 12,
+		memoryMiB: 81920, reservedMiB: 698, sms: 108, pciDeviceID: 0x20B510DE,
+		migTable: mockMIGTables["NVIDIA A100 80GB PCIe"],
+		buses:    []uint8{0x17, 0x31, 0xB1, 0xCA},
+		roots:    []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
+		links:    12,
 	},
+}
+
+func init() {
+	// HGX H100 with MIG: the hgx-h100 node with GPU 0 in MIG mode as a
+	// 4g.40gb at memory slices 0-3 and a 3g.40gb at 4-7 (each with one
+	// compute instance of its size), GPU 1 in MIG mode without instances,
+	// GPUs 2-7 not in MIG mode.
+	p := mockProfiles["hgx-h100"]
+	p.migOn = []int{0, 1}
+	p.migInstances = map[int][]mockStaticInstance{0: {{profile: "4g.40gb", start: 0}, {profile: "3g.40gb", start: 4}}}
+	mockProfiles["hgx-h100-mig"] = p
 }
 
 // pairs puts two consecutive GPUs under each root: GPUs 2i and 2i+1 under
@@ -162,8 +183,15 @@ type MockNode struct {
 	roots map[string]string
 
 	// state backs the test knobs (InjectEvent, SetLost, SetProcesses,
-	// FailDiscovery).
+	// FailDiscovery) and the MIG state.
 	state *mockState
+
+	// product is the GPUs' product name.
+	product string
+	// migFile is MockOptions.MIGStateFile; migWriteErr the latest error
+	// writing it (under state.mu).
+	migFile     string
+	migWriteErr error
 }
 
 // NewMock returns the mock NVML of a built-in profile (see Profiles). It is
@@ -179,11 +207,22 @@ func NewMock(profile string) (nvml.Interface, error) {
 // NewMockNode builds a fresh mock node for a built-in profile. Nodes share no
 // state: two nodes of the same profile report the same facts.
 func NewMockNode(profile string) (*MockNode, error) {
+	return NewMockNodeWith(profile, MockOptions{})
+}
+
+// NewMockNodeWith is NewMockNode with options (see MockOptions): a node
+// whose MIG state file exists starts from that state; a file that cannot be
+// read or does not fit the profile is an error.
+func NewMockNodeWith(profile string, opts MockOptions) (*MockNode, error) {
 	p, ok := mockProfiles[profile]
 	if !ok {
 		return nil, fmt.Errorf("unknown mock profile %q (valid: %s)", profile, strings.Join(Profiles(), ", "))
 	}
-	return newMockNode(profile, p), nil
+	node := newMockNode(profile, p)
+	if err := node.initMIG(p, opts); err != nil {
+		return nil, err
+	}
+	return node, nil
 }
 
 // PCIeRoot returns the PCIe root complex of the mock GPU with this bus id
@@ -212,7 +251,7 @@ var mockSymbols = []string{
 
 func newMockNode(name string, p mockProfile) *MockNode {
 	n := len(p.buses)
-	node := &MockNode{Interface: &mock.Interface{}, Profile: name, Devices: make([]*mock.Device, n), roots: map[string]string{}}
+	node := &MockNode{Interface: &mock.Interface{}, Profile: name, Devices: make([]*mock.Device, n), roots: map[string]string{}, product: p.product}
 	for i := range n {
 		node.Devices[i] = newMockDevice(name, p, i)
 		if i < len(p.roots) {
@@ -266,6 +305,7 @@ func newMockNode(name string, p mockProfile) *MockNode {
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	node.installEvents()
+	node.installMIG(p)
 	node.installConditions()
 	node.installDiscoveryFailures()
 	return node
@@ -313,12 +353,6 @@ func newMockDevice(name string, p mockProfile, i int) *mock.Device {
 	// Mock GPUs are in the Default compute mode, as a GPU is unless an
 	// admin changed it.
 	d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) { return nvml.COMPUTEMODE_DEFAULT, nvml.SUCCESS }
-	d.GetMigModeFunc = func() (int, int, nvml.Return) {
-		if p.mig {
-			return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS
-		}
-		return 0, 0, nvml.ERROR_NOT_SUPPORTED
-	}
 
 	// remote returns the far end of link l: a PCI bus number and what sits there.
 	remote := func(l int) (uint8, nvml.IntNvLinkDeviceType) {

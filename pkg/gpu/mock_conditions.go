@@ -8,33 +8,17 @@ import (
 )
 
 // Test knobs of MockNode for the states of a GPU that discovery reports as
-// Conditions: MIG mode, compute mode and NVLink fabric registration. Mock
-// GPUs start in Default compute mode with MIG disabled (where the product
-// supports MIG) and with their profile's fabric registration. Nothing on a
-// real node uses them.
+// Conditions: compute mode and NVLink fabric registration (the MIG mode
+// knobs are in mock_mig_knobs.go). Mock GPUs start in Default compute mode
+// and with their profile's fabric registration. Nothing on a real node uses
+// them.
 
 // mockConditions are the per-GPU overrides of the knobs.
 type mockConditions struct {
-	mig         map[int]bool
 	computeMode map[int]nvml.ComputeMode
 	fabric      map[int]nvml.GpuFabricInfo
 	// noFabric are the GPUs whose product has no fabric info.
 	noFabric map[int]bool
-}
-
-// SetMIG turns GPU i's MIG mode on or off, as nvidia-smi -mig would after
-// a reset; it fails for a product without MIG.
-func (n *MockNode) SetMIG(i int, enabled bool) error {
-	if err := n.checkIndex(i); err != nil {
-		return err
-	}
-	if _, _, ret := n.Devices[i].GetMigMode(); ret == nvml.ERROR_NOT_SUPPORTED {
-		return fmt.Errorf("mock node %s: GPU %d does not support MIG", n.Profile, i)
-	}
-	n.state.mu.Lock()
-	defer n.state.mu.Unlock()
-	n.state.conditions.mig[i] = enabled
-	return nil
 }
 
 // SetComputeMode sets GPU i's compute mode, as nvidia-smi -c would (an
@@ -95,26 +79,11 @@ func (n *MockNode) checkIndex(i int) error {
 	return nil
 }
 
-// installConditions wraps the MIG, compute mode and fabric calls of every
+// installConditions wraps the compute mode and fabric calls of every
 // device with the knobs. Call it after installEvents (which makes the state).
 func (n *MockNode) installConditions() {
-	n.state.conditions = mockConditions{mig: map[int]bool{}, computeMode: map[int]nvml.ComputeMode{}, fabric: map[int]nvml.GpuFabricInfo{}, noFabric: map[int]bool{}}
+	n.state.conditions = mockConditions{computeMode: map[int]nvml.ComputeMode{}, fabric: map[int]nvml.GpuFabricInfo{}, noFabric: map[int]bool{}}
 	for i, d := range n.Devices {
-		migMode := d.GetMigModeFunc
-		d.GetMigModeFunc = func() (int, int, nvml.Return) {
-			n.state.mu.Lock()
-			enabled, set := n.state.conditions.mig[i]
-			n.state.mu.Unlock()
-			current, pending, ret := migMode()
-			if set && ret == nvml.SUCCESS {
-				mode := nvml.DEVICE_MIG_DISABLE
-				if enabled {
-					mode = nvml.DEVICE_MIG_ENABLE
-				}
-				return mode, mode, nvml.SUCCESS
-			}
-			return current, pending, ret
-		}
 		d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
 			n.state.mu.Lock()
 			defer n.state.mu.Unlock()

@@ -19,9 +19,11 @@ import (
 // nvmlDeviceGetComputeMode leave enough to publish it (see Failure.Partial).
 // The NVLink and fabric calls (nvmlDeviceGetNvLinkState,
 // nvmlDeviceGetGpuFabricInfo) do not fail the GPU: it is described in an
-// NVLink domain of its own (GPU.NVLinkError).
+// NVLink domain of its own (GPU.NVLinkError). Nor does
+// nvmlDeviceGetGpuInstances on a GPU in MIG mode: it is described without
+// its GPU instances, with the error in GPU.MIGError.
 var MockDiscoveryCalls = []string{"nvmlDeviceGetUUID", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo",
-	"nvmlDeviceGetComputeMode", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfo"}
+	"nvmlDeviceGetComputeMode", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuInstances"}
 
 // DefaultMockDiscoveryCall is the call FailDiscoverySpec fails when the spec
 // names none: what a GPU in a bad state typically answers.
@@ -84,7 +86,7 @@ func (n *MockNode) failing(i int, call string) (nvml.Return, bool) {
 }
 
 // installDiscoveryFailures wraps the calls of MockDiscoveryCalls; call it
-// after installEvents, which wraps GetMemoryInfo itself, and
+// after installEvents, which wraps GetMemoryInfo itself, installMIG and
 // installConditions, so that a failure wins over a knob.
 func (n *MockNode) installDiscoveryFailures() {
 	n.state.failures = map[int]mockFailure{}
@@ -130,6 +132,13 @@ func (n *MockNode) installDiscoveryFailures() {
 				return nvml.GpuFabricInfo{}, ret
 			}
 			return fabric()
+		}
+		gpuInstances := d.GetGpuInstancesFunc
+		d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+			if ret, failed := n.failing(i, "nvmlDeviceGetGpuInstances"); failed {
+				return nil, ret
+			}
+			return gpuInstances(info)
 		}
 	}
 }

@@ -28,9 +28,11 @@ type mockState struct {
 	// activity is the utilization and pod of processes, by GPU and PID
 	// (see SetProcessActivity).
 	activity map[int]map[uint32]mockActivity
-	// conditions are the MIG, compute mode and fabric knobs (see
+	// conditions are the compute mode and fabric knobs (see
 	// SetComputeMode).
 	conditions mockConditions
+	// mig is each GPU's MIG state (see mock_mig.go).
+	mig map[int]*mockMIGGPU
 }
 
 // mockEventSet is what NVML keeps for one nvmlEventSet: which GPUs deliver
@@ -183,13 +185,15 @@ func (n *MockNode) deliver(i int, eventType uint64, d mockDelivery) (int, error)
 // constant) with data (the XID code for EventTypeXidCriticalError) on GPU i,
 // as the driver would: every event set in which the GPU registered for that
 // type receives it. It returns how many sets received it; 0 means nobody is
-// watching that GPU for that type.
+// watching that GPU for that type. The event is not attributed to a MIG
+// instance (GpuInstanceId and ComputeInstanceId 0xFFFFFFFF, as nvml.h
+// specifies); InjectMIGEvent makes one that is.
 func (n *MockNode) InjectEvent(i int, eventType, data uint64) (int, error) {
 	if i < 0 || i >= len(n.Devices) {
 		return n.deliver(i, eventType, mockDelivery{})
 	}
 	return n.deliver(i, eventType, mockDelivery{
-		data: nvml.EventData{Device: n.Devices[i], EventType: eventType, EventData: data},
+		data: nvml.EventData{Device: n.Devices[i], EventType: eventType, EventData: data, GpuInstanceId: noInstanceID, ComputeInstanceId: noInstanceID},
 		ret:  nvml.SUCCESS,
 	})
 }

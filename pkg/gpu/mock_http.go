@@ -13,7 +13,10 @@ import (
 // end-to-end tests of a running plugin with a mock profile. It must never be
 // served on a real node. Requests (POST, query parameters):
 //
-//	/mock/xid?gpu=<index>&xid=<code>      a critical XID error
+//	/mock/xid?gpu=<index>&xid=<code>[&gi=<id>[&ci=<id>]]
+//	                                      a critical XID error; with gi (and
+//	                                      ci) attributed to that MIG GPU
+//	                                      (compute) instance (InjectMIGXID)
 //	/mock/dbe?gpu=<index>                 a double-bit ECC error
 //	/mock/lost?gpu=<index>&lost=true|false the GPU falls off the bus / returns
 //	/mock/discovery?gpu=<index>&fail=true|false[&call=<nvml call>]
@@ -24,6 +27,20 @@ import (
 //	/mock/process?gpu=<index>&pid=<pid>[&pod=<uid>][&sm=<percent>][&memory=<bytes>][&remove=true]
 //	                                      a compute process of a pod on the GPU
 //	                                      (see SetProcessActivity)
+//	/mock/mig?gpu=<index>&pending=true|false
+//	                                      the admin changes the MIG mode; it
+//	                                      takes effect at /mock/mig-reset
+//	                                      (SetMIGPending)
+//	/mock/mig?gpu=<index>&enabled=true|false
+//	                                      the MIG mode as after a reset (SetMIG)
+//	/mock/mig-reset?gpu=<index>           reset the GPU (ResetGPU)
+//	/mock/mig-create?gpu=<index>&profile=<name>[&start=<slice>]
+//	                                      an admin's GPU instance with its
+//	                                      compute instance (CreateMIGInstance)
+//	/mock/mig-destroy?gpu=<index>&gi=<id> destroy it (DestroyMIGInstance)
+//	/mock/mig-process?gpu=<index>&gi=<id>&ci=<id>[&pid=<pid>[&memory=<bytes>]]
+//	                                      the MIG device's processes: one, or
+//	                                      none without pid (SetMIGProcesses)
 //
 // The answer says how many event sets received the event.
 func (n *MockNode) FaultHandler() http.Handler {
@@ -48,13 +65,108 @@ func (n *MockNode) FaultHandler() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		})
 	}
+	// id reads an optional non-negative integer parameter; def when absent.
+	id := func(r *http.Request, name string, def int) (int, error) {
+		v := r.URL.Query().Get(name)
+		if v == "" {
+			return def, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("%s=%q: want a non-negative number", name, v)
+		}
+		return n, nil
+	}
 	handle("/mock/xid", func(i int, r *http.Request) (string, error) {
 		xid, err := strconv.ParseUint(r.URL.Query().Get("xid"), 10, 64)
 		if err != nil {
 			return "", fmt.Errorf("xid=%q: want an XID code", r.URL.Query().Get("xid"))
 		}
+		gi, err := id(r, "gi", -1)
+		if err != nil {
+			return "", err
+		}
+		ci, err := id(r, "ci", -1)
+		if err != nil {
+			return "", err
+		}
+		if gi >= 0 {
+			sets, err := n.InjectMIGXID(i, gi, ci, xid)
+			return fmt.Sprintf("XID %d on GPU %d GPU instance %d compute instance %d delivered to %d event sets", xid, i, gi, ci, sets), err
+		}
+		if ci >= 0 {
+			return "", fmt.Errorf("ci=%d without gi", ci)
+		}
 		sets, err := n.InjectXID(i, xid)
 		return fmt.Sprintf("XID %d on GPU %d delivered to %d event sets", xid, i, sets), err
+	})
+	handle("/mock/mig", func(i int, r *http.Request) (string, error) {
+		q := r.URL.Query()
+		if q.Get("pending") != "" && q.Get("enabled") != "" {
+			return "", fmt.Errorf("want pending or enabled, not both")
+		}
+		for _, knob := range []struct {
+			name string
+			set  func(int, bool) error
+		}{{"pending", n.SetMIGPending}, {"enabled", n.SetMIG}} {
+			name, set := knob.name, knob.set
+			if q.Get(name) == "" {
+				continue
+			}
+			v, err := strconv.ParseBool(q.Get(name))
+			if err != nil {
+				return "", fmt.Errorf("%s=%q: want true or false", name, q.Get(name))
+			}
+			return fmt.Sprintf("GPU %d MIG mode %s=%v", i, name, v), set(i, v)
+		}
+		return "", fmt.Errorf("want pending=true|false or enabled=true|false")
+	})
+	handle("/mock/mig-reset", func(i int, _ *http.Request) (string, error) {
+		return fmt.Sprintf("GPU %d reset", i), n.ResetGPU(i)
+	})
+	handle("/mock/mig-create", func(i int, r *http.Request) (string, error) {
+		start, err := id(r, "start", -1)
+		if err != nil {
+			return "", err
+		}
+		profile := r.URL.Query().Get("profile")
+		gi, ci, err := n.CreateMIGInstance(i, profile, start)
+		return fmt.Sprintf("GPU %d: %s created as GPU instance %d compute instance %d", i, profile, gi, ci), err
+	})
+	handle("/mock/mig-destroy", func(i int, r *http.Request) (string, error) {
+		gi, err := id(r, "gi", -1)
+		if err != nil || gi < 0 {
+			return "", fmt.Errorf("gi=%q: want a GPU instance ID", r.URL.Query().Get("gi"))
+		}
+		return fmt.Sprintf("GPU %d: GPU instance %d destroyed", i, gi), n.DestroyMIGInstance(i, gi)
+	})
+	handle("/mock/mig-process", func(i int, r *http.Request) (string, error) {
+		gi, err := id(r, "gi", -1)
+		if err != nil {
+			return "", err
+		}
+		ci, err := id(r, "ci", -1)
+		if err != nil {
+			return "", err
+		}
+		if gi < 0 || ci < 0 {
+			return "", fmt.Errorf("want gi and ci")
+		}
+		var procs []nvml.ProcessInfo
+		if pid := r.URL.Query().Get("pid"); pid != "" {
+			p, err := strconv.ParseUint(pid, 10, 32)
+			if err != nil || p == 0 {
+				return "", fmt.Errorf("pid=%q: want a process id", pid)
+			}
+			var memory uint64
+			if m := r.URL.Query().Get("memory"); m != "" {
+				if memory, err = strconv.ParseUint(m, 10, 64); err != nil {
+					return "", fmt.Errorf("memory=%q: want a number of bytes", m)
+				}
+			}
+			procs = []nvml.ProcessInfo{{Pid: uint32(p), UsedGpuMemory: memory}}
+		}
+		return fmt.Sprintf("GPU %d MIG device %d/%d: %d processes", i, gi, ci, len(procs)), n.SetMIGProcesses(i, gi, ci, procs)
 	})
 	handle("/mock/dbe", func(i int, _ *http.Request) (string, error) {
 		sets, err := n.InjectEvent(i, nvml.EventTypeDoubleBitEccError, 0)
