@@ -36,6 +36,23 @@ type Discovery struct {
 	// Failed are the GPUs NVML enumerates but that could not be described,
 	// sorted by index.
 	Failed []Failure
+	// MIGMinorsError says why the MIG capability minors of GPUs in MIG mode
+	// are (partly) unknown (AccessMinor -1): the mig-minors file could not be
+	// read, or lines of it were malformed. Empty when they were read or no
+	// GPU is in MIG mode.
+	MIGMinorsError string
+}
+
+// DiscoverOptions tune DiscoverNodeWith. The zero value is what DiscoverNode
+// does.
+type DiscoverOptions struct {
+	// MIGMinors, when not nil, is the content of the driver's mig-minors
+	// file (see ParseMIGMinors), read instead of the file.
+	MIGMinors []byte
+	// MIGMinorsPath is the mig-minors file read when MIGMinors is nil and
+	// lib does not give the content itself (a MockNode does); empty means
+	// MIGMinorsPath. It is read only when a GPU is in MIG mode.
+	MIGMinorsPath string
 }
 
 // Failure is a GPU that NVML enumerates but that discovery could not
@@ -76,8 +93,12 @@ func (f Failure) Unwrap() error { return f.Err }
 // error. A node without GPUs gives an empty Discovery and no error.
 //
 // Facts a driver or GPU does not support are left at their zero value instead of
-// failing discovery: NUMANode stays nil, MultiprocessorCount 0, MIGEnabled false,
-// ComputeMode and Fabric empty, and a GPU without NVLink forms its own domain.
+// failing discovery: NUMANode stays nil, MultiprocessorCount 0, MIGEnabled false
+// and MIG nil, ComputeMode and Fabric empty, and a GPU without NVLink forms its
+// own domain. A GPU in MIG mode is described with its MIG profiles, their
+// placements, its GPU and compute instances and their capability minors (see
+// MIG); an NVML failure of those queries does not fail the GPU either: what
+// was read is kept and the failure is in MIGError.
 // An NVML failure of the NVLink or fabric queries (nvmlDeviceGetNvLink*,
 // nvmlDeviceGetGpuFabricInfo) does not fail the GPU either: it is described
 // in an NVLink domain of its own with the error in NVLinkError, since a GPU
@@ -96,10 +117,24 @@ func (f Failure) Unwrap() error { return f.Err }
 // GetMemoryInfo_v2 (GetMemoryInfo where v2 is missing or refused),
 // GetAttributes, GetPciInfo, GetNumaNodeId, GetMigMode, GetComputeMode,
 // GetNvLinkState, GetNvLinkRemoteDeviceType, GetNvLinkRemotePciInfo and
-// GetGpuFabricInfo. A mock must implement all of them (see NewMockNode).
+// GetGpuFabricInfo; on a GPU in MIG mode also GetGpuInstanceProfileInfo
+// (GetGpuInstanceProfileInfoV where the library exports it),
+// GetGpuInstancePossiblePlacements, GetGpuInstances, GetMaxMigDeviceCount,
+// GetMigDeviceHandleByIndex, on each GPU instance GetInfo,
+// GetComputeInstanceProfileInfo and GetComputeInstances, on each compute
+// instance GetInfo, and on each MIG device GetGpuInstanceId,
+// GetComputeInstanceId, GetUUID, GetMemoryInfo, GetAttributes and
+// GetComputeRunningProcesses. A mock must implement all of them (see
+// NewMockNode).
 // A lib that also has a PCIeRoot(pciBusID) (string, bool) method (MockNode)
 // gives each GPU its PCIeRoot; over the real NVML it stays empty.
 func DiscoverNode(lib nvml.Interface) (Discovery, error) {
+	return DiscoverNodeWith(lib, DiscoverOptions{})
+}
+
+// DiscoverNodeWith is DiscoverNode with options: where the MIG capability
+// minors come from.
+func DiscoverNodeWith(lib nvml.Interface, opts DiscoverOptions) (Discovery, error) {
 	driver, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
 		return Discovery{}, nvmlError("nvmlSystemGetDriverVersion", ret)
@@ -114,6 +149,7 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 	}
 	sym := lookupSymbols(lib)
 	roots, _ := lib.(pcieRootSource)
+	minors := newMIGMinorsLoader(lib, opts)
 
 	var d Discovery
 	gpus := make([]GPU, 0, count)
@@ -124,7 +160,7 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 			d.Failed = append(d.Failed, Failure{Index: i, Minor: -1, Err: nvmlError("nvmlDeviceGetHandleByIndex", ret)})
 			continue
 		}
-		g, err := describe(dev, sym)
+		g, err := describe(dev, sym, minors)
 		if roots != nil && g.PCIBusID != "" {
 			g.PCIeRoot, _ = roots.PCIeRoot(g.PCIBusID)
 		}
@@ -156,6 +192,9 @@ func DiscoverNode(lib nvml.Interface) (Discovery, error) {
 	}
 	slices.SortStableFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Minor, b.Minor) })
 	d.GPUs = gpus
+	if minors.err != nil {
+		d.MIGMinorsError = strings.ReplaceAll(minors.err.Error(), "\n", "; ")
+	}
 	return d, nil
 }
 
@@ -177,7 +216,7 @@ func failure(i int, g GPU, err error) Failure {
 
 // describe reads the per-device facts. On error the returned GPU carries the
 // facts read before the failure: UUID empty and Minor -1 when not read.
-func describe(dev nvml.Device, sym symbols) (GPU, error) {
+func describe(dev nvml.Device, sym symbols, minors *migMinorsLoader) (GPU, error) {
 	g := GPU{Minor: -1}
 	uuid, ret := dev.GetUUID()
 	if ret != nvml.SUCCESS {
@@ -252,10 +291,11 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 		}
 	}
 
-	current, _, ret := dev.GetMigMode()
+	current, pending, ret := dev.GetMigMode()
 	switch {
 	case ret == nvml.SUCCESS:
 		g.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+		g.MIG = &MIG{PendingEnabled: pending == nvml.DEVICE_MIG_ENABLE}
 	case !absent(ret):
 		return g, nvmlError("nvmlDeviceGetMigMode", ret)
 	}
@@ -272,6 +312,12 @@ func describe(dev nvml.Device, sym symbols) (GPU, error) {
 		// only reads (vGPU and sandboxes may refuse the query).
 		g.ComputeModeError = nvmlError("nvmlDeviceGetComputeMode", ret).Error()
 	}
+
+	// Last, so that a GPU whose MIG queries fail is described with every
+	// other fact (see ReasonMIGUnknown).
+	if g.MIGEnabled {
+		describeMIG(dev, &g, sym, minors)
+	}
 	return g, nil
 }
 
@@ -281,6 +327,7 @@ type symbols struct {
 	numaNode         bool
 	fabricInfo       bool
 	nvlinkRemoteType bool
+	profileInfoV     bool
 }
 
 func lookupSymbols(lib nvml.Interface) symbols {
@@ -291,6 +338,7 @@ func lookupSymbols(lib nvml.Interface) symbols {
 		numaNode:         has("nvmlDeviceGetNumaNodeId"),
 		fabricInfo:       has("nvmlDeviceGetGpuFabricInfo"),
 		nvlinkRemoteType: has("nvmlDeviceGetNvLinkRemoteDeviceType"),
+		profileInfoV:     has("nvmlDeviceGetGpuInstanceProfileInfoV"),
 	}
 }
 

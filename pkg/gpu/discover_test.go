@@ -145,9 +145,7 @@ func TestDiscoverIsStable(t *testing.T) {
 }
 
 func gpuEqual(a, b GPU) bool {
-	an, bn := a.NUMANode, b.NUMANode
-	a.NUMANode, b.NUMANode = nil, nil
-	return a == b && (an == nil) == (bn == nil) && (an == nil || *an == *bn)
+	return reflect.DeepEqual(a, b)
 }
 
 // NVML may enumerate the same GPUs in another order (another driver, another

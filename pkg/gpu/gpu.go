@@ -61,6 +61,11 @@ type GPU struct {
 	// MIG is the GPU's MIG state (pending mode, profiles, instances); nil
 	// for a GPU without MIG support.
 	MIG *MIG `json:"mig,omitempty"`
+	// MIGError is the NVML error of the MIG queries of a GPU in MIG mode
+	// (profiles, placements, instances, MIG devices) that left MIG
+	// incomplete; empty when they were all read. The GPU is described with
+	// what was read, not dropped (see ReasonMIGUnknown).
+	MIGError string `json:"migError,omitempty"`
 	// NVLinkDomain identifies the set of GPUs connected to this one by NVLink
 	// (connected components of the NVLink graph, or the NVLink fabric clique).
 	// GPUs with the same value can talk over NVLink. Stable across restarts.
