@@ -8,8 +8,9 @@ import (
 )
 
 // checkGPUConditions reports what gpu.Conditions finds on the GPUs, as the
-// kubelet plugin would publish them, one line per concern: "mig" (GPUs
-// not published), "compute-mode" (GPUs published tainted because their
+// kubelet plugin would publish them, one line per concern: "mig" (GPUs in
+// MIG mode, published as MIG devices; tainted while a MIG mode change waits
+// for a reset or their MIG state is unknown), "compute-mode" (GPUs published tainted because their
 // mode is not the expected one) and "nvlink-fabric" (GPUs tainted for an
 // incomplete fabric registration, or in an NVLink domain of their own
 // because NVML failed on their links).
@@ -41,10 +42,20 @@ func (c Config) checkGPUConditions(gpus []gpu.GPU, nvmlFailed bool) []Result {
 	}
 
 	mig := Result{Check: "mig", Status: OK, Message: fmt.Sprintf("no GPU is in MIG mode (%d GPUs)", len(gpus))}
-	if conds := byReason[gpu.ReasonMIGEnabled]; len(conds) > 0 {
-		mig = Result{Check: "mig", Status: Warn,
-			Message: fmt.Sprintf("%d of %d GPUs are in MIG mode and not published: %s", len(conds), len(gpus), indexes(conds)),
-			Fix:     "Tessera does not hand out MIG instances yet. " + messages(conds)}
+	enabled, pending, unknown := byReason[gpu.ReasonMIGEnabled], byReason[gpu.ReasonMIGModePending], byReason[gpu.ReasonMIGUnknown]
+	switch {
+	case len(pending) > 0 || len(unknown) > 0:
+		var says []string
+		if len(pending) > 0 {
+			says = append(says, fmt.Sprintf("%d GPUs have a MIG mode change waiting for a GPU reset and are published tainted %s in their current mode: %s",
+				len(pending), gpu.ReasonMIGModePending, indexes(pending)))
+		}
+		if len(unknown) > 0 {
+			says = append(says, fmt.Sprintf("NVML failed on the MIG queries of %d GPUs, published tainted %s: %s", len(unknown), gpu.ReasonMIGUnknown, indexes(unknown)))
+		}
+		mig = Result{Check: "mig", Status: Warn, Message: strings.Join(says, "; "), Fix: messages(pending, unknown)}
+	case len(enabled) > 0:
+		mig.Message = fmt.Sprintf("%d of %d GPUs are in MIG mode and published as MIG devices only: %s", len(enabled), len(gpus), indexes(enabled))
 	}
 
 	expected := c.ComputeModes.Expected(gpu.GPU{})

@@ -127,10 +127,19 @@ func (p ComputeModePolicy) Expected(g GPU) ComputeMode {
 type ConditionReason string
 
 const (
-	// ReasonMIGEnabled: the GPU is in MIG mode and not published (Tessera
-	// does not manage MIG instances; publishing the GPU would double-book
-	// their memory and compute).
+	// ReasonMIGEnabled: the GPU is in MIG mode, so it is published as MIG
+	// devices only, never whole or in shares (whole or shared devices would
+	// double-book the instances' memory and compute). Information, no
+	// taint.
 	ReasonMIGEnabled ConditionReason = "MIGEnabled"
+	// ReasonMIGModePending: the GPU's pending MIG mode differs from its
+	// current one (an admin changed it while the GPU was in use); it is
+	// published in its current mode, tainted, until a GPU reset makes the
+	// two agree.
+	ReasonMIGModePending ConditionReason = "MIGModePending"
+	// ReasonMIGUnknown: NVML failed on MIG queries of a GPU in MIG mode
+	// (GPU.MIGError); it is published with what was read, tainted.
+	ReasonMIGUnknown ConditionReason = "MIGUnknown"
 	// ReasonNVLinkUnknown: NVML failed on the GPU's NVLink or fabric
 	// queries; it is published in an NVLink domain of its own.
 	ReasonNVLinkUnknown ConditionReason = "NVLinkUnknown"
@@ -170,8 +179,13 @@ type Condition struct {
 // function of its arguments, so the kubelet plugin, its metrics and
 // `tessera doctor` agree on it:
 //
-//   - A GPU in MIG mode is not published (ReasonMIGEnabled), and nothing
-//     else is said about it.
+//   - A GPU in MIG mode is published as MIG devices only
+//     (ReasonMIGEnabled, no taint).
+//   - A GPU whose pending MIG mode differs from its current one is tainted
+//     ReasonMIGModePending until a reset makes them agree; it is published
+//     in its current mode meanwhile.
+//   - A GPU in MIG mode whose MIG queries failed is tainted
+//     ReasonMIGUnknown: its instances may be more than discovery read.
 //   - A GPU whose NVLink or fabric queries failed is published in an NVLink
 //     domain of its own (ReasonNVLinkUnknown), without a taint: it computes,
 //     only its peers are unknown.
@@ -187,12 +201,18 @@ func Conditions(gpus []GPU, modes ComputeModePolicy) []Condition {
 	for _, g := range gpus {
 		add := func(reason ConditionReason, taint, format string, args ...any) {
 			msg := fmt.Sprintf("GPU index %d (%s): ", g.Index, g.UUID) + fmt.Sprintf(format, args...)
-			out = append(out, Condition{UUID: g.UUID, Index: g.Index, Minor: g.Minor, Reason: reason, Message: msg, Published: reason != ReasonMIGEnabled, Taint: taint})
+			out = append(out, Condition{UUID: g.UUID, Index: g.Index, Minor: g.Minor, Reason: reason, Message: msg, Published: true, Taint: taint})
 		}
 		if g.MIGEnabled {
-			add(ReasonMIGEnabled, "", "MIG mode is enabled: the GPU is not published (Tessera does not hand out MIG instances). "+
-				"To publish it, disable MIG: nvidia-smi -i %d -mig 0 (with no process on the GPU; some GPUs need a reset).", g.Index)
-			continue
+			add(ReasonMIGEnabled, "", "%s", migEnabledMessage(g))
+		}
+		if g.MIGPendingChange() {
+			add(ReasonMIGModePending, string(ReasonMIGModePending), "%s", migPendingMessage(g))
+		}
+		if g.MIGEnabled && g.MIGError != "" {
+			add(ReasonMIGUnknown, string(ReasonMIGUnknown), "NVML failed on its MIG queries (%s): its MIG devices are published as far as they were read, "+
+				"tainted %s, so that no new claim lands on a GPU whose instances are not all known. Check nvidia-smi mig -i %d -lgi and nvidia-smi mig -i %d -lci; "+
+				"the taint goes once discovery reads them.", g.MIGError, ReasonMIGUnknown, g.Index, g.Index)
 		}
 		if g.NVLinkError != "" {
 			add(ReasonNVLinkUnknown, "", "its NVLink peers are unknown (%s): it is published in an NVLink domain of its own, "+
@@ -218,4 +238,38 @@ func Conditions(gpus []GPU, modes ComputeModePolicy) []Condition {
 		}
 	}
 	return out
+}
+
+// migEnabledMessage says what a GPU in MIG mode is published as.
+func migEnabledMessage(g GPU) string {
+	instances, devices := 0, 0
+	if g.MIG != nil {
+		instances = len(g.MIG.Instances)
+		for _, in := range g.MIG.Instances {
+			devices += len(in.ComputeInstances)
+		}
+	}
+	msg := fmt.Sprintf("MIG mode is enabled: the GPU is published as MIG devices only, never whole or in shares. "+
+		"It has %d GPU instances with %d compute instances; with static MIG each compute instance is one device, "+
+		"with dynamic MIG every free placement of every profile is one.", instances, devices)
+	if devices == 0 {
+		msg += fmt.Sprintf(" With static MIG it publishes nothing until an admin creates instances (nvidia-smi mig -i %d -cgi <profile> -C).", g.Index)
+	}
+	return msg + fmt.Sprintf(" To publish it whole and in shares again, disable MIG when it is idle: nvidia-smi -i %d -mig 0.", g.Index)
+}
+
+// migPendingMessage says what a GPU whose MIG mode change waits for a reset
+// is published as meanwhile, and how to finish or cancel the change.
+func migPendingMessage(g GPU) string {
+	pending, now, after, cancel := "disable", "its MIG devices", "whole and in shares", 1
+	if g.MIG.PendingEnabled {
+		pending, now, after, cancel = "enable", "its whole and shared devices", "as MIG devices only", 0
+	}
+	return fmt.Sprintf("MIG mode is pending %s: the change takes effect at the next reset of the GPU. Until then the node publishes %s "+
+		"tainted %s, so no new claim lands on the GPU; pods already using it keep running. "+
+		"To finish: wait until no process uses the GPU (nvidia-smi -i %d --query-compute-apps=pid --format=csv; the taint keeps new pods away), "+
+		"then reset it: nvidia-smi -r -i %d (stop services that hold it open, such as nvidia-persistenced or DCGM, first; "+
+		"where the GPU cannot be reset, as in some VMs, reboot the node). After the reset it is published %s. "+
+		"To cancel the change instead: nvidia-smi -i %d -mig %d.",
+		pending, now, ReasonMIGModePending, g.Index, g.Index, after, g.Index, cancel)
 }

@@ -187,17 +187,18 @@ func TestParseComputeMode(t *testing.T) {
 	}
 }
 
-// A MIG GPU is described (so that it can be reported) and its condition says
-// it is not published; nothing else is said about it.
+// A GPU in MIG mode is published (as MIG devices), without a taint, and the
+// other conditions still apply to it.
 func TestDiscoverMIGCondition(t *testing.T) {
 	node := mustMockNode(t, "hgx-h100")
 	must(t, node.SetMIG(3, true))
 	must(t, node.SetComputeMode(3, ComputeModeProhibited))
 	conds, list := conditionsOf(t, node, ComputeModePolicy{})
-	if !mapsEqual(conds, map[string]string{"3/MIGEnabled": ""}) {
-		t.Fatalf("conditions %v, want GPU 3 MIGEnabled only", conds)
+	if !mapsEqual(conds, map[string]string{"3/MIGEnabled": "", "3/ComputeMode": "ComputeModeProhibited"}) {
+		t.Fatalf("conditions %v, want GPU 3 MIGEnabled without a taint, and its compute mode", conds)
 	}
-	if c := list[0]; c.Published || !strings.Contains(c.Message, "nvidia-smi -i 3 -mig 0") {
+	if c := list[0]; c.Reason != ReasonMIGEnabled || !c.Published || !strings.Contains(c.Message, "published as MIG devices only") ||
+		!strings.Contains(c.Message, "0 GPU instances") || !strings.Contains(c.Message, "nvidia-smi mig -i 3 -cgi") {
 		t.Errorf("condition %+v", c)
 	}
 	must(t, node.SetMIG(3, false))
@@ -206,6 +207,62 @@ func TestDiscoverMIGCondition(t *testing.T) {
 	}
 	if err := mustMockNode(t, "l4x4").SetMIG(0, true); err == nil {
 		t.Error("SetMIG accepted on an L4")
+	}
+}
+
+// A GPU whose pending MIG mode differs from the current one is tainted
+// MIGModePending, whichever way the change goes, until a reset of the idle
+// GPU makes them agree; the message says what is published meanwhile and
+// how to finish.
+func TestDiscoverMIGPendingCondition(t *testing.T) {
+	node := mustMockNode(t, "hgx-h100-mig")
+	must(t, node.SetMIGPending(0, false)) // in MIG mode, pending disable
+	must(t, node.SetMIGPending(5, true))  // not in MIG mode, pending enable
+	gpus := mustDiscover(t, node)
+	if !gpus[0].MIGPendingChange() || !gpus[5].MIGPendingChange() || gpus[1].MIGPendingChange() || gpus[4].MIGPendingChange() {
+		t.Errorf("pending changes: %v %v %v %v", gpus[0].MIGPendingChange(), gpus[1].MIGPendingChange(), gpus[4].MIGPendingChange(), gpus[5].MIGPendingChange())
+	}
+	if len(gpus[0].MIG.Instances) != 2 {
+		t.Errorf("GPU 0 lost its instances before the reset: %+v", gpus[0].MIG.Instances)
+	}
+	conds, list := conditionsOf(t, node, ComputeModePolicy{})
+	want := map[string]string{"0/MIGEnabled": "", "0/MIGModePending": "MIGModePending", "1/MIGEnabled": "", "5/MIGModePending": "MIGModePending"}
+	if !mapsEqual(conds, want) {
+		t.Fatalf("conditions %v, want %v", conds, want)
+	}
+	for _, c := range list {
+		if c.Reason != ReasonMIGModePending {
+			continue
+		}
+		says := map[int][]string{
+			0: {"pending disable", "publishes its MIG devices tainted MIGModePending", "nvidia-smi -r -i 0", "published whole and in shares", "nvidia-smi -i 0 -mig 1"},
+			5: {"pending enable", "publishes its whole and shared devices tainted MIGModePending", "nvidia-smi -r -i 5", "published as MIG devices only", "nvidia-smi -i 5 -mig 0"},
+		}[c.Index]
+		for _, s := range says {
+			if !strings.Contains(c.Message, s) {
+				t.Errorf("GPU %d: message %q does not say %q", c.Index, c.Message, s)
+			}
+		}
+		if !c.Published {
+			t.Errorf("GPU %d not published", c.Index)
+		}
+	}
+
+	// The reset waits for the GPU to be idle, then applies the mode: the
+	// taint goes, GPU 0 leaves MIG mode (its instances go with it).
+	must(t, node.SetMIGProcesses(0, 1, 0, []nvml.ProcessInfo{{Pid: 7}}))
+	if err := node.ResetGPU(0); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Errorf("reset of a busy GPU: %v", err)
+	}
+	must(t, node.SetMIGProcesses(0, 1, 0, nil))
+	must(t, node.ResetGPU(0))
+	must(t, node.ResetGPU(5))
+	conds, _ = conditionsOf(t, node, ComputeModePolicy{})
+	if !mapsEqual(conds, map[string]string{"1/MIGEnabled": "", "5/MIGEnabled": ""}) {
+		t.Errorf("after the resets: conditions %v", conds)
+	}
+	if g := mustDiscover(t, node)[0]; g.MIGEnabled || len(g.MIG.Instances) != 0 {
+		t.Errorf("GPU 0 after the reset: MIGEnabled %v, instances %v", g.MIGEnabled, g.MIG.Instances)
 	}
 }
 

@@ -210,7 +210,7 @@ func TestDiscoverMIGMinorsOption(t *testing.T) {
 }
 
 // An NVML failure of a MIG query does not drop the GPU: it is described
-// with what was read, and the error is kept.
+// with what was read, the error is kept, and the GPU is tainted MIGUnknown.
 func TestDiscoverMIGError(t *testing.T) {
 	node := mustMockNode(t, "hgx-h100-mig")
 	must(t, node.FailDiscovery(0, "nvmlDeviceGetGpuInstances", nvml.ERROR_UNKNOWN))
@@ -224,6 +224,15 @@ func TestDiscoverMIGError(t *testing.T) {
 	}
 	if len(g.MIG.Profiles) != 7 || len(g.MIG.Instances) != 0 {
 		t.Errorf("%d profiles, %d instances; want the profiles read, no instance", len(g.MIG.Profiles), len(g.MIG.Instances))
+	}
+	conds, list := conditionsOf(t, node, ComputeModePolicy{})
+	if conds["0/MIGUnknown"] != "MIGUnknown" || conds["1/MIGUnknown"] != "" {
+		t.Errorf("conditions %v, want GPU 0 tainted MIGUnknown", conds)
+	}
+	for _, c := range list {
+		if c.Reason == ReasonMIGUnknown && !strings.Contains(c.Message, "nvidia-smi mig -i 0 -lgi") {
+			t.Errorf("message %q", c.Message)
+		}
 	}
 
 	// A MIG device handle that fails: its compute instance is listed

@@ -27,8 +27,8 @@ type Discovery struct {
 type GPUCondition struct {
 	Index int
 	UUID  string
-	// Reason is the gpu.ConditionReason ("MIGEnabled", "NVLinkUnknown",
-	// "FabricNotReady", "ComputeMode").
+	// Reason is the gpu.ConditionReason ("MIGEnabled", "MIGModePending",
+	// "MIGUnknown", "NVLinkUnknown", "FabricNotReady", "ComputeMode").
 	Reason string
 	// Published is false when the GPU is not published at all.
 	Published bool
@@ -65,7 +65,8 @@ type DiscoverySource interface {
 //	                                         1 for every GPU that failed the latest discovery
 //	tessera_gpu_discovery_errors_total       discoveries that failed, as a whole or for a GPU
 //	tessera_gpus_skipped{reason}             GPUs NVML enumerates that are not published, by reason
-//	                                         (SkipReasons: MIG mode, discovery failed before their facts were known)
+//	                                         (SkipReasons: MIGEnabled, kept at 0 for alerts now that MIG GPUs
+//	                                         are published as MIG devices; discovery failed before their facts were known)
 //	tessera_gpu_condition{index,uuid,reason,published,taint}
 //	                                         1 for every condition of a described GPU (gpu.Conditions)
 func (m *Metrics) AddDiscovery(src DiscoverySource) {
@@ -90,10 +91,14 @@ func newDiscoveryCollector(node string, src DiscoverySource) *discoveryCollector
 			[]string{"index", "uuid", "published"}, c),
 		errs: prometheus.NewDesc("tessera_gpu_discovery_errors_total", "GPU discoveries that failed, as a whole or for at least one GPU.", nil, c),
 		skipped: prometheus.NewDesc("tessera_gpus_skipped", "GPUs NVML enumerates that the latest discovery left unpublished, by reason: "+
-			"MIGEnabled (MIG mode is on; Tessera does not hand out MIG instances), DiscoveryFailed (failed before its UUID, minor number or memory were known).",
+			"MIGEnabled (kept so that alerts on it keep their series: a GPU in MIG mode is published as MIG devices, so it stays 0 on a plugin that publishes them), "+
+			"DiscoveryFailed (failed before its UUID, minor number or memory were known).",
 			[]string{"reason"}, c),
 		condition: prometheus.NewDesc("tessera_gpu_condition", "1 for every condition the latest discovery found on a GPU it described: "+
-			"MIGEnabled (not published), NVLinkUnknown (NVML failed on its NVLink or fabric queries: published in an NVLink domain of its own), "+
+			"MIGEnabled (in MIG mode: published as MIG devices only, never whole or in shares), "+
+			"MIGModePending (its pending MIG mode differs from the current one: published in the current mode, tainted, until a reset of the idle GPU), "+
+			"MIGUnknown (NVML failed on its MIG queries: published as far as read, tainted), "+
+			"NVLinkUnknown (NVML failed on its NVLink or fabric queries: published in an NVLink domain of its own), "+
 			"FabricNotReady (NVLink fabric registration not completed), ComputeMode (not in the expected compute mode); "+
 			"taint is the value of its gpu.tessera.dev/unhealthy:NoSchedule taint, empty for none.",
 			[]string{"index", "uuid", "reason", "published", "taint"}, c),
