@@ -136,12 +136,12 @@ func checkDisjoint(t *testing.T, tb migTable, devs []string) {
 		if err != nil || ref.Static {
 			t.Fatalf("device %q: %v (static %v)", d, err, ref.Static)
 		}
-		size := 0
-		for _, r := range tb.rows {
-			if MIGProfileSlug(r.name) == ref.ProfileSlug {
-				size = r.size
-			}
-		}
+		// The guide's placement sizes (-lgipp): 1 slice for the 1g
+		// profiles, 2 for the 1g of double memory and the 2g, 4 for 3g
+		// and 4g, 8 for 7g.
+		size := map[string]int{
+			tb.small: 1, tb.me: 1, tb.double: 2, tb.two: 2, tb.three: 4, tb.four: 4, tb.seven: 8,
+		}[slugProfile(tb, ref.ProfileSlug)]
 		for s := ref.Start; s < ref.Start+size; s++ {
 			if other, dup := used[s]; dup {
 				t.Errorf("memory slice %d in both %s and %s", s, other, d)
@@ -149,6 +149,16 @@ func checkDisjoint(t *testing.T, tb migTable, devs []string) {
 			used[s] = d
 		}
 	}
+}
+
+// slugProfile is the profile of tb whose slug this is.
+func slugProfile(tb migTable, slug string) string {
+	for _, p := range tb.mig.Profiles {
+		if MIGProfileSlug(p.Name) == slug {
+			return p.Name
+		}
+	}
+	return ""
 }
 
 // TestMIGDynamicNever: what the guide rules out never fits, whatever the
@@ -218,7 +228,7 @@ func TestMIGDynamic3gAnd4gEitherOrder(t *testing.T) {
 // TestMIGDynamicSevenSmall: seven 1g fill a GPU from the top down (start 6
 // first) and an 8th does not fit; after three of them a 4g still does.
 func TestMIGDynamicSevenSmall(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	n := dynamicNode(t, tb.migGPUs(1, nil))
 	var want []string
 	for s := 6; s >= 0; s-- {
@@ -245,7 +255,7 @@ func TestMIGDynamicSevenSmall(t *testing.T) {
 // here (docs/mig.md lists them). NVIDIA's own tools have the same limit (the
 // guide: 3g.20gb "must be specified first" for 3-2-1-1).
 func TestMIGDynamicArrivalOrders(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	var stranded []string
 	orders := 0
 	for _, combo := range guideCombinations {
@@ -305,7 +315,7 @@ func distinctPermutations(xs []string) [][]string {
 // at once gets it in any order of its requests: the allocator searches
 // (backtracks) within a claim, across claims it does not.
 func TestMIGDynamicOneClaim(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	for _, order := range [][]string{{"1g", "1g", "2g", "3g"}, {"1g", "2g", "1g2", "1g", "1g"}, {"1g", "4g", "2g"}} {
 		t.Run(strings.Join(order, "+"), func(t *testing.T) {
 			n := dynamicNode(t, tb.migGPUs(1, nil))
@@ -330,7 +340,7 @@ func TestMIGDynamicOneClaim(t *testing.T) {
 // TestMIGDynamicAcrossGPUs: instances pack onto the lowest GPU first; a 7g
 // goes to the next empty one.
 func TestMIGDynamicAcrossGPUs(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	n := dynamicNode(t, tb.migGPUs(2, nil))
 	if got := devices(n.allocate(migClaim("small", tb.small))); !slices.Equal(got, []string{MIGPlacementDeviceName(0, tb.small, 6)}) {
 		t.Errorf("first 1g.10gb: got %v", got)
@@ -354,7 +364,7 @@ func TestMIGDynamicAcrossGPUs(t *testing.T) {
 // TestMIGDynamicForeignInstance: an instance Tessera did not create keeps its
 // memory slices, compute slices and engines out of use; one it holds does not.
 func TestMIGDynamicForeignInstance(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	gpus := tb.migGPUs(1, func(minor int) []gpu.MIGInstance { return []gpu.MIGInstance{tb.instance(minor, 1, tb.three, 4)} })
 
 	n := dynamicNode(t, gpus)
@@ -406,7 +416,7 @@ func equalCounterSets(a, b []resourceapi.CounterSet) bool {
 // a claim of mig.gpu.tessera.dev with a selector on the profile gets that
 // instance, with its MIG UUID, and no second claim gets it.
 func TestMIGStatic(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	gpus := tb.migGPUs(1, func(minor int) []gpu.MIGInstance {
 		return []gpu.MIGInstance{tb.instance(minor, 1, tb.three, 4), tb.instance(minor, 2, tb.four, 0)}
 	})
@@ -436,7 +446,7 @@ func TestMIGStatic(t *testing.T) {
 // MIG claims never get a whole, shared or lent one, on a node with a plain
 // GPU (minor 0), a static MIG GPU (1) and a dynamic one (2).
 func TestMIGClassesApart(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	plain := fixtureGPUs(1, 80, oneDomain)[0]
 	gpus := tb.migGPUs(3, func(minor int) []gpu.MIGInstance {
 		if minor == 1 {
@@ -493,5 +503,50 @@ func TestMIGClassesApart(t *testing.T) {
 	}
 	if r := n.allocate(migClaim("mig-on-0", "", onMinor(0))); r != nil {
 		t.Errorf("MIG claim on the plain GPU: %v", devices(r))
+	}
+}
+
+// TestMIGMockNode: the hgx-h100-mig mock node through Discover: GPU 0 in MIG
+// mode with a 4g.40gb at 0 and a 3g.40gb at 4 (static), GPU 1 in MIG mode
+// without instances (dynamic here), GPUs 2-7 whole and shared.
+func TestMIGMockNode(t *testing.T) {
+	gpus := discover(t, "hgx-h100-mig")
+	if !gpus[0].MIGEnabled || !gpus[1].MIGEnabled || gpus[2].MIGEnabled || gpus[0].MIG == nil || len(gpus[0].MIG.Instances) != 2 {
+		t.Fatalf("mock profile hgx-h100-mig changed: GPU 0 %+v", gpus[0].MIG)
+	}
+	staticName := map[string]string{} // profile → device of GPU 0
+	for _, gi := range gpus[0].MIG.Instances {
+		staticName[gi.ProfileName] = MIGStaticDeviceName(0, gi.ID, gi.ComputeInstances[0].ID)
+	}
+	n := newTestNode(t, gpus, WithDynamicMIG(gpus[1].UUID))
+	for _, c := range []struct{ profile, want string }{
+		{"3g.40gb", staticName["3g.40gb"]},
+		{"3g.40gb", MIGPlacementDeviceName(1, "3g.40gb", 4)},
+		{"4g.40gb", staticName["4g.40gb"]},
+		{"4g.40gb", MIGPlacementDeviceName(1, "4g.40gb", 0)}, // beside the 3g at 4
+		{"1g.10gb", ""}, // both GPUs full: 7 compute slices each
+	} {
+		got := strings.Join(devices(n.allocate(migClaim("c-"+MIGProfileSlug(c.profile)+"-"+c.want, c.profile))), ",")
+		if got != c.want {
+			t.Errorf("%s: got %q, want %q", c.profile, got, c.want)
+		}
+	}
+	if got := devices(n.allocate(wholeClaim("whole", 1))); !slices.Equal(got, []string{"gpu-7"}) {
+		t.Errorf("whole GPU: got %v, want gpu-7", got)
+	}
+
+	// GPU 0 published with dynamic MIG: its instances are foreign unless
+	// Tessera holds them.
+	foreign := newTestNode(t, gpus, WithDynamicMIG(gpus[0].UUID))
+	if r := foreign.allocate(migClaim("on-0", "1g.10gb", onMinor(0))); r != nil {
+		t.Errorf("1g.10gb over GPU 0's foreign instances: %v", devices(r))
+	}
+	var held []gpu.MIGPlacement
+	for _, gi := range gpus[0].MIG.Instances {
+		held = append(held, gi.Placement)
+	}
+	adopted := newTestNode(t, gpus, WithDynamicMIG(gpus[0].UUID), WithMIGHeld(map[string][]gpu.MIGPlacement{gpus[0].UUID: held}))
+	if got := devices(adopted.allocate(migClaim("on-0", "1g.10gb", onMinor(0)))); !slices.Equal(got, []string{MIGPlacementDeviceName(0, "1g.10gb", 6)}) {
+		t.Errorf("1g.10gb on GPU 0 with its instances held (no claim allocated in this test): got %v", got)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // first, each from the highest start down, all consuming gpu-0-counters:
 // eight memory slices of 1, 7 compute slices and the 7g.80gb's engines.
 func TestMIGDynamicDevicesAndCounters(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	gpus := tb.migGPUs(1, nil)
 	res, err := Resources("node-1", gpus, WithDynamicMIG(gpus[0].UUID))
 	if err != nil {
@@ -123,7 +123,7 @@ func attrStrings(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 // dynamic MIG publishes, and that it is within the API's limits (the numbers
 // are in docs/mig.md; these fixtures are NVIDIA's tables, not a real node).
 func TestMIGEightH100Limits(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	gpus := tb.migGPUs(8, nil)
 	var uuids []string
 	for _, g := range gpus {
@@ -181,7 +181,7 @@ func TestMIGEightH100Limits(t *testing.T) {
 // instance with two compute instances gives two devices with their share of
 // its compute slices.
 func TestMIGStaticDevices(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	gpus := tb.migGPUs(1, func(minor int) []gpu.MIGInstance {
 		split := tb.instance(minor, 2, tb.three, 0)
 		split.ComputeInstances = []gpu.MIGComputeInstance{
@@ -229,7 +229,7 @@ func TestMIGStaticDevices(t *testing.T) {
 // without instances (static) or without MIG facts it publishes nothing, and
 // WithDynamicMIG on a GPU not in MIG mode changes nothing.
 func TestMIGModeGPUPublishesNoWholeOrShared(t *testing.T) {
-	tb := migTables["A100 40GB"]
+	tb := migTables["NVIDIA A100-SXM4-40GB"]
 	gpus := fixtureGPUs(3, 40, oneDomain)
 	gpus[1].MIGEnabled, gpus[1].MIG = true, tb.migFacts()
 	gpus[2].MIGEnabled = true // MIG mode, facts not read
@@ -248,18 +248,18 @@ func TestMIGModeGPUPublishesNoWholeOrShared(t *testing.T) {
 }
 
 func TestMIGChecks(t *testing.T) {
-	tb := migTables["H100 80GB"]
+	tb := migTables[h100]
 	cases := []struct {
 		name   string
 		change func(*gpu.GPU)
 		want   string
 	}{
-		{"placement outside", func(g *gpu.GPU) { g.MIG.Profiles[0].Placements[0].Start = 8 }, "placement 8:1 outside the GPU's 8 memory slices"},
-		{"same slug", func(g *gpu.GPU) { g.MIG.Profiles[2].Name = "1g-10gb+me" }, `its devices would have the names of profile "1g.10gb+me"'s`},
+		{"placement outside", func(g *gpu.GPU) { profileOf(g, "1g.10gb").Placements[0].Start = 8 }, "placement 8:1 outside the GPU's 8 memory slices"},
+		{"same slug", func(g *gpu.GPU) { profileOf(g, "1g.20gb").Name = "1g-10gb+me" }, `would have the names of profile`},
 		{"too many slices", func(g *gpu.GPU) { g.MIG.MemorySlices = MaxMIGMemorySlices + 1 }, "27 MIG memory slices, want 1 to 26"},
-		{"compute", func(g *gpu.GPU) { g.MIG.Profiles[6].ComputeSlices = 8 }, "8 compute slices, want 1 to 7"},
-		{"no memory", func(g *gpu.GPU) { g.MIG.Profiles[3].MemoryBytes = 0 }, "memory size 0 bytes"},
-		{"name", func(g *gpu.GPU) { g.MIG.Profiles[3].Name = "2g_20gb" }, `device name "gpu-0-mig-2g_20gb-0" is not a DNS label`},
+		{"compute", func(g *gpu.GPU) { profileOf(g, "7g.80gb").ComputeSlices = 8 }, "8 compute slices, want 1 to 7"},
+		{"no memory", func(g *gpu.GPU) { profileOf(g, "2g.20gb").MemoryBytes = 0 }, "memory size 0 bytes"},
+		{"name", func(g *gpu.GPU) { profileOf(g, "2g.20gb").Name = "2g_20gb" }, `device name "gpu-0-mig-2g_20gb-0" is not a DNS label`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -280,6 +280,16 @@ func TestMIGChecks(t *testing.T) {
 	if _, err := Resources("node-1", gpus); err == nil || !strings.Contains(err.Error(), "longer than 64") {
 		t.Errorf("static with a 65-character UUID: %v", err)
 	}
+}
+
+// profileOf is g's MIG profile with this name, to change in place.
+func profileOf(g *gpu.GPU, name string) *gpu.MIGProfile {
+	for i := range g.MIG.Profiles {
+		if g.MIG.Profiles[i].Name == name {
+			return &g.MIG.Profiles[i]
+		}
+	}
+	panic("no profile " + name)
 }
 
 func TestParseMIGDevice(t *testing.T) {
