@@ -69,3 +69,44 @@ type DeviceInfo struct {
 	FreeBytes           uint64
 	ContextCreateMillis float64
 }
+
+// Allocator is a CUDA driver API that hands out device memory. HAMi-core
+// hooks each of them (its src/cuda/memory.c: cuMemAlloc_v2,
+// cuMemAllocAsync, cuMemCreate, cuMemAllocManaged), so each must be refused
+// past a share's limit.
+type Allocator string
+
+// The allocators the memory probe can use.
+const (
+	AllocPlain   Allocator = "cuMemAlloc"
+	AllocAsync   Allocator = "cuMemAllocAsync"
+	AllocVMM     Allocator = "cuMemCreate+cuMemMap"
+	AllocManaged Allocator = "cuMemAllocManaged"
+)
+
+// Allocators are every allocator, cuMemAlloc first.
+var Allocators = []Allocator{AllocPlain, AllocAsync, AllocVMM, AllocManaged}
+
+// ParseAllocator accepts an allocator's name, or "alloc", "async", "vmm",
+// "managed".
+func ParseAllocator(s string) (Allocator, error) {
+	switch s {
+	case "", "alloc", string(AllocPlain):
+		return AllocPlain, nil
+	case "async", string(AllocAsync):
+		return AllocAsync, nil
+	case "vmm", string(AllocVMM):
+		return AllocVMM, nil
+	case "managed", string(AllocManaged):
+		return AllocManaged, nil
+	}
+	return "", fmt.Errorf("allocator %q: want alloc, async, vmm or managed", s)
+}
+
+// Allocation is one allocation of [Lib.AllocWith].
+type Allocation struct {
+	Allocator Allocator
+	Ptr       Ptr
+	Bytes     uint64
+	handle    uint64 // VMM: the physical allocation (CUmemGenericAllocationHandle)
+}

@@ -38,6 +38,42 @@ static tcu_result (*p_cuLaunchKernel)(tcu_function, unsigned int, unsigned int, 
 	unsigned int, unsigned int, unsigned int, unsigned int, void *, void **, void **);
 static tcu_result (*p_cuGetErrorName)(tcu_result, const char **);
 
+// The other allocators (optional: a driver without one still runs the
+// cuMemAlloc probe). Declared here as the CUDA driver API (cuda.h, CUDA 12
+// and 13) defines them; the structs are laid out field for field.
+typedef unsigned long long tcu_handle;
+typedef struct {
+	int type;         // CUmemLocationType
+	int id;
+} tcu_mem_location;
+typedef struct {
+	int type;                 // CUmemAllocationType: 1 = CU_MEM_ALLOCATION_TYPE_PINNED
+	int requestedHandleTypes; // CUmemAllocationHandleType: 0 = none
+	tcu_mem_location location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} tcu_mem_allocation_prop;
+typedef struct {
+	tcu_mem_location location;
+	int flags;        // CUmemAccess_flags: 3 = CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+} tcu_mem_access_desc;
+static tcu_result (*p_cuMemAllocAsync)(tcu_deviceptr *, size_t, void *);
+static tcu_result (*p_cuMemFreeAsync)(tcu_deviceptr, void *);
+static tcu_result (*p_cuMemAllocManaged)(tcu_deviceptr *, size_t, unsigned int);
+static tcu_result (*p_cuMemGetAllocationGranularity)(size_t *, const tcu_mem_allocation_prop *, int);
+static tcu_result (*p_cuMemCreate)(tcu_handle *, size_t, const tcu_mem_allocation_prop *, unsigned long long);
+static tcu_result (*p_cuMemRelease)(tcu_handle);
+static tcu_result (*p_cuMemAddressReserve)(tcu_deviceptr *, size_t, size_t, tcu_deviceptr, unsigned long long);
+static tcu_result (*p_cuMemAddressFree)(tcu_deviceptr, size_t);
+static tcu_result (*p_cuMemMap)(tcu_deviceptr, size_t, size_t, tcu_handle, unsigned long long);
+static tcu_result (*p_cuMemUnmap)(tcu_deviceptr, size_t);
+static tcu_result (*p_cuMemSetAccess)(tcu_deviceptr, size_t, const tcu_mem_access_desc *, size_t);
+
 // tcu_sym resolves the first of up to three names that lib exports
 // (versioned names first: the unversioned ones are the old ABI).
 static void *tcu_sym(void *lib, const char *a, const char *b, const char *c) {
@@ -55,6 +91,9 @@ static void tcu_reset(void) {
 	p_cuCtxSetCurrent = NULL; p_cuCtxSynchronize = NULL; p_cuMemGetInfo = NULL; p_cuMemAlloc = NULL;
 	p_cuMemFree = NULL; p_cuMemsetD8 = NULL; p_cuMemcpyDtoH = NULL; p_cuModuleLoadDataEx = NULL;
 	p_cuModuleGetFunction = NULL; p_cuModuleUnload = NULL; p_cuLaunchKernel = NULL; p_cuGetErrorName = NULL;
+	p_cuMemAllocAsync = NULL; p_cuMemFreeAsync = NULL; p_cuMemAllocManaged = NULL; p_cuMemGetAllocationGranularity = NULL;
+	p_cuMemCreate = NULL; p_cuMemRelease = NULL; p_cuMemAddressReserve = NULL; p_cuMemAddressFree = NULL;
+	p_cuMemMap = NULL; p_cuMemUnmap = NULL; p_cuMemSetAccess = NULL;
 }
 
 // tcu_open loads the library and its symbols. It returns NULL on success,
@@ -90,6 +129,18 @@ static const char *tcu_open(const char *name) {
 	TCU_LOAD(p_cuLaunchKernel, "cuLaunchKernel", NULL, NULL);
 	TCU_LOAD(p_cuGetErrorName, "cuGetErrorName", NULL, NULL);
 #undef TCU_LOAD
+	// Optional: left NULL when the driver lacks them.
+	*(void **)(&p_cuMemAllocAsync) = tcu_sym(lib, "cuMemAllocAsync", NULL, NULL);
+	*(void **)(&p_cuMemFreeAsync) = tcu_sym(lib, "cuMemFreeAsync", NULL, NULL);
+	*(void **)(&p_cuMemAllocManaged) = tcu_sym(lib, "cuMemAllocManaged", NULL, NULL);
+	*(void **)(&p_cuMemGetAllocationGranularity) = tcu_sym(lib, "cuMemGetAllocationGranularity", NULL, NULL);
+	*(void **)(&p_cuMemCreate) = tcu_sym(lib, "cuMemCreate", NULL, NULL);
+	*(void **)(&p_cuMemRelease) = tcu_sym(lib, "cuMemRelease", NULL, NULL);
+	*(void **)(&p_cuMemAddressReserve) = tcu_sym(lib, "cuMemAddressReserve", NULL, NULL);
+	*(void **)(&p_cuMemAddressFree) = tcu_sym(lib, "cuMemAddressFree", NULL, NULL);
+	*(void **)(&p_cuMemMap) = tcu_sym(lib, "cuMemMap", NULL, NULL);
+	*(void **)(&p_cuMemUnmap) = tcu_sym(lib, "cuMemUnmap", NULL, NULL);
+	*(void **)(&p_cuMemSetAccess) = tcu_sym(lib, "cuMemSetAccess", NULL, NULL);
 	tcu_lib = lib;
 	return NULL;
 }
@@ -110,6 +161,65 @@ static tcu_result tcu_memset(tcu_deviceptr p, size_t n) { return p_cuMemsetD8(p,
 static tcu_result tcu_read_u64(unsigned long long *out, tcu_deviceptr p) { return p_cuMemcpyDtoH(out, p, sizeof(*out)); }
 static tcu_result tcu_module_get_function(tcu_function *f, tcu_module m, const char *name) { return p_cuModuleGetFunction(f, m, name); }
 static tcu_result tcu_module_unload(tcu_module m) { return p_cuModuleUnload(m); }
+
+// tcu_has reports which optional allocator a driver has: 1 async, 2 managed,
+// 3 virtual memory management.
+static int tcu_has(int which) {
+	switch (which) {
+	case 1: return p_cuMemAllocAsync && p_cuMemFreeAsync;
+	case 2: return p_cuMemAllocManaged != NULL;
+	case 3: return p_cuMemGetAllocationGranularity && p_cuMemCreate && p_cuMemRelease && p_cuMemAddressReserve &&
+		p_cuMemAddressFree && p_cuMemMap && p_cuMemUnmap && p_cuMemSetAccess;
+	}
+	return 0;
+}
+// The asynchronous allocator on the legacy default stream (NULL), which the
+// memset and frees that follow are ordered with.
+static tcu_result tcu_mem_alloc_async(tcu_deviceptr *p, size_t n) { return p_cuMemAllocAsync(p, n, NULL); }
+static tcu_result tcu_mem_free_async(tcu_deviceptr p) { return p_cuMemFreeAsync(p, NULL); }
+// 1: CU_MEM_ATTACH_GLOBAL.
+static tcu_result tcu_mem_alloc_managed(tcu_deviceptr *p, size_t n) { return p_cuMemAllocManaged(p, n, 1); }
+static void tcu_vmm_prop(tcu_mem_allocation_prop *prop, int dev) {
+	memset(prop, 0, sizeof(*prop));
+	prop->type = 1;          // CU_MEM_ALLOCATION_TYPE_PINNED
+	prop->location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	prop->location.id = dev;
+}
+// 0: CU_MEM_ALLOC_GRANULARITY_MINIMUM.
+static tcu_result tcu_vmm_granularity(size_t *g, int dev) {
+	tcu_mem_allocation_prop prop;
+	tcu_vmm_prop(&prop, dev);
+	return p_cuMemGetAllocationGranularity(g, &prop, 0);
+}
+// tcu_vmm_alloc: physical memory (cuMemCreate), an address range
+// (cuMemAddressReserve), the mapping (cuMemMap) and read-write access for
+// the device (cuMemSetAccess). *stage says how far it got, so that the
+// caller undoes exactly that on failure: 1 created, 2 reserved, 3 mapped.
+static tcu_result tcu_vmm_alloc(tcu_handle *h, tcu_deviceptr *p, size_t n, int dev, int *stage) {
+	tcu_mem_allocation_prop prop;
+	tcu_mem_access_desc access;
+	tcu_result r;
+	*stage = 0;
+	tcu_vmm_prop(&prop, dev);
+	if ((r = p_cuMemCreate(h, n, &prop, 0)) != 0) return r;
+	*stage = 1;
+	if ((r = p_cuMemAddressReserve(p, n, 0, 0, 0)) != 0) return r;
+	*stage = 2;
+	if ((r = p_cuMemMap(*p, n, 0, *h, 0)) != 0) return r;
+	*stage = 3;
+	memset(&access, 0, sizeof(access));
+	access.location = prop.location;
+	access.flags = 3; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+	return p_cuMemSetAccess(*p, n, &access, 1);
+}
+// tcu_vmm_free undoes tcu_vmm_alloc up to stage (4: everything).
+static tcu_result tcu_vmm_free(tcu_handle h, tcu_deviceptr p, size_t n, int stage) {
+	tcu_result r = 0, x;
+	if (stage >= 3 && (x = p_cuMemUnmap(p, n)) != 0 && !r) r = x;
+	if (stage >= 2 && (x = p_cuMemAddressFree(p, n)) != 0 && !r) r = x;
+	if (stage >= 1 && (x = p_cuMemRelease(h)) != 0 && !r) r = x;
+	return r;
+}
 
 static const char *tcu_error_name(tcu_result r) {
 	const char *s = NULL;
@@ -270,6 +380,103 @@ func (l *Lib) Alloc(bytes uint64) (Ptr, error) {
 
 // Free is cuMemFree.
 func (l *Lib) Free(p Ptr) error { return check("cuMemFree", C.tcu_mem_free(C.tcu_deviceptr(p))) }
+
+// Has reports whether the driver exports the entry points of allocator a
+// (every driver has cuMemAlloc).
+func (l *Lib) Has(a Allocator) bool {
+	switch a {
+	case AllocAsync:
+		return C.tcu_has(1) != 0
+	case AllocManaged:
+		return C.tcu_has(2) != 0
+	case AllocVMM:
+		return C.tcu_has(3) != 0
+	}
+	return a == AllocPlain
+}
+
+// Granularity is the smallest size (and alignment) allocator a hands out:
+// cuMemGetAllocationGranularity's minimum for VMM, 1 otherwise.
+func (l *Lib) Granularity(a Allocator) (uint64, error) {
+	if a != AllocVMM {
+		return 1, nil
+	}
+	if !l.Has(AllocVMM) {
+		return 0, missing(a)
+	}
+	var g C.size_t
+	if err := check("cuMemGetAllocationGranularity", C.tcu_vmm_granularity(&g, C.int(l.dev))); err != nil {
+		return 0, err
+	}
+	return uint64(g), nil
+}
+
+func missing(a Allocator) error {
+	return fmt.Errorf("this driver's %s does not export the entry points of %s", LibraryName, a)
+}
+
+// AllocWith allocates bytes of device memory with allocator a and writes it
+// once (cuMemsetD8, then cuCtxSynchronize, so that an allocation the driver
+// backs lazily or asynchronously is charged and its failure seen here).
+// Managed memory is written from the device too, so it is resident there.
+func (l *Lib) AllocWith(a Allocator, bytes uint64) (Allocation, error) {
+	al := Allocation{Allocator: a, Bytes: bytes}
+	if !l.Has(a) {
+		return al, missing(a)
+	}
+	var p C.tcu_deviceptr
+	switch a {
+	case AllocPlain:
+		ptr, err := l.Alloc(bytes)
+		al.Ptr = ptr
+		return al, err
+	case AllocAsync:
+		if err := check(fmt.Sprintf("cuMemAllocAsync(%d)", bytes), C.tcu_mem_alloc_async(&p, C.size_t(bytes))); err != nil {
+			return al, err
+		}
+	case AllocManaged:
+		if err := check(fmt.Sprintf("cuMemAllocManaged(%d)", bytes), C.tcu_mem_alloc_managed(&p, C.size_t(bytes))); err != nil {
+			return al, err
+		}
+	case AllocVMM:
+		var h C.tcu_handle
+		var stage C.int
+		if err := check(fmt.Sprintf("cuMemCreate/cuMemMap(%d)", bytes), C.tcu_vmm_alloc(&h, &p, C.size_t(bytes), C.int(l.dev), &stage)); err != nil {
+			_ = C.tcu_vmm_free(h, p, C.size_t(bytes), stage)
+			return al, err
+		}
+		al.handle = uint64(h)
+	default:
+		return al, fmt.Errorf("unknown allocator %q", a)
+	}
+	al.Ptr = Ptr(p)
+	err := check("cuMemsetD8", C.tcu_memset(p, C.size_t(bytes)))
+	if err == nil {
+		err = check("cuCtxSynchronize", C.tcu_ctx_synchronize())
+	}
+	if err != nil {
+		_ = l.FreeAllocation(al)
+		return Allocation{Allocator: a, Bytes: bytes}, err
+	}
+	return al, nil
+}
+
+// FreeAllocation frees what AllocWith returned, with the allocator's own
+// call (cuMemFreeAsync then a synchronize; cuMemUnmap, cuMemAddressFree and
+// cuMemRelease; cuMemFree).
+func (l *Lib) FreeAllocation(al Allocation) error {
+	p := C.tcu_deviceptr(al.Ptr)
+	switch al.Allocator {
+	case AllocAsync:
+		if err := check("cuMemFreeAsync", C.tcu_mem_free_async(p)); err != nil {
+			return err
+		}
+		return check("cuCtxSynchronize", C.tcu_ctx_synchronize())
+	case AllocVMM:
+		return check("cuMemUnmap/cuMemAddressFree/cuMemRelease", C.tcu_vmm_free(C.tcu_handle(al.handle), p, C.size_t(al.Bytes), 4))
+	}
+	return l.Free(al.Ptr)
+}
 
 // ReadU64 copies one 64-bit word from the device.
 func (l *Lib) ReadU64(p Ptr) (uint64, error) {

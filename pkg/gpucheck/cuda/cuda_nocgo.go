@@ -53,3 +53,17 @@ func (m *Module) Function(string) (*Function, error) { return nil, ErrNotLoaded 
 
 // LaunchSpin is unreachable without [Open].
 func (l *Lib) LaunchSpin(*Function, uint32, uint32, Ptr, uint64) error { return ErrNotLoaded }
+
+// Has is false without [Open].
+func (l *Lib) Has(Allocator) bool { return false }
+
+// Granularity is unreachable without [Open].
+func (l *Lib) Granularity(Allocator) (uint64, error) { return 0, ErrNotLoaded }
+
+// AllocWith is unreachable without [Open].
+func (l *Lib) AllocWith(a Allocator, bytes uint64) (Allocation, error) {
+	return Allocation{Allocator: a, Bytes: bytes}, ErrNotLoaded
+}
+
+// FreeAllocation is unreachable without [Open].
+func (l *Lib) FreeAllocation(Allocation) error { return ErrNotLoaded }
