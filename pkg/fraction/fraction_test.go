@@ -163,11 +163,25 @@ func (n *node) allocate(t *testing.T, name string, req resourceapi.DeviceRequest
 	return results[0].Devices.Results
 }
 
-// TestFractionsTileEveryProfile: on one GPU of every mock profile, k claims
-// for 1/k are allocated by kube-scheduler's allocator and a (k+1)th is not.
+// firstNotMIG is the first GPU of a mock profile that is not in MIG mode
+// (a GPU in MIG mode publishes no shared device).
+func firstNotMIG(t *testing.T, profile string) []gpu.GPU {
+	t.Helper()
+	for _, g := range profileGPUs(t, profile, 0) {
+		if !g.MIGEnabled {
+			return []gpu.GPU{g}
+		}
+	}
+	t.Fatalf("%s: every GPU is in MIG mode", profile)
+	return nil
+}
+
+// TestFractionsTileEveryProfile: on one GPU of every mock profile (the first
+// not in MIG mode), k claims for 1/k are allocated by kube-scheduler's
+// allocator and a (k+1)th is not.
 func TestFractionsTileEveryProfile(t *testing.T) {
 	for _, profile := range gpu.Profiles() {
-		slices := profileSlices(t, profile, 1)
+		slices := publish(t, firstNotMIG(t, profile))
 		models := Models(slices)
 		if len(models) != 1 {
 			t.Fatalf("%s: models %+v, want one", profile, models)
@@ -237,5 +251,20 @@ func TestShareArithmetic(t *testing.T) {
 	}
 	if _, err := Request("gpu", MustParse("1/2"), nil); err != ErrNoModels {
 		t.Errorf("no models: %v, want ErrNoModels", err)
+	}
+}
+
+// TestModelsSkipMIGGPUs: a node with GPUs in MIG mode (hgx-h100-mig: GPUs 0
+// and 1) gives the H100 model of its other GPUs, sized as on a node without
+// MIG; a node whose GPUs are all in MIG mode gives no model, so a share is
+// never sized from a MIG GPU.
+func TestModelsSkipMIGGPUs(t *testing.T) {
+	mixed := Models(profileSlices(t, "hgx-h100-mig", 0))
+	plain := Models(profileSlices(t, "hgx-h100", 0))
+	if len(mixed) != 1 || len(plain) != 1 || mixed[0].Memory.Cmp(plain[0].Memory) != 0 || mixed[0].Cores != plain[0].Cores {
+		t.Fatalf("models with MIG GPUs %+v, without %+v: want the same H100 model", mixed, plain)
+	}
+	if got := Models(profileSlices(t, "hgx-h100-mig", 2)); len(got) != 0 {
+		t.Errorf("models of two MIG-mode GPUs: %+v, want none", got)
 	}
 }
