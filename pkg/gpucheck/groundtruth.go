@@ -143,10 +143,12 @@ func normalizeBusID(s string) string {
 	return fmt.Sprintf("%04x:%s", d, rest)
 }
 
-// CompareSMI compares discovered GPUs with nvidia-smi's. A GPU's published
-// memory may be nvidia-smi's total or its total less the reserved memory
-// (both within 1 MiB: nvidia-smi rounds down to MiB); anything else, a GPU
-// one side lacks or a different bus, is a mismatch.
+// CompareSMI compares discovered GPUs with nvidia-smi's. A GPU must publish
+// what discovery should make of nvidia-smi's figures: the total less the
+// reserved memory when nvidia-smi knows memory.reserved, the total when it
+// does not (an old driver: "[N/A]", or the query without the column), within
+// 1 MiB (nvidia-smi rounds down to MiB). Anything else, a GPU one side lacks
+// or a different bus, is a mismatch.
 func CompareSMI(gpus []gpu.GPU, smi []SMIGPU) []string {
 	var out []string
 	byUUID := map[string]gpu.GPU{}
@@ -165,16 +167,12 @@ func CompareSMI(gpus []gpu.GPU, smi []SMIGPU) []string {
 			out = append(out, fmt.Sprintf("gpu-%d %s: bus %s, nvidia-smi says %s", g.Minor, g.UUID, g.PCIBusID, s.BusID))
 		}
 		got := int64(g.MemoryBytes >> 20)
-		near := func(want int64) bool { return got >= want-1 && got <= want+1 }
-		switch {
-		case near(s.TotalMiB):
-		case s.ReservedMiB >= 0 && near(s.TotalMiB-s.ReservedMiB):
-		default:
-			want := fmt.Sprintf("%d MiB", s.TotalMiB)
-			if s.ReservedMiB >= 0 {
-				want += fmt.Sprintf(" (or %d less %d reserved)", s.TotalMiB, s.ReservedMiB)
-			}
-			out = append(out, fmt.Sprintf("gpu-%d %s: memory %d MiB, nvidia-smi says %s", g.Minor, g.UUID, got, want))
+		want, why := s.TotalMiB, fmt.Sprintf("%d MiB total, reserved unknown", s.TotalMiB)
+		if s.ReservedMiB >= 0 {
+			want, why = s.TotalMiB-s.ReservedMiB, fmt.Sprintf("%d MiB total less %d MiB reserved", s.TotalMiB, s.ReservedMiB)
+		}
+		if got < want-1 || got > want+1 {
+			out = append(out, fmt.Sprintf("gpu-%d %s: publishes %d MiB, want %d MiB from nvidia-smi (%s)", g.Minor, g.UUID, got, want, why))
 		}
 	}
 	for _, g := range gpus {
@@ -283,7 +281,14 @@ func groundTruthChecks(ctx context.Context, cfg Config, disc gpu.Discovery) []Ch
 func WriteMockGroundTruth(dir string, gpus []gpu.GPU) error {
 	var csv strings.Builder
 	for _, g := range gpus {
-		fmt.Fprintf(&csv, "%s, %s, %d, [N/A]\n", g.UUID, g.PCIBusID, g.MemoryBytes>>20)
+		// nvidia-smi's columns: the total, and the reserved memory where
+		// discovery read it ("[N/A]" where the driver did not say).
+		reserved := "[N/A]"
+		total := g.MemoryBytes
+		if g.MemoryReservedUnknown == "" && g.MemoryTotalBytes > 0 {
+			total, reserved = g.MemoryTotalBytes, fmt.Sprint(g.MemoryReservedBytes>>20)
+		}
+		fmt.Fprintf(&csv, "%s, %s, %d, %s\n", g.UUID, g.PCIBusID, total>>20, reserved)
 		bus := normalizeBusID(g.PCIBusID)
 		info := fmt.Sprintf("Model: \t\t %s\nIRQ:   \t\t 0\nGPU UUID: \t %s\nVideo BIOS: \t ??.??.??.??.??\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t No\n", g.ProductName, g.UUID, bus, g.Minor)
 		d := filepath.Join(dir, "proc", "driver", "nvidia", "gpus", bus)

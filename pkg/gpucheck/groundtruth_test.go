@@ -33,21 +33,26 @@ func TestParseNvidiaSMI(t *testing.T) {
 
 func testGPUs() []gpu.GPU {
 	return []gpu.GPU{
-		{UUID: "GPU-aaaa", Minor: 0, PCIBusID: "00000000:1B:00.0", MemoryBytes: 81559 << 20},
-		{UUID: "GPU-bbbb", Minor: 1, PCIBusID: "00000000:43:00.0", MemoryBytes: (81559 - 470) << 20},
+		{UUID: "GPU-aaaa", Minor: 0, PCIBusID: "00000000:1B:00.0", MemoryBytes: (81559 - 470) << 20},
+		{UUID: "GPU-bbbb", Minor: 1, PCIBusID: "00000000:43:00.0", MemoryBytes: 81559 << 20},
 	}
 }
 
 func TestCompareSMI(t *testing.T) {
-	smi := []SMIGPU{{"GPU-aaaa", "00000000:1b:00.0", 81559, 470}, {"GPU-bbbb", "00000000:43:00.0", 81559, 470}}
+	// GPU-aaaa: reserved known, total less reserved published; GPU-bbbb:
+	// nvidia-smi does not know the reserved memory, the total published.
+	smi := []SMIGPU{{"GPU-aaaa", "00000000:1b:00.0", 81559, 470}, {"GPU-bbbb", "00000000:43:00.0", 81559, -1}}
 	if m := CompareSMI(testGPUs(), smi); len(m) != 0 {
-		t.Errorf("agreeing views (total, and total less reserved): %v", m)
+		t.Errorf("agreeing views: %v", m)
 	}
 	for name, tc := range map[string]struct {
 		smi  []SMIGPU
 		want string
 	}{
-		"memory":         {[]SMIGPU{{"GPU-aaaa", "00000000:1B:00.0", 80000, -1}, smi[1]}, "gpu-0 GPU-aaaa: memory 81559 MiB, nvidia-smi says 80000 MiB"},
+		"memory": {[]SMIGPU{{"GPU-aaaa", "00000000:1B:00.0", 80000, -1}, smi[1]}, "gpu-0 GPU-aaaa: publishes 81089 MiB, want 80000 MiB from nvidia-smi (80000 MiB total, reserved unknown)"},
+		// Discovery must leave the reserved memory out once NVML says
+		// how much it is: publishing the total then is a mismatch.
+		"total published although reserved known": {[]SMIGPU{smi[0], {"GPU-bbbb", "00000000:43:00.0", 81559, 470}}, "gpu-1 GPU-bbbb: publishes 81559 MiB, want 81089 MiB from nvidia-smi (81559 MiB total less 470 MiB reserved)"},
 		"bus":            {[]SMIGPU{{"GPU-aaaa", "00000000:1C:00.0", 81559, 470}, smi[1]}, "bus 00000000:1B:00.0, nvidia-smi says 00000000:1C:00.0"},
 		"missing in smi": {smi[:1], "discovery returned gpu-1 GPU-bbbb, nvidia-smi does not list it"},
 		"extra in smi":   {append(smi, SMIGPU{"GPU-cccc", "00000000:52:00.0", 81559, 470}), "nvidia-smi lists GPU-cccc"},
