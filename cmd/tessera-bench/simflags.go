@@ -41,7 +41,7 @@ func registerSimFlags(fs *flag.FlagSet) *simFlags {
 	fs.StringVar(&s.nodeChoice, "node-choice", string(fleet.ChoiceScore), "node choice model: score (kube-scheduler's) or first")
 	fs.Float64Var(&s.load, "load", 0, "offered load relative to the fluid capacity (default 1.25)")
 	fs.Float64Var(&s.runtime, "mean-runtime", 0, "mean job run time in seconds (default 600)")
-	fs.BoolVar(&s.fifo, "fifo-reference", true, "also run Tessera, the GPU-boundary bound and fluid under a FIFO queue")
+	fs.BoolVar(&s.fifo, "fifo-reference", true, "also run Tessera, the migrating reference and fluid under a FIFO queue")
 	return s
 }
 

@@ -12,8 +12,12 @@ import (
 type BenchConfig struct {
 	// Command is recorded in the report as the way to reproduce it.
 	Command  string
-	Workload Workload // MeanDemand and Dist are overridden per row; GPUs by Nodes
-	Nodes    int
+	Workload Workload // MeanDemand and Dist are overridden per row; GPUs by the fleet
+	// Nodes is the number of hgx-h100 nodes when Fleet is empty.
+	Nodes int
+	// Fleet, when set, is the cluster instead (heterogeneous pools; the
+	// reference models (d) and (e) need one GPU model and are skipped otherwise).
+	Fleet Fleet
 	// Means are the rows for the paper's normal demand, Normal(m, Workload.SDDemand),
 	// when Dists is empty.
 	Means []float64
@@ -22,8 +26,9 @@ type BenchConfig struct {
 	// Sim is the queue and node-choice model of every run (Nodes and Check are
 	// set from this config).
 	Sim Options
-	// FIFOReference also runs Tessera, the bound and fluid under QueueFIFO, where
-	// the bound is a proven bound.
+	// FIFOReference also runs Tessera, the migrating reference and fluid under
+	// QueueFIFO, where the migrating reference starts every job no later than
+	// any placement without migration (proven).
 	FIFOReference bool
 	// CostNodes × CostShares is the scheduler cost grid; empty skips it.
 	CostNodes, CostShares []int
@@ -36,8 +41,8 @@ type BenchConfig struct {
 	Check bool
 }
 
-// QuickConfig finishes in well under a minute on two busy cores: the paper's fleet
-// size (32 GPUs), 2000 jobs per mean demand.
+// QuickConfig is the paper's fleet size (32 GPUs), 2000 jobs per mean demand
+// (about two minutes on the project's two busy cores).
 func QuickConfig(seed int64) BenchConfig {
 	return BenchConfig{
 		Workload:      Workload{Seed: seed, Jobs: 2000, SDDemand: 0.1, MeanRuntime: 600, Load: 1.25},
@@ -51,7 +56,8 @@ func QuickConfig(seed int64) BenchConfig {
 	}
 }
 
-// FullConfig is a 128-GPU fleet with 10000 jobs per mean demand (a few minutes).
+// FullConfig is a 128-GPU fleet with 10000 jobs per mean demand (about ten
+// minutes on the project's two busy cores).
 func FullConfig(seed int64) BenchConfig {
 	return BenchConfig{
 		Workload:      Workload{Seed: seed, Jobs: 10000, SDDemand: 0.1, MeanRuntime: 600, Load: 1.25},
@@ -66,13 +72,19 @@ func FullConfig(seed int64) BenchConfig {
 }
 
 // FIFOKinds are the models of the FIFO reference runs.
-var FIFOKinds = []Kind{Tessera, Bound, Fluid}
+var FIFOKinds = []Kind{Tessera, Migrating, Fluid}
+
+// referenceKind says whether k places on no GPU and so needs a fleet of one model.
+func referenceKind(k Kind) bool { return k == Migrating || k == Fluid }
 
 // Bench runs the simulation for every mean demand and model, then the cost grid.
 func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 	rep := &Report{Command: cfg.Command, Workload: cfg.Workload, Nodes: cfg.Nodes, Sim: cfg.Sim}
-	rep.Sim.Nodes, rep.Sim.Check = cfg.Nodes, cfg.Check
-	rep.Workload.GPUs = cfg.Nodes * GPUsPerNode
+	rep.Sim.Nodes, rep.Sim.Fleet, rep.Sim.Check = cfg.Nodes, cfg.Fleet, cfg.Check
+	rep.Fleet = rep.Sim.fleet()
+	rep.Nodes = len(rep.Fleet.Nodes)
+	rep.Workload.GPUs = rep.Fleet.GPUs()
+	_, homogeneous := rep.Fleet.Homogeneous()
 	var rows []Workload
 	if len(cfg.Dists) == 0 {
 		for _, m := range cfg.Means {
@@ -92,9 +104,11 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 	}
 	rep.Results = make([][]Result, len(rows))
 	rep.FIFO = make([][]Result, len(rows))
+	rep.Bounds = make([]RowBound, len(rows))
 	type task struct {
-		i, k int
-		fifo bool
+		i, k  int
+		fifo  bool
+		bound bool
 	}
 	var tasks []task
 	streams := make([][]Job, len(rows))
@@ -103,19 +117,28 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 		rep.Dists = append(rep.Dists, w.Distribution().Name())
 		rep.Results[i] = make([]Result, len(AllKinds))
 		streams[i] = w.Generate()
-		for k := range AllKinds {
+		for k, kind := range AllKinds {
+			if referenceKind(kind) && !homogeneous {
+				rep.Results[i][k] = Result{Kind: kind, Skipped: "needs one GPU model"}
+				continue
+			}
 			tasks = append(tasks, task{i: i, k: k})
 		}
 		if cfg.FIFOReference {
 			rep.FIFO[i] = make([]Result, len(FIFOKinds))
-			for k := range FIFOKinds {
+			for k, kind := range FIFOKinds {
+				if referenceKind(kind) && !homogeneous {
+					rep.FIFO[i][k] = Result{Kind: kind, Skipped: "needs one GPU model"}
+					continue
+				}
 				tasks = append(tasks, task{i: i, k: k, fifo: true})
 			}
 		}
+		tasks = append(tasks, task{i: i, bound: true})
 	}
 	// The partition runs are the slowest (120 devices per node); start them first.
 	for a, t := range tasks {
-		if !t.fifo && AllKinds[t.k] == Partition {
+		if !t.fifo && !t.bound && AllKinds[t.k] == Partition {
 			copy(tasks[1:a+1], tasks[:a])
 			tasks[0] = t
 		}
@@ -133,6 +156,23 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 		wg.Go(func() {
 			for a := range ch {
 				t := tasks[a]
+				if t.bound {
+					jobs := streams[t.i]
+					if len(jobs) == 0 {
+						continue
+					}
+					w0, w1 := jobs[len(jobs)/10].Arrival, jobs[len(jobs)-1].Arrival
+					sb, err := ServedBound(rep.Fleet, jobs, w0, w1)
+					if err == nil {
+						var rb Bound
+						rb, err = RunningBound(rep.Fleet, jobs, w0, w1)
+						rep.Bounds[t.i] = RowBound{Served: sb, Running: rb}
+					}
+					if err != nil {
+						errs[a] = fmt.Errorf("bound, %s: %w", rep.Dists[t.i], err)
+					}
+					continue
+				}
 				opt, kind := rep.Sim, AllKinds[t.k]
 				if t.fifo {
 					opt.Queue, kind = QueueFIFO, FIFOKinds[t.k]

@@ -1,446 +1,350 @@
 package fleet
 
 import (
-	"cmp"
-	"context"
+	"errors"
+	"fmt"
+	"math"
 	"slices"
+	"strconv"
+	"strings"
 )
 
-// request is a job's share request in the units the GPU counts: bytes and
-// percent of the cores, as ShareRequest forms it for Tessera's claims.
-type request struct{ mem, cores int64 }
-
-func requestOf(j *Job) request {
-	m, c := ShareRequest(Demand{j.Memory, j.Cores})
-	return request{m.Value(), c.Value()}
-}
-
-func (a request) le(b request) bool { return a.mem <= b.mem && a.cores <= b.cores }
-
-// --- fluid -------------------------------------------------------------------------
-
-// fluidPlacer starts a job iff the fleet's total free memory and cores cover its
-// share request: no GPU boundaries.
-type fluidPlacer struct{ mem, cores int64 }
-
-func newFluidPlacer(gpus int) *fluidPlacer {
-	return &fluidPlacer{mem: int64(gpus) * gpuMemory.Value(), cores: int64(gpus) * 100}
-}
-
-func (p *fluidPlacer) place(_ context.Context, j *Job) (placement, bool, error) {
-	r := requestOf(j)
-	if r.mem > p.mem || r.cores > p.cores {
-		return placement{}, false, nil
-	}
-	p.mem -= r.mem
-	p.cores -= r.cores
-	return placement{gpu: -1, use: gpuUse{memory: r.mem, cores: r.cores}}, true, nil
-}
-
-func (p *fluidPlacer) release(pl placement) {
-	p.mem += pl.use.memory
-	p.cores += pl.use.cores
-}
-
-// --- GPU-boundary bound: optimal repacking at every event --------------------------
-
-// boundPlacer starts a job iff the share requests of the running jobs plus its
-// own can be packed into the fleet's GPUs (two-dimensional vector bin packing:
-// memory and cores per GPU), with every running job free to move to another
-// GPU at that instant. It keeps one packing of the running jobs; a job that does
-// not fit into it triggers, in order:
+// Bound is an upper bound on a measure of a schedule (Result.ServedPerHour
+// for ServedBound, Result.MeanRunning for RunningBound) that holds for every
+// schedule of one stream on one fleet, whatever its queue and placement:
+// online or offline, with or without migration or preemption. The only
+// thing it assumes of a schedule is that at every instant the share
+// requests of the running jobs fit on the fleet's GPUs (each GPU's shares
+// within its memory and cores, a whole GPU alone), and that a job runs only
+// after its arrival and for its run time at most. docs/fleet-sim.md has the
+// argument; in short:
 //
-//  1. the fluid test (total memory and cores);
-//  2. a failure known since the last completion for a request no larger;
-//  3. Martello and Toth's L2 lower bound on the GPUs needed, per dimension: if
-//     either exceeds the fleet, no packing exists;
-//  4. first-fit decreasing repacking of everything (two orders): a packing found
-//     is kept;
-//  5. an exact depth-first search over GPUs with a node budget.
+//   - Let λ_{m,c} be the time-average, over the window, of the number of
+//     GPUs of model m whose running requests form the multiset c, and x_j
+//     the time job j runs inside the window over the window's length. Then
+//     Σ_c λ_{m,c} ≤ G_m (the GPUs of model m), x_j ≤ ū_j (its run time, or
+//     what of it fits between its arrival and the window's end), and for
+//     every request type k: Σ_{j of type k} q_j x_j = Σ_{m,c} c_k λ_{m,c}
+//     (q_j: the GPUs a job holds). ServedPerHour is Σ_j x_j · 3600/R_j,
+//     MeanRunning Σ_j x_j: Σ_j x_j v_j with v_j the one or the other.
+//   - So the measure is at most the optimum of the configuration LP over
+//     these variables, and by weak duality at most
+//     B(w) = Σ_m G_m φ_m(w) + Σ_j ū_j (v_j − q_j w_k)⁺ for every
+//     w ≥ 0, where φ_m(w) = max_c Σ_k c_k w_k over the multisets that fit on
+//     one GPU of model m.
+//   - The configurations are relaxed (a superset is taken, which only raises
+//     B): cores exactly (integer percent, 100 per GPU) and memory rounded
+//     down to 1/memUnits of the GPU; node resources, pod counts, a node's
+//     boundary for multi-GPU jobs and NVLink are ignored.
 //
-// When the search runs out of budget the job is started without a known
-// packing (counted in undecided): that can only start jobs earlier, so the
-// bound stays an upper bound.
-type boundPlacer struct {
-	gpus      int
-	items     map[int]request // running jobs
-	memSum    int64
-	coreSum   int64
-	valid     bool        // bins/assign hold a packing of items
-	bins      []request   // load per GPU
-	assign    map[int]int // job -> GPU
-	refused   []request   // failures since the last completion
-	undecided int
-	budget    int
+// Column generation over the LP with each type's jobs merged into a few
+// segments finds a good w; B(w) is then evaluated exactly (every job, the
+// knapsack φ_m solved exactly over the relaxed configurations), so the
+// bound holds however well the LP was solved. The served bound is the
+// clairvoyant optimum's: a schedule that knew run times could serve short
+// jobs first. The running bound does not reward that: with run times
+// exponential and independent of everything else (the KubeShare stream), a
+// scheduler that learns a run time only when the job ends completes in
+// expectation 3600/(mean run time) jobs per hour per job running.
+type Bound struct {
+	// Value is the bound.
+	Value float64
+	// Master is the column-generation master's value (jobs merged into
+	// segments): how close the dual solution came; not itself a bound.
+	Master float64
+	// Types, Configs and Rounds describe the LP: request types, per-GPU
+	// configurations generated, column-generation rounds.
+	Types, Configs, Rounds int
 }
 
-func newBoundPlacer(gpus int) *boundPlacer {
-	return &boundPlacer{gpus: gpus, items: map[int]request{}, valid: true, bins: make([]request, gpus), assign: map[int]int{}, budget: 3000}
+// memUnits is the grid the bound rounds a share's memory down to, per GPU.
+const memUnits = 200
+
+// boundSegments is how many segments each type's jobs are merged into in
+// the master LP (only the dual solution depends on it).
+const boundSegments = 16
+
+type boundJob struct {
+	typ     int
+	q       float64 // GPUs held
+	v       float64 // 3600 / run time: jobs per hour per unit of x
+	ubar    float64 // largest x
+	perSlot float64 // v / q
 }
 
-var capGPU = request{0, 100}
-
-func init() { capGPU.mem = gpuMemory.Value() }
-
-func (p *boundPlacer) place(_ context.Context, j *Job) (placement, bool, error) {
-	r := requestOf(j)
-	ok := p.fits(j.ID, r)
-	if !ok {
-		return placement{}, false, nil
-	}
-	p.items[j.ID] = r
-	p.memSum += r.mem
-	p.coreSum += r.cores
-	return placement{gpu: -1, job: j.ID, use: gpuUse{memory: r.mem, cores: r.cores}}, true, nil
+type boundType struct {
+	cores int
+	mem   []int // memory units per fleet model; -1 where not allowed
 }
 
-func (p *boundPlacer) release(pl placement) {
-	id := pl.job
-	r := p.items[id]
-	delete(p.items, id)
-	p.memSum -= r.mem
-	p.coreSum -= r.cores
-	if g, ok := p.assign[id]; ok && p.valid {
-		p.bins[g].mem -= r.mem
-		p.bins[g].cores -= r.cores
-	}
-	delete(p.assign, id)
-	p.refused = p.refused[:0]
+// ServedBound bounds Result.ServedPerHour of jobs on fleet f for the window [w0, w1].
+func ServedBound(f Fleet, jobs []Job, w0, w1 float64) (Bound, error) {
+	return configurationBound(f, jobs, w0, w1, true)
 }
 
-func (p *boundPlacer) fits(id int, r request) bool {
-	G := int64(p.gpus)
-	if p.memSum+r.mem > G*capGPU.mem || p.coreSum+r.cores > G*capGPU.cores {
-		return false
-	}
-	if p.valid {
-		best := -1
-		for g, b := range p.bins {
-			if b.mem+r.mem > capGPU.mem || b.cores+r.cores > capGPU.cores {
-				continue
-			}
-			if best < 0 || slack(b) < slack(p.bins[best]) {
-				best = g
-			}
-		}
-		if best >= 0 {
-			p.bins[best].mem += r.mem
-			p.bins[best].cores += r.cores
-			p.assign[id] = best
-			return true
-		}
-	}
-	for _, f := range p.refused {
-		if f.le(r) {
-			return false
-		}
-	}
-	ids := make([]int, 0, len(p.items)+1)
-	for k := range p.items {
-		ids = append(ids, k)
-	}
-	slices.Sort(ids)
-	ids = append(ids, id)
-	sizes := make([]request, len(ids))
-	for i, k := range ids {
-		if k == id {
-			sizes[i] = r
-		} else {
-			sizes[i] = p.items[k]
-		}
-	}
-	mems, cores := make([]int64, len(sizes)), make([]int64, len(sizes))
-	for i, s := range sizes {
-		mems[i], cores[i] = s.mem, s.cores
-	}
-	if l2(mems, capGPU.mem) > p.gpus || l2(cores, capGPU.cores) > p.gpus ||
-		dffBound(mems, capGPU.mem) > p.gpus || dffBound(cores, capGPU.cores) > p.gpus {
-		p.refused = append(p.refused, r)
-		return false
-	}
-	for _, key := range []func(request) float64{maxFrac, sumFrac} {
-		if bins, assign, ok := firstFitDecreasing(sizes, p.gpus, key); ok {
-			p.adopt(ids, bins, assign)
-			return true
-		}
-	}
-	bins, assign, res := exactPack(sizes, p.gpus, p.budget)
-	switch res {
-	case packFound:
-		p.adopt(ids, bins, assign)
-		return true
-	case packImpossible:
-		p.refused = append(p.refused, r)
-		return false
-	}
-	p.undecided++
-	p.valid = false
-	clear(p.assign)
-	return true
+// RunningBound bounds Result.MeanRunning (jobs running, time-averaged over
+// the window [w0, w1]) of jobs on fleet f.
+func RunningBound(f Fleet, jobs []Job, w0, w1 float64) (Bound, error) {
+	return configurationBound(f, jobs, w0, w1, false)
 }
 
-func (p *boundPlacer) adopt(ids []int, bins []request, assign []int) {
-	p.valid = true
-	copy(p.bins, bins)
-	clear(p.assign)
-	for i, id := range ids {
-		p.assign[id] = assign[i]
+// configurationBound is B(w) for the measure Σ_j x_j v_j (v_j = 3600/R_j
+// when served, else 1), minimised over the dual solutions column generation
+// visits.
+func configurationBound(f Fleet, jobs []Job, w0, w1 float64, served bool) (Bound, error) {
+	W := w1 - w0
+	if !(W > 0) {
+		return Bound{}, fmt.Errorf("bound: empty window [%g, %g]", w0, w1)
 	}
-}
-
-func slack(b request) float64 {
-	return min(float64(capGPU.mem-b.mem)/float64(capGPU.mem), float64(capGPU.cores-b.cores)/float64(capGPU.cores))
-}
-
-func maxFrac(r request) float64 {
-	return max(float64(r.mem)/float64(capGPU.mem), float64(r.cores)/float64(capGPU.cores))
-}
-
-func sumFrac(r request) float64 {
-	return float64(r.mem)/float64(capGPU.mem) + float64(r.cores)/float64(capGPU.cores)
-}
-
-// decreasing is the indexes of sizes by decreasing key, ties in their order.
-func decreasing(sizes []request, key func(request) float64) []int {
-	order := make([]int, len(sizes))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(key(sizes[b]), key(sizes[a])) })
-	return order
-}
-
-// firstFitDecreasing packs sizes in decreasing key order, each into the fullest
-// GPU it fits (best fit).
-func firstFitDecreasing(sizes []request, gpus int, key func(request) float64) ([]request, []int, bool) {
-	order := decreasing(sizes, key)
-	bins := make([]request, gpus)
-	assign := make([]int, len(sizes))
-	for _, i := range order {
-		s := sizes[i]
-		best := -1
-		for g, b := range bins {
-			if b.mem+s.mem > capGPU.mem || b.cores+s.cores > capGPU.cores {
-				continue
-			}
-			if best < 0 || slack(b) < slack(bins[best]) {
-				best = g
+	models := f.GPUModels()
+	G := make([]float64, len(models))
+	for _, s := range f.Nodes {
+		for mi, m := range models {
+			if s.Model.Name == m.Name {
+				G[mi] += float64(s.GPUs)
 			}
 		}
-		if best < 0 {
-			return nil, nil, false
-		}
-		bins[best].mem += s.mem
-		bins[best].cores += s.cores
-		assign[i] = best
 	}
-	return bins, assign, true
-}
-
-// l2 is Martello and Toth's L2 lower bound on the number of bins of capacity c
-// that hold items of the given sizes (1990): for every α in [0, c/2], the items
-// larger than c−α need a bin each, so do those in (c/2, c−α], and the items in
-// [α, c/2] can use only what those leave.
-func l2(sizes []int64, c int64) int {
-	s := slices.Clone(sizes)
-	slices.Sort(s)
-	n := len(s)
-	prefix := make([]int64, n+1)
-	for i, x := range s {
-		prefix[i+1] = prefix[i] + x
-	}
-	// idx(v): first index with s[i] > v.
-	upper := func(v int64) int {
-		i, _ := slices.BinarySearchFunc(s, v, func(e, t int64) int {
-			if e <= t {
-				return -1
+	var constant float64
+	var bjobs []boundJob
+	var types []boundType
+	typeIndex := map[string]int{}
+	for i := range jobs {
+		j := &jobs[i]
+		if j.Runtime <= 0 {
+			// Served at once: it counts one job served if it can start in
+			// the window, and never runs.
+			if j.Arrival <= w1 && served {
+				constant += 3600 / W
 			}
-			return 1
-		})
-		return i
-	}
-	lower := func(v int64) int { // first index with s[i] >= v
-		i, _ := slices.BinarySearch(s, v)
-		return i
-	}
-	half := upper(c / 2) // items with 2x > c start here
-	best := 0
-	alphas := []int64{0}
-	for _, x := range s {
-		if 2*x <= c && (len(alphas) == 0 || alphas[len(alphas)-1] != x) {
-			alphas = append(alphas, x)
-		}
-	}
-	for _, a := range alphas {
-		j1 := upper(c - a) // items > c−a: [j1, n)
-		n1 := n - j1
-		n2 := j1 - half // items in (c/2, c−a]
-		if n2 < 0 {
-			n2 = 0
-		}
-		sum2 := prefix[j1] - prefix[min(half, j1)]
-		lo := lower(a)
-		sum3 := prefix[half] - prefix[min(lo, half)]
-		free := int64(n2)*c - sum2
-		extra := int64(0)
-		if sum3 > free {
-			extra = (sum3 - free + c - 1) / c
-		}
-		best = max(best, n1+n2+int(extra))
-	}
-	return best
-}
-
-// dffMaxK is the largest k of the dual feasible functions tried.
-const dffMaxK = 20
-
-// dffBound is the largest of Fekete and Schepers' lower bounds (2001) on the
-// bins of capacity c that hold items of the given sizes, for the dual feasible
-// functions u⁽ᵏ⁾(x) = x if (k+1)x is an integer, else ⌊(k+1)x⌋/k, k = 1…dffMaxK:
-// ⌈Σ u⁽ᵏ⁾(sᵢ/c)⌉. (k = 3 says, for example, that a GPU holds at most three
-// items larger than a quarter.)
-func dffBound(sizes []int64, c int64) int {
-	best := 0
-	for k := int64(1); k <= dffMaxK; k++ {
-		// Σ u in units of 1/(k·c): x·k·c for the exact multiples, ⌊(k+1)x⌋·c otherwise.
-		var num int64
-		for _, s := range sizes {
-			if (k+1)*s%c == 0 {
-				num += s * k
-			} else {
-				num += ((k + 1) * s / c) * c
-			}
-		}
-		den := k * c
-		best = max(best, int((num+den-1)/den))
-	}
-	return best
-}
-
-type packResult int
-
-const (
-	packFound packResult = iota
-	packImpossible
-	packUnknown
-)
-
-// exactPack searches for a packing of sizes into gpus bins, largest first,
-// trying each bin whose load differs from the bins tried before it (equal
-// loads are interchangeable), within budget search nodes.
-func exactPack(sizes []request, gpus int, budget int) ([]request, []int, packResult) {
-	order := decreasing(sizes, maxFrac)
-	bins := make([]request, gpus)
-	assign := make([]int, len(sizes))
-	// Suffix sums and minima of what is left to place from position k on.
-	n := len(order)
-	restSum, restMin := make([]request, n+1), make([]request, n+1)
-	restMin[n] = capGPU
-	for k := n - 1; k >= 0; k-- {
-		s := sizes[order[k]]
-		restSum[k] = request{restSum[k+1].mem + s.mem, restSum[k+1].cores + s.cores}
-		restMin[k] = request{min(restMin[k+1].mem, s.mem), min(restMin[k+1].cores, s.cores)}
-	}
-	nodes := 0
-	var dfs func(k int) packResult
-	dfs = func(k int) packResult {
-		if k == len(order) {
-			return packFound
-		}
-		nodes++
-		if nodes > budget {
-			return packUnknown
-		}
-		// A GPU whose room is below the smallest item left is wasted: if what is
-		// left exceeds the usable room, no packing completes this one.
-		var usable request
-		for _, b := range bins {
-			free := request{capGPU.mem - b.mem, capGPU.cores - b.cores}
-			if free.mem >= restMin[k].mem && free.cores >= restMin[k].cores {
-				usable.mem += free.mem
-				usable.cores += free.cores
-			}
-		}
-		if restSum[k].mem > usable.mem || restSum[k].cores > usable.cores {
-			return packImpossible
-		}
-		i := order[k]
-		s := sizes[i]
-		unknown := false
-		seen := make([]request, 0, 8)
-		for g := range bins {
-			b := bins[g]
-			if b.mem+s.mem > capGPU.mem || b.cores+s.cores > capGPU.cores || slices.Contains(seen, b) {
-				continue
-			}
-			seen = append(seen, b)
-			bins[g].mem += s.mem
-			bins[g].cores += s.cores
-			assign[i] = g
-			switch dfs(k + 1) {
-			case packFound:
-				return packFound
-			case packUnknown:
-				unknown = true
-			}
-			bins[g].mem -= s.mem
-			bins[g].cores -= s.cores
-			if unknown {
-				return packUnknown
-			}
-		}
-		return packImpossible
-	}
-	res := dfs(0)
-	if res == packFound {
-		return bins, assign, res
-	}
-	return nil, nil, res
-}
-
-// --- packing oracle ----------------------------------------------------------------------
-
-// oraclePlacer packs Tessera's share requests without the allocator: best-fit (the
-// fullest GPU that still fits, fleet-wide) or first-fit (node order, GPU order, which
-// is what the allocator does; tests compare the two).
-type oraclePlacer struct {
-	bestFit bool
-	mem     []int64 // free bytes per GPU
-	cores   []int64
-}
-
-func newOraclePlacer(gpus int, bestFit bool) *oraclePlacer {
-	p := &oraclePlacer{bestFit: bestFit, mem: make([]int64, gpus), cores: make([]int64, gpus)}
-	for g := range gpus {
-		p.mem[g], p.cores[g] = gpuMemory.Value(), 100
-	}
-	return p
-}
-
-func (p *oraclePlacer) place(_ context.Context, j *Job) (placement, bool, error) {
-	r := requestOf(j)
-	best := -1
-	for g := range p.mem {
-		if p.mem[g] < r.mem || p.cores[g] < r.cores {
 			continue
 		}
-		if !p.bestFit {
-			best = g
+		u := min(j.Runtime, w1-max(j.Arrival, w0))
+		if u <= 0 {
+			continue
+		}
+		bj := boundJob{q: float64(j.gpuCount()), v: 1, ubar: u / W}
+		if served {
+			bj.v = 3600 / j.Runtime
+		}
+		if j.CPUOnly {
+			constant += bj.ubar * bj.v
+			continue
+		}
+		t := boundType{cores: 100, mem: make([]int, len(models))}
+		any := false
+		for mi, m := range models {
+			if !allowed(j.Models, m) {
+				t.mem[mi] = -1
+				continue
+			}
+			any = true
+			r := requestOn(j, m)
+			t.cores = int(r.cores)
+			t.mem[mi] = int(r.mem * memUnits / m.MemoryBytes())
+		}
+		if !any {
+			continue // no schedule runs it
+		}
+		key := strconv.Itoa(t.cores) + ":" + fmt.Sprint(t.mem)
+		k, ok := typeIndex[key]
+		if !ok {
+			k = len(types)
+			typeIndex[key] = k
+			types = append(types, t)
+		}
+		bj.typ, bj.perSlot = k, bj.v/bj.q
+		bjobs = append(bjobs, bj)
+	}
+	if len(types) == 0 {
+		return Bound{Value: constant, Master: constant}, nil
+	}
+
+	// The master: rows 0..K-1 the types (Σ slots served − Σ c_k λ ≤ 0,
+	// perturbed by a hair against degeneracy), rows K..K+M-1 the models.
+	K, M := len(types), len(models)
+	rhs := make([]float64, K+M)
+	for k := range K {
+		rhs[k] = 1e-9 * float64(1+k%7)
+	}
+	for mi := range M {
+		rhs[K+mi] = G[mi]
+	}
+	p := newLP(rhs)
+	byType := make([][]int, K)
+	for i, bj := range bjobs {
+		byType[bj.typ] = append(byType[bj.typ], i)
+	}
+	for k, idx := range byType {
+		slices.SortFunc(idx, func(a, b int) int {
+			return cmpFloat(bjobs[b].perSlot, bjobs[a].perSlot)
+		})
+		var total float64
+		for _, i := range idx {
+			total += bjobs[i].q * bjobs[i].ubar
+		}
+		var slots, value float64
+		for n, i := range idx {
+			bj := bjobs[i]
+			slots += bj.q * bj.ubar
+			value += bj.q * bj.ubar * bj.perSlot
+			if n == len(idx)-1 || slots >= total/boundSegments {
+				if slots > 0 {
+					p.addColumn([]int{k}, []float64{1}, value/slots, slots)
+				}
+				slots, value = 0, 0
+			}
+		}
+	}
+	seen := map[string]bool{}
+	configs := 0
+	addConfig := func(mi int, counts []int) bool {
+		var rows []int
+		var vals []float64
+		var key strings.Builder
+		fmt.Fprintf(&key, "%d:", mi)
+		for k, c := range counts {
+			if c > 0 {
+				rows, vals = append(rows, k), append(vals, -float64(c))
+				fmt.Fprintf(&key, "%d=%d,", k, c)
+			}
+		}
+		if len(rows) == 0 || seen[key.String()] {
+			return false
+		}
+		seen[key.String()] = true
+		p.addColumn(append(rows, K+mi), append(vals, 1), 0, math.Inf(1))
+		configs++
+		return true
+	}
+	// Seed: every type alone, as many as fit on one GPU of each model.
+	for mi := range M {
+		for k, t := range types {
+			if t.mem[mi] < 0 {
+				continue
+			}
+			n := 100 / t.cores
+			if t.mem[mi] > 0 {
+				n = min(n, memUnits/t.mem[mi])
+			}
+			if n > 0 {
+				counts := make([]int, K)
+				counts[k] = n
+				addConfig(mi, counts)
+			}
+		}
+	}
+
+	eval := func(w []float64, phi []float64) float64 {
+		b := constant
+		for mi := range M {
+			b += G[mi] * phi[mi]
+		}
+		for _, bj := range bjobs {
+			if d := bj.v - bj.q*w[bj.typ]; d > 0 {
+				b += bj.ubar * d
+			}
+		}
+		return b
+	}
+	best := math.Inf(1)
+	// w = 0 is always dual feasible: the bound that serves every job fully.
+	best = min(best, eval(make([]float64, K), make([]float64, M)))
+	rounds := 0
+	const maxRounds = 1000
+	for ; rounds < maxRounds; rounds++ {
+		if err := p.solve(50000); err != nil {
+			return Bound{}, fmt.Errorf("bound: round %d: %w", rounds, err)
+		}
+		pi := p.duals()
+		w := make([]float64, K)
+		for k := range K {
+			w[k] = max(0, pi[k])
+		}
+		phi := make([]float64, M)
+		cols := make([][]int, M)
+		for mi := range M {
+			phi[mi], cols[mi] = knapsack(types, mi, w)
+		}
+		best = min(best, eval(w, phi))
+		added := false
+		for mi := range M {
+			if phi[mi] > max(0, pi[K+mi])+1e-9*max(1, phi[mi]) && addConfig(mi, cols[mi]) {
+				added = true
+			}
+		}
+		if !added {
 			break
 		}
-		if best < 0 || p.mem[g] < p.mem[best] {
-			best = g
-		}
 	}
-	if best < 0 {
-		return placement{}, false, nil
+	if math.IsInf(best, 1) || math.IsNaN(best) {
+		return Bound{}, errors.New("bound: no finite dual value")
 	}
-	p.mem[best] -= r.mem
-	p.cores[best] -= r.cores
-	return placement{gpu: best, node: best / GPUsPerNode, use: gpuUse{memory: r.mem, cores: r.cores}}, true, nil
+	return Bound{Value: best, Master: p.objective() + constant, Types: K, Configs: configs, Rounds: rounds}, nil
 }
 
-func (p *oraclePlacer) release(pl placement) {
-	p.mem[pl.gpu] += pl.use.memory
-	p.cores[pl.gpu] += pl.use.cores
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// knapsack is φ_m(w): the most Σ c_k w_k a multiset of types fitting on one
+// GPU of model mi can have (cores within 100, memory units within
+// memUnits; unbounded copies), and the multiset.
+func knapsack(types []boundType, mi int, w []float64) (float64, []int) {
+	const C, U = 100, memUnits
+	type item struct {
+		k, c, u int
+		w       float64
+	}
+	var its []item
+	for k, t := range types {
+		if t.mem[mi] >= 0 && w[k] > 0 {
+			its = append(its, item{k, t.cores, t.mem[mi], w[k]})
+		}
+	}
+	stride := U + 1
+	dp := make([]float64, (C+1)*stride)
+	choice := make([]int32, (C+1)*stride)
+	for c := 0; c <= C; c++ {
+		for u := 0; u <= U; u++ {
+			i := c*stride + u
+			best, ch := 0.0, int32(-1)
+			if c > 0 {
+				best, ch = dp[i-stride], -2
+			}
+			if u > 0 && dp[i-1] > best {
+				best, ch = dp[i-1], -3
+			}
+			for n, it := range its {
+				if it.c <= c && it.u <= u {
+					if v := dp[(c-it.c)*stride+(u-it.u)] + it.w; v > best {
+						best, ch = v, int32(n)
+					}
+				}
+			}
+			dp[i], choice[i] = best, ch
+		}
+	}
+	counts := make([]int, len(types))
+	for c, u := C, U; ; {
+		ch := choice[c*stride+u]
+		switch {
+		case ch == -1:
+			return dp[C*stride+U], counts
+		case ch == -2:
+			c--
+		case ch == -3:
+			u--
+		default:
+			it := its[ch]
+			counts[it.k]++
+			c, u = c-it.c, u-it.u
+		}
+	}
 }

@@ -74,7 +74,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 	}
 	for i := range nodes {
 		name := fmt.Sprintf("node-%03d", i)
-		sl, err := m.slices(name)
+		sl, err := m.slices(name, HGXFleet(1).Nodes[0])
 		if err != nil {
 			return nil, err
 		}
@@ -101,7 +101,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 	}
 	switch kind {
 	case CostWhole, CostTesseraWhole:
-		s.claim = claimFor(claimJob, WholeClass, nil)
+		s.claim = claimFor(claimJob, WholeClass, 1, nil)
 	case CostPartition:
 		c, err := m.claim(claimJob)
 		if err != nil {
@@ -109,7 +109,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 		}
 		s.claim = c
 	case CostTesseraShared:
-		s.claim = claimFor(claimJob, SharedClass, eighth)
+		s.claim = claimFor(claimJob, SharedClass, 1, eighth)
 	}
 	return s, nil
 }

@@ -196,13 +196,11 @@ func TestLowerBounds(t *testing.T) {
 	}
 	// 2-D: four items of (60% memory, 10% cores) cannot share in pairs.
 	sizes := []request{{60, 10}, {60, 10}, {10, 60}, {10, 60}}
-	saved := capGPU
-	capGPU = request{100, 100}
-	defer func() { capGPU = saved }()
-	if _, _, res := exactPack(sizes, 2, 1000); res != packFound {
+	c := request{100, 100}
+	if _, _, res := exactPack(sizes, 2, c, 1000); res != packFound {
 		t.Errorf("exactPack: %v, want found (each memory-heavy item with a core-heavy one)", res)
 	}
-	if _, _, res := exactPack(append(sizes, request{60, 10}), 2, 1000); res != packImpossible {
+	if _, _, res := exactPack(append(sizes, request{60, 10}), 2, c, 1000); res != packImpossible {
 		t.Errorf("exactPack with a fifth item: %v, want impossible", res)
 	}
 }

@@ -2,7 +2,9 @@ package fleet
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/accounting"
+	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -56,44 +59,47 @@ const (
 	// TesseraBestFit is Tessera's capacities packed best-fit by an oracle instead of
 	// the allocator's first-fit; it shows what first-fit costs. Not the scheduler.
 	TesseraBestFit Kind = "tessera-bestfit"
-	// Bound is the GPU-boundary bound: a job starts iff the share requests of
-	// the running jobs and its own can be packed into the fleet's GPUs, every
-	// running job free to move (optimal repacking at every event). See boundPlacer.
-	Bound Kind = "bound"
-	// Fluid is the ideal bound: a job runs iff the fleet's total free capacity
-	// covers its demand (no GPU boundaries, no fragmentation).
+	// Migrating is a reference policy, not a bound: a job starts iff the share
+	// requests of the running jobs and its own can be packed into the fleet's
+	// GPUs with every running job free to move (repacking at every event, the
+	// same queue). It moves running jobs, which no DRA driver can. See
+	// migratingPlacer.
+	Migrating Kind = "migrating"
+	// Fluid is a reference policy without GPU boundaries: a job runs iff the
+	// fleet's total free capacity covers its demand.
 	Fluid Kind = "fluid"
 )
 
 // AllKinds is the report order.
-var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Bound, Fluid}
+var AllKinds = []Kind{Whole, Partition, Tessera, TesseraBestFit, Migrating, Fluid}
 
 // deviceModel is an allocation model whose devices the real allocator hands out.
 type deviceModel interface {
 	kind() Kind
-	// slices is what the kubelet plugin of node would publish.
-	slices(node string) ([]*resourceapi.ResourceSlice, error)
+	// slices is what the kubelet plugin of node would publish for a node of spec s.
+	slices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error)
 	classes() []*resourceapi.DeviceClass
-	// claim is the ResourceClaim a job with this demand creates.
+	// claim is the ResourceClaim job j creates (nil for a CPU-only job).
 	claim(j *Job) (*resourceapi.ResourceClaim, error)
-	// sizeKey orders claims by size in two dimensions: if a claim of size k fails
-	// on an unchanged node, every claim at least as large in both fails there too,
-	// and if it fits, every claim at most as large in both fits. The simulation
-	// relies on this to skip allocator calls it knows the answer of.
+	// sizeKey orders claims by size: if a claim of size k fails on an
+	// unchanged node, every claim of the same class at least as large fails
+	// there too, and if it fits, every claim of the class at most as large
+	// fits. The simulation relies on this to skip allocator calls it knows
+	// the answer of.
 	sizeKey(j *Job) size
-	// use maps one allocated device to its GPU (0..7) on the node and what it takes
-	// of that GPU.
-	use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error)
+	// use maps one allocated device to its GPU on a node of spec s and what
+	// it takes of that GPU.
+	use(r *resourceapi.DeviceRequestAllocationResult, s NodeSpec) (int, gpuUse, error)
 }
 
-func newDeviceModel(k Kind) (deviceModel, error) {
+func newDeviceModel(k Kind, f Fleet) (deviceModel, error) {
 	switch k {
 	case Whole:
 		return wholeModel{}, nil
 	case Partition:
 		return partitionModel{}, nil
 	case Tessera:
-		return tesseraModel{}, nil
+		return newTesseraModel(f)
 	}
 	return nil, fmt.Errorf("model %q has no devices", k)
 }
@@ -111,27 +117,80 @@ func typeSelector(t string) string {
 	return fmt.Sprintf(`device.driver == %q && device.attributes[%q].type == %q`, Driver, Driver, t)
 }
 
-func claimFor(j *Job, className string, capacity map[resourceapi.QualifiedName]resource.Quantity) *resourceapi.ResourceClaim {
+// productSelector selects the devices of the job's allowed models by their
+// productName attribute ("" when the job takes any).
+func productSelector(models []string) string {
+	if len(models) == 0 {
+		return ""
+	}
+	var names []string
+	for _, n := range models {
+		if m, ok := LookupModel(n); ok && !slices.Contains(names, strconv.Quote(m.Product)) {
+			names = append(names, strconv.Quote(m.Product))
+		}
+	}
+	if len(names) == 0 {
+		names = []string{`"none"`}
+	}
+	attrs := fmt.Sprintf("device.attributes[%q]", Driver)
+	return fmt.Sprintf(`"productName" in %s && %s.productName in [%s]`, attrs, attrs, strings.Join(names, ", "))
+}
+
+// claimFor is a claim for count devices of className, with the job's
+// GPU-type selector and, for an NVLink job of several devices, a
+// matchAttribute constraint on nvlinkDomain.
+func claimFor(j *Job, className string, count int, capacity map[resourceapi.QualifiedName]resource.Quantity) *resourceapi.ResourceClaim {
 	req := &resourceapi.ExactDeviceRequest{
 		DeviceClassName: className,
 		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
-		Count:           1,
+		Count:           int64(count),
 	}
 	if capacity != nil {
 		req.Capacity = &resourceapi.CapacityRequirements{Requests: capacity}
 	}
+	if sel := productSelector(j.Models); sel != "" {
+		req.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: sel}}}
+	}
 	name := "job-" + strconv.Itoa(j.ID)
-	return &resourceapi.ResourceClaim{
+	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "fleet", UID: types.UID("uid-" + name)},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
 			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}},
 		}},
 	}
+	if j.NVLink && count > 1 {
+		claim.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(Driver + "/" + string(model.AttrNVLinkDomain)))}}
+	}
+	return claim
 }
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
 func integer(i int) resourceapi.DeviceAttribute {
 	return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
+}
+
+// gpuAttributes are the attributes the models (a) and (b) publish for GPU g
+// of a node: Tessera's names for the index, product and NVLink domain, so
+// that type constraints and NVLink constraints read alike in all three.
+func gpuAttributes(typ string, g gpu.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str(typ), "index": integer(g.Minor)}
+	if g.ProductName != "" {
+		a[model.AttrProductName] = str(g.ProductName)
+	}
+	if g.NVLinkDomain != "" {
+		a[model.AttrNVLinkDomain] = str(g.NVLinkDomain)
+	}
+	return a
+}
+
+// classKey is the part of a size key that makes claims comparable: the
+// same kind of request with the same type constraint and NVLink need.
+func classKey(prefix string, j *Job) string {
+	k := prefix + "|" + strings.Join(j.Models, "|")
+	if j.NVLink && j.GPUs > 1 {
+		k += "|nvlink"
+	}
+	return k
 }
 
 // --- (a) whole GPUs only ---------------------------------------------------------
@@ -140,13 +199,17 @@ type wholeModel struct{}
 
 func (wholeModel) kind() Kind { return Whole }
 
-func (wholeModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
-	devices := make([]resourceapi.Device, GPUsPerNode)
-	for i := range devices {
+func (wholeModel) slices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
+	gpus, err := gpusOf(s)
+	if err != nil {
+		return nil, err
+	}
+	devices := make([]resourceapi.Device, len(gpus))
+	for i, g := range gpus {
 		devices[i] = resourceapi.Device{
-			Name:       model.WholeDeviceName(i),
-			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"type": str("gpu"), "index": integer(i)},
-			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: gpuMemory}},
+			Name:       model.WholeDeviceName(g.Minor),
+			Attributes: gpuAttributes("gpu", g),
+			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI)}},
 		}
 	}
 	return own(node, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devices}}}}})
@@ -157,12 +220,19 @@ func (wholeModel) classes() []*resourceapi.DeviceClass {
 }
 
 func (wholeModel) claim(j *Job) (*resourceapi.ResourceClaim, error) {
-	return claimFor(j, WholeClass, nil), nil
+	if j.CPUOnly {
+		return nil, nil
+	}
+	return claimFor(j, WholeClass, j.gpuCount(), nil), nil
 }
-func (wholeModel) sizeKey(*Job) size { return size{1, 1} }
-func (wholeModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+
+func (wholeModel) sizeKey(j *Job) size {
+	return size{class: classKey("whole", j), count: j.gpuCount(), mem: 1, cores: 1}
+}
+
+func (wholeModel) use(r *resourceapi.DeviceRequestAllocationResult, s NodeSpec) (int, gpuUse, error) {
 	minor, _, err := model.ParseDeviceName(r.Device)
-	return minor, gpuUse{whole: true, memory: gpuMemory.Value(), cores: 100, slots: 0xff}, err
+	return minor, gpuUse{whole: true, memory: s.Model.MemoryBytes(), cores: 100, slots: 0xff}, err
 }
 
 // --- (b) fixed partitions over counters --------------------------------------------
@@ -185,34 +255,40 @@ func partitionDeviceName(gpu, eighths, k int) string {
 	return fmt.Sprintf("gpu-%d-p%d-%d", gpu, eighths, k)
 }
 
-func (partitionModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
+func (partitionModel) slices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
 	// Slot counters slot0..slot7 encode where in the GPU a partition sits, so two
 	// partitions that overlap (a half and a quarter inside it) exclude each other,
 	// as MIG's memory-slice counters do. memory/cores are charged alongside.
-	counters := make([]resourceapi.CounterSet, GPUsPerNode)
+	gpus, err := gpusOf(s)
+	if err != nil {
+		return nil, err
+	}
+	counters := make([]resourceapi.CounterSet, len(gpus))
 	out := []resourceslice.Slice{{SharedCounters: counters}}
-	for g := range GPUsPerNode {
+	for i, gg := range gpus {
+		g := gg.Minor
+		memory := int64(gg.MemoryBytes)
 		cs := resourceapi.CounterSet{Name: model.CounterSetName(g), Counters: map[string]resourceapi.Counter{
-			"memory": {Value: gpuMemory}, "cores": {Value: resource.MustParse("100")},
+			"memory": {Value: *resource.NewQuantity(memory, resource.BinarySI)}, "cores": {Value: resource.MustParse("100")},
 		}}
 		for s := range 8 {
 			cs.Counters["slot"+strconv.Itoa(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
 		}
-		counters[g] = cs
+		counters[i] = cs
 		var devices []resourceapi.Device
 		for _, eighths := range partitionSizes {
-			mem := resource.NewQuantity(gpuMemory.Value()*int64(eighths)/8, resource.BinarySI)
+			mem := resource.NewQuantity(memory*int64(eighths)/8, resource.BinarySI)
 			cores := resource.NewQuantity(int64(100*eighths/8), resource.DecimalSI)
 			for k := range 8 / eighths {
 				consumed := map[string]resourceapi.Counter{"memory": {Value: *mem}, "cores": {Value: *cores}}
 				for s := k * eighths; s < (k+1)*eighths; s++ {
 					consumed["slot"+strconv.Itoa(s)] = resourceapi.Counter{Value: resource.MustParse("1")}
 				}
+				attrs := gpuAttributes("partition", gg)
+				attrs["eighths"] = integer(eighths)
 				devices = append(devices, resourceapi.Device{
-					Name: partitionDeviceName(g, eighths, k),
-					Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-						"type": str("partition"), "index": integer(g), "eighths": integer(eighths),
-					},
+					Name:       partitionDeviceName(g, eighths, k),
+					Attributes: attrs,
 					Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 						"memory": {Value: *mem}, "cores": {Value: *cores},
 					},
@@ -235,42 +311,75 @@ func (partitionModel) classes() []*resourceapi.DeviceClass {
 }
 
 func (partitionModel) claim(j *Job) (*resourceapi.ResourceClaim, error) {
-	return claimFor(j, partitionClass(partitionEighths(j.Demand)), nil), nil
+	switch {
+	case j.CPUOnly:
+		return nil, nil
+	case j.GPUs > 0:
+		return claimFor(j, partitionClass(8), j.GPUs, nil), nil
+	}
+	return claimFor(j, partitionClass(partitionEighths(j.Demand)), 1, nil), nil
 }
 
 func (partitionModel) sizeKey(j *Job) size {
+	if j.GPUs > 0 {
+		return size{class: classKey("partition-whole", j), count: j.GPUs, mem: 8, cores: 8}
+	}
 	e := float64(partitionEighths(j.Demand))
-	return size{e, e}
+	return size{class: classKey("partition", j), count: 1, mem: e, cores: e}
 }
 
-func (partitionModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+func (partitionModel) use(r *resourceapi.DeviceRequestAllocationResult, s NodeSpec) (int, gpuUse, error) {
 	var g, eighths, k int
 	if n, err := fmt.Sscanf(r.Device, "gpu-%d-p%d-%d", &g, &eighths, &k); n != 3 || err != nil || r.Device != partitionDeviceName(g, eighths, k) {
 		return 0, gpuUse{}, fmt.Errorf("device %q: not a partition device", r.Device)
 	}
 	mask := uint8((1<<eighths - 1) << (k * eighths))
-	return g, gpuUse{memory: gpuMemory.Value() * int64(eighths) / 8, cores: int64(100 * eighths / 8), slots: mask}, nil
+	return g, gpuUse{memory: s.Model.MemoryBytes() * int64(eighths) / 8, cores: int64(100 * eighths / 8), slots: mask}, nil
 }
 
 // --- (c) Tessera -------------------------------------------------------------------
 
-type tesseraModel struct{}
+// tesseraModel is the driver's slices for every node, and claims formed as
+// users form them: a share as a fraction of whichever allowed GPU model it
+// lands on (pkg/fraction's firstAvailable request), whole GPUs from
+// gpu.tessera.dev.
+type tesseraModel struct {
+	shares *shareForms
+}
+
+func newTesseraModel(f Fleet) (tesseraModel, error) {
+	sf, err := newShareForms(f)
+	return tesseraModel{shares: sf}, err
+}
 
 func (tesseraModel) kind() Kind { return Tessera }
 
-func (tesseraModel) slices(node string) ([]*resourceapi.ResourceSlice, error) {
-	return tesseraSlices(node)
+func (tesseraModel) slices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
+	return tesseraSlices(node, s)
 }
 
 func (tesseraModel) classes() []*resourceapi.DeviceClass { return tesseraClasses() }
 
-func (tesseraModel) claim(j *Job) (*resourceapi.ResourceClaim, error) { return shareClaim(j) }
+func (m tesseraModel) claim(j *Job) (*resourceapi.ResourceClaim, error) {
+	switch {
+	case j.CPUOnly:
+		return nil, nil
+	case j.GPUs > 0:
+		return claimFor(j, WholeClass, j.GPUs, nil), nil
+	}
+	return m.shares.claim(j)
+}
 
-func (tesseraModel) sizeKey(j *Job) size { return size{j.Memory, j.Cores} }
+func (tesseraModel) sizeKey(j *Job) size {
+	if j.GPUs > 0 {
+		return size{class: classKey("tessera-whole", j), count: j.GPUs, mem: 1, cores: 1}
+	}
+	return size{class: classKey("tessera-share", j), count: 1, mem: j.Memory, cores: j.Cores}
+}
 
 // use counts what the device holds by package accounting, the rule the
 // plugin's metrics and `tessera status` count by.
-func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuUse, error) {
+func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult, s NodeSpec) (int, gpuUse, error) {
 	d, ok := accounting.FromResult(*r)
 	if !ok {
 		return 0, gpuUse{}, fmt.Errorf("device %q of driver %q: not a %s device", r.Device, r.Driver, Driver)
@@ -279,7 +388,7 @@ func (tesseraModel) use(r *resourceapi.DeviceRequestAllocationResult) (int, gpuU
 		return 0, gpuUse{}, fmt.Errorf("device %q: allocated without a shareID", r.Device)
 	}
 	a := accounting.Allocated([]accounting.Device{d}, func(accounting.GPU) (accounting.Capacity, bool) {
-		return accounting.Capacity{MemoryBytes: gpuMemory.Value(), Cores: model.CoresPerGPU}, true
+		return accounting.Capacity{MemoryBytes: s.Model.MemoryBytes(), Cores: model.CoresPerGPU}, true
 	})[d.GPU]
 	return d.GPU.Minor, gpuUse{whole: a.Whole, memory: a.MemoryBytes, cores: a.Cores}, nil
 }

@@ -1,10 +1,12 @@
 package fleet
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -12,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
+	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -49,23 +52,28 @@ const (
 	ChoiceFirst NodeChoice = "first"
 )
 
-// Scoring is what the score plugins see: every node's allocatable cpu and
-// memory, and each job pod's requests (0: none, so the non-zero defaults apply
-// to LeastAllocated and BalancedAllocation skips the pod).
+// Scoring is what the score plugins see: the allocatable cpu and memory of
+// nodes whose NodeSpec leaves them 0, and the requests of job pods that name
+// none (0: none, so the non-zero defaults apply to LeastAllocated and
+// BalancedAllocation skips the pod).
 type Scoring struct {
 	NodeMilliCPU, NodeMemory int64
 	PodMilliCPU, PodMemory   int64
 	// PercentageOfNodesToScore is the scheduler's setting; 0 is adaptive.
 	PercentageOfNodesToScore int32
+	// MaxPods is every node's pod capacity (NodeResourcesFit filters on it);
+	// 0 is 110, the kubelet's default and hack/scale's fake nodes'.
+	MaxPods int
 }
 
-// DefaultScoring is a fake node of hack/scale (128 cpu, 1Ti: scalebench.FakeNode) and
-// pods without requests.
+// DefaultScoring is a fake node of hack/scale (128 cpu, 1Ti, 110 pods:
+// scalebench.FakeNode) and pods without requests.
 var DefaultScoring = Scoring{NodeMilliCPU: 128000, NodeMemory: 1 << 40}
 
 const (
 	defaultMilliCPURequest = 100               // schedutil.DefaultMilliCPURequest
 	defaultMemoryRequest   = 200 * 1024 * 1024 // schedutil.DefaultMemoryRequest
+	defaultMaxPods         = 110
 	maxNodeScore           = 100
 	minFeasibleNodesToFind = 100
 	minFeasiblePercentage  = 5
@@ -82,18 +90,61 @@ func numFeasibleNodesToFind(percentage int32, n int32) int32 {
 	return max(n*percentage/100, minFeasibleNodesToFind)
 }
 
-// score is the sum of the weighted scores that differ between nodes for a job
-// pod landing on a node that already runs pods job pods.
-func (s Scoring) score(pods int) int64 {
-	k := int64(pods)
-	// NodeResourcesFit, LeastAllocated: non-zero requests.
-	cpu, mem := s.PodMilliCPU, s.PodMemory
-	if cpu == 0 {
-		cpu = defaultMilliCPURequest
+// podRequests is what the score plugins count of one pod: its requests
+// (0: none) and the non-zero versions LeastAllocated uses.
+type podRequests struct{ cpu, mem, nzCPU, nzMem int64 }
+
+func (s Scoring) requestsOf(j *Job) podRequests {
+	r := podRequests{cpu: j.MilliCPU, mem: j.MemoryMiB << 20}
+	if r.cpu == 0 && r.mem == 0 {
+		r.cpu, r.mem = s.PodMilliCPU, s.PodMemory
 	}
-	if mem == 0 {
-		mem = defaultMemoryRequest
+	r.nzCPU, r.nzMem = r.cpu, r.mem
+	if r.nzCPU == 0 {
+		r.nzCPU = defaultMilliCPURequest
 	}
+	if r.nzMem == 0 {
+		r.nzMem = defaultMemoryRequest
+	}
+	return r
+}
+
+// nodeLoad is what a node's pods request in sum.
+type nodeLoad struct {
+	pods                   int
+	cpu, mem, nzCPU, nzMem int64
+	allocCPU, allocMem     int64
+}
+
+func (l *nodeLoad) add(r podRequests, sign int64) {
+	l.pods += int(sign)
+	l.cpu += sign * r.cpu
+	l.mem += sign * r.mem
+	l.nzCPU += sign * r.nzCPU
+	l.nzMem += sign * r.nzMem
+}
+
+// room is NodeResourcesFit's filter: the pod count and the pod's cpu and
+// memory requests against what the node allocates.
+func (l *nodeLoad) room(r podRequests, maxPods int) bool {
+	if l.pods+1 > maxPods {
+		return false
+	}
+	if r.cpu > 0 && l.allocCPU > 0 && l.cpu+r.cpu > l.allocCPU {
+		return false
+	}
+	if r.mem > 0 && l.allocMem > 0 && l.mem+r.mem > l.allocMem {
+		return false
+	}
+	return true
+}
+
+// score is the sum of the weighted scores that differ between nodes for a
+// job pod with requests r landing on a node with load l: NodeResourcesFit
+// (LeastAllocated over cpu and memory with non-zero requests) and
+// NodeResourcesBalancedAllocation (the pod's own requests, none for a
+// best-effort pod).
+func (l *nodeLoad) score(r podRequests) int64 {
 	least := func(req, capacity int64) int64 {
 		if capacity == 0 || req > capacity {
 			return 0
@@ -102,29 +153,38 @@ func (s Scoring) score(pods int) int64 {
 	}
 	var fit int64
 	var weights int64
-	for _, r := range []struct{ req, capacity int64 }{{(k + 1) * cpu, s.NodeMilliCPU}, {(k + 1) * mem, s.NodeMemory}} {
-		if r.capacity == 0 {
+	for _, x := range []struct{ req, capacity int64 }{{l.nzCPU + r.nzCPU, l.allocCPU}, {l.nzMem + r.nzMem, l.allocMem}} {
+		if x.capacity == 0 {
 			continue
 		}
-		fit += least(r.req, r.capacity)
+		fit += least(x.req, x.capacity)
 		weights++
 	}
 	if weights > 0 {
 		fit /= weights
 	}
-	// NodeResourcesBalancedAllocation: the pod's own requests, none for a
-	// best-effort pod.
 	var balanced int64
-	if s.PodMilliCPU > 0 || s.PodMemory > 0 {
+	if (r.cpu > 0 || r.mem > 0) && l.allocCPU > 0 && l.allocMem > 0 {
 		bal := func(c, m int64) int64 {
-			fc, fm := math.Min(float64(c)/float64(s.NodeMilliCPU), 1), math.Min(float64(m)/float64(s.NodeMemory), 1)
+			fc, fm := math.Min(float64(c)/float64(l.allocCPU), 1), math.Min(float64(m)/float64(l.allocMem), 1)
 			return int64((1 - math.Abs(fc-fm)/2) * maxNodeScore)
 		}
-		with := bal((k+1)*s.PodMilliCPU, (k+1)*s.PodMemory)
-		without := bal(k*s.PodMilliCPU, k*s.PodMemory)
+		with := bal(l.cpu+r.cpu, l.mem+r.mem)
+		without := bal(l.cpu, l.mem)
 		balanced = maxNodeScore/2 + (maxNodeScore/2+with-without)/2
 	}
 	return fit + balanced
+}
+
+// score is nodeLoad.score for a node of this Scoring's size that already
+// runs pods job pods, all with the Scoring's requests.
+func (s Scoring) score(pods int) int64 {
+	r := s.requestsOf(&Job{})
+	l := nodeLoad{allocCPU: s.NodeMilliCPU, allocMem: s.NodeMemory}
+	for range pods {
+		l.add(r, 1)
+	}
+	return l.score(r)
 }
 
 // scoredNode is fwk.NodePluginScores with Randomizer 0.
@@ -147,23 +207,35 @@ func (h *scoreHeap) Pop() any {
 	return x
 }
 
-// size is a claim's size in two dimensions (memory, cores) for the known-answer
-// shortcuts.
-type size struct{ mem, cores float64 }
+// size is a claim's size for the known-answer shortcuts: claims of one
+// class (the same kind of request, type constraint and NVLink need) are
+// ordered by device count and then memory and cores.
+type size struct {
+	class      string
+	count      int
+	mem, cores float64
+}
 
-func (a size) le(b size) bool { return a.mem <= b.mem && a.cores <= b.cores }
+func (a size) le(b size) bool {
+	return a.class == b.class && a.count <= b.count && a.mem <= b.mem && a.cores <= b.cores
+}
 
 type simNode struct {
-	node   *v1.Node
-	slices []*resourceapi.ResourceSlice
-	state  structured.AllocatedState
+	node    *v1.Node
+	spec    NodeSpec
+	gpuBase int // global index of its GPU 0
+	slices  []*resourceapi.ResourceSlice
+	state   structured.AllocatedState
 	// alloc is valid for the current state; nil after any change (the allocator
 	// caches the counters left in each pool, so it must not outlive the state).
 	alloc structured.Allocator
 	// refused are minimal sizes this node refused, accepted maximal sizes it
 	// accepted, since it last changed.
 	refused, accepted []size
-	pods              int
+	load              nodeLoad
+	// subrequest is the name of the firstAvailable subrequest of a share
+	// claim that matches this node's GPU model ("" without GPUs).
+	subrequest string
 }
 
 func (n *simNode) changed() {
@@ -179,6 +251,7 @@ type allocatorPlacer struct {
 	calls     int
 	nextStart int
 	claims    map[int]*resourceapi.ResourceClaim
+	maxPods   int
 }
 
 func newAllocatorPlacer(m deviceModel, opt Options) (*allocatorPlacer, error) {
@@ -190,18 +263,35 @@ func newAllocatorPlacer(m deviceModel, opt Options) (*allocatorPlacer, error) {
 	if opt.Scoring == (Scoring{}) {
 		opt.Scoring = DefaultScoring
 	}
-	p := &allocatorPlacer{model: m, classes: newClassLister(m.classes()), cel: newCELCache(), opt: opt, claims: map[int]*resourceapi.ResourceClaim{}}
-	for i := range opt.Nodes {
+	p := &allocatorPlacer{model: m, classes: newClassLister(m.classes()), cel: newCELCache(), opt: opt,
+		claims: map[int]*resourceapi.ResourceClaim{}, maxPods: opt.Scoring.MaxPods}
+	if p.maxPods == 0 {
+		p.maxPods = defaultMaxPods
+	}
+	base := 0
+	for i, spec := range opt.fleet().Nodes {
 		name := fmt.Sprintf("node-%03d", i)
-		sl, err := m.slices(name)
+		sl, err := m.slices(name, spec)
 		if err != nil {
 			return nil, err
 		}
-		p.nodes = append(p.nodes, &simNode{
-			node:   &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}},
-			slices: sl,
-			state:  newAllocatedState(),
-		})
+		n := &simNode{
+			node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}},
+			spec:    spec,
+			gpuBase: base,
+			slices:  sl,
+			state:   newAllocatedState(),
+			load:    nodeLoad{allocCPU: cmp.Or(spec.MilliCPU, opt.Scoring.NodeMilliCPU), allocMem: cmp.Or(spec.MemoryMiB<<20, opt.Scoring.NodeMemory)},
+		}
+		if spec.GPUs > 0 {
+			fm, err := fractionModel(spec.Model)
+			if err != nil {
+				return nil, err
+			}
+			n.subrequest = fraction.SubrequestName(fm)
+		}
+		p.nodes = append(p.nodes, n)
+		base += spec.GPUs
 	}
 	return p, nil
 }
@@ -243,8 +333,8 @@ func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job) ([]resour
 		return nil, nil
 	}
 	n.accepted = append(n.accepted, key)
-	if len(res[0].Devices.Results) != 1 {
-		return nil, fmt.Errorf("node %s: %d devices allocated for one request", n.node.Name, len(res[0].Devices.Results))
+	if got := len(res[0].Devices.Results); got != j.gpuCount() {
+		return nil, fmt.Errorf("node %s: %d devices allocated for job %d, which asks for %d", n.node.Name, got, j.ID, j.gpuCount())
 	}
 	return res[0].Devices.Results, nil
 }
@@ -252,6 +342,12 @@ func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job) ([]resour
 // fits says whether j fits on node i, from the known answers when there is one.
 func (p *allocatorPlacer) fits(ctx context.Context, i int, j *Job) (bool, []resourceapi.DeviceRequestAllocationResult, error) {
 	n := p.nodes[i]
+	if !n.load.room(p.opt.Scoring.requestsOf(j), p.maxPods) {
+		return false, nil, nil
+	}
+	if j.CPUOnly {
+		return true, nil, nil
+	}
 	if !p.opt.AlwaysAsk {
 		key := p.model.sizeKey(j)
 		for _, r := range n.refused {
@@ -267,6 +363,25 @@ func (p *allocatorPlacer) fits(ctx context.Context, i int, j *Job) (bool, []reso
 	}
 	res, err := p.allocate(ctx, i, j)
 	return res != nil, res, err
+}
+
+// draScore is DynamicResources' raw score of j's claim on node i: for a
+// firstAvailable request, FirstAvailableDeviceRequestMaxSize less the index
+// of the subrequest the node's GPUs satisfy; 0 for exact requests.
+func (p *allocatorPlacer) draScore(i int, j *Job) int64 {
+	c, err := p.claim(j)
+	if err != nil || c == nil {
+		return 0
+	}
+	var score int64
+	for _, req := range c.Spec.Devices.Requests {
+		for k, sub := range req.FirstAvailable {
+			if sub.Name == p.nodes[i].subrequest {
+				score += int64(resourceapi.FirstAvailableDeviceRequestMaxSize - k)
+			}
+		}
+	}
+	return score
 }
 
 func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, error) {
@@ -287,8 +402,10 @@ func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, e
 
 	toFind := int(numFeasibleNodesToFind(p.opt.Scoring.PercentageOfNodesToScore, int32(n)))
 	var feasible scoreHeap
+	var dra []int64
 	results := map[int][]resourceapi.DeviceRequestAllocationResult{}
 	processed := 0
+	req := p.opt.Scoring.requestsOf(j)
 	for k := 0; k < n && len(feasible) < toFind; k++ {
 		i := (p.nextStart + k) % n
 		processed++
@@ -297,13 +414,21 @@ func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, e
 			return placement{}, false, err
 		}
 		if ok {
-			feasible = append(feasible, scoredNode{node: i, score: p.opt.Scoring.score(p.nodes[i].pods)})
+			feasible = append(feasible, scoredNode{node: i, score: p.nodes[i].load.score(req)})
+			dra = append(dra, p.draScore(i, j))
 			results[i] = res
 		}
 	}
 	p.nextStart = (p.nextStart + processed) % n
 	if len(feasible) == 0 {
 		return placement{}, false, nil
+	}
+	// DynamicResources' NormalizeScore: DefaultNormalizeScore to 0..100 over
+	// the feasible nodes, weight 1.
+	if top := slices.Max(dra); top > 0 {
+		for k := range feasible {
+			feasible[k].score += maxNodeScore * dra[k] / top
+		}
 	}
 	i := popBest(feasible)
 	return p.commit(ctx, i, j, results[i])
@@ -313,7 +438,7 @@ func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, e
 // without a call.
 func (p *allocatorPlacer) commit(ctx context.Context, i int, j *Job, res []resourceapi.DeviceRequestAllocationResult) (placement, bool, error) {
 	n := p.nodes[i]
-	if res == nil {
+	if res == nil && !j.CPUOnly {
 		var err error
 		if res, err = p.allocate(ctx, i, j); err != nil {
 			return placement{}, false, err
@@ -322,22 +447,30 @@ func (p *allocatorPlacer) commit(ctx context.Context, i int, j *Job, res []resou
 			return placement{}, false, fmt.Errorf("node %s: refused job %d after accepting a larger claim", n.node.Name, j.ID)
 		}
 	}
-	g, u, err := p.model.use(&res[0])
-	if err != nil {
-		return placement{}, false, fmt.Errorf("node %s: %w", n.node.Name, err)
+	pl := placement{node: i, job: j.ID, results: res}
+	for k := range res {
+		g, u, err := p.model.use(&res[k], n.spec)
+		if err != nil {
+			return placement{}, false, fmt.Errorf("node %s: %w", n.node.Name, err)
+		}
+		pl.gpus, pl.uses = append(pl.gpus, n.gpuBase+g), append(pl.uses, u)
 	}
-	commit(n.state, res)
-	n.changed()
-	n.pods++
+	if len(res) > 0 {
+		commit(n.state, res)
+		n.changed()
+	}
+	n.load.add(p.opt.Scoring.requestsOf(j), 1)
 	delete(p.claims, j.ID)
-	return placement{gpu: i*GPUsPerNode + g, node: i, use: u, results: res}, true, nil
+	return pl, true, nil
 }
 
-func (p *allocatorPlacer) release(pl placement) {
+func (p *allocatorPlacer) release(pl placement, j *Job) {
 	n := p.nodes[pl.node]
-	uncommit(n.state, pl.results)
-	n.changed()
-	n.pods--
+	if len(pl.results) > 0 {
+		uncommit(n.state, pl.results)
+		n.changed()
+	}
+	n.load.add(p.opt.Scoring.requestsOf(j), -1)
 }
 
 // popBest is the node schedulePod takes from the feasible nodes h, in filter order.

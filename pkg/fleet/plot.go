@@ -14,7 +14,7 @@ var kindColors = map[Kind]color.RGBA{
 	Partition:      {0xff, 0x7f, 0x0e, 0xff},
 	Tessera:        {0x1f, 0x77, 0xb4, 0xff},
 	TesseraBestFit: {0x2c, 0xa0, 0x2c, 0xff},
-	Bound:          {0x94, 0x67, 0xbd, 0xff},
+	Migrating:      {0x94, 0x67, 0xbd, 0xff},
 	Fluid:          {0x7f, 0x7f, 0x7f, 0xff},
 }
 
@@ -23,7 +23,7 @@ var kindLabels = map[Kind]string{
 	Partition:      "(B) PARTITIONS",
 	Tessera:        "(C) TESSERA",
 	TesseraBestFit: "(C') BEST-FIT",
-	Bound:          "(D) GPU BOUND",
+	Migrating:      "(D) MIGRATING REF",
 	Fluid:          "(E) FLUID",
 }
 
@@ -35,7 +35,7 @@ func (r *Report) WritePNG(w io.Writer) error {
 	}
 	sort.SliceStable(order, func(a, b int) bool { return r.Means[order[a]] < r.Means[order[b]] })
 	c := chart.Line{
-		Title:  fmt.Sprintf("THROUGHPUT VS MEAN GPU DEMAND (%d GPUS)", r.Nodes*GPUsPerNode),
+		Title:  fmt.Sprintf("SIMULATED THROUGHPUT VS MEAN GPU DEMAND (%d GPUS)", r.Fleet.GPUs()),
 		XLabel: "MEAN GPU DEMAND M",
 		YLabel: "JOBS/H",
 		XTicks: r.Means,
@@ -43,8 +43,21 @@ func (r *Report) WritePNG(w io.Writer) error {
 	for k, kind := range AllKinds {
 		s := chart.Series{Label: kindLabels[kind], Color: kindColors[kind]}
 		for _, i := range order {
+			if r.Results[i][k].Skipped != "" {
+				continue
+			}
 			s.X = append(s.X, r.Means[i])
 			s.Y = append(s.Y, r.Results[i][k].JobsPerHour)
+		}
+		if len(s.X) > 0 {
+			c.Series = append(c.Series, s)
+		}
+	}
+	if len(r.Bounds) == len(r.Means) {
+		s := chart.Series{Label: "(F) BOUND (SERVED/H)", Color: color.RGBA{0x17, 0xbe, 0xcf, 0xff}}
+		for _, i := range order {
+			s.X = append(s.X, r.Means[i])
+			s.Y = append(s.Y, r.Bounds[i].Served.Value)
 		}
 		c.Series = append(c.Series, s)
 	}

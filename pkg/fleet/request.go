@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -21,23 +22,33 @@ import (
 // four decimal places) becomes each GPU model's share, memory and cores rounded down to the
 // request policy's step so that k shares of 1/k tile the GPU.
 
-// gpuModels are the GPU models the fleet's slices publish (one: the H100 of
-// the hgx-h100 profile).
-var gpuModels = sync.OnceValues(func() ([]fraction.Model, error) {
-	sl, err := tesseraSlices("node-000")
+// fractionModels is what pkg/fraction reads from the slices of a node of
+// each catalogue model (one GPU is enough: a model is per product), by model name.
+var fractionModels sync.Map // string -> fraction.Model
+
+func fractionModel(m GPUModel) (fraction.Model, error) {
+	if v, ok := fractionModels.Load(m.Name); ok {
+		return v.(fraction.Model), nil
+	}
+	n := GPUsPerNode
+	if m.Name != h100.Name {
+		n = 1
+	}
+	sl, err := tesseraSlices("node-000", NodeSpec{Model: m, GPUs: n})
 	if err != nil {
-		return nil, err
+		return fraction.Model{}, err
 	}
 	plain := make([]resourceapi.ResourceSlice, len(sl))
 	for i := range sl {
 		plain[i] = *sl[i]
 	}
 	models := fraction.Models(plain)
-	if len(models) == 0 {
-		return nil, fraction.ErrNoModels
+	if len(models) != 1 {
+		return fraction.Model{}, fmt.Errorf("GPU model %s: %d fraction models in its slices, want 1", m.Name, len(models))
 	}
-	return models, nil
-})
+	fractionModels.Store(m.Name, models[0])
+	return models[0], nil
+}
 
 // demandFraction is x as the fraction a user writes: n/k when x is one with
 // k <= fraction.MaxDenominator (1/3 stays 1/3, so three tile a GPU), else x
@@ -69,39 +80,46 @@ func memoryFraction(x float64, m fraction.Model) (fraction.Fraction, error) {
 	return demandFraction(max(x, least))
 }
 
-// ShareRequest is the capacity a job of this demand asks for on the fleet's GPU
-// model: the memory of its memory fraction's share and the cores of its cores
-// fraction's share (the same fraction when they are equal).
+// ShareRequest is the capacity a job of this demand asks for on an H100 of
+// the KubeShare fleet: the memory of its memory fraction's share and the
+// cores of its cores fraction's share (the same fraction when they are equal).
 func ShareRequest(d Demand) (memory, cores resource.Quantity) {
-	mem, c, err := shareRequest(d)
+	mem, c, err := shareRequest(d, h100)
 	if err != nil {
 		panic(err) // the demand is in [MinDemand, 1] and the model is the mock profile's
 	}
 	return mem, c
 }
 
-// shareRequests caches shareRequest by demand: the bound and fluid models ask
-// at every attempt.
-var shareRequests sync.Map // Demand -> [2]resource.Quantity
+// shareRequests caches shareRequest by demand and model: the reference
+// models ask at every attempt.
+var shareRequests sync.Map // shareKey -> [2]resource.Quantity
 
-func shareRequest(d Demand) (memory, cores resource.Quantity, err error) {
-	if v, ok := shareRequests.Load(d); ok {
+type shareKey struct {
+	d     Demand
+	model string
+}
+
+// shareRequest is the share of demand d on GPU model m.
+func shareRequest(d Demand, m GPUModel) (memory, cores resource.Quantity, err error) {
+	k := shareKey{d, m.Name}
+	if v, ok := shareRequests.Load(k); ok {
 		q := v.([2]resource.Quantity)
 		return q[0], q[1], nil
 	}
-	memory, cores, err = formShare(d)
+	fm, err := fractionModel(m)
+	if err != nil {
+		return memory, cores, err
+	}
+	memory, cores, err = formShare(d, fm)
 	if err == nil {
-		shareRequests.Store(d, [2]resource.Quantity{memory, cores})
+		shareRequests.Store(k, [2]resource.Quantity{memory, cores})
 	}
 	return memory, cores, err
 }
 
-func formShare(d Demand) (memory, cores resource.Quantity, err error) {
-	models, err := gpuModels()
-	if err != nil {
-		return memory, cores, err
-	}
-	fm, err := memoryFraction(d.Memory, models[0])
+func formShare(d Demand, model fraction.Model) (memory, cores resource.Quantity, err error) {
+	fm, err := memoryFraction(d.Memory, model)
 	if err != nil {
 		return memory, cores, err
 	}
@@ -109,13 +127,13 @@ func formShare(d Demand) (memory, cores resource.Quantity, err error) {
 	if err != nil {
 		return memory, cores, err
 	}
-	sm, err := fm.Share(models[0])
+	sm, err := fm.Share(model)
 	if err != nil {
 		return memory, cores, err
 	}
 	// Only the cores of fc's share are used: its memory may be below the
 	// minimum share, which is not what this share asks for.
-	coresOnly := models[0]
+	coresOnly := model
 	coresOnly.MemoryMin = resource.Quantity{}
 	sc, err := fc.Share(coresOnly)
 	if err != nil {
@@ -124,41 +142,68 @@ func formShare(d Demand) (memory, cores resource.Quantity, err error) {
 	return sm.Memory, *resource.NewQuantity(sc.Cores, resource.DecimalSI), nil
 }
 
-// shareClaim is the ResourceClaim of a job's share: fraction.Request (one
-// firstAvailable subrequest per GPU model) when memory and cores are the same
-// fraction, as `tessera claim-template --fraction` writes it; otherwise
-// pkg/claimtemplate's share with the two shares' memory and cores.
-func shareClaim(j *Job) (*resourceapi.ResourceClaim, error) {
+// shareForms forms share claims for the GPU models of one fleet.
+type shareForms struct {
+	models []GPUModel // the fleet's, smallest memory first (fraction.Models' order)
+	fms    []fraction.Model
+}
+
+func newShareForms(f Fleet) (*shareForms, error) {
+	sf := &shareForms{}
+	for _, m := range f.GPUModels() {
+		fm, err := fractionModel(m)
+		if err != nil {
+			return nil, err
+		}
+		sf.models, sf.fms = append(sf.models, m), append(sf.fms, fm)
+	}
+	order := make([]int, len(sf.models))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return sf.fms[a].Memory.Cmp(sf.fms[b].Memory)
+	})
+	models, fms := make([]GPUModel, len(order)), make([]fraction.Model, len(order))
+	for i, k := range order {
+		models[i], fms[i] = sf.models[k], sf.fms[k]
+	}
+	sf.models, sf.fms = models, fms
+	return sf, nil
+}
+
+// claim is the ResourceClaim of a job's share, as pkg/fraction's Request
+// writes it (claimtemplate's request name, one firstAvailable subrequest per
+// GPU model, smallest memory first, each selecting the model's products)
+// with each model's share of the job's memory and cores fractions: the
+// same fraction of whichever allowed model it lands on. A job whose allowed
+// models the fleet lacks gets a claim nothing satisfies.
+func (sf *shareForms) claim(j *Job) (*resourceapi.ResourceClaim, error) {
 	name := "job-" + strconv.Itoa(j.ID)
 	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "fleet", UID: types.UID("uid-" + name)}}
-	models, err := gpuModels()
-	if err != nil {
-		return nil, err
-	}
-	fm, err := memoryFraction(j.Memory, models[0])
-	if err != nil {
-		return nil, fmt.Errorf("job %d: %w", j.ID, err)
-	}
-	fc, err := demandFraction(j.Cores)
-	if err != nil {
-		return nil, fmt.Errorf("job %d: %w", j.ID, err)
-	}
-	if fm == fc {
-		req, err := fraction.Request(claimtemplate.RequestName, fm, models)
-		if err != nil {
-			return nil, fmt.Errorf("job %d: %w", j.ID, err)
+	req := resourceapi.DeviceRequest{Name: claimtemplate.RequestName}
+	for i, m := range sf.models {
+		if !allowed(j.Models, m) {
+			continue
 		}
-		claim.Spec.Devices.Requests = []resourceapi.DeviceRequest{req}
-		return claim, nil
+		mem, cores, err := shareRequest(Demand{j.Memory, j.Cores}, m)
+		if err != nil {
+			return nil, fmt.Errorf("job %d on %s: %w", j.ID, m.Name, err)
+		}
+		req.FirstAvailable = append(req.FirstAvailable, resourceapi.DeviceSubRequest{
+			Name:            fraction.SubrequestName(sf.fms[i]),
+			DeviceClassName: SharedClass,
+			AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
+			Count:           1,
+			Selectors:       []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: fraction.Selector(sf.fms[i])}}},
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+				"memory": mem, "cores": cores,
+			}},
+		})
 	}
-	mem, cores, err := shareRequest(Demand{j.Memory, j.Cores})
-	if err != nil {
-		return nil, fmt.Errorf("job %d: %w", j.ID, err)
+	if len(req.FirstAvailable) == 0 {
+		return claimFor(j, SharedClass, 1, nil), nil // its selector matches no product of this fleet
 	}
-	tmpl, _, err := claimtemplate.Build(claimtemplate.Options{Name: name, Namespace: "fleet", Memory: mem.String(), Cores: int(cores.Value())})
-	if err != nil {
-		return nil, fmt.Errorf("job %d: claim template: %w", j.ID, err)
-	}
-	claim.Spec = tmpl.Spec.Spec
+	claim.Spec.Devices.Requests = []resourceapi.DeviceRequest{req}
 	return claim, nil
 }

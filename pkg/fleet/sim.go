@@ -13,8 +13,11 @@ import (
 
 // Options control one simulation run.
 type Options struct {
-	// Nodes is the fleet size; every node is an hgx-h100 (8 GPUs).
+	// Nodes is the fleet size when Fleet is empty: that many hgx-h100 nodes
+	// (8 GPUs each).
 	Nodes int
+	// Fleet is the cluster's nodes; empty: HGXFleet(Nodes).
+	Fleet Fleet
 	// Check verifies after every placement that no GPU is over capacity, that a
 	// whole GPU is never shared and that partitions never overlap; a violation ends
 	// the run with an error.
@@ -38,6 +41,14 @@ type Options struct {
 	AttemptCost float64
 }
 
+// fleet is the simulated cluster.
+func (o Options) fleet() Fleet {
+	if len(o.Fleet.Nodes) > 0 {
+		return o.Fleet
+	}
+	return HGXFleet(o.Nodes)
+}
+
 // Result is what one run of one model over one stream measured.
 type Result struct {
 	Kind       Kind
@@ -48,6 +59,14 @@ type Result struct {
 	WindowStart, WindowEnd float64
 	// JobsPerHour counts completions inside the window.
 	JobsPerHour float64
+	// ServedPerHour counts each job by the share of its run time that falls
+	// inside the window (a job that runs entirely inside counts 1, one that
+	// straddles an end its fraction inside), per hour: completions per hour
+	// except at the window's two ends. ServedBound bounds it.
+	ServedPerHour float64
+	// MeanRunning is the number of jobs running, time-averaged over the
+	// window. RunningBound bounds it.
+	MeanRunning float64
 	// MeanActiveGPUs is the time-average of GPUs running at least one job in the window.
 	MeanActiveGPUs float64
 	// MemUtilActive is used memory / memory of active GPUs, time-averaged in the window.
@@ -61,14 +80,16 @@ type Result struct {
 	MaxJobsPerGPU int
 	// Attempts counts scheduling attempts (a job tried against the fleet).
 	Attempts int
-	// AllocatorCalls counts Allocate calls (0 for the oracle and bound models).
+	// AllocatorCalls counts Allocate calls (0 for the oracle and reference models).
 	AllocatorCalls int
-	// Undecided counts the bound's packing checks that neither a packing nor a
-	// proof of infeasibility settled within the search budget; they were taken
-	// as packable (which keeps the bound an upper bound).
+	// Undecided counts the migrating reference's packing checks that neither a
+	// packing nor a proof of infeasibility settled within the search budget;
+	// they were taken as packable.
 	Undecided int
 	// Starts is the start time of every job, by job ID (for tests).
 	Starts []float64
+	// Skipped says why the model was not run (empty when it was).
+	Skipped string `json:",omitempty"`
 }
 
 // gpuUse is what one allocated device takes of its GPU.
@@ -80,17 +101,22 @@ type gpuUse struct {
 }
 
 type placement struct {
-	gpu     int // global GPU index; -1 for the models without GPUs (fluid, bound)
-	node    int
-	job     int
-	use     gpuUse
+	node int
+	job  int
+	// gpus are the global indexes of the GPUs the job holds and uses what it
+	// takes of each; empty for a CPU-only job and for the reference models
+	// that place on no GPU (fluid, migrating).
+	gpus []int
+	uses []gpuUse
+	// charged is what a GPU-less reference model charged the fleet.
+	charged gpuUse
 	results []resourceapi.DeviceRequestAllocationResult
 }
 
 // placer is one allocation model: it starts a job when it has room.
 type placer interface {
 	place(ctx context.Context, j *Job) (placement, bool, error)
-	release(p placement)
+	release(p placement, j *Job)
 }
 
 // Run replays jobs (from w.Generate) against one model and measures it.
@@ -103,22 +129,29 @@ type placer interface {
 // models is a real structured.Allocator call against the node's current
 // AllocatedState; results are fed back into that state as the scheduler does.
 func Run(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Options) (Result, error) {
-	if opt.Nodes < 1 {
+	f := opt.fleet()
+	if len(f.Nodes) < 1 {
 		return Result{}, errors.New("fleet: at least one node")
 	}
-	gpus := opt.Nodes * GPUsPerNode
 	var p placer
 	var calls, undecided *int
 	switch kind {
 	case Fluid:
-		p = newFluidPlacer(gpus)
-	case Bound:
-		b := newBoundPlacer(gpus)
+		fp, err := newFluidPlacer(f, jobs)
+		if err != nil {
+			return Result{}, err
+		}
+		p = fp
+	case Migrating:
+		b, err := newMigratingPlacer(f, jobs)
+		if err != nil {
+			return Result{}, err
+		}
 		p, undecided = b, &b.undecided
 	case TesseraBestFit:
-		p = newOraclePlacer(gpus, true)
+		p = newOraclePlacer(f, opt, true)
 	default:
-		m, err := newDeviceModel(kind)
+		m, err := newDeviceModel(kind, f)
 		if err != nil {
 			return Result{}, err
 		}
@@ -139,7 +172,14 @@ func Run(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Options) (R
 }
 
 func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Options, p placer) (Result, error) {
-	gpus := opt.Nodes * GPUsPerNode
+	f := opt.fleet()
+	gpus := f.GPUs()
+	capacity := make([]int64, 0, gpus) // memory of each GPU
+	for _, s := range f.Nodes {
+		for range s.GPUs {
+			capacity = append(capacity, s.Model.MemoryBytes())
+		}
+	}
 	r := Result{Kind: kind, MeanDemand: w.MeanDemand, Jobs: len(jobs), Starts: make([]float64, len(jobs))}
 	if len(jobs) == 0 {
 		return r, nil
@@ -166,7 +206,7 @@ func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Option
 		schedFree               float64 // when the scheduler finishes its current attempt
 		pending                 *pendingFailure
 	)
-	gpuLess := kind == Fluid || kind == Bound
+	gpuLess := kind == Fluid || kind == Migrating
 	advance := func(t float64) {
 		lo, hi := max(now, r.WindowStart), min(t, r.WindowEnd)
 		if hi > lo {
@@ -179,8 +219,8 @@ func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Option
 		}
 		now = t
 	}
-	// What a job uses of its GPU's memory, whatever its claim holds.
-	memFrac := func(_ gpuUse, j *Job) float64 { return j.Memory }
+	// What a job uses of its GPUs' memory, in GPUs, whatever its claim holds.
+	memFrac := func(j *Job) float64 { return j.Memory * float64(j.gpuCount()) }
 
 	for {
 		tArr, tComp, tSched := math.Inf(1), math.Inf(1), math.Inf(1)
@@ -211,6 +251,7 @@ func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Option
 			}
 			slices.Sort(waits)
 			r.WaitP50, r.WaitP95, r.WaitP99 = percentile(waits, 0.50), percentile(waits, 0.95), percentile(waits, 0.99)
+			r.ServedPerHour, r.MeanRunning = served(jobs, r.Starts, r.WindowStart, r.WindowEnd)
 			return r, nil
 
 		// Completions first on ties: they free capacity for what arrives or is
@@ -221,17 +262,17 @@ func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Option
 			j := &jobs[c.job]
 			pl := placements[c.job]
 			delete(placements, c.job)
-			p.release(pl)
-			usedMemory -= memFrac(pl.use, j)
+			p.release(pl, j)
+			usedMemory -= memFrac(j)
 			fluidActive = math.Ceil(usedMemory - 1e-9)
-			if pl.gpu >= 0 {
-				g := &load[pl.gpu]
+			for k, gi := range pl.gpus {
+				g := &load[gi]
 				g.n--
 				if g.n == 0 {
 					active--
 				}
 				if opt.Check {
-					i := slices.Index(g.use, pl.use)
+					i := slices.Index(g.use, pl.uses[k])
 					g.use = slices.Delete(g.use, i, i+1)
 				}
 			}
@@ -280,19 +321,22 @@ func simulate(ctx context.Context, kind Kind, w Workload, jobs []Job, opt Option
 			r.Starts[j.ID] = start
 			waits = append(waits, start-j.Arrival)
 			heap.Push(&running, completion{at: start + j.Runtime, job: j.ID})
-			usedMemory += memFrac(pl.use, j)
+			usedMemory += memFrac(j)
 			fluidActive = math.Ceil(usedMemory - 1e-9)
-			if pl.gpu >= 0 {
-				g := &load[pl.gpu]
+			if !gpuLess && !j.CPUOnly && len(pl.gpus) != j.gpuCount() {
+				return r, fmt.Errorf("%s: job %d holds %d GPUs, asked for %d", kind, j.ID, len(pl.gpus), j.gpuCount())
+			}
+			for k, gi := range pl.gpus {
+				g := &load[gi]
 				if g.n == 0 {
 					active++
 				}
 				g.n++
 				r.MaxJobsPerGPU = max(r.MaxJobsPerGPU, g.n)
 				if opt.Check {
-					g.use = append(g.use, pl.use)
-					if err := checkGPU(g.use); err != nil {
-						return r, fmt.Errorf("%s: GPU %d (node %d) after job %d: %w", kind, pl.gpu, pl.node, j.ID, err)
+					g.use = append(g.use, pl.uses[k])
+					if err := checkGPU(g.use, capacity[gi]); err != nil {
+						return r, fmt.Errorf("%s: GPU %d (node %d) after job %d: %w", kind, gi, pl.node, j.ID, err)
 					}
 				}
 			}
@@ -307,8 +351,9 @@ type pendingFailure struct {
 	sawEvent bool
 }
 
-// checkGPU is the conservation check: what runs on one GPU fits on it.
-func checkGPU(uses []gpuUse) error {
+// checkGPU is the conservation check: what runs on one GPU of memory
+// capacity bytes fits on it.
+func checkGPU(uses []gpuUse, capacity int64) error {
 	var mem, cores int64
 	var slots uint8
 	for _, u := range uses {
@@ -322,10 +367,33 @@ func checkGPU(uses []gpuUse) error {
 		mem += u.memory
 		cores += u.cores
 	}
-	if mem > gpuMemory.Value() || cores > 100 {
-		return fmt.Errorf("over capacity: memory %d > %d or cores %d > 100", mem, gpuMemory.Value(), cores)
+	if mem > capacity || cores > 100 {
+		return fmt.Errorf("over capacity: memory %d > %d or cores %d > 100", mem, capacity, cores)
 	}
 	return nil
+}
+
+// served is Result.ServedPerHour and Result.MeanRunning for jobs started
+// at starts.
+func served(jobs []Job, starts []float64, w0, w1 float64) (perHour, running float64) {
+	if w1 <= w0 {
+		return 0, 0
+	}
+	var n, busy float64
+	for i, j := range jobs {
+		s := starts[i]
+		if j.Runtime <= 0 {
+			if s >= w0 && s <= w1 {
+				n++
+			}
+			continue
+		}
+		if in := min(s+j.Runtime, w1) - max(s, w0); in > 0 {
+			n += in / j.Runtime
+			busy += in
+		}
+	}
+	return n / (w1 - w0) * 3600, busy / (w1 - w0)
 }
 
 func percentile(sorted []float64, q float64) float64 {

@@ -8,10 +8,11 @@ import (
 )
 
 // ClaimSpec is the spec of the ResourceClaim job j creates under model kind
-// (Whole, Partition or Tessera): what the simulation hands the allocator, for
-// replaying the stream on a real cluster.
+// (Whole, Partition or Tessera) on the KubeShare fleet (hgx-h100 nodes):
+// what the simulation hands the allocator, for replaying the stream on a
+// real cluster.
 func ClaimSpec(kind Kind, j *Job) (resourceapi.ResourceClaimSpec, error) {
-	m, err := newDeviceModel(kind)
+	m, err := newDeviceModel(kind, HGXFleet(1))
 	if err != nil {
 		return resourceapi.ResourceClaimSpec{}, err
 	}
@@ -28,11 +29,11 @@ func ClaimSpec(kind Kind, j *Job) (resourceapi.ResourceClaimSpec, error) {
 // ([ClaimSpec]) name. A replay on a real cluster publishes them to compare
 // the model with the real scheduler.
 func Published(kind Kind, node string) ([]*resourceapi.ResourceSlice, []*resourceapi.DeviceClass, error) {
-	m, err := newDeviceModel(kind)
+	m, err := newDeviceModel(kind, HGXFleet(1))
 	if err != nil {
 		return nil, nil, err
 	}
-	slices, err := m.slices(node)
+	slices, err := m.slices(node, HGXFleet(1).Nodes[0])
 	if err != nil {
 		return nil, nil, err
 	}
@@ -72,6 +73,7 @@ func Summarize(kind Kind, jobs []Job, starts []float64) (Result, error) {
 	if w := r.WindowEnd - r.WindowStart; w > 0 {
 		r.JobsPerHour = float64(done) / w * 3600
 	}
+	r.ServedPerHour, r.MeanRunning = served(jobs, starts, r.WindowStart, r.WindowEnd)
 	slices.Sort(waits)
 	r.WaitP50, r.WaitP95, r.WaitP99 = percentile(waits, 0.50), percentile(waits, 0.95), percentile(waits, 0.99)
 	return r, nil

@@ -27,12 +27,13 @@ var hgxGPUs = sync.OnceValues(func() ([]gpu.GPU, error) {
 	return gpus, nil
 })
 
-// tesseraSlices is exactly what the kubelet plugin publishes for an hgx-h100 node:
-// model.Resources over the discovered mock GPUs, turned into ResourceSlices by
+// tesseraSlices is exactly what the kubelet plugin publishes for a node of
+// spec s: model.Resources over its GPUs (for an hgx-h100 node the mock
+// profile's, discovered through pkg/gpu), turned into ResourceSlices by
 // model.ResourceSlices. The API server would name the slices from their
 // generateName; the allocator walks slices by name, so the name is set the same way.
-func tesseraSlices(node string) ([]*resourceapi.ResourceSlice, error) {
-	gpus, err := hgxGPUs()
+func tesseraSlices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
+	gpus, err := gpusOf(s)
 	if err != nil {
 		return nil, err
 	}
@@ -46,11 +47,11 @@ func tesseraSlices(node string) ([]*resourceapi.ResourceSlice, error) {
 	}
 	out := make([]*resourceapi.ResourceSlice, len(slices))
 	for i := range slices {
-		s := &slices[i]
-		if s.Name == "" {
-			s.Name = s.GenerateName + "sim"
+		sl := &slices[i]
+		if sl.Name == "" {
+			sl.Name = sl.GenerateName + "sim"
 		}
-		out[i] = s
+		out[i] = sl
 	}
 	return out, nil
 }

@@ -19,6 +19,45 @@ type Job struct {
 	// not depend on what shares the GPU (the paper's inference jobs are served at
 	// their requested rate).
 	Runtime float64
+	// GPUs > 0 asks for that many whole GPUs on one node (Memory, Cores and
+	// Demand are then 1); 0 asks for one share of Memory and Cores.
+	GPUs int `json:",omitempty"`
+	// NVLink asks for all of a multi-GPU job's GPUs in one NVLink domain
+	// (a matchAttribute constraint on nvlinkDomain).
+	NVLink bool `json:",omitempty"`
+	// Models restricts the job to these GPU models (catalogue names, see
+	// Models); empty: any.
+	Models []string `json:",omitempty"`
+	// CPUOnly jobs ask for no GPU at all (openb's num_gpu 0); they take only
+	// node CPU and memory.
+	CPUOnly bool `json:",omitempty"`
+	// MilliCPU and MemoryMiB are the pod's CPU and memory requests (0: none),
+	// which the node must have room for.
+	MilliCPU  int64 `json:",omitempty"`
+	MemoryMiB int64 `json:",omitempty"`
+}
+
+// gpuCount is how many GPUs the job's claim holds (0 for a CPU-only job).
+func (j *Job) gpuCount() int {
+	switch {
+	case j.CPUOnly:
+		return 0
+	case j.GPUs > 0:
+		return j.GPUs
+	}
+	return 1
+}
+
+// gpuRequest is how much GPU the job asks for, in GPUs: its share of one,
+// or its whole GPUs.
+func (j *Job) gpuRequest() float64 {
+	switch {
+	case j.CPUOnly:
+		return 0
+	case j.GPUs > 0:
+		return float64(j.GPUs)
+	}
+	return j.Demand
 }
 
 func newJob(id int, arrival float64, d Demand, runtime float64) Job {
