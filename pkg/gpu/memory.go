@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -19,10 +20,6 @@ import (
 // says why in GPU.MemoryReservedUnknown, so that the kubelet plugin can log
 // it: shares on that node then promise memory that does not exist.
 
-// valueNotAvailable is NVML_VALUE_NOT_AVAILABLE for an unsigned long long:
-// not a size. A total that is not available is left to v1, whose answer
-// callers already refuse (the GPU check does, by this value).
-const valueNotAvailable = ^uint64(0)
 
 // readMemory fills g's memory facts from dev.
 func readMemory(dev nvml.Device, sym symbols, g *GPU) error {
@@ -30,7 +27,7 @@ func readMemory(dev nvml.Device, sym symbols, g *GPU) error {
 	if sym.memoryInfoV2 {
 		mem, ret := dev.GetMemoryInfo_v2()
 		switch {
-		case ret == nvml.SUCCESS && mem.Total > 0 && mem.Total != valueNotAvailable && mem.Reserved < mem.Total:
+		case ret == nvml.SUCCESS && mem.Total > 0 && mem.Total <= math.MaxInt64 && mem.Reserved < mem.Total:
 			g.MemoryTotalBytes, g.MemoryReservedBytes = mem.Total, mem.Reserved
 			g.MemoryBytes = mem.Total - mem.Reserved
 			g.MemoryReservedUnknown = ""
@@ -46,6 +43,11 @@ func readMemory(dev nvml.Device, sym symbols, g *GPU) error {
 	mem, ret := dev.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return nvmlError("nvmlDeviceGetMemoryInfo", ret)
+	}
+	if mem.Total == 0 || mem.Total > math.MaxInt64 {
+		// 0, NVML_VALUE_NOT_AVAILABLE or beyond a quantity: the GPU fails
+		// alone instead of making the node's whole pool unpublishable.
+		return fmt.Errorf("nvmlDeviceGetMemoryInfo reported a total of %d bytes: not a memory size", mem.Total)
 	}
 	g.MemoryTotalBytes, g.MemoryReservedBytes = mem.Total, 0
 	g.MemoryBytes = mem.Total

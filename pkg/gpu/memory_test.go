@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -58,6 +59,29 @@ func TestDiscoverPublishesMemoryLessReserved(t *testing.T) {
 			// The other GPUs answer v2 as the mock profile does.
 			if o := d.GPUs[1]; o.MemoryBytes != total-reserved || o.MemoryReservedUnknown != "" {
 				t.Errorf("GPU 1: memory %d (%q), want %d", o.MemoryBytes, o.MemoryReservedUnknown, total-reserved)
+			}
+		})
+	}
+}
+
+// TestDiscoverFailsGPUWithoutMemorySize: a GPU whose v1 total is no size
+// (0, NVML's "not available", beyond what a quantity holds) is a failed GPU,
+// not one that stops the node's other GPUs from being published.
+func TestDiscoverFailsGPUWithoutMemorySize(t *testing.T) {
+	for _, total := range []uint64{0, ^uint64(0), 1 << 63} {
+		t.Run(strconv.FormatUint(total, 10), func(t *testing.T) {
+			node := mustMockNode(t, "hgx-h100")
+			node.Devices[0].GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) { return nvml.Memory_v2{}, nvml.ERROR_NOT_SUPPORTED }
+			node.Devices[0].GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: total}, nvml.SUCCESS }
+			d, err := DiscoverNode(node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Failed) != 1 || !strings.Contains(d.Failed[0].Error(), "not a memory size") {
+				t.Fatalf("failed %v, want GPU 0 failed: not a memory size", d.Failed)
+			}
+			if len(d.GPUs) != 7 {
+				t.Errorf("%d GPUs described, want the other 7", len(d.GPUs))
 			}
 		})
 	}
