@@ -20,7 +20,6 @@ import (
 // says why in GPU.MemoryReservedUnknown, so that the kubelet plugin can log
 // it: shares on that node then promise memory that does not exist.
 
-
 // readMemory fills g's memory facts from dev.
 func readMemory(dev nvml.Device, sym symbols, g *GPU) error {
 	reason := "this NVML library has no nvmlDeviceGetMemoryInfo_v2 (driver older than R510)"
