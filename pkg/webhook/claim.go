@@ -29,6 +29,9 @@ const (
 	// lentClassName's devices (gpu-N-lent) are shares of a lent GPU: they
 	// get limits and an isolation backend as shares of sharedClassName do.
 	lentClassName = "lent." + driverName
+	// migClassName's devices are MIG devices (type "mig"): isolated in
+	// hardware, never lent (checkMIG).
+	migClassName = "mig." + driverName
 	// capacityMemory and capacityCores are capacityMemory and capacityCores.
 	capacityMemory resourceapi.QualifiedName = "memory"
 	capacityCores  resourceapi.QualifiedName = "cores"
@@ -65,7 +68,12 @@ const (
 //   - topology.nvlink Required on a claim that may get more than one GPU (a
 //     request for several, allocationMode All, or several requests) needs
 //     matchAttribute gpu.tessera.dev/nvlinkDomain constraints that keep all of
-//     them in one NVLink domain (or gpu.tessera.dev/uuid: the same GPU).
+//     them in one NVLink domain (or gpu.tessera.dev/uuid: the same GPU);
+//   - a request for MIG devices (class mig.gpu.tessera.dev, or, with the
+//     classes, a class whose selector asks for type "mig") may not have
+//     sharing.isolation HAMiCore or DriverMemory (MIG is the isolation; MPS
+//     is allowed) nor lending.lendWhenIdle true (MIG devices are not
+//     lendable): checkMIG.
 //
 // Every alternative of a firstAvailable request is checked: an alternative
 // prepare refuses would leave the pod stuck whenever the scheduler picks it.
@@ -76,8 +84,9 @@ const (
 // config may (configapi.GpuConfig.ValidateForClaim).
 //
 // Requests are told apart by their DeviceClass name (wholeClassName,
-// sharedClassName); requests of other classes are not checked and add no
-// device of this driver. What the claim does not show cannot be checked here:
+// sharedClassName, lentClassName, migClassName); requests of other classes
+// are not checked and add no device of this driver, except that
+// ValidateDeviceClaimWithClasses reads them for MIG selectors (selectsMIG). What the claim does not show cannot be checked here:
 // a DeviceClass config (spec.config) or the node's --default-isolation can
 // still make prepare refuse a claim this allows. ValidateDeviceClaimWithClasses
 // also reads the classes, for their sharing.allowedIsolations.
@@ -117,9 +126,12 @@ type unit struct {
 	all         bool  // allocationMode All
 	count       int64 // devices of an ExactCount request, at least 1
 	capacity    map[resourceapi.QualifiedName]resource.Quantity
+	// mig: the unit's class selects MIG devices (migClassName, or a class
+	// whose selector asks for type "mig"; see markMIG).
+	mig bool
 	// Index of the claim config entry that sets each field for this unit last
 	// (the one whose value prepare uses), -1 when none does.
-	isolation, computeLimit, memoryLimit, nvlink int
+	isolation, computeLimit, memoryLimit, nvlink, lending int
 }
 
 func (u *unit) ours() bool {
@@ -165,6 +177,11 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 	}
 	c := &claimChecker{devices: devices, path: path}
 	c.collectUnits(inline)
+	if classes != nil {
+		// markMIG and checkFloor read the same classes: once each.
+		classes = memoize(classes)
+		c.markMIG(classes)
+	}
 	warnings := c.warnings()
 
 	errs, ours := c.decodeConfigs()
@@ -194,7 +211,7 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 		return errs, warnings, nil
 	}
 	c.resolveSettings()
-	for _, check := range []func() field.ErrorList{c.checkShareLimits, c.checkIsolation, c.checkNVLink} {
+	for _, check := range []func() field.ErrorList{c.checkShareLimits, c.checkIsolation, c.checkNVLink, c.checkMIG} {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
@@ -256,7 +273,8 @@ func (c *claimChecker) hamiSharingWarnings() []string {
 func (c *claimChecker) collectUnits(inline bool) {
 	c.byRequest = make([][]int, len(c.devices.Requests))
 	add := func(u unit) {
-		u.isolation, u.computeLimit, u.memoryLimit, u.nvlink = -1, -1, -1, -1
+		u.isolation, u.computeLimit, u.memoryLimit, u.nvlink, u.lending = -1, -1, -1, -1, -1
+		u.mig = u.class == migClassName
 		c.byRequest[u.request] = append(c.byRequest[u.request], len(c.units))
 		c.units = append(c.units, u)
 	}
@@ -383,6 +401,9 @@ func (c *claimChecker) resolveSettings() {
 			}
 			if t := cfg.Topology; t != nil && t.NVLink != "" {
 				u.nvlink = i
+			}
+			if l := cfg.Lending; l != nil && l.LendWhenIdle != nil {
+				u.lending = i
 			}
 		}
 	}

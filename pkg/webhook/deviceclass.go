@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -14,7 +15,15 @@ import (
 // wireDeviceClass is a DeviceClass reduced to its opaque configs; the field
 // names are the same in v1, v1beta2 and v1beta1.
 type wireDeviceClass struct {
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
 	Spec struct {
+		Selectors []struct {
+			CEL *struct {
+				Expression string `json:"expression"`
+			} `json:"cel"`
+		} `json:"selectors"`
 		Config []struct {
 			Opaque *struct {
 				Driver     string          `json:"driver"`
@@ -27,7 +36,9 @@ type wireDeviceClass struct {
 // reviewDeviceClass checks each gpu.tessera.dev opaque config of a created or
 // updated DeviceClass with the class rules: it must decode strictly and pass
 // GpuConfig.Validate, which accepts sharing.allowedIsolations (a claim may not
-// set it; a class may). Prepare decodes the class config again and fails a
+// set it; a class may). A class that selects MIG devices (selectsMIG) may not
+// set sharing.isolation HAMiCore or DriverMemory, nor lend
+// (migClassConfigErrors). Prepare decodes the class config again and fails a
 // claim whose class config is bad; this only says so when the class is written.
 func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
@@ -50,6 +61,13 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 		resp.Result = denial(req, field.ErrorList{field.TooMany(configs, n, maxConfigs)})
 		return resp
 	}
+	selectors := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: class.Metadata.Name}}
+	for _, sel := range class.Spec.Selectors {
+		if sel.CEL != nil {
+			selectors.Spec.Selectors = append(selectors.Spec.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: sel.CEL.Expression}})
+		}
+	}
+	mig := selectsMIG(selectors)
 	var errs field.ErrorList
 	for i, entry := range class.Spec.Config {
 		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
@@ -65,10 +83,14 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 			errs = append(errs, field.Invalid(path, "", err.Error()))
 			continue
 		}
-		for _, e := range cfg.Validate() {
+		valid := cfg.Validate()
+		for _, e := range valid {
 			rooted := *e
 			rooted.Field = path.String() + "." + e.Field
 			errs = append(errs, &rooted)
+		}
+		if mig && len(valid) == 0 {
+			errs = append(errs, migClassConfigErrors(class.Metadata.Name, path, cfg)...)
 		}
 	}
 	if len(errs) > 0 {

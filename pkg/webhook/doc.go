@@ -19,10 +19,13 @@
 //
 // Besides the claim it reads the DeviceClasses the claim's requests name
 // ([DeviceClasses]: an informer's cache, a GET for what the cache does not
-// hold), for one thing only: a class's sharing.allowedIsolations, the floor
+// hold), for two things: a class's sharing.allowedIsolations, the floor
 // that a claim's sharing.isolation must stay within
-// ([ValidateDeviceClaimWithClasses]). A class that cannot be read does not
-// block the claim: it is allowed with a warning, and prepare checks the floor.
+// ([ValidateDeviceClaimWithClasses]), and whether a class other than
+// mig.gpu.tessera.dev selects MIG devices (its selector compares type with
+// "mig"), on which HAMiCore, DriverMemory and lending are refused. A class
+// that cannot be read does not block the claim: it is allowed with a
+// warning, and prepare checks the floor.
 // The rest of a DeviceClass config and the node's --default-isolation can
 // still make prepare refuse a claim it allowed.
 package webhook
