@@ -90,19 +90,19 @@ var migModels = []MIGModel{
 		Key:           "a100-80gb",
 		Products:      []string{"NVIDIA A100 80GB PCIe", "NVIDIA A100-SXM4-80GB"},
 		ComputeSlices: 7, MemorySlices: 8,
-		Profiles:      migProfiles("1g.10gb:1/1", "1g.10gb+me:1/1", "1g.20gb:1/2", "2g.20gb:2/2", "3g.40gb:3/4", "4g.40gb:4/4", "7g.80gb:7/8"),
+		Profiles: migProfiles("1g.10gb:1/1", "1g.10gb+me:1/1", "1g.20gb:1/2", "2g.20gb:2/2", "3g.40gb:3/4", "4g.40gb:4/4", "7g.80gb:7/8"),
 	},
 	{
 		Key:           "h100-80gb",
 		Products:      []string{"NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"},
 		ComputeSlices: 7, MemorySlices: 8,
-		Profiles:      migProfiles("1g.10gb:1/1", "1g.10gb+me:1/1", "1g.20gb:1/2", "2g.20gb:2/2", "3g.40gb:3/4", "4g.40gb:4/4", "7g.80gb:7/8"),
+		Profiles: migProfiles("1g.10gb:1/1", "1g.10gb+me:1/1", "1g.20gb:1/2", "2g.20gb:2/2", "3g.40gb:3/4", "4g.40gb:4/4", "7g.80gb:7/8"),
 	},
 	{
 		Key:           "h200-141gb",
 		Products:      []string{"NVIDIA H200"},
 		ComputeSlices: 7, MemorySlices: 8,
-		Profiles:      migProfiles("1g.18gb:1/1", "1g.18gb+me:1/1", "1g.35gb:1/2", "2g.35gb:2/2", "3g.71gb:3/4", "4g.71gb:4/4", "7g.141gb:7/8"),
+		Profiles: migProfiles("1g.18gb:1/1", "1g.18gb+me:1/1", "1g.35gb:1/2", "2g.35gb:2/2", "3g.71gb:3/4", "4g.71gb:4/4", "7g.141gb:7/8"),
 	},
 }
 
