@@ -6,6 +6,8 @@
 //	tessera-bench -out results          # results/fleet.{md,png}, a few minutes
 //	tessera-bench -node=false ...       # without the node side
 //	tessera-bench -lending -out results # results/fleet-lending.{md,json}: lending idle GPUs
+//	tessera-bench -fill -fill-trace DIR -out results   # results/fleet-fill.{md,png,json}: the fill experiment on openb
+//	tessera-bench -quick -fleet v100-16:4x8,t4:8x4 -trace jobs.csv  # a fleet of several GPU models
 //	tessera-bench -quick -dist 'discrete:1/8=2,1/4=1,1/2=1' -dist 'pareto:0.05,1.5|cores=0.5*mem'
 //	tessera-bench -quick -trace jobs.csv -queue fifo -node-choice first
 //	tessera-bench -replay -kubeconfig /tmp/tessera-scale/admin.kubeconfig  # on hack/scale's cluster
@@ -34,7 +36,7 @@ import (
 )
 
 func main() {
-	quick := flag.Bool("quick", false, "32 GPUs, 2000 jobs per mean demand, short cost grid (under a minute)")
+	quick := flag.Bool("quick", false, "32 GPUs, 2000 jobs per mean demand, short cost grid (about two minutes on two busy cores)")
 	seed := flag.Int64("seed", 1, "seed of the job streams")
 	out := flag.String("out", "results", "directory for the report and the plot")
 	nodes := flag.Int("nodes", 0, "override the number of 8-GPU nodes")
@@ -49,6 +51,7 @@ func main() {
 	lendHorizon := flag.Duration("lending-horizon", 0, "lending: override the simulated time (default 72h)")
 	sim := registerSimFlags(flag.CommandLine)
 	rep := registerReplayFlags(flag.CommandLine)
+	fill := registerFillFlags(flag.CommandLine)
 	if len(os.Args) > 1 && os.Args[1] == nodeChildArg {
 		os.Exit(nodeChild(os.Args[2:]))
 	}
@@ -67,6 +70,14 @@ func main() {
 		c := lendingConfig{seed: *seed, evictionLatency: *evictionLatency, gpus: *lendGPUs, horizon: *lendHorizon, command: command}
 		if err := runLending(c, *out); err != nil {
 			fmt.Fprintf(os.Stderr, "tessera-bench: lending: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+
+	if fill.on {
+		if err := fill.run(*seed, *parallel, *out, command); err != nil {
+			fmt.Fprintf(os.Stderr, "tessera-bench: fill: %v\n", err)
 			os.Exit(1)
 		}
 		return

@@ -18,6 +18,7 @@ type simFlags struct {
 	load       float64
 	runtime    float64
 	fifo       bool
+	fleet      string
 }
 
 func registerSimFlags(fs *flag.FlagSet) *simFlags {
@@ -36,11 +37,12 @@ func registerSimFlags(fs *flag.FlagSet) *simFlags {
 		}
 		return nil
 	})
-	fs.StringVar(&s.trace, "trace", "", "a CSV job trace (columns arrival,runtime and demand or memory,cores; seconds and fractions) replayed as one row")
+	fs.StringVar(&s.trace, "trace", "", "a CSV job trace (columns arrival,runtime and demand or memory,cores; seconds and fractions; optional gpus, nvlink, models) replayed as one row")
 	fs.StringVar(&s.queue, "queue", string(fleet.QueueKube), "scheduling queue model: kube-scheduler or fifo")
 	fs.StringVar(&s.nodeChoice, "node-choice", string(fleet.ChoiceScore), "node choice model: score (kube-scheduler's) or first")
 	fs.Float64Var(&s.load, "load", 0, "offered load relative to the fluid capacity (default 1.25)")
 	fs.Float64Var(&s.runtime, "mean-runtime", 0, "mean job run time in seconds (default 600)")
+	fs.StringVar(&s.fleet, "fleet", "", "the fleet instead of -nodes hgx-h100 nodes: "+fleet.FleetSyntax)
 	fs.BoolVar(&s.fifo, "fifo-reference", true, "also run Tessera, the migrating reference and fluid under a FIFO queue")
 	return s
 }
@@ -81,5 +83,12 @@ func (s *simFlags) apply(cfg *fleet.BenchConfig) error {
 		cfg.Workload.MeanRuntime = s.runtime
 	}
 	cfg.FIFOReference = cfg.FIFOReference && s.fifo
+	if s.fleet != "" {
+		f, err := fleet.ParseFleet(s.fleet)
+		if err != nil {
+			return fmt.Errorf("-fleet: %w", err)
+		}
+		cfg.Fleet = f
+	}
 	return nil
 }

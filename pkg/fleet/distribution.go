@@ -359,7 +359,11 @@ func splitMix(s string) []string {
 // ReadTrace reads a job trace as CSV: a header naming the columns, then one job
 // per line. Columns: arrival (seconds), runtime (seconds), and either demand
 // (memory and cores alike) or memory and cores; fractions as 0.25, 1/4 or 25%.
-// Jobs are sorted by arrival and numbered in that order.
+// Optional: gpus (a number of whole GPUs; 0 or empty: one share of the
+// demand, which is then ignored otherwise), nvlink (true: a multi-GPU job's
+// GPUs in one NVLink domain) and models (GPU models the job may use, by
+// catalogue name, separated by |). Jobs are sorted by arrival and numbered
+// in that order.
 func ReadTrace(r io.Reader) ([]Job, error) {
 	cr := csv.NewReader(r)
 	cr.TrimLeadingSpace = true
@@ -422,15 +426,48 @@ func ReadTrace(r io.Reader) ([]Job, error) {
 		if err != nil {
 			return nil, err
 		}
-		mem, err := ParseFraction(rec[im])
-		if err != nil {
-			return nil, fmt.Errorf("trace line %d: memory: %w", line, err)
+		opt := func(name string) string {
+			if i, ok := col[name]; ok && i < len(rec) {
+				return strings.TrimSpace(rec[i])
+			}
+			return ""
 		}
-		cores, err := ParseFraction(rec[ic])
-		if err != nil {
-			return nil, fmt.Errorf("trace line %d: cores: %w", line, err)
+		gpus := 0
+		if g := opt("gpus"); g != "" {
+			if gpus, err = strconv.Atoi(g); err != nil || gpus < 0 || gpus > 16 {
+				return nil, fmt.Errorf("trace line %d: gpus %q: want 0..16", line, g)
+			}
 		}
-		jobs = append(jobs, newJob(0, a, Demand{mem, cores}, rt))
+		var j Job
+		if gpus > 0 {
+			j = newJob(0, a, Demand{1, 1}, rt)
+			j.GPUs = gpus
+		} else {
+			mem, err := ParseFraction(rec[im])
+			if err != nil {
+				return nil, fmt.Errorf("trace line %d: memory: %w", line, err)
+			}
+			cores, err := ParseFraction(rec[ic])
+			if err != nil {
+				return nil, fmt.Errorf("trace line %d: cores: %w", line, err)
+			}
+			j = newJob(0, a, Demand{mem, cores}, rt)
+		}
+		if v := opt("nvlink"); v != "" {
+			if j.NVLink, err = strconv.ParseBool(v); err != nil {
+				return nil, fmt.Errorf("trace line %d: nvlink %q: want true or false", line, v)
+			}
+		}
+		if v := opt("models"); v != "" {
+			for _, n := range strings.Split(v, "|") {
+				m, ok := LookupModel(strings.TrimSpace(n))
+				if !ok {
+					return nil, fmt.Errorf("trace line %d: GPU model %q is not in the catalogue (%s)", line, n, FleetSyntax)
+				}
+				j.Models = append(j.Models, m.Name)
+			}
+		}
+		jobs = append(jobs, j)
 	}
 	if len(jobs) == 0 {
 		return nil, errors.New("trace: no jobs")

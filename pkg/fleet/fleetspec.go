@@ -164,7 +164,11 @@ func (f Fleet) String() string {
 			j++
 		}
 		s := f.Nodes[i]
-		part := fmt.Sprintf("%s:%dx%d", s.Model.Name, j-i, s.GPUs)
+		name := s.Model.Name
+		if s.GPUs == 0 {
+			name = "none"
+		}
+		part := fmt.Sprintf("%s:%dx%d", name, j-i, s.GPUs)
 		if s.MilliCPU > 0 || s.MemoryMiB > 0 {
 			part += fmt.Sprintf("/%dm/%dMi", s.MilliCPU, s.MemoryMiB)
 		}
