@@ -9,6 +9,7 @@ import (
 	"errors"
 	goflag "flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/gpucheck"
+	"github.com/tessera-dev/tessera/pkg/gpucheck/cuda"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
@@ -44,7 +46,7 @@ func run() int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(checkCommand(&code), probeCommand(), mockGroundTruthCommand())
+	root.AddCommand(checkCommand(&code), probeCommand(), mockGroundTruthCommand(), nsexecCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "tessera-gpu-probe:", err)
 		if code == 0 {
@@ -67,8 +69,10 @@ type checkFlags struct {
 	reportOnly, allowBusy, noProbes        bool
 	jsonOnly                               bool
 	resultsDir, notesFile                  string
-	hamiCoreSkipReason                     string
+	hamiCoreSkipReason, hamiCoreError      string
 	nvidiaSMI, procDriverNVIDIA            string
+	runc, rootfs                           string
+	hamiCoreProcesses                      int
 }
 
 func checkCommand(code *int) *cobra.Command {
@@ -127,6 +131,10 @@ func checkCommand(code *int) *cobra.Command {
 	fs.StringVar(&f.resultsDir, "results-dir", "", "also write gpu-check.md and gpu-check.json into this directory")
 	fs.StringVar(&f.notesFile, "notes-file", "", "lines to add to the report as notes about the run (run.sh's findings)")
 	fs.StringVar(&f.hamiCoreSkipReason, "hami-core-skip-reason", "", "why there is no --hami-core-library (shown as HAMiCore's skip reason)")
+	fs.StringVar(&f.hamiCoreError, "hami-core-error", "", "why a HAMi-core source that was given made no library (HAMiCore is then an ERROR)")
+	fs.StringVar(&f.runc, "runc", "", "a runc binary: as root the container check runs the CDI spec in a container with it (else: a user and mount namespace)")
+	fs.IntVar(&f.hamiCoreProcesses, "hami-core-processes", gpucheck.DefaultHAMiCoreProcesses, "processes of one HAMiCore claim that must share its memory limit")
+	fs.StringVar(&f.rootfs, "rootfs", "", "the container check's root filesystem (a directory with bin/busybox); empty: an empty one")
 	fs.StringVar(&f.nvidiaSMI, "nvidia-smi", "nvidia-smi", "nvidia-smi (path or name in PATH), the ground truth discovery is compared with")
 	fs.StringVar(&f.procDriverNVIDIA, "proc-driver-nvidia", "/proc/driver/nvidia", "the kernel module's /proc directory, the other ground truth")
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the checkpoint, CDI specs, MPS pipes (default: a new directory under /tmp, removed at the end)")
@@ -173,7 +181,8 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 		NodeName: f.node, GPUMinor: f.gpuMinor, Cores: [2]int64{int64(f.cores[0]), int64(f.cores[1])},
 		MPSControl: f.mpsControl, HAMiCoreLibrary: f.hamiCoreLibrary, DriverRoot: f.driverRoot,
 		NVIDIACDIHookPath: f.hookPath, NVIDIACDISpecDirs: f.cdiSpecDirs, ComputeTime: f.computeTime, AllowBusy: f.allowBusy,
-		HAMiCoreSkipReason: f.hamiCoreSkipReason, NvidiaSMI: f.nvidiaSMI, ProcDriverNVIDIA: f.procDriverNVIDIA,
+		HAMiCoreSkipReason: f.hamiCoreSkipReason, HAMiCoreError: f.hamiCoreError, NvidiaSMI: f.nvidiaSMI, ProcDriverNVIDIA: f.procDriverNVIDIA,
+		Runc: f.runc, RootFS: f.rootfs, HAMiCoreProcesses: f.hamiCoreProcesses,
 	}
 	for _, iso := range f.isolations {
 		cfg.Isolations = append(cfg.Isolations, configapi.Isolation(iso))
@@ -190,6 +199,16 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 			return cfg, targets, nil, fmt.Errorf("--hami-core-library: %w", err)
 		}
 	}
+	dir := f.workDir
+	removeDir := false
+	if dir == "" {
+		d, err := os.MkdirTemp("", "tgc")
+		if err != nil {
+			return cfg, targets, nil, err
+		}
+		dir, removeDir = d, true
+	}
+	cfg.WorkDir, _ = filepath.Abs(dir)
 	if f.mockProfile != "" {
 		lib, err := gpu.NewMock(f.mockProfile)
 		if err != nil {
@@ -210,7 +229,10 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 			if err != nil || len(disc.GPUs) == 0 {
 				return cfg, targets, nil, fmt.Errorf("--mock-profile %s: discovery: %v", f.mockProfile, err)
 			}
-			cfg.Prober = gpucheck.ExecProber{Command: []string{self, "probe", "--simulate-gpu-mib", fmt.Sprint(disc.GPUs[0].MemoryBytes >> 20)}}
+			cfg.Prober = gpucheck.ExecProber{
+				Command: []string{self, "probe", "--simulate-gpu-mib", fmt.Sprint(disc.GPUs[0].MemoryBytes >> 20),
+					"--simulate-registry", filepath.Join(cfg.WorkDir, gpucheck.SimRegistryDir)},
+			}
 		}
 	} else {
 		lib, err := gpu.OpenNVML(f.driverRoot)
@@ -229,16 +251,6 @@ func configFor(f checkFlags) (gpucheck.Config, gpucheck.Targets, func(), error) 
 			cfg.Prober = gpucheck.ExecProber{Command: []string{self, "probe"}, ProcessMemory: gpucheck.NVMLProcessMemory(lib)}
 		}
 	}
-	dir := f.workDir
-	removeDir := false
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tgc")
-		if err != nil {
-			return cfg, targets, nil, err
-		}
-		dir, removeDir = d, true
-	}
-	cfg.WorkDir, _ = filepath.Abs(dir)
 	lib := cfg.NVML
 	return cfg, targets, func() {
 		_ = lib.Shutdown()
@@ -255,17 +267,76 @@ func probeCommand() *cobra.Command {
 		Short:  "A probe process (run by check in a prepared environment)",
 		Hidden: true,
 	}
+	var registry string
 	cmd.PersistentFlags().Uint64Var(&simulateMiB, "simulate-gpu-mib", 0, "mock mode: load no driver, simulate a GPU of this many MiB from the environment's variables")
-	cmd.AddCommand(&cobra.Command{
+	cmd.PersistentFlags().StringVar(&registry, "simulate-registry", "", "mock mode: the directory where simulated clients register (which MPS server, which context)")
+	var allocator string
+	var stopAfterMiB uint64
+	var waitStart bool
+	memOpts := func() (gpucheck.MemoryOptions, error) {
+		a, err := cuda.ParseAllocator(allocator)
+		return gpucheck.MemoryOptions{Allocator: a, StopAfterBytes: stopAfterMiB << 20, WaitStart: waitStart}, err
+	}
+	memory := func(in io.Reader, out io.Writer) error {
+		opts, err := memOpts()
+		if err != nil {
+			return err
+		}
+		if simulateMiB > 0 {
+			return gpucheck.RunSimulatedMemoryProbe(in, out, os.Environ(), simulateMiB<<20, opts)
+		}
+		return gpucheck.RunMemoryProbe(in, out, opts)
+	}
+	memFlags := func(c *cobra.Command) {
+		c.Flags().StringVar(&allocator, "allocator", "alloc", "allocate with alloc (cuMemAlloc), async (cuMemAllocAsync), vmm (cuMemCreate+cuMemMap) or managed (cuMemAllocManaged)")
+		c.Flags().Uint64Var(&stopAfterMiB, "stop-after-mib", 0, "stop allocating after this many MiB without a refusal (0: no bound)")
+		c.Flags().BoolVar(&waitStart, "wait-start", false, "report ready once the context exists; allocate after a line on stdin")
+	}
+	memCmd := &cobra.Command{
 		Use:   "memory",
 		Short: "Allocate device memory until refused; report on stdout",
+		RunE:  func(*cobra.Command, []string) error { return memory(os.Stdin, os.Stdout) },
+	}
+	memFlags(memCmd)
+	cmd.AddCommand(memCmd)
+	var expect string
+	inside := &cobra.Command{
+		Use:   "inside",
+		Short: "In a container: report what the CDI spec gave this process, then run the memory probe",
+		RunE: func(*cobra.Command, []string) error {
+			return gpucheck.RunInside(os.Stdin, os.Stdout, expect, memory)
+		},
+	}
+	inside.Flags().StringVar(&expect, "expect", "/tessera/expect.json", "what the spec says the process must find")
+	memFlags(inside)
+	cmd.AddCommand(inside)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "hold",
+		Short: "Create a CUDA context (an MPS client connects) and hold it until a line on stdin",
 		RunE: func(*cobra.Command, []string) error {
 			if simulateMiB > 0 {
-				return gpucheck.RunSimulatedMemoryProbe(os.Stdin, os.Stdout, os.Environ(), simulateMiB<<20)
+				return gpucheck.RunSimulatedHoldProbe(os.Stdin, os.Stdout, os.Environ(), simulateMiB<<20, gpucheck.SimRegistry{Dir: registry})
 			}
-			return gpucheck.RunMemoryProbe(os.Stdin, os.Stdout)
+			return gpucheck.RunHoldProbe(os.Stdin, os.Stdout)
 		},
 	})
+	var workSeconds float64
+	work := &cobra.Command{
+		Use:   "work",
+		Short: "Run fixed-work kernels on a quarter of the SMs for --seconds after a line on stdin",
+		RunE: func(*cobra.Command, []string) error {
+			if workSeconds <= 0 {
+				return fmt.Errorf("--seconds %v: want a positive duration", workSeconds)
+			}
+			d := time.Duration(workSeconds * float64(time.Second))
+			if simulateMiB > 0 {
+				return gpucheck.RunSimulatedWorkProbe(os.Stdin, os.Stdout, os.Environ(), d, gpucheck.SimRegistry{Dir: registry})
+			}
+			return gpucheck.RunWorkProbe(os.Stdin, os.Stdout, d)
+		},
+	}
+	work.Flags().Float64Var(&workSeconds, "seconds", 5, "wall time to run")
+	cmd.AddCommand(work)
 	var seconds float64
 	compute := &cobra.Command{
 		Use:   "compute",
@@ -283,6 +354,23 @@ func probeCommand() *cobra.Command {
 	}
 	compute.Flags().Float64Var(&seconds, "seconds", 10, "wall time to spin")
 	cmd.AddCommand(compute)
+	return cmd
+}
+
+// nsexecCommand is the check's own namespace shim (gpucheck.NSExec): it is
+// started in new namespaces, mounts, chroots and executes.
+func nsexecCommand() *cobra.Command {
+	var config string
+	cmd := &cobra.Command{
+		Use:    "nsexec",
+		Short:  "Mount, chroot and execute as a config file says (run by check in new namespaces)",
+		Hidden: true,
+		RunE: func(*cobra.Command, []string) error {
+			return gpucheck.RunNSExec(config)
+		},
+	}
+	cmd.Flags().StringVar(&config, "config", "", "the NSExec config (JSON)")
+	_ = cmd.MarkFlagRequired("config")
 	return cmd
 }
 

@@ -104,8 +104,21 @@ type Config struct {
 	ProcDriverNVIDIA string
 	// HAMiCoreSkipReason, when HAMiCoreLibrary is empty, is why there is
 	// no library (the bundle's run.sh: no source archive, no cmake or
-	// nvcc, a failed build).
+	// nvcc).
 	HAMiCoreSkipReason string
+	// HAMiCoreError, when HAMiCoreLibrary is empty, is why a HAMi-core
+	// source that was given made no library (a failed build, with its
+	// log's tail): the HAMiCore backend is then an ERROR, not a skip.
+	HAMiCoreError string
+	// Runc is the bundle's static runc; as root the container check runs
+	// the container with it. Empty (or not root): the namespace fallback.
+	Runc string
+	// RootFS is the bundle's tiny root filesystem (bin/busybox), copied
+	// for each container; empty: an empty one.
+	RootFS string
+	// HAMiCoreProcesses is N of "N processes of one claim share its
+	// limit"; zero: DefaultHAMiCoreProcesses.
+	HAMiCoreProcesses int
 }
 
 // DefaultIsolations are the backends checked by default.
@@ -148,6 +161,11 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 	}
 	target, err := pickGPU(disc.GPUs, cfg.GPUMinor)
 	if err != nil {
+		if len(disc.Failed) > 0 {
+			// A GPU discovery refused (no usable memory size, …) is
+			// not among the discovered: say why.
+			return nil, fmt.Errorf("gpu check: %w; discovery failed for %v", err, disc.Failed)
+		}
 		return nil, fmt.Errorf("gpu check: %w", err)
 	}
 	for _, g := range disc.GPUs {
@@ -184,13 +202,59 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		return nil, fmt.Errorf("gpu check: two shares of %d MiB do not fit GPU gpu-%d's %d MiB", memory>>20, target.Minor, target.MemoryBytes>>20)
 	}
 
-	n := &node{cfg: cfg, gpu: target, memory: memory, driverMemory: driverMemory}
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return nil, fmt.Errorf("gpu check: %w", err)
+	}
+	if ep, ok := cfg.Prober.(ExecProber); ok && cfg.Mock {
+		// The mock plays the driver's part: NVML lists each simulated
+		// probe as a process on the checked GPU while it runs, and the
+		// simulated clients register where the check can see them.
+		if mock, ok := cfg.NVML.(*gpu.MockNode); ok && ep.Observe == nil {
+			ep.Observe = mockDriverObserver(mock, target.Index)
+			ep.ProcessMemory = NVMLProcessMemory(cfg.NVML)
+			cfg.Prober = ep
+		}
+		if err := os.MkdirAll(filepath.Join(cfg.WorkDir, SimRegistryDir), 0o755); err != nil {
+			return nil, fmt.Errorf("gpu check: %w", err)
+		}
+		if err := os.Chmod(filepath.Join(cfg.WorkDir, SimRegistryDir), 0o1777); err != nil {
+			return nil, fmt.Errorf("gpu check: %w", err)
+		}
+	}
+	n := &node{cfg: cfg, gpu: target, memory: memory, driverMemory: driverMemory, targets: t}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
 	defer n.stop(ctx)
+	// The lending sampler watches every GPU while the probes run.
+	var watch *samplerWatch
+	if ep, ok := n.cfg.Prober.(ExecProber); ok {
+		watch = n.startSampler(ctx, disc.GPUs)
+		prev := ep.Observe
+		ep.Observe = func(pid int, m probeMessage, gone bool) {
+			if prev != nil {
+				prev(pid, m, gone)
+			}
+			watch.observe(pid, m, gone)
+		}
+		n.cfg.Prober = ep
+	}
 	for _, iso := range cfg.Isolations {
+		watch.setPhase("backend " + string(iso))
 		r.Backends = append(r.Backends, n.check(ctx, iso))
+	}
+	watch.setPhase("CDI spec in containers")
+	r.Checks = append(r.Checks, n.containerChecks(ctx)...)
+	watch.setPhase("MPS checks")
+	r.Checks = append(r.Checks, n.mpsChecks(ctx)...)
+	watch.setPhase("HAMi-core checks")
+	r.Checks = append(r.Checks, n.hamiChecks(ctx)...)
+	watch.setPhase("health-event registration")
+	r.Checks = append(r.Checks, n.healthCheck(ctx))
+	if watch != nil {
+		r.Checks = append(r.Checks, watch.finish(n))
+	} else {
+		r.Checks = append(r.Checks, Check{Name: "lending sampler readings during the probes", Status: StatusSkipped, Detail: "no probe processes ran (--no-probes, or a stand-in prober): nothing for the sampler to see"})
 	}
 	r.Evaluate(t)
 	r.finish(cfg)
@@ -326,11 +390,13 @@ type node struct {
 	gpu          gpu.GPU
 	memory       int64
 	driverMemory isolation.DriverMemory
+	targets      Targets
 
 	plugin  *plugin.Plugin
 	client  kubernetes.Interface
 	cdiDirs []string
 	mps     *LocalMPS
+	mpsLife *isolation.MPS
 }
 
 func (n *node) start(ctx context.Context) error {
@@ -357,13 +423,18 @@ func (n *node) start(ctx context.Context) error {
 	}
 	mpsRoot := filepath.Join(dir, "mps")
 	if n.cfg.Mock {
-		opts.MPS = isolation.NewMPS(mpsRoot, isolation.NewFakeRunner())
+		opts.MPS = isolation.NewMPS(mpsRoot, mockMPSRunner{isolation.NewFakeRunner()})
 	} else {
 		binary := n.cfg.MPSControl
 		if binary == "" {
 			binary = "nvidia-cuda-mps-control"
 		}
 		n.mps = &LocalMPS{Binary: binary}
+		if os.Geteuid() == 0 {
+			if self, err := os.Executable(); err == nil {
+				n.mps.Self, n.mps.ShmDomains = self, map[string]bool{ContainerNamespace: true}
+			}
+		}
 		opts.MPS = isolation.NewMPS(mpsRoot, n.mps)
 		opts.DevNodes = isolation.HostDevNodes{DriverRoot: n.cfg.DriverRoot}
 		toolkit, err := cdi.NewToolkitSpecs(n.cfg.NVIDIACDISpecDirs...)
@@ -388,7 +459,7 @@ func (n *node) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gpu check: %w", err)
 	}
-	n.plugin = p
+	n.plugin, n.mpsLife = p, opts.MPS
 	return nil
 }
 
@@ -407,22 +478,32 @@ type share struct {
 }
 
 func (n *node) claims(iso configapi.Isolation) []share {
+	return n.claimsFor(Namespace, "gpucheck-"+strings.ToLower(string(iso)), iso, n.cfg.Cores[:])
+}
+
+// claimsFor builds one allocated claim per entry of cores, in namespace ns
+// (the MPS trust domain), named name-a, name-b, …: each a share of the
+// checked GPU with the check's memory and that many cores, choosing iso.
+func (n *node) claimsFor(ns, name string, iso configapi.Isolation, cores []int64) []share {
 	cfg, _ := json.Marshal(map[string]any{
 		"apiVersion": configapi.SchemeGroupVersion.String(), "kind": configapi.GpuConfigKind,
 		"sharing": map[string]any{"isolation": iso},
 	})
 	var out []share
-	for i, cores := range n.cfg.Cores {
-		uid := fmt.Sprintf("gpucheck-%s-%c", strings.ToLower(string(iso)), 'a'+i)
+	for i, c := range cores {
+		uid := fmt.Sprintf("%s-%c", name, 'a'+i)
 		shareID := types.UID(fmt.Sprintf("share-%c", 'a'+i))
-		c := &resourceapi.ResourceClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: Namespace, Name: uid, UID: types.UID(uid)},
+		if ns != Namespace {
+			shareID = types.UID("share-" + uid)
+		}
+		claim := &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: uid, UID: types.UID(uid)},
 			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
 				Results: []resourceapi.DeviceRequestAllocationResult{{
 					Request: "gpu", Driver: model.DriverName, Pool: n.cfg.NodeName, Device: model.SharedDeviceName(n.gpu.Minor), ShareID: &shareID,
 					ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
 						"memory": *resource.NewQuantity(n.memory, resource.BinarySI),
-						"cores":  *resource.NewQuantity(cores, resource.DecimalSI),
+						"cores":  *resource.NewQuantity(c, resource.DecimalSI),
 					},
 				}},
 				Config: []resourceapi.DeviceAllocationConfiguration{{
@@ -433,9 +514,69 @@ func (n *node) claims(iso configapi.Isolation) []share {
 				}},
 			}}},
 		}
-		out = append(out, share{claim: c, cores: cores})
+		out = append(out, share{claim: claim, cores: c})
 	}
 	return out
+}
+
+// prepared is a set of claims the plugin prepared for one of the checks
+// beyond the backends' own; release unprepares them and removes them from
+// the fake API.
+type prepared struct {
+	shares  []share
+	results map[types.UID]kubeletplugin.PrepareResult
+	release func()
+}
+
+// prepareShares creates the shares' claims in the fake API and prepares
+// them through the plugin; a claim the plugin refuses is an error.
+func (n *node) prepareShares(ctx context.Context, shares []share) (*prepared, error) {
+	claims := make([]*resourceapi.ResourceClaim, len(shares))
+	var created []*resourceapi.ResourceClaim
+	cleanup := func() {
+		for _, c := range created {
+			_ = n.client.ResourceV1().ResourceClaims(c.Namespace).Delete(context.WithoutCancel(ctx), c.Name, metav1.DeleteOptions{})
+		}
+	}
+	for i, s := range shares {
+		claims[i] = s.claim
+		if _, err := n.client.ResourceV1().ResourceClaims(s.claim.Namespace).Create(ctx, s.claim, metav1.CreateOptions{}); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("create claim %s/%s in the fake API: %w", s.claim.Namespace, s.claim.Name, err)
+		}
+		created = append(created, s.claim)
+	}
+	results, err := n.plugin.PrepareResourceClaims(ctx, claims)
+	release := func() {
+		if err := n.unprepare(ctx, claims); err != nil {
+			klog.FromContext(ctx).Error(err, "Unpreparing the check's claims failed")
+		}
+		cleanup()
+	}
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("prepare: %w", err)
+	}
+	var errs []string
+	for _, c := range claims {
+		if err := results[c.UID].Err; err != nil {
+			errs = append(errs, fmt.Sprintf("%s/%s: %v", c.Namespace, c.Name, err))
+		}
+	}
+	if len(errs) > 0 {
+		release()
+		return nil, fmt.Errorf("prepare: %s", strings.Join(errs, "; "))
+	}
+	return &prepared{shares: shares, results: results, release: release}, nil
+}
+
+// cdiIDs are the CDI device IDs the plugin returned for the claim.
+func (p *prepared) cdiIDs(claim *resourceapi.ResourceClaim) []string {
+	var ids []string
+	for _, d := range p.results[claim.UID].Devices {
+		ids = append(ids, d.CDIDeviceIDs...)
+	}
+	return ids
 }
 
 // check prepares the backend's two shares, reads their specs back, probes
@@ -451,6 +592,10 @@ func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport
 			}
 		}
 	case configapi.IsolationHAMiCore:
+		if n.cfg.HAMiCoreLibrary == "" && n.cfg.HAMiCoreError != "" {
+			b.Error = "HAMi-core: " + n.cfg.HAMiCoreError
+			return b
+		}
 		if n.cfg.HAMiCoreLibrary == "" {
 			b.Skipped = "no HAMi-core library given (--hami-core-library=/path/to/libvgpu.so)"
 			if n.cfg.HAMiCoreSkipReason != "" {

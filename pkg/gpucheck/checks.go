@@ -7,9 +7,9 @@ import (
 )
 
 // A check's outcome. The check as a whole is complete only when every check
-// ended in one of them with its detail said: a skip or a "not implemented"
-// without a reason, or a check that never reported, is a defect of the
-// check itself, and the exit status says so.
+// ended in one of them with its detail said: a skip without a reason, or a
+// check that never reported, is a defect of the check itself, and the exit
+// status says so.
 const (
 	// StatusMeasured: a figure was taken on this machine's GPU (or read
 	// from its driver) and judged; Detail holds the verdict.
@@ -20,8 +20,6 @@ const (
 	// StatusSkipped: the machine cannot do it (no MPS, not root, no
 	// HAMi-core source); Detail says why.
 	StatusSkipped = "skipped"
-	// StatusNotImplemented: the check does not do it in this version.
-	StatusNotImplemented = "not implemented in this version"
 	// StatusMismatch: measured, and the figure missed its target or
 	// disagreed with the ground truth.
 	StatusMismatch = "MISMATCH"
@@ -45,24 +43,10 @@ func (c *Check) verdict(mismatches []string, ok string) {
 	c.Status, c.Detail = StatusMismatch, strings.Join(mismatches, "; ")
 }
 
-// NotImplemented lists what the check does not prove in this version, so
-// that the report says so rather than leaving it out.
-var NotImplemented = []Check{
-	{Name: "CDI spec applied in a container (static runc, tiny rootfs)", Status: StatusNotImplemented,
-		Detail: "the specs are read back by the CDI library and applied to host processes (env, LD_PRELOAD, CUDA_VISIBLE_DEVICES); mounts and device nodes are not applied in a container"},
-	{Name: "MPS: a root client, then a uid-1000 client (bounded wait)", Status: StatusNotImplemented,
-		Detail: "the MPS probes run as the check's own user"},
-	{Name: "HAMi-core: cuMemAllocAsync, VMM (cuMemCreate), managed memory, N processes per claim", Status: StatusNotImplemented,
-		Detail: "the memory probe uses cuMemAlloc in one process per share"},
-	{Name: "health-event registration", Status: StatusNotImplemented,
-		Detail: "NVML event registration is not exercised"},
-	{Name: "lending sampler readings during the probes", Status: StatusNotImplemented,
-		Detail: "pkg/lending's sampler is not run while the probes compute"},
-}
-
 // Complete reports whether every check ended with a stated outcome: measured
-// (or, in a mock run, simulated), or skipped / not implemented with a
-// reason. It returns the checks that did not.
+// (or, in a mock run, simulated), or skipped with a reason. Anything else (a
+// mismatch, an error, no outcome, or a check the check does not do) is
+// incomplete. It returns the checks that were.
 func Complete(checks []Check, mock bool) (bool, []string) {
 	var bad []string
 	for _, c := range checks {
@@ -75,7 +59,7 @@ func Complete(checks []Check, mock bool) (bool, []string) {
 			if !mock {
 				bad = append(bad, c.Name+": simulated in a run on a GPU")
 			}
-		case StatusSkipped, StatusNotImplemented:
+		case StatusSkipped:
 			if strings.TrimSpace(c.Detail) == "" {
 				bad = append(bad, c.Name+": "+c.Status+" without a reason")
 			}

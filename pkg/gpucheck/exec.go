@@ -27,6 +27,10 @@ type ExecProber struct {
 	// ready (or to allocate everything); zero: 30 seconds, so a probe that
 	// hangs on the driver fails fast instead of eating the run.
 	StartTimeout time.Duration
+	// Observe, when set, is told of every message a probe process sends
+	// (and, with gone, that it exited): the mock mode uses it to show the
+	// simulated probes as processes in the mock NVML, as a driver would.
+	Observe func(pid int, m probeMessage, gone bool)
 }
 
 // NVMLProcessMemory reads a process's used GPU memory from NVML: its
@@ -77,12 +81,27 @@ type probeProcess struct {
 	exit   error
 }
 
-func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*probeProcess, error) {
+// command is the probe process for args (after e.Command) with env.
+func (e ExecProber) command(ctx context.Context, env []string, args ...string) (*exec.Cmd, error) {
 	if len(e.Command) == 0 {
 		return nil, errors.New("no probe command")
 	}
 	cmd := exec.CommandContext(ctx, e.Command[0], append(append([]string{}, e.Command[1:]...), args...)...)
 	cmd.Env = env
+	return cmd, nil
+}
+
+func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*probeProcess, error) {
+	cmd, err := e.command(ctx, env, args...)
+	if err != nil {
+		return nil, err
+	}
+	return e.startCmd(cmd)
+}
+
+// startCmd starts cmd (a probe, or a wrapper that runs one: a namespace
+// shim, a container runtime) with its stdin and stdout as the protocol's.
+func (e ExecProber) startCmd(cmd *exec.Cmd) (*probeProcess, error) {
 	p := &probeProcess{cmd: cmd, stderr: &bytes.Buffer{}, msgs: make(chan probeMessage, 4), done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	var err error
@@ -96,6 +115,7 @@ func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*p
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start probe %s: %w", strings.Join(cmd.Args, " "), err)
 	}
+	observe := e.Observe
 	go func() {
 		defer close(p.done)
 		sc := bufio.NewScanner(stdout)
@@ -105,9 +125,15 @@ func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*p
 			if json.Unmarshal(sc.Bytes(), &m) != nil {
 				continue // not a probe line (a library's own output)
 			}
+			if observe != nil {
+				observe(cmd.Process.Pid, m, false)
+			}
 			p.msgs <- m
 		}
 		err := cmd.Wait()
+		if observe != nil {
+			observe(cmd.Process.Pid, probeMessage{}, true)
+		}
 		p.mu.Lock()
 		p.exit = err
 		p.mu.Unlock()
@@ -115,9 +141,42 @@ func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*p
 	return p, nil
 }
 
+// send writes one line to the probe's stdin.
+func (p *probeProcess) send(line string) error {
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	return nil
+}
+
+// exited reports whether the process has exited (its stdout ended).
+func (p *probeProcess) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // next waits for the probe's next message; a probe that exits or reports
 // an error ends the wait with an error carrying its message and stderr.
 func (p *probeProcess) next(limit time.Duration, want string) (probeMessage, error) {
+	m, err, _ := p.await(limit, want, true)
+	return m, err
+}
+
+// await is next that, with kill false, leaves a probe that has not sent
+// want within limit running (timedOut then says so), for a wait that is
+// expected to last.
+func (p *probeProcess) await(limit time.Duration, want string, kill bool) (_ probeMessage, _ error, timedOut bool) {
+	m, err := p.awaitMsg(limit, want, kill)
+	return m, err, errors.Is(err, errProbeTimeout)
+}
+
+var errProbeTimeout = errors.New("probe timed out")
+
+func (p *probeProcess) awaitMsg(limit time.Duration, want string, kill bool) (probeMessage, error) {
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
 	select {
@@ -146,8 +205,11 @@ func (p *probeProcess) next(limit time.Duration, want string) (probeMessage, err
 		p.mu.Unlock()
 		return probeMessage{}, fmt.Errorf("probe exited before %q: %v%s", want, exit, p.stderrTail())
 	case <-timer.C:
+		if !kill {
+			return probeMessage{}, fmt.Errorf("%w: no %q within %s", errProbeTimeout, want, limit)
+		}
 		_ = p.cmd.Process.Kill()
-		return probeMessage{}, fmt.Errorf("probe: no %q within %s%s", want, limit, p.stderrTail())
+		return probeMessage{}, fmt.Errorf("%w: no %q within %s%s", errProbeTimeout, want, limit, p.stderrTail())
 	}
 }
 
@@ -176,7 +238,19 @@ func (p *probeProcess) kill() {
 
 // Memory implements [Prober].
 func (e ExecProber) Memory(ctx context.Context, uuid string, env []string) (MemoryProbe, error) {
-	p, err := e.start(ctx, env, "memory")
+	return e.MemoryWith(ctx, uuid, env, MemoryOptions{})
+}
+
+// MemoryWith runs the memory probe with opts (an allocator, a bound).
+func (e ExecProber) MemoryWith(ctx context.Context, uuid string, env []string, opts MemoryOptions) (MemoryProbe, error) {
+	args := []string{"memory"}
+	if opts.Allocator != "" {
+		args = append(args, "--allocator", string(opts.Allocator))
+	}
+	if opts.StopAfterBytes > 0 {
+		args = append(args, "--stop-after-mib", fmt.Sprint((opts.StopAfterBytes+mib-1)/mib))
+	}
+	p, err := e.start(ctx, env, args...)
 	if err != nil {
 		return MemoryProbe{}, err
 	}

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 		var err error
 		switch os.Args[len(os.Args)-1] {
 		case "memory":
-			err = RunMemoryProbe(os.Stdin, os.Stdout)
+			err = RunMemoryProbe(os.Stdin, os.Stdout, MemoryOptions{})
 		default:
 			err = RunComputeProbe(os.Stdin, os.Stdout, 100*time.Millisecond)
 		}

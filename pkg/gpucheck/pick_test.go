@@ -56,8 +56,14 @@ func TestRunRefusesUnavailableMemory(t *testing.T) {
 	cfg.NVML.(*gpu.MockNode).Devices[2].GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		return nvml.Memory{Total: ^uint64(0), Free: ^uint64(0)}, nvml.SUCCESS
 	}
-	if _, err := Run(ctx, cfg, DefaultTargets); err == nil || !strings.Contains(err.Error(), "gpu-2") || !strings.Contains(err.Error(), "no usable memory size") {
-		t.Errorf("Run = %v, want a refusal of gpu-2's memory", err)
+	// Discovery itself refuses such a GPU (pkg/gpu); the check says why
+	// the GPU asked for is not there.
+	if _, err := Run(ctx, cfg, DefaultTargets); err == nil || !strings.Contains(err.Error(), "--gpu 2: no such GPU") || !strings.Contains(err.Error(), "GPU index 2") || !strings.Contains(err.Error(), "not a memory size") {
+		t.Errorf("Run = %v, want a refusal of gpu-2 that names its memory", err)
+	}
+	// pickGPU refuses it too, should discovery ever pass one on.
+	if _, err := pickGPU([]gpu.GPU{{Minor: 2, UUID: "GPU-x", MemoryBytes: ^uint64(0)}}, 2); err == nil || !strings.Contains(err.Error(), "no usable memory size") {
+		t.Errorf("pickGPU of a GPU with NVML's not-available memory: %v", err)
 	}
 }
 

@@ -14,10 +14,14 @@ import (
 )
 
 // MemoryProbe is what the memory probe saw: it allocates device memory until
-// the driver (or the backend) refuses, in chunks from 256 MiB down to 1 MiB.
+// the driver (or the backend) refuses, in chunks from 256 MiB down to 1 MiB
+// (or the allocator's granularity), with one of the driver's allocators.
 type MemoryProbe struct {
 	PID    int             `json:"pid"`
 	Device cuda.DeviceInfo `json:"device"`
+	// Allocator is the driver API the probe allocated with (cuMemAlloc by
+	// default).
+	Allocator cuda.Allocator `json:"allocator,omitempty"`
 	// AllocatedBytes is the sum of the allocations that succeeded.
 	AllocatedBytes uint64 `json:"allocatedBytes"`
 	Allocations    int    `json:"allocations"`
@@ -32,6 +36,23 @@ type MemoryProbe struct {
 	ProcessBytesKnown bool   `json:"processBytesKnown"`
 	// LastError is the refusal that ended the allocations.
 	LastError string `json:"lastError"`
+	// Stopped is true when the probe stopped at its StopAfterBytes bound
+	// without being refused: nothing held it to a limit below that.
+	Stopped bool `json:"stopped,omitempty"`
+}
+
+// MemoryOptions choose how the memory probe allocates.
+type MemoryOptions struct {
+	Allocator cuda.Allocator
+	// StopAfterBytes ends the allocations once this much was allocated
+	// without a refusal (managed memory can exceed the GPU's memory; a
+	// limit that does not hold would otherwise take the machine's); 0: no
+	// bound but the GPU.
+	StopAfterBytes uint64
+	// WaitStart: report "ready" once the context exists and allocate only
+	// after a line on stdin, so that N processes of one claim all hold
+	// their contexts before any allocates.
+	WaitStart bool
 }
 
 // ComputeProbe is what the compute probe did in its wall time: kernels of
@@ -48,17 +69,34 @@ type ComputeProbe struct {
 	// Kernels × Grid, or the kernel did not do its work.
 	CountedBlocks uint64  `json:"countedBlocks"`
 	Seconds       float64 `json:"seconds"`
+	// Kernel is the entry launched: tessera_spin (empty in older reports)
+	// or tessera_work, whose blocks each run Iterations loop steps.
+	Kernel     string `json:"kernel,omitempty"`
+	Iterations uint64 `json:"iterations,omitempty"`
+}
+
+// WorkRate is what a work probe did per second: loop iterations of all its
+// blocks (Kernels × Grid × Iterations / Seconds); 0 without figures.
+func (c ComputeProbe) WorkRate() float64 {
+	if c.Seconds <= 0 {
+		return 0
+	}
+	return float64(c.CountedBlocks) * float64(c.Iterations) / c.Seconds
 }
 
 // probeMessage is one line a probe process writes on stdout.
 type probeMessage struct {
-	// Event is "holding" (memory probe at its peak, waiting for a line on
-	// stdin), "ready" (compute probe warmed up, waiting for a line on
-	// stdin), "result" or "error".
+	// Event is "holding" (memory probe at its peak, or a hold probe with
+	// its context, waiting for a line on stdin), "ready" (compute or work
+	// probe warmed up, or a memory probe with --wait-start, waiting for a
+	// line on stdin), "inside" (a probe in a container, before its memory
+	// probe), "result" or "error".
 	Event   string        `json:"event"`
 	Error   string        `json:"error,omitempty"`
 	Memory  *MemoryProbe  `json:"memory,omitempty"`
 	Compute *ComputeProbe `json:"compute,omitempty"`
+	// Inside is what a probe in a container saw (event "inside").
+	Inside *InsideReport `json:"inside,omitempty"`
 }
 
 // Chunk sizes of the memory probe: it halves the chunk after each refusal.
@@ -73,7 +111,98 @@ const (
 // allocates until refused, reports "holding" on out, waits for a line on in
 // (while the check reads the process's memory from NVML), frees everything
 // and reports the result.
-func RunMemoryProbe(in io.Reader, out io.Writer) error {
+func RunMemoryProbe(in io.Reader, out io.Writer, opts MemoryOptions) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	enc := json.NewEncoder(out)
+	fail := func(err error) error {
+		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
+		return err
+	}
+	lib, err := cuda.Open()
+	if err != nil {
+		return fail(err)
+	}
+	info, err := lib.Init()
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = lib.Close() }()
+	rd := bufio.NewReader(in)
+	if opts.WaitStart {
+		p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: opts.Allocator, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
+		if err := enc.Encode(probeMessage{Event: "ready", Memory: &p}); err != nil {
+			return err
+		}
+		if _, err := rd.ReadString('\n'); err != nil {
+			return fail(fmt.Errorf("wait for the start signal: %w", err))
+		}
+	}
+	p, held, err := allocateUntilRefused(lib, info, opts)
+	defer func() {
+		for _, a := range held {
+			_ = lib.FreeAllocation(a)
+		}
+	}()
+	if err != nil {
+		return fail(err)
+	}
+	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+		return err
+	}
+	if _, err := rd.ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
+		return fail(fmt.Errorf("wait for the check: %w", err))
+	}
+	return enc.Encode(probeMessage{Event: "result", Memory: &p})
+}
+
+// allocateUntilRefused allocates with opts.Allocator in chunks of 256 MiB,
+// halving the chunk after each out-of-memory down to 1 MiB (or the
+// allocator's granularity), and returns the figures and what it holds.
+func allocateUntilRefused(lib *cuda.Lib, info cuda.DeviceInfo, opts MemoryOptions) (MemoryProbe, []cuda.Allocation, error) {
+	a := opts.Allocator
+	if a == "" {
+		a = cuda.AllocPlain
+	}
+	p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: a, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
+	if !lib.Has(a) {
+		return p, nil, fmt.Errorf("this driver has no %s", a)
+	}
+	gran, err := lib.Granularity(a)
+	if err != nil {
+		return p, nil, err
+	}
+	last := max(uint64(lastChunk), gran)
+	var held []cuda.Allocation
+	for chunk := uint64(firstChunk); chunk >= last && len(held) < maxAllocations; {
+		if opts.StopAfterBytes > 0 && p.AllocatedBytes >= opts.StopAfterBytes {
+			p.Stopped = true
+			break
+		}
+		size := (chunk + gran - 1) / gran * gran
+		al, err := lib.AllocWith(a, size)
+		if err != nil {
+			if !cuda.IsOutOfMemory(err) {
+				return p, held, fmt.Errorf("%s after %d MiB: %w", a, p.AllocatedBytes>>20, err)
+			}
+			p.LastError = err.Error()
+			chunk /= 2
+			continue
+		}
+		held = append(held, al)
+		p.AllocatedBytes += size
+	}
+	p.Allocations = len(held)
+	if free, _, err := lib.MemInfo(); err == nil {
+		p.FreeAfterBytes = free
+	}
+	return p, held, nil
+}
+
+// RunHoldProbe is the smallest client: it loads the driver, makes device
+// 0's primary context current (under MPS: connects to the server), reports
+// "holding" with what it read, and keeps the context until a line on in.
+func RunHoldProbe(in io.Reader, out io.Writer) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	enc := json.NewEncoder(out)
@@ -91,29 +220,6 @@ func RunMemoryProbe(in io.Reader, out io.Writer) error {
 	}
 	defer func() { _ = lib.Close() }()
 	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
-	var ptrs []cuda.Ptr
-	defer func() {
-		for _, ptr := range ptrs {
-			_ = lib.Free(ptr)
-		}
-	}()
-	for chunk := uint64(firstChunk); chunk >= lastChunk && len(ptrs) < maxAllocations; {
-		ptr, err := lib.Alloc(chunk)
-		if err != nil {
-			if !cuda.IsOutOfMemory(err) {
-				return fail(fmt.Errorf("allocate after %d MiB: %w", p.AllocatedBytes>>20, err))
-			}
-			p.LastError = err.Error()
-			chunk /= 2
-			continue
-		}
-		ptrs = append(ptrs, ptr)
-		p.AllocatedBytes += chunk
-	}
-	p.Allocations = len(ptrs)
-	if free, _, err := lib.MemInfo(); err == nil {
-		p.FreeAfterBytes = free
-	}
 	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
 		return err
 	}
@@ -232,4 +338,98 @@ func spinShape(info cuda.DeviceInfo) (grid uint32, cycles uint64) {
 		khz = defaultClockKHz
 	}
 	return uint32(sms * perSM), uint64(khz) * spinKernelMillis
+}
+
+// workKernelMillis is how long one tessera_work kernel runs on an unshared
+// GPU, calibrated by the probe before it reports ready.
+const workKernelMillis = 20
+
+// RunWorkProbe is the fixed-work probe process: like the compute probe, but
+// it launches tessera_work on a quarter of the SMs (at least one block):
+// a launch that leaves room beside it, so that two clients of one MPS server
+// run side by side, and only time-slicing between contexts (two MPS
+// servers, or two plain contexts) halves each one's rate. It calibrates the
+// iterations to about workKernelMillis per kernel, reports ready, waits for
+// the start line and then launches kernels one after the other for d.
+func RunWorkProbe(in io.Reader, out io.Writer, d time.Duration) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	enc := json.NewEncoder(out)
+	fail := func(err error) error {
+		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
+		return err
+	}
+	lib, err := cuda.Open()
+	if err != nil {
+		return fail(err)
+	}
+	info, err := lib.Init()
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = lib.Close() }()
+	mod, err := lib.LoadPTX(SpinPTX)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = mod.Unload() }()
+	fn, err := mod.Function(WorkEntry)
+	if err != nil {
+		return fail(err)
+	}
+	counter, err := lib.Alloc(16)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = lib.Free(counter) }()
+	p := ComputeProbe{PID: os.Getpid(), Device: info, Block: spinBlock, Kernel: WorkEntry, Grid: uint32(max(info.Multiprocessors/4, 1))}
+	launch := func(iterations uint64) (time.Duration, error) {
+		start := time.Now()
+		if err := lib.LaunchSpin(fn, p.Grid, p.Block, counter, iterations); err != nil {
+			return 0, err
+		}
+		err := lib.Synchronize()
+		return time.Since(start), err
+	}
+	// Calibration (JIT and the first launch excluded): time a short
+	// kernel, then scale to workKernelMillis.
+	const probeIterations = 1 << 16
+	if _, err := launch(probeIterations); err != nil {
+		return fail(err)
+	}
+	took, err := launch(probeIterations)
+	if err != nil {
+		return fail(err)
+	}
+	p.Iterations = min(max(uint64(float64(probeIterations)*float64(workKernelMillis*time.Millisecond)/float64(max(took, time.Microsecond))), 1<<10), 1<<34)
+	base, err := lib.ReadU64(counter)
+	if err != nil {
+		return fail(err)
+	}
+	if base != 2*uint64(p.Grid) {
+		return fail(fmt.Errorf("calibration kernels counted %d blocks, want %d: the kernel did not run", base, 2*p.Grid))
+	}
+	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+		return err
+	}
+	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+		return fail(fmt.Errorf("wait for the start signal: %w", err))
+	}
+	start := time.Now()
+	for time.Since(start) < d {
+		if _, err := launch(p.Iterations); err != nil {
+			return fail(err)
+		}
+		p.Kernels++
+	}
+	p.Seconds = time.Since(start).Seconds()
+	total, err := lib.ReadU64(counter)
+	if err != nil {
+		return fail(err)
+	}
+	p.CountedBlocks = total - base
+	if want := uint64(p.Kernels) * uint64(p.Grid); p.CountedBlocks != want {
+		return fail(fmt.Errorf("the kernels counted %d blocks, want %d (%d kernels × %d blocks)", p.CountedBlocks, want, p.Kernels, p.Grid))
+	}
+	return enc.Encode(probeMessage{Event: "result", Compute: &p})
 }

@@ -18,6 +18,10 @@ var SpinPTX string
 // SpinEntry is the kernel entry in [SpinPTX].
 const SpinEntry = "tessera_spin"
 
+// WorkEntry is the fixed-work kernel in [SpinPTX]: parameters (.u64 counter,
+// .u64 iterations), counter pointing at two 64-bit words.
+const WorkEntry = "tessera_work"
+
 // PTXModule is what [ParsePTX] read from PTX text.
 type PTXModule struct {
 	Version     string // ".version", e.g. "7.0"

@@ -26,6 +26,16 @@ func TestSpinPTX(t *testing.T) {
 	if e.Instructions < 10 {
 		t.Errorf("%d instructions: the spin loop and the counter update are missing", e.Instructions)
 	}
+	w, ok := m.Entry(WorkEntry)
+	if !ok {
+		t.Fatalf("no entry %s in %+v", WorkEntry, m.Entries)
+	}
+	if len(w.Params) != 2 || w.Params[0].Type != "u64" || w.Params[1].Type != "u64" {
+		t.Errorf("%s params = %+v, want two .u64 (counter, iterations)", WorkEntry, w.Params)
+	}
+	if w.Instructions < 12 {
+		t.Errorf("%s: %d instructions: the loop, the result's use or the counter update are missing", WorkEntry, w.Instructions)
+	}
 }
 
 // TestParsePTXRejects: each kind of mistake the check knows is refused with

@@ -119,13 +119,11 @@ func backendCheck(b BackendReport, mock, probed bool) Check {
 	return c
 }
 
-// finish adds the backends' checks and the ones not implemented, and
-// judges completeness.
+// finish adds the backends' checks and judges completeness.
 func (r *Report) finish(cfg Config) {
 	for _, b := range r.Backends {
 		r.Checks = append(r.Checks, backendCheck(b, cfg.Mock, cfg.Prober != nil))
 	}
-	r.Checks = append(r.Checks, NotImplemented...)
 	r.Complete, r.Incomplete = Complete(r.Checks, cfg.Mock)
 }
 

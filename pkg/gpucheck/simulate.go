@@ -6,11 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/gpucheck/cuda"
 )
 
@@ -21,13 +26,13 @@ import (
 // from the prepared CDI spec, as the backends would on a GPU:
 //
 //   - memory: MPS's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M, or
-//     HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m when LD_PRELOAD loads a
-//     library (without it nothing would read the variable), caps what the
-//     process gets; without either it gets the whole GPU. A simulated
+//     HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m when a library is
+//     preloaded (LD_PRELOAD, or /etc/ld.so.preload in a container; without
+//     one nothing would read the variable), caps what the process gets; without either it gets the whole GPU. A simulated
 //     context of SimulatedContextMiB is charged inside the cap.
 //   - compute: the share's part is CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, or
-//     HAMi-core's CUDA_DEVICE_SM_LIMIT_0 / CUDA_DEVICE_SM_LIMIT (with
-//     LD_PRELOAD); without them an even time slice (50).
+//     HAMi-core's CUDA_DEVICE_SM_LIMIT_0 / CUDA_DEVICE_SM_LIMIT (with a
+//     preloaded library); without them an even time slice (50).
 //
 // A spec that lost a variable, a probe that could not start, a pipe the
 // protocol does not survive: each shows in the report as it would on a GPU.
@@ -39,6 +44,18 @@ const SimulatedDeviceName = "simulated (mock profile, no GPU)"
 
 // SimulatedContextMiB is the context charge a simulated probe reports.
 const SimulatedContextMiB = 500
+
+// simPreloaded reports whether a library is preloaded into the process, as
+// HAMi-core must be for its variables to mean anything: LD_PRELOAD (a host
+// process) or the loader's /etc/ld.so.preload (a container, where the spec
+// mounts one).
+func simPreloaded(env []string) bool {
+	if lib, _ := simEnv(env, "LD_PRELOAD"); lib != "" {
+		return true
+	}
+	data, err := os.ReadFile(preloadFile)
+	return err == nil && strings.TrimSpace(string(data)) != ""
+}
 
 func simEnv(env []string, key string) (string, bool) {
 	for i := len(env) - 1; i >= 0; i-- {
@@ -63,7 +80,7 @@ func simulatedMemoryLimit(env []string) (uint64, bool, error) {
 		if err != nil {
 			return 0, false, fmt.Errorf("CUDA_DEVICE_MEMORY_LIMIT_0=%q: want <MiB>m", v)
 		}
-		if lib, _ := simEnv(env, "LD_PRELOAD"); lib == "" {
+		if !simPreloaded(env) {
 			return 0, false, nil
 		}
 		return n << 20, true, nil
@@ -74,7 +91,7 @@ func simulatedMemoryLimit(env []string) (uint64, bool, error) {
 // simulatedCores is the compute share env gives a process, in percent.
 func simulatedCores(env []string) (float64, error) {
 	keys := []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"}
-	if lib, _ := simEnv(env, "LD_PRELOAD"); lib != "" {
+	if simPreloaded(env) {
 		keys = append(keys, "CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")
 	}
 	for _, k := range keys {
@@ -89,16 +106,32 @@ func simulatedCores(env []string) (float64, error) {
 	return 50, nil
 }
 
+// simulatedDevice is the simulated GPU a probe sees. A probe must see one
+// GPU: CUDA_VISIBLE_DEVICES names it, or (in a container, where the
+// runtime gives only the GPU's own device node) exactly one /dev/nvidia<N>
+// exists.
 func simulatedDevice(env []string, gpuBytes uint64) (cuda.DeviceInfo, error) {
 	if v, _ := simEnv(env, "CUDA_VISIBLE_DEVICES"); v == "" {
-		return cuda.DeviceInfo{}, errors.New("CUDA_VISIBLE_DEVICES is not set: the probe would see every GPU")
+		nodes, _ := filepath.Glob("/dev/nvidia[0-9]*")
+		if len(nodes) != 1 {
+			return cuda.DeviceInfo{}, fmt.Errorf("CUDA_VISIBLE_DEVICES is not set and %d GPU device nodes exist: the probe would see every GPU", len(nodes))
+		}
 	}
 	return cuda.DeviceInfo{Name: SimulatedDeviceName, TotalBytes: gpuBytes, FreeBytes: gpuBytes}, nil
 }
 
 // RunSimulatedMemoryProbe is the memory probe of the mock mode: env is its
-// environment (os.Environ()), gpuBytes the mock GPU's memory.
-func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64) error {
+// environment (os.Environ()), gpuBytes the mock GPU's memory. It behaves as
+// a GPU under the spec's variables would for every allocator alike
+// (HAMi-core hooks all four; MPS pins device memory, whatever allocates it).
+// With opts.WaitStart it reports "ready" once its (simulated) context exists and
+// allocates only after a line on in, as the N-process check needs.
+//
+// Processes of one HAMi-core claim share one limit, as HAMi-core's shared
+// region (CUDA_DEVICE_MEMORY_SHARED_CACHE) makes them: the simulation keeps
+// a ledger next to that file (flock'd), charges each process's context when
+// it starts and lets it allocate only what the claim has left.
+func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, opts MemoryOptions) error {
 	enc := json.NewEncoder(out)
 	fail := func(err error) error {
 		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
@@ -107,6 +140,10 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 	info, err := simulatedDevice(env, gpuBytes)
 	if err != nil {
 		return fail(err)
+	}
+	a := opts.Allocator
+	if a == "" {
+		a = cuda.AllocPlain
 	}
 	total := gpuBytes
 	limit, capped, err := simulatedMemoryLimit(env)
@@ -120,10 +157,218 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 	if total <= ctx {
 		return fail(fmt.Errorf("a %d MiB cap leaves nothing after the %d MiB context", total>>20, SimulatedContextMiB))
 	}
-	p := MemoryProbe{
-		PID: os.Getpid(), Device: info, TotalBytes: total, FreeBeforeBytes: total - ctx,
-		AllocatedBytes: total - ctx, Allocations: 1, LastError: "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY (2) [simulated]",
+	var ledger *simLedger
+	if cache, ok := simEnv(env, "CUDA_DEVICE_MEMORY_SHARED_CACHE"); ok && capped {
+		if simPreloaded(env) {
+			ledger = &simLedger{path: cache + ".tessera-sim", limit: total}
+			defer ledger.release()
+		}
 	}
+	free := total - ctx
+	if ledger != nil {
+		// HAMi-core shows the claim's limit as the total and what the
+		// claim's processes have not used as free.
+		_, used, err := ledger.charge(ctx, false)
+		if err != nil {
+			return fail(err)
+		}
+		free = total - min(used, total)
+	}
+	p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: a, TotalBytes: total, FreeBeforeBytes: free}
+	rd := bufio.NewReader(in)
+	if opts.WaitStart {
+		if err := enc.Encode(probeMessage{Event: "ready", Memory: &p}); err != nil {
+			return err
+		}
+		if _, err := rd.ReadString('\n'); err != nil {
+			return fail(fmt.Errorf("wait for the start signal: %w", err))
+		}
+	}
+	want := total - ctx
+	if ledger != nil {
+		if want, _, err = ledger.charge(want, true); err != nil {
+			return fail(err)
+		}
+	}
+	p.AllocatedBytes, p.Allocations = want, 1
+	p.LastError = string(a) + ": CUDA_ERROR_OUT_OF_MEMORY (2) [simulated]"
+	if !capped && opts.StopAfterBytes > 0 && opts.StopAfterBytes < want {
+		p.AllocatedBytes, p.Stopped, p.LastError = opts.StopAfterBytes, true, ""
+	}
+	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+		return err
+	}
+	if _, err := rd.ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
+		return fail(fmt.Errorf("wait for the check: %w", err))
+	}
+	return enc.Encode(probeMessage{Event: "result", Memory: &p})
+}
+
+// simLedger is the simulation's stand-in for HAMi-core's shared region: a
+// JSON file of bytes charged per live process, changed under flock.
+type simLedger struct {
+	path  string
+	limit uint64
+}
+
+// charge adds up to want bytes for this process (all of want when partial
+// is false: a context is charged whole, even past the limit, as the driver
+// creates it regardless) and returns what it charged and what the claim's
+// processes use with it.
+func (l *simLedger) charge(want uint64, partial bool) (got, used uint64, err error) {
+	got = want
+	err = l.update(func(m map[int]uint64) {
+		for _, b := range m {
+			used += b
+		}
+		if partial {
+			got = min(want, l.limit-min(used, l.limit))
+		}
+		m[os.Getpid()] += got
+		used += got
+	})
+	return got, used, err
+}
+
+// release takes this process off the ledger.
+func (l *simLedger) release() {
+	_ = l.update(func(m map[int]uint64) { delete(m, os.Getpid()) })
+}
+
+func (l *simLedger) update(change func(map[int]uint64)) error {
+	f, err := os.OpenFile(l.path, os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return fmt.Errorf("HAMi-core's shared region (simulated): %w", err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
+	m := map[int]uint64{}
+	if data, err := io.ReadAll(f); err == nil && len(data) > 0 {
+		_ = json.Unmarshal(data, &m)
+	}
+	for pid := range m {
+		if !processAlive(pid) {
+			delete(m, pid)
+		}
+	}
+	change(m)
+	data, _ := json.Marshal(m)
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err = f.WriteAt(data, 0)
+	return err
+}
+
+// processAlive reports whether pid runs (as any user).
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// SimRegistry is the mock mode's view of which simulated CUDA clients run:
+// one JSON file per live probe in a directory the check gives every
+// simulated probe (--simulate-registry). It stands in for what only a GPU
+// shows: which MPS server (pipe directory and uid) a client went through,
+// and which contexts compute at the same time.
+type SimRegistry struct{ Dir string }
+
+// SimClient is one registered probe.
+type SimClient struct {
+	PID  int    `json:"pid"`
+	UID  int    `json:"uid"`
+	Kind string `json:"kind"` // "hold" or "work"
+	// Pipe is the client's CUDA_MPS_PIPE_DIRECTORY ("": not an MPS client,
+	// a context of its own).
+	Pipe string `json:"pipe,omitempty"`
+}
+
+// context names the GPU context a client's work runs in: its MPS server's
+// (pipe directory and uid) or its own.
+func (c SimClient) context() string {
+	if c.Pipe == "" {
+		return fmt.Sprintf("pid %d", c.PID)
+	}
+	return fmt.Sprintf("%s uid %d", c.Pipe, c.UID)
+}
+
+func (r SimRegistry) register(c SimClient) (func(), error) {
+	if err := os.MkdirAll(r.Dir, 0o1777); err != nil {
+		return nil, err
+	}
+	data, _ := json.Marshal(c)
+	path := filepath.Join(r.Dir, strconv.Itoa(c.PID)+".json")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return nil, err
+	}
+	return func() { _ = os.Remove(path) }, nil
+}
+
+// Clients lists the registered probes that still run.
+func (r SimRegistry) Clients() []SimClient {
+	files, _ := filepath.Glob(filepath.Join(r.Dir, "*.json"))
+	var out []SimClient
+	for _, f := range files {
+		var c SimClient
+		data, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(data, &c) != nil || !processAlive(c.PID) {
+			continue
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b SimClient) int { return a.PID - b.PID })
+	return out
+}
+
+// simWaitForServer is legacy MPS's rule for a client of another uid: the
+// control daemon starts its server only once the running server (of
+// another uid) has no clients left. It waits while a live client of the
+// same pipe directory has another uid, at most limit.
+func (r SimRegistry) waitForServer(pipe string, uid int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		busy := slices.ContainsFunc(r.Clients(), func(c SimClient) bool { return c.Pipe == pipe && c.UID != uid })
+		if !busy {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the MPS server of another uid still had clients after %s", limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// RunSimulatedHoldProbe is the hold probe of the mock mode. An MPS client
+// (CUDA_MPS_PIPE_DIRECTORY set) of a uid other than the running server's
+// waits as legacy MPS makes it wait; then it registers and holds.
+func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, reg SimRegistry) error {
+	enc := json.NewEncoder(out)
+	fail := func(err error) error {
+		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
+		return err
+	}
+	info, err := simulatedDevice(env, gpuBytes)
+	if err != nil {
+		return fail(err)
+	}
+	pipe, _ := simEnv(env, "CUDA_MPS_PIPE_DIRECTORY")
+	if reg.Dir != "" {
+		if pipe != "" {
+			if err := reg.waitForServer(pipe, os.Getuid(), time.Minute); err != nil {
+				return fail(err)
+			}
+		}
+		done, err := reg.register(SimClient{PID: os.Getpid(), UID: os.Getuid(), Kind: "hold", Pipe: pipe})
+		if err != nil {
+			return fail(err)
+		}
+		defer done()
+	}
+	const ctx = SimulatedContextMiB << 20
+	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: gpuBytes, FreeBeforeBytes: gpuBytes - ctx}
 	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
 		return err
 	}
@@ -131,6 +376,51 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 		return fail(fmt.Errorf("wait for the check: %w", err))
 	}
 	return enc.Encode(probeMessage{Event: "result", Memory: &p})
+}
+
+// RunSimulatedWorkProbe is the fixed-work probe of the mock mode. It follows
+// the model NVIDIA's documentation gives (docs/gpu-check.md, "MPS: two trust
+// domains"): clients of one MPS server run side by side, distinct contexts
+// (MPS servers, plain contexts) time-slice. Its rate is full divided by the
+// number of distinct contexts computing when it starts.
+func RunSimulatedWorkProbe(in io.Reader, out io.Writer, env []string, d time.Duration, reg SimRegistry) error {
+	enc := json.NewEncoder(out)
+	fail := func(err error) error {
+		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
+		return err
+	}
+	info, err := simulatedDevice(env, 0)
+	if err != nil {
+		return fail(err)
+	}
+	pipe, _ := simEnv(env, "CUDA_MPS_PIPE_DIRECTORY")
+	me := SimClient{PID: os.Getpid(), UID: os.Getuid(), Kind: "work", Pipe: pipe}
+	if reg.Dir != "" {
+		done, err := reg.register(me)
+		if err != nil {
+			return fail(err)
+		}
+		defer done()
+	}
+	p := ComputeProbe{PID: os.Getpid(), Device: info, Grid: 33, Block: spinBlock, Kernel: WorkEntry, Iterations: 1 << 20}
+	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+		return err
+	}
+	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+		return fail(fmt.Errorf("wait for the start signal: %w", err))
+	}
+	contexts := map[string]bool{me.context(): true}
+	for _, c := range reg.Clients() {
+		if c.Kind == "work" {
+			contexts[c.context()] = true
+		}
+	}
+	start := time.Now()
+	time.Sleep(d)
+	p.Seconds = time.Since(start).Seconds()
+	p.Kernels = int(math.Round(p.Seconds * 1000 / float64(len(contexts))))
+	p.CountedBlocks = uint64(p.Kernels) * uint64(p.Grid)
+	return enc.Encode(probeMessage{Event: "result", Compute: &p})
 }
 
 // RunSimulatedComputeProbe is the compute probe of the mock mode: it waits
@@ -163,4 +453,28 @@ func RunSimulatedComputeProbe(in io.Reader, out io.Writer, env []string, d time.
 	p.Kernels = int(share * 10)
 	p.CountedBlocks = uint64(p.Kernels) * uint64(p.Grid)
 	return enc.Encode(probeMessage{Event: "result", Compute: &p})
+}
+
+// SimRegistryDir is the registry's directory under the check's work
+// directory (mock runs).
+const SimRegistryDir = "sim"
+
+// mockDriverObserver plays the driver for a mock run: while a simulated
+// probe runs, the mock NVML lists it as a compute process on GPU index with
+// the memory its figures say (its context, plus what it holds) and, while it
+// computes, 100 % SM utilization; it goes when the probe exits.
+func mockDriverObserver(node *gpu.MockNode, index int) func(pid int, m probeMessage, gone bool) {
+	return func(pid int, m probeMessage, gone bool) {
+		const ctx = SimulatedContextMiB << 20
+		switch {
+		case gone:
+			_ = node.SetProcessActivity(index, uint32(pid), "", 0, 0, true)
+		case m.Event == "holding" && m.Memory != nil:
+			_ = node.SetProcessActivity(index, uint32(pid), "", 0, ctx+m.Memory.AllocatedBytes, false)
+		case m.Event == "ready" && m.Compute != nil:
+			_ = node.SetProcessActivity(index, uint32(pid), "", 100, ctx, false)
+		case m.Event == "ready" || m.Event == "inside":
+			_ = node.SetProcessActivity(index, uint32(pid), "", 0, ctx, false)
+		}
+	}
 }
