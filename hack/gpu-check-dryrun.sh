@@ -41,13 +41,15 @@ trap 'rm -rf "$root"' EXIT
 # make_root DIR: the clean root filesystem with a fresh copy of the bundle.
 make_root() {
   local r=$1 probe
-  mkdir -p "$r"/{bin,usr/bin,sbin,tmp,proc,dev,etc,fake}
+  mkdir -p "$r"/{bin,usr/bin,sbin,tmp,proc,sys,dev,etc,fake}
   chmod 1777 "$r/tmp"
   cp "$bundle/rootfs/bin/busybox" "$r/bin/busybox"
   chroot "$r" /bin/busybox --install -s /bin
   mknod -m 666 "$r/dev/null" c 1 3
   mknod -m 666 "$r/dev/zero" c 1 5
   mknod -m 666 "$r/dev/urandom" c 1 9
+  mknod -m 666 "$r/dev/full" c 1 7
+  mknod -m 666 "$r/dev/random" c 1 8
   echo 'root:x:0:0:root:/root:/bin/sh' >"$r/etc/passwd"
   echo 'nobody:x:65534:65534:nobody:/nonexistent:/bin/sh' >>"$r/etc/passwd"
   echo 'nogroup:x:65534:' >"$r/etc/group"
@@ -73,12 +75,30 @@ EOF
 }
 
 # run_in DIR: run.sh in DIR's root as nobody, no network, a private /proc.
+# The root is entered with pivot_root, not chroot: the kernel refuses a
+# user namespace to a chrooted process, and the check's container fallback
+# (a user and mount namespace, as unshare -rm) must run for real here.
+# enter.sh (busybox sh, in the root) then drops the host's root and becomes
+# nobody with busybox's su.
 run_in() {
+  cat >"$1/enter.sh" <<'EOF'
+#!/bin/sh
+# Written by hack/gpu-check-dryrun.sh: run after pivot_root, as root.
+set -e
+umount -l /.oldroot
+rmdir /.oldroot
+exec su -s /bin/sh nobody -c "exec /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp /bin/sh -c 'cd /bundle && ./run.sh --mock $1 --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 1s'"
+EOF
+  chmod 0755 "$1/enter.sh"
   # shellcheck disable=SC2016 # expanded by the inner sh
   timeout 600 unshare -m -n sh -c '
+    mount --make-rprivate / || exit 97
+    mount --bind "$1" "$1" || exit 97
     mount -t proc proc "$1/proc" || exit 97
-    exec chroot --userspec=65534:65534 "$1" /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp \
-      /bin/sh -c "cd /bundle && ./run.sh --mock $2 --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 1s"
+    mount -t sysfs sysfs "$1/sys" || exit 97
+    mkdir -p "$1/.oldroot"
+    cd "$1" && pivot_root . .oldroot || exit 97
+    exec /bin/busybox sh /enter.sh "$2"
   ' sh "$1" "$profile"
 }
 
@@ -98,9 +118,23 @@ grep -q '"mock":true' "$res/gpu-check.json" || fail "the report is not marked mo
 grep -q 'running as uid 65534' "$res/gpu-check.md" || fail "run.sh did not run as nobody"
 for c in 'discovery vs nvidia-smi | simulated' 'discovery vs /proc/driver/nvidia | simulated' \
          'compute mode (read only) | simulated' 'backend MPS | simulated' 'backend Advisory | simulated' \
-         'backend HAMiCore | skipped | no HAMi-core source given' 'backend DriverMemory | skipped | '; do
+         'backend HAMiCore | skipped | no HAMi-core source given' 'backend DriverMemory | skipped | ' \
+         'CDI spec applied in a container: Advisory | simulated (mock) | nsexec in a new user and mount namespace' \
+         'CDI spec applied in a container: MPS | simulated (mock) | nsexec in a new user and mount namespace' \
+         'CDI spec applied in a container: HAMiCore | skipped | no HAMi-core source given' \
+         'MPS: a root client, then a uid-1000 client (bounded wait) | skipped | not root' \
+         'MPS: two trust domains on one GPU (servers time-slice) | simulated' \
+         "MPS: memory of a server's context | simulated" \
+         'HAMi-core: cuMemAllocAsync, VMM (cuMemCreate), managed memory refused past the limit | skipped | no HAMi-core source given' \
+         "health-event registration (pkg/health's watcher) | simulated" \
+         'lending sampler readings during the probes | simulated'; do
   grep -qF "| $c" "$res/gpu-check.md" || fail "gpu-check.md lacks \"| $c\""
 done
+# The container fallback ran for real: the probe saw the spec's device
+# nodes (stand-ins) and mounts inside.
+grep -q 'CDI spec applied in a container: MPS | simulated (mock) |.* 3 device nodes .* 2 mounts as the spec says' "$res/gpu-check.md" ||
+  fail "the MPS container did not show the spec's device nodes and mounts"
+! grep -qi 'not implemented' "$res/gpu-check.md" || fail "gpu-check.md still lists a check as not implemented"
 grep -q 'DriverMemory | skipped | .*driver 580' "$res/gpu-check.md" || fail "DriverMemory's skip does not name the driver version"
 cp "$res/gpu-check.md" "$repo/_output/gpu-check-dryrun.md" 2>/dev/null || true
 log "ok: run.sh passed in the clean root ($(( $(date +%s) - started ))s so far)"

@@ -63,20 +63,37 @@ want_arch=$(sed -n 's/^arch //p' "$here/VERSION")
 case "$(uname -m)" in x86_64) arch=amd64 ;; aarch64|arm64) arch=arm64 ;; *) arch=$(uname -m) ;; esac
 [ "$arch" = "$want_arch" ] || die "this bundle is for $want_arch, this machine is $arch: build one there with make gpu-check-bundle"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/tgc.XXXXXX") || die "cannot create a work directory under ${TMPDIR:-/tmp}"
+# Two directories, both removed at the end:
+#   - $work, next to the bundle (the probe, the HAMi-core build): /tmp may be
+#     mounted noexec, the bundle's own directory is where the user chose to
+#     run programs from. When the bundle's directory is read-only, $TMPDIR.
+#   - $state, a short path under $TMPDIR for the check's own state: the MPS
+#     control socket lives under it and a socket path has at most 107 bytes.
+work=$(mktemp -d "$here/.work.XXXXXX" 2>/dev/null) ||
+  work=$(mktemp -d "${TMPDIR:-/tmp}/tgc-work.XXXXXX") ||
+  die "cannot create a work directory in $here or ${TMPDIR:-/tmp}"
+state=$(mktemp -d "${TMPDIR:-/tmp}/tgc.XXXXXX") || die "cannot create a state directory under ${TMPDIR:-/tmp}"
 # shellcheck disable=SC2317 # run by the trap
-cleanup() { rm -rf "$work"; }
+cleanup() { rm -rf "$work" "$state"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 probe="$work/tessera-gpu-probe"
-"$bb" unxz -c "$here/tessera-gpu-probe.xz" >"$probe" || die "cannot decompress the probe"
+"$bb" unxz -c "$here/tessera-gpu-probe.xz" >"$probe" || die "cannot decompress the probe into $work"
 chmod 0755 "$probe"
 
-# The probe is built with cgo against glibc: an older glibc than the build
-# machine's refuses to load it. Say so, with the version it needs.
-if ! out=$(timeout 20 "$probe" --help 2>&1); then
+# The probe must be executable where it was unpacked (a noexec mount says
+# "Permission denied", status 126), and it is built with cgo against glibc:
+# an older glibc than the build machine's refuses to load it. Say which.
+set +e
+out=$(timeout 20 "$probe" --help 2>&1)
+rc=$?
+set -e
+if [ "$rc" = 126 ] || { [ "$rc" != 0 ] && [ ! -x "$probe" ]; }; then
   echo "$out" >&2
-  die "the probe does not start on this machine (it needs glibc >= $(cat "$here/glibc-min"); see above)"
+  die "cannot execute $probe (status $rc): is $(dirname "$probe")'s filesystem mounted noexec? Copy the bundle to a directory on a filesystem that allows programs (or set TMPDIR to one, if the bundle's directory is read-only)"
+elif [ "$rc" != 0 ]; then
+  echo "$out" >&2
+  die "the probe does not start on this machine (status $rc; it needs glibc >= $(cat "$here/glibc-min"); see above)"
 fi
 
 # The driver's user-space libraries: LD_LIBRARY_PATH first, then the places
@@ -103,9 +120,14 @@ if [ -n "$mock" ]; then
   note "MOCK RUN (--mock $mock): no GPU, no driver; probes are simulated from the prepared specs' variables. No figure here is what a GPU does."
   set -- --mock-profile "$mock" "$@"
 else
-  [ -e /proc/driver/nvidia/version ] ||
-    die "no NVIDIA kernel driver on this machine (/proc/driver/nvidia/version is missing); the check needs an NVIDIA GPU and its driver"
-  note "driver: $(head -1 /proc/driver/nvidia/version)"
+  # Not every environment shows the kernel module's /proc files (gVisor's
+  # nvproxy, some VMs): a warning; the check itself finds out whether NVML
+  # and CUDA work.
+  if [ -e /proc/driver/nvidia/version ]; then
+    note "driver: $(head -1 /proc/driver/nvidia/version)"
+  else
+    note "WARNING: /proc/driver/nvidia/version is missing (no NVIDIA kernel module, or a sandbox such as gVisor that does not show it); going on: the check fails by itself if NVML finds no GPU"
+  fi
   for lib in libnvidia-ml.so.1 libcuda.so.1; do
     dir=$(find_lib "$lib") || die "$lib not found in LD_LIBRARY_PATH, the usual driver directories or ldconfig's cache; set LD_LIBRARY_PATH to the driver's library directory"
     case ":${LD_LIBRARY_PATH:-}:" in *":$dir:"*) ;; *) LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;; esac
@@ -117,9 +139,20 @@ fi
 uid=$(id -u)
 if [ "$uid" = 0 ]; then
   note "running as root"
+  # The container check runs the CDI spec in a container with the bundle's
+  # static runc (root only; without root it uses a user namespace).
+  if "$bb" unxz -c "$here/runc.xz" >"$work/runc" && chmod 0755 "$work/runc"; then
+    set -- --runc "$work/runc" "$@"
+  else
+    note "WARNING: cannot decompress the bundle's runc: the container check uses its namespace fallback"
+  fi
+  # A client of uid 1000 (the MPS check) must reach the MPS pipe
+  # directories under the state directory.
+  chmod 0711 "$state"
 else
   note "running as uid $uid (not root): steps that need root are reported as skipped"
 fi
+set -- --rootfs "$here/rootfs" "$@"
 
 # MPS: the driver's control program, in PATH or where drivers put it.
 if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
@@ -134,13 +167,19 @@ elif [ -z "$mock" ]; then
 fi
 
 # HAMi-core is not part of Tessera: built here from a source archive (or
-# directory) given by path, with cmake and nvcc, when there is one.
+# directory) given by path, with cmake and nvcc, when there is one. What the
+# machine lacks (no source given, no cmake or nvcc) is a skip; a source that
+# was given but does not build is an ERROR of the HAMiCore backend, with the
+# build log's tail.
 hami_skip=""
+hami_err=""
 hami_lib=""
+# log_tail FILE: its last lines on one line, for a report cell.
+log_tail() { tail -n 15 "$1" 2>/dev/null | tr '\n' ' ' | cut -c1-1500; }
 if [ -z "$hami_src" ]; then
   hami_skip="no HAMi-core source given (run.sh --hami-core-src PATH, a .tar.gz/.tar.xz/.zip of github.com/Project-HAMi/HAMi-core or a directory): HAMi-core is not part of Tessera"
 elif [ ! -e "$hami_src" ]; then
-  hami_skip="--hami-core-src $hami_src: no such file or directory"
+  hami_err="--hami-core-src $hami_src: no such file or directory"
 else
   nvcc=$(command -v nvcc 2>/dev/null || true)
   [ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; } || true
@@ -151,27 +190,37 @@ else
   else
     src="$work/hami-src"
     mkdir -p "$src"
+    unpacked=true
     case "$hami_src" in
-      *.tar.xz|*.txz) "$bb" xz -dc "$hami_src" | "$bb" tar -x -C "$src" ;;
-      *.tar.gz|*.tgz|*.tar) "$bb" tar -xf "$hami_src" -C "$src" ;;
-      *.zip) "$bb" unzip -q "$hami_src" -d "$src" ;;
-      *) if [ -d "$hami_src" ]; then cp -R "$hami_src/." "$src/"; else hami_skip="--hami-core-src $hami_src: want a .tar.gz, .tar.xz, .zip or a directory"; fi ;;
+      *.tar.xz|*.txz) "$bb" xz -dc "$hami_src" | "$bb" tar -x -C "$src" || unpacked=false ;;
+      *.tar.gz|*.tgz|*.tar) "$bb" tar -xf "$hami_src" -C "$src" || unpacked=false ;;
+      *.zip) "$bb" unzip -q "$hami_src" -d "$src" || unpacked=false ;;
+      *) if [ -d "$hami_src" ]; then cp -R "$hami_src/." "$src/" || unpacked=false; else hami_err="--hami-core-src $hami_src: want a .tar.gz, .tar.xz, .zip or a directory"; fi ;;
     esac
-    cmakelists=$(find "$src" -maxdepth 3 -name CMakeLists.txt | head -1)
+    $unpacked || hami_err="--hami-core-src $hami_src: could not be unpacked"
+    # The top-level CMakeLists.txt is the shallowest one (an archive holds
+    # the project under one directory, and HAMi-core's src/ has its own).
+    cmakelists=$(find "$src" -maxdepth 3 -name CMakeLists.txt | awk -F/ '{ print NF "\t" $0 }' | sort -n | head -1 | cut -f2-)
     top=$(dirname "${cmakelists:-/nonexistent/CMakeLists.txt}")
-    if [ -z "$hami_skip" ] && [ -z "$cmakelists" ]; then
-      hami_skip="--hami-core-src $hami_src: no CMakeLists.txt in it"
-    elif [ -z "$hami_skip" ]; then
+    if [ -z "$hami_err" ] && [ -z "$cmakelists" ]; then
+      hami_err="--hami-core-src $hami_src: no CMakeLists.txt in its top three directory levels"
+    elif [ -z "$hami_err" ]; then
       budget=$(( $(left) / 2 ))
       [ "$budget" -le 300 ] || budget=300
-      note "HAMi-core: building $hami_src with cmake and $nvcc (at most ${budget}s)"
+      note "HAMi-core: building $top with cmake and $nvcc (at most ${budget}s)"
+      set +e
       # shellcheck disable=SC2016 # expanded by the inner sh
-      if timeout "$budget" sh -c 'cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$3" && cmake --build "$2" -j "$(nproc 2>/dev/null || echo 4)"' \
-          sh "$top" "$work/hami-build" "$nvcc" >"$results/hami-core-build.log" 2>&1; then
+      timeout "$budget" sh -c 'cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$3" && cmake --build "$2" -j "$(nproc 2>/dev/null || echo 4)"' \
+        sh "$top" "$work/hami-build" "$nvcc" >"$results/hami-core-build.log" 2>&1
+      brc=$?
+      set -e
+      if [ "$brc" = 0 ]; then
         hami_lib=$(find "$work/hami-build" -name libvgpu.so | head -1)
-        [ -n "$hami_lib" ] || hami_skip="the HAMi-core build made no libvgpu.so (results/hami-core-build.log)"
+        [ -n "$hami_lib" ] || hami_err="the HAMi-core build of $top succeeded but made no libvgpu.so; results/hami-core-build.log ends: $(log_tail "$results/hami-core-build.log")"
       else
-        hami_skip="building HAMi-core from $hami_src failed or timed out (results/hami-core-build.log)"
+        why="failed (status $brc)"
+        case "$brc" in 124|137|143) why="ran out of its ${budget}s" ;; esac
+        hami_err="building HAMi-core from $top $why; results/hami-core-build.log ends: $(log_tail "$results/hami-core-build.log")"
       fi
     fi
   fi
@@ -179,6 +228,9 @@ fi
 if [ -n "$hami_lib" ]; then
   note "HAMi-core: $hami_lib"
   set -- --hami-core-library "$hami_lib" "$@"
+elif [ -n "$hami_err" ]; then
+  note "HAMi-core: ERROR: $hami_err"
+  set -- --hami-core-error "$hami_err" "$@"
 else
   note "HAMi-core: skipped: $hami_skip"
   set -- --hami-core-skip-reason "$hami_skip" "$@"
@@ -190,7 +242,7 @@ budget=$(( $(left) - 15 ))
 [ "$budget" -ge 30 ] || die "only ${budget}s left of --timeout $timeout_s for the check itself"
 set +e
 timeout -s TERM -k 10 "$budget" "$probe" check --results-dir "$results" --notes-file "$notes" \
-  --work-dir "$work/w" "$@" >"$results/run.log" 2>&1
+  --work-dir "$state/w" "$@" >"$results/run.log" 2>&1
 rc=$?
 set -e
 cat "$results/run.log"
