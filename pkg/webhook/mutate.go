@@ -116,7 +116,10 @@ func (h MutateHandler) review(w http.ResponseWriter, r *http.Request, review *ad
 // capacity requests becomes a firstAvailable list with one subrequest per GPU
 // model the cluster publishes now (fraction.Request), keeping the request's
 // name, selectors and tolerations, so the claim gets that fraction of
-// whichever model it lands on. Only v1 CREATE of ResourceClaims is mutated
+// whichever model it lands on. A request for one device of class
+// mig.gpu.tessera.dev becomes one subrequest per GPU model whose MIG profile
+// table Tessera knows, for the smallest profile whose compute and memory
+// cover the fraction (fraction.MIGRequest). Only v1 CREATE of ResourceClaims is mutated
 // (the webhook configuration asks the API server for v1). A bad annotation,
 // a share request that sets capacity, count or admin access, a claim without
 // such a request, or a cluster without models is refused with the reason.
@@ -178,8 +181,13 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 	for i, r := range requests {
 		out[i] = r
 		e := r.Exactly
-		if e == nil || e.DeviceClassName != sharedClassName {
+		if e == nil || (e.DeviceClassName != sharedClassName && e.DeviceClassName != migClassName) {
 			continue
+		}
+		mig := e.DeviceClassName == migClassName
+		what := "a share"
+		if mig {
+			what = "a MIG device"
 		}
 		path := root.Index(i).Child("exactly")
 		if e.Capacity != nil && len(e.Capacity.Requests) > 0 {
@@ -187,11 +195,26 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 			continue
 		}
 		if e.AdminAccess != nil && *e.AdminAccess {
-			errs = append(errs, field.Invalid(path.Child("adminAccess"), true, fmt.Sprintf("the %s annotation asks for a share; admin access takes no share", fraction.Annotation)))
+			errs = append(errs, field.Invalid(path.Child("adminAccess"), true, fmt.Sprintf("the %s annotation asks for %s; admin access takes none", fraction.Annotation, what)))
 			continue
 		}
 		if e.AllocationMode == resourceapi.DeviceAllocationModeAll || e.Count > 1 {
-			errs = append(errs, field.Invalid(path.Child("count"), e.Count, fmt.Sprintf("the %s annotation asks for a share of one GPU: count must be 1", fraction.Annotation)))
+			errs = append(errs, field.Invalid(path.Child("count"), e.Count, fmt.Sprintf("the %s annotation asks for %s of one GPU: count must be 1", fraction.Annotation, what)))
+			continue
+		}
+		if mig {
+			// The profile tables are built in: no read of the cluster.
+			fr, err := fraction.MIGRequest(r.Name, f, fraction.MIGModels())
+			if err != nil {
+				return nil, field.ErrorList{field.Invalid(annotation, value, err.Error())}
+			}
+			for j := range fr.FirstAvailable {
+				s := &fr.FirstAvailable[j]
+				s.Selectors = append(s.Selectors, e.Selectors...)
+				s.Tolerations = e.Tolerations
+			}
+			out[i] = fr
+			expanded++
 			continue
 		}
 		if known == nil {
@@ -212,7 +235,7 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 		expanded++
 	}
 	if len(errs) == 0 && expanded == 0 {
-		errs = append(errs, field.Invalid(annotation, value, fmt.Sprintf("no request of the claim asks for exactly one device of class %s to apply the fraction to", sharedClassName)))
+		errs = append(errs, field.Invalid(annotation, value, fmt.Sprintf("no request of the claim asks for exactly one device of class %s or %s to apply the fraction to", sharedClassName, migClassName)))
 	}
 	return out, errs
 }

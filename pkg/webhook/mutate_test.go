@@ -101,8 +101,9 @@ spec: {devices: {requests: [{name: gpu, exactly: ` + exactly + `}]}}`
 		"capacity set":   {share("1/2", `{deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 1Gi}}}`), models, "drop capacity.requests or the annotation"},
 		"count 2":        {share("1/2", `{deviceClassName: shared.gpu.tessera.dev, count: 2}`), models, "count must be 1"},
 		"all":            {share("1/2", `{deviceClassName: shared.gpu.tessera.dev, allocationMode: All}`), models, "count must be 1"},
-		"admin access":   {share("1/2", `{deviceClassName: shared.gpu.tessera.dev, adminAccess: true}`), models, "admin access takes no share"},
-		"whole only":     {share("1/2", `{deviceClassName: gpu.tessera.dev}`), models, "no request of the claim asks for exactly one device of class shared.gpu.tessera.dev"},
+		"admin access":   {share("1/2", `{deviceClassName: shared.gpu.tessera.dev, adminAccess: true}`), models, "asks for a share; admin access takes none"},
+		"MIG count 2":    {share("1/7", `{deviceClassName: mig.gpu.tessera.dev, count: 2}`), models, "asks for a MIG device of one GPU: count must be 1"},
+		"whole only":     {share("1/2", `{deviceClassName: gpu.tessera.dev}`), models, "no request of the claim asks for exactly one device of class shared.gpu.tessera.dev or mig.gpu.tessera.dev"},
 		"no models":      {share("1/2", `{deviceClassName: shared.gpu.tessera.dev}`), func() ([]fraction.Model, error) { return nil, nil }, "no GPU model publishes Tessera shared devices"},
 		"models unknown": {share("1/2", `{deviceClassName: shared.gpu.tessera.dev}`), func() ([]fraction.Model, error) { return nil, errors.New("timeout") }, "read the GPU models the cluster publishes: timeout"},
 	} {
@@ -123,5 +124,56 @@ func TestMutateLeavesOthersAlone(t *testing.T) {
 		if !resp.Allowed || resp.Patch != nil {
 			t.Errorf("response %+v: want allowed, unchanged", resp)
 		}
+	}
+}
+
+// TestMutateExpandsMIGFraction: the annotation on a request of the MIG
+// class becomes one subrequest per GPU model with a known MIG table, each
+// for that model's smallest profile covering the fraction (1/7 of an H100
+// is a 1g.20gb), keeping the claim's selectors, without reading the
+// cluster's models; the validating webhook admits the result.
+func TestMutateExpandsMIGFraction(t *testing.T) {
+	req := claimReview(t, "v1", `
+metadata: {name: c, annotations: {gpu.tessera.dev/fraction: "1/7"}}
+spec:
+  devices:
+    requests:
+    - name: mig
+      exactly:
+        deviceClassName: mig.gpu.tessera.dev
+        selectors: [{cel: {expression: 'device.attributes["gpu.tessera.dev"].minor >= 0'}}]
+`)
+	resp := Mutate(req, func() ([]fraction.Model, error) { t.Fatal("models read for a MIG fraction"); return nil, nil })
+	if !resp.Allowed || resp.Patch == nil {
+		t.Fatalf("response %+v: want allowed with a patch", resp)
+	}
+	var patch []struct {
+		Op, Path string
+		Value    []resourceapi.DeviceRequest
+	}
+	if err := json.Unmarshal(resp.Patch, &patch); err != nil {
+		t.Fatal(err)
+	}
+	reqs := patch[0].Value
+	if len(reqs) != 1 || len(reqs[0].FirstAvailable) != len(fraction.MIGModels()) {
+		t.Fatalf("requests %+v: want one subrequest per MIG model", reqs)
+	}
+	var h100 *resourceapi.DeviceSubRequest
+	for i := range reqs[0].FirstAvailable {
+		s := &reqs[0].FirstAvailable[i]
+		if s.DeviceClassName != migClassName || len(s.Selectors) != 2 || s.Selectors[1].CEL.Expression != `device.attributes["gpu.tessera.dev"].minor >= 0` {
+			t.Errorf("subrequest %+v: want class %s with the model's and the claim's selectors", s, migClassName)
+		}
+		if s.Name == "h100-80gb-1g-20gb" {
+			h100 = s
+		}
+	}
+	if h100 == nil || !strings.Contains(h100.Selectors[0].CEL.Expression, `.profile == "1g.20gb"`) {
+		t.Errorf("no H100 subrequest for 1g.20gb in %+v", reqs[0].FirstAvailable)
+	}
+	claim := resourceapi.ResourceClaim{}
+	claim.Spec.Devices.Requests = reqs
+	if errs, _ := ValidateDeviceClaim(&claim.Spec.Devices, field.NewPath("spec", "devices")); len(errs) > 0 {
+		t.Errorf("the mutated claim is refused: %v", errs)
 	}
 }
