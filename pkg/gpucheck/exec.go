@@ -149,16 +149,6 @@ func (p *probeProcess) send(line string) error {
 	return nil
 }
 
-// exited reports whether the process has exited (its stdout ended).
-func (p *probeProcess) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // next waits for the probe's next message; a probe that exits or reports
 // an error ends the wait with an error carrying its message and stderr.
 func (p *probeProcess) next(limit time.Duration, want string) (probeMessage, error) {
