@@ -19,11 +19,12 @@ func newClaimTemplateCommand() *cobra.Command {
 		nvlink   string
 		output   string
 		profiles []string
+		mig      string
 		kf       kubeFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT | --fraction 1/K] [--nvlink prefer|require] [--isolation Advisory|MPS|HAMiCore]",
-		Short: "Print a ResourceClaimTemplate for whole GPUs or GPU shares",
+		Use:   "claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT | --fraction 1/K] [--mig [PROFILE]] [--nvlink prefer|require] [--isolation Advisory|MPS|HAMiCore]",
+		Short: "Print a ResourceClaimTemplate for whole GPUs, GPU shares or MIG devices",
 		Long: `Print a ResourceClaimTemplate that asks Tessera for GPUs, so the firstAvailable and
 constraint boilerplate never has to be written by hand.
 
@@ -40,32 +41,58 @@ the template: print it again, or use the gpu.tessera.dev/fraction annotation,
 which the admission webhook expands for each claim when it is created
 (docs/fractions.md).
 
+--mig PROFILE asks for MIG devices of that profile (3g.40gb, 1g.10gb+me), which
+are isolated in hardware (docs/mig.md); --mig alone takes the smallest free MIG
+device of any profile. --mig --fraction 1/K asks, for each GPU model whose MIG
+profile table Tessera knows, for the smallest profile whose compute and memory
+both cover 1/K (firstAvailable, one subrequest per model; no cluster access
+needed). --isolation MPS runs MPS inside the MIG device; HAMiCore and
+DriverMemory do not apply to MIG devices and are refused.
+
 Options whose template the admission webhook would refuse, because the node could
 never prepare its claims, are refused here with the same check: --compute-limit
-below --cores, or --isolation MPS with --gpus 2 or more (an MPS claim is exactly
-one share).`,
+below --cores, --isolation MPS with --gpus 2 or more (an MPS claim is exactly
+one share), or --mig with --isolation HAMiCore.`,
 		Example: `  tessera claim-template --name quarter --memory 19Gi --cores 25
   tessera claim-template --name pair --gpus 2 --nvlink prefer
   tessera claim-template --name quarter --fraction 1/4
   tessera claim-template --name half --fraction 0.5 --profile hgx-h100,l4x4
-  tessera claim-template --name mps --memory 16Gi --cores 30 --isolation MPS --compute-limit 50`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+  tessera claim-template --name mps --memory 16Gi --cores 30 --isolation MPS --compute-limit 50
+  tessera claim-template --name isolated --mig 3g.40gb
+  tessera claim-template --name seventh --mig --fraction 1/7`,
+		// One argument only after a bare --mig: "--mig 3g.40gb" (pflag
+		// reads a flag with an optional value as --mig=VALUE only).
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && mig == migAnyProfile {
+				return nil
+			}
+			return cobra.NoArgs(cmd, args)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(output); err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("mig") {
+				opts.MIG = true
+				switch {
+				case len(args) == 1:
+					opts.MIGProfile = args[0]
+				case mig != migAnyProfile:
+					opts.MIGProfile = mig
+				}
 			}
 			if opts.GPUs < 1 {
 				return fmt.Errorf("--gpus %d: must be at least 1", opts.GPUs)
 			}
 			opts.NVLink = claimtemplate.NVLink(nvlink)
-			if opts.Fraction != "" {
+			if opts.Fraction != "" && !opts.MIG {
 				models, err := fractionModels(cmd.Context(), profiles, &kf)
 				if err != nil {
 					return err
 				}
 				opts.Models = models
 			} else if len(profiles) > 0 {
-				return fmt.Errorf("--profile applies to --fraction")
+				return fmt.Errorf("--profile applies to --fraction of shares (a MIG fraction uses the built-in MIG profile tables)")
 			}
 			tmpl, warnings, err := claimtemplate.Build(opts)
 			if err != nil {
@@ -88,10 +115,15 @@ one share).`,
 	f.IntVar(&opts.ComputeLimit, "compute-limit", 0, "cap a share's compute above its guaranteed --cores, in percent")
 	f.StringVar(&opts.Fraction, "fraction", "", "a share of this fraction of whichever GPU model it lands on: 1/K or a decimal (replaces --memory and --cores)")
 	f.StringSliceVar(&profiles, "profile", nil, "with --fraction: the GPU models of these mock profiles ("+fmt.Sprint(gpu.Profiles())+") instead of the cluster's")
+	f.StringVar(&mig, "mig", "", "MIG devices (hardware-isolated) of this profile, e.g. 3g.40gb; alone, of any profile, or with --fraction the smallest that covers it")
+	f.Lookup("mig").NoOptDefVal = migAnyProfile
 	kf.add(cmd)
 	addOutputFlag(cmd, &output)
 	return cmd
 }
+
+// migAnyProfile is --mig given without a profile.
+const migAnyProfile = "*"
 
 // fractionModels are the GPU models of the mock profiles, or else of the
 // cluster's ResourceSlices.

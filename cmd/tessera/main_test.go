@@ -200,3 +200,41 @@ func TestClaimTemplateWarnsOfShareWithoutMemory(t *testing.T) {
 		t.Errorf("stderr = %q, want %q", stderr, want)
 	}
 }
+
+// TestClaimTemplateMIG: --mig PROFILE (as a separate word or with =) and
+// --mig --fraction print templates of the MIG class, offline; a stray
+// argument without a bare --mig is refused; HAMiCore on MIG is refused with
+// the webhook's field path.
+func TestClaimTemplateMIG(t *testing.T) {
+	template := func(args ...string) resourceapi.ResourceClaimTemplate {
+		t.Helper()
+		out, stderr, err := run(t, append([]string{"claim-template", "--name", "m"}, args...)...)
+		if err != nil || stderr != "" {
+			t.Fatalf("tessera claim-template %v: %v %s", args, err, stderr)
+		}
+		var tmpl resourceapi.ResourceClaimTemplate
+		if err := yaml.UnmarshalStrict([]byte(strings.TrimPrefix(out, "---\n")), &tmpl); err != nil {
+			t.Fatal(err)
+		}
+		return tmpl
+	}
+	for _, args := range [][]string{{"--mig", "3g.40gb"}, {"--mig=3g.40gb"}} {
+		ex := template(args...).Spec.Spec.Devices.Requests[0].Exactly
+		if ex == nil || ex.DeviceClassName != "mig.gpu.tessera.dev" || len(ex.Selectors) != 1 ||
+			ex.Selectors[0].CEL.Expression != `device.attributes["gpu.tessera.dev"].profile == "3g.40gb"` {
+			t.Errorf("%v: request %+v, want the MIG class with a 3g.40gb selector", args, ex)
+		}
+	}
+	fa := template("--mig", "--fraction", "1/7").Spec.Spec.Devices.Requests[0].FirstAvailable
+	if len(fa) != 4 || fa[2].Name != "h100-80gb-1g-20gb" || fa[2].DeviceClassName != "mig.gpu.tessera.dev" {
+		t.Errorf("--mig --fraction 1/7: %+v, want four subrequests, the H100's for 1g.20gb", fa)
+	}
+	if _, _, err := run(t, "claim-template", "--name", "m", "3g.40gb"); err == nil || !strings.Contains(err.Error(), `unknown command "3g.40gb"`) {
+		t.Errorf("a profile without --mig: %v, want refused", err)
+	}
+	_, _, err := run(t, "claim-template", "--name", "m", "--mig", "3g.40gb", "--isolation", "HAMiCore")
+	want := `the admission webhook would refuse this template: spec.spec.devices.config[0].opaque.parameters.sharing.isolation: Invalid value: "HAMiCore"`
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("error = %v, want one starting with %q", err, want)
+	}
+}

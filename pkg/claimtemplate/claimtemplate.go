@@ -1,6 +1,7 @@
 // Package claimtemplate builds the ResourceClaimTemplates users would otherwise
-// write by hand: whole GPUs or shares, NVLink required or preferred (firstAvailable
-// with a constrained subrequest first), and the GpuConfig for the node.
+// write by hand: whole GPUs, shares or MIG devices, NVLink required or
+// preferred (firstAvailable with a constrained subrequest first), and the
+// GpuConfig for the node.
 //
 // Build is pure: it returns the object or an error saying which option is wrong.
 // It checks what it built with webhook.ValidateDeviceClaim, the check of the
@@ -64,6 +65,13 @@ type Options struct {
 	// Models are the GPU models a Fraction is computed for (fraction.Models
 	// of the cluster's or a profile's ResourceSlices).
 	Models []fraction.Model
+	// MIG asks for MIG devices (class mig.gpu.tessera.dev): of MIGProfile
+	// when set ("3g.40gb"), else, with a Fraction, of each known GPU model's
+	// smallest profile that covers it (fraction.MIGRequest), else of any
+	// profile (the smallest free instance: devices are published small
+	// first).
+	MIG        bool
+	MIGProfile string
 }
 
 // Build returns the ResourceClaimTemplate for opts, with warnings about what it
@@ -73,8 +81,9 @@ type Options struct {
 // It refuses options it cannot turn into a template, naming the flag, and then
 // options whose template the admission webhook would refuse because the kubelet
 // plugin would refuse to prepare its claims (webhook.ValidateDeviceClaim): for
-// example --compute-limit below --cores, or --isolation MPS with --gpus 2 (an
-// MPS claim is exactly one share).
+// example --compute-limit below --cores, --isolation MPS with --gpus 2 (an
+// MPS claim is exactly one share), or --mig with --isolation HAMiCore (MIG
+// is the isolation).
 func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	var errs []error
 	if msgs := validation.IsDNS1123Subdomain(opts.Name); len(msgs) > 0 {
@@ -87,7 +96,28 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	if gpus < 0 || gpus > resourceapi.AllocationResultsMaxSize {
 		errs = append(errs, fmt.Errorf("--gpus %d: must be between 1 and %d", opts.GPUs, resourceapi.AllocationResultsMaxSize))
 	}
-	shared := opts.Memory != "" || opts.Cores != 0 || opts.Fraction != ""
+	shared := !opts.MIG && (opts.Memory != "" || opts.Cores != 0 || opts.Fraction != "")
+	var warnings []string
+	if opts.MIG {
+		switch {
+		case opts.Memory != "" || opts.Cores != 0:
+			errs = append(errs, errors.New("--memory and --cores size a share; a MIG device has its profile's: name one with --mig PROFILE, or use --fraction"))
+		case opts.NVLink != NVLinkNone:
+			errs = append(errs, errors.New("--nvlink: MIG devices have no NVLink (no peer-to-peer between instances)"))
+		case opts.ComputeLimit != 0:
+			errs = append(errs, errors.New("--compute-limit caps a share; a MIG device's compute is its profile's"))
+		case opts.MIGProfile != "" && opts.Fraction != "":
+			errs = append(errs, fmt.Errorf("--mig %s and --fraction both choose the profile: drop one", opts.MIGProfile))
+		}
+		if opts.MIGProfile != "" {
+			if err := fraction.CheckMIGProfile(opts.MIGProfile); err != nil {
+				errs = append(errs, fmt.Errorf("--mig: %w", err))
+			} else if len(fraction.KnownMIGProfile(opts.MIGProfile)) == 0 {
+				warnings = append(warnings, fmt.Sprintf("MIG profile %s is in none of the MIG tables Tessera knows (%s): the claim gets a device only where a GPU publishes that profile",
+					opts.MIGProfile, knownMIGProducts()))
+			}
+		}
+	}
 	var frac fraction.Fraction
 	if opts.Fraction != "" {
 		f, err := fraction.Parse(opts.Fraction)
@@ -95,7 +125,9 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("--fraction: %w", err))
 		case opts.Memory != "" || opts.Cores != 0:
-			errs = append(errs, errors.New("--fraction sets the share's memory and cores: drop --memory and --cores"))
+			if !opts.MIG {
+				errs = append(errs, errors.New("--fraction sets the share's memory and cores: drop --memory and --cores"))
+			}
 		case gpus != 1 || opts.NVLink != NVLinkNone:
 			errs = append(errs, errors.New("--fraction is a share of one GPU: drop --gpus and --nvlink"))
 		default:
@@ -125,11 +157,18 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	if opts.NVLink != NVLinkNone && gpus < 2 {
 		errs = append(errs, fmt.Errorf("--nvlink %s: needs --gpus 2 or more", opts.NVLink))
 	}
-	if !shared && (opts.Isolation != "" || opts.ComputeLimit != 0) {
+	if !shared && !opts.MIG && (opts.Isolation != "" || opts.ComputeLimit != 0) {
 		errs = append(errs, errors.New("--isolation and --compute-limit apply to shares: add --memory and/or --cores"))
 	}
 	var fractionRequest resourceapi.DeviceRequest
-	if frac.Den != 0 {
+	switch {
+	case frac.Den != 0 && opts.MIG:
+		req, err := fraction.MIGRequest(RequestName, frac, fraction.MIGModels())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--mig --fraction %s: %w", frac, err))
+		}
+		fractionRequest = req
+	case frac.Den != 0:
 		req, err := fraction.Request(RequestName, frac, opts.Models)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--fraction %s: %w", frac, err))
@@ -155,6 +194,9 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 	}
 
 	class := model.WholeClassName
+	if opts.MIG {
+		class = model.MIGClassName
+	}
 	var capacity *resourceapi.CapacityRequirements
 	if shared {
 		class = model.SharedClassName
@@ -184,6 +226,11 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 		devices.Requests = []resourceapi.DeviceRequest{{Name: RequestName, Exactly: &resourceapi.ExactDeviceRequest{
 			DeviceClassName: s.DeviceClassName, AllocationMode: s.AllocationMode, Count: s.Count, Capacity: s.Capacity,
 		}}}
+		if opts.MIGProfile != "" {
+			devices.Requests[0].Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fraction.MIGProfileSelector(opts.MIGProfile),
+			}}}
+		}
 		if opts.NVLink == NVLinkRequire {
 			devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{RequestName}, MatchAttribute: &nvlinkDomain}}
 		}
@@ -206,7 +253,8 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 		}}
 	}
 
-	problems, warnings := webhook.ValidateDeviceClaim(&devices, field.NewPath("spec", "spec", "devices"))
+	problems, checked := webhook.ValidateDeviceClaim(&devices, field.NewPath("spec", "spec", "devices"))
+	warnings = append(warnings, checked...)
 	if len(problems) > 0 {
 		for _, p := range problems {
 			msg := p.Error()
@@ -222,4 +270,13 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 		ObjectMeta: metav1.ObjectMeta{Name: opts.Name, Namespace: opts.Namespace},
 		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: devices}},
 	}, warnings, nil
+}
+
+// knownMIGProducts lists the first product of each known MIG model.
+func knownMIGProducts() string {
+	var names []string
+	for _, m := range fraction.MIGModels() {
+		names = append(names, m.Products[0])
+	}
+	return strings.Join(names, ", ")
 }

@@ -158,6 +158,10 @@ func TestModelNamesAgreeWithWebhook(t *testing.T) {
 		Requests: []resourceapi.DeviceRequest{request("a", model.SharedClassName, quarter), request("b", model.WholeClassName, nil)},
 		Config:   []resourceapi.DeviceClaimConfiguration{config(`"sharing": {"isolation": "MPS"}`)},
 	}, 1, 0)
+	check("HAMiCore on the MIG class", resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{request("a", model.MIGClassName, nil)},
+		Config:   []resourceapi.DeviceClaimConfiguration{config(`"sharing": {"isolation": "HAMiCore"}`)},
+	}, 1, 0)
 	check("NVLink Required on two whole GPUs in one domain", resourceapi.DeviceClaim{
 		Requests:    []resourceapi.DeviceRequest{request("a", model.WholeClassName, nil), request("b", model.WholeClassName, nil)},
 		Constraints: []resourceapi.DeviceConstraint{{MatchAttribute: &nvlink}},
@@ -268,5 +272,66 @@ func TestBuildFraction(t *testing.T) {
 	}
 	if len(d.Config) != 1 || d.Config[0].Requests[0] != RequestName {
 		t.Errorf("config %+v: want one for request %s", d.Config, RequestName)
+	}
+}
+
+// TestBuildMIG: --mig PROFILE is one exact request of the MIG class with a
+// selector on the profile; --mig alone takes any profile; --mig --fraction
+// is one subrequest per known MIG model; --isolation MPS is allowed and
+// HAMiCore refused with the webhook's message; share and NVLink flags are
+// refused.
+func TestBuildMIG(t *testing.T) {
+	tmpl := mustBuild(t, Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", GPUs: 2, Isolation: "MPS"})
+	d := tmpl.Spec.Spec.Devices
+	ex := d.Requests[0].Exactly
+	if ex == nil || ex.DeviceClassName != model.MIGClassName || ex.Count != 2 || ex.Capacity != nil ||
+		len(ex.Selectors) != 1 || ex.Selectors[0].CEL.Expression != `device.attributes["gpu.tessera.dev"].profile == "3g.40gb"` {
+		t.Fatalf("request %+v: want 2 MIG devices of profile 3g.40gb", d.Requests[0])
+	}
+	if len(d.Constraints) != 0 {
+		t.Errorf("constraints %+v, want none (two MIG devices may share a GPU)", d.Constraints)
+	}
+	if cfg := decodeConfig(t, d.Config[0].Opaque.Parameters.Raw); cfg.Sharing.Isolation != configapi.IsolationMPS {
+		t.Errorf("config %+v, want MPS", cfg.Sharing)
+	}
+
+	anyProfile := mustBuild(t, Options{Name: "m", MIG: true}).Spec.Spec.Devices.Requests[0].Exactly
+	if anyProfile.DeviceClassName != model.MIGClassName || len(anyProfile.Selectors) != 0 {
+		t.Errorf("--mig alone: %+v, want the MIG class without selectors", anyProfile)
+	}
+
+	frac := mustBuild(t, Options{Name: "m", MIG: true, Fraction: "1/7"}).Spec.Spec.Devices.Requests[0]
+	if len(frac.FirstAvailable) != len(fraction.MIGModels()) {
+		t.Fatalf("--mig --fraction 1/7: %+v, want one subrequest per MIG model", frac)
+	}
+	var names []string
+	for _, s := range frac.FirstAvailable {
+		names = append(names, s.Name)
+	}
+	if got, want := strings.Join(names, " "), "a100-40gb-1g-10gb a100-80gb-1g-20gb h100-80gb-1g-20gb h200-141gb-1g-35gb"; got != want {
+		t.Errorf("subrequests %s, want %s", got, want)
+	}
+
+	_, warnings, err := Build(Options{Name: "m", MIG: true, MIGProfile: "1g.12gb"})
+	if err != nil || len(warnings) != 1 || !strings.Contains(warnings[0], "MIG profile 1g.12gb is in none of the MIG tables Tessera knows") {
+		t.Errorf("unknown profile: %v, %q; want a warning", err, warnings)
+	}
+
+	for name, tc := range map[string]struct {
+		opts Options
+		want string
+	}{
+		"HAMiCore": {Options{Name: "m", MIG: true, Isolation: "HAMiCore"},
+			`the admission webhook would refuse this template: spec.spec.devices.config[0].opaque.parameters.sharing.isolation: Invalid value: "HAMiCore": request "gpu" is of DeviceClass mig.gpu.tessera.dev and gets a MIG device`},
+		"memory":               {Options{Name: "m", MIG: true, Memory: "10Gi"}, "--memory and --cores size a share"},
+		"nvlink":               {Options{Name: "m", MIG: true, GPUs: 2, NVLink: NVLinkRequire}, "MIG devices have no NVLink"},
+		"compute limit":        {Options{Name: "m", MIG: true, ComputeLimit: 50}, "--compute-limit caps a share"},
+		"profile and fraction": {Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", Fraction: "1/2"}, "--mig 3g.40gb and --fraction both choose the profile"},
+		"not a profile":        {Options{Name: "m", MIG: true, MIGProfile: `3g" || true`}, `--mig: MIG profile "3g\" || true": want a name`},
+		"fraction of two":      {Options{Name: "m", MIG: true, Fraction: "1/2", GPUs: 2}, "drop --gpus"},
+	} {
+		if _, _, err := Build(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", name, err, tc.want)
+		}
 	}
 }
