@@ -53,7 +53,46 @@ type Device struct {
 	// release, which is kept until they are unprepared. Older readers
 	// ignore the member (a v1 addition they need not understand).
 	MPSDomain string `json:"mpsDomain,omitempty"`
+	// MIG is set for a MIG device (gpu-N-mig-…); UUID and Minor are then
+	// its parent GPU's. Older readers ignore the member (a v1 addition):
+	// a release without MIG neither prepares MIG devices nor destroys
+	// their instances, whose GPU instances the next release with MIG
+	// destroys as orphans when nothing holds them.
+	MIG *MIGDevice `json:"mig,omitempty"`
 }
+
+// MIGDevice is a MIG device of a claim: the instance it is, or (dynamic
+// MIG, before the instance exists) the one prepare is about to create.
+type MIGDevice struct {
+	// Dynamic is true when the plugin creates the instance for the claim
+	// and destroys it at unprepare; false for an instance an admin made
+	// (static MIG), which stays.
+	Dynamic bool `json:"dynamic,omitempty"`
+	// Profile and ProfileID are the GPU-instance profile ("3g.40gb").
+	Profile   string `json:"profile"`
+	ProfileID int    `json:"profileID"`
+	// Start and Size are the instance's placement (memory slices). The
+	// instance is found by placement and profile, never by its IDs alone:
+	// the driver reuses IDs.
+	Start int `json:"start"`
+	Size  int `json:"size"`
+	// UUID is the MIG device's "MIG-…" UUID; empty while a dynamic
+	// instance is only intended (recorded before it is created).
+	UUID string `json:"uuid,omitempty"`
+	// GPUInstance and ComputeInstance are the instance IDs, valid with
+	// UUID.
+	GPUInstance     int `json:"gpuInstance,omitempty"`
+	ComputeInstance int `json:"computeInstance,omitempty"`
+	// GPUInstanceMinor and ComputeInstanceMinor are the minors of the
+	// capability nodes /dev/nvidia-caps/nvidia-cap<N> (0: unknown).
+	GPUInstanceMinor     int `json:"gpuInstanceMinor,omitempty"`
+	ComputeInstanceMinor int `json:"computeInstanceMinor,omitempty"`
+	// MemoryBytes is the MIG device's memory.
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+}
+
+// Created reports whether the instance exists (its IDs are recorded).
+func (m *MIGDevice) Created() bool { return m != nil && m.UUID != "" }
 
 // Grants reports whether the device holds part of its GPU: false for admin
 // access, which observes a GPU without taking any of it.
@@ -145,6 +184,10 @@ func clone(c Claim) Claim {
 		out.Devices = make([]Device, len(c.Devices))
 		for i, d := range c.Devices {
 			d.CDIDeviceIDs = slices.Clone(d.CDIDeviceIDs)
+			if d.MIG != nil {
+				m := *d.MIG
+				d.MIG = &m
+			}
 			out.Devices[i] = d
 		}
 	}
