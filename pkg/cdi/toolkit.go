@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // ToolkitKind is the CDI kind of the NVIDIA container toolkit's generated spec
@@ -78,4 +80,90 @@ func (s StaticToolkit) DeviceID(uuid string, _ int) (string, bool, error) {
 		return "", false, nil
 	}
 	return ToolkitDeviceID(uuid), true, nil
+}
+
+// CommonEdits returns the container edits of the toolkit's spec itself (not
+// of a device): the driver's libraries, the hooks that make them usable and
+// the control device nodes, which the runtime applies with any device of the
+// spec. A MIG device that did not exist when the spec was generated has no
+// device in it, and the toolkit gives a GPU in MIG mode no device of its own
+// (nvidia-ctk cdi generate skips it), so Tessera copies these into such a
+// device's edits. ok is false when no spec of kind nvidia.com/gpu is found;
+// of several, the one of the highest-priority directory (the last in the
+// directory list) is taken, as the CDI library resolves its devices.
+func (t *ToolkitSpecs) CommonEdits() (edits cdispec.ContainerEdits, ok bool, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_ = t.cache.Refresh()
+	for dir, err := range t.cache.GetSpecDirErrors() {
+		if !errors.Is(err, os.ErrNotExist) {
+			return cdispec.ContainerEdits{}, false, fmt.Errorf("cdi: toolkit spec dir %s: %w", dir, err)
+		}
+	}
+	vendor, class := parser.ParseQualifier(ToolkitKind)
+	var best *cdiapi.Spec
+	for _, s := range t.cache.GetVendorSpecs(vendor) {
+		if s.GetClass() != class || len(t.cache.GetSpecErrors(s)) > 0 {
+			continue
+		}
+		if best == nil || s.GetPriority() > best.GetPriority() {
+			best = s
+		}
+	}
+	if best == nil {
+		return cdispec.ContainerEdits{}, false, nil
+	}
+	return cloneEdits(best.ContainerEdits), true, nil
+}
+
+// CommonEdits of the fake: a toolkit spec exists when any GPU has a device,
+// and its common edits mount libcuda.
+func (s StaticToolkit) CommonEdits() (cdispec.ContainerEdits, bool, error) {
+	if len(s) == 0 {
+		return cdispec.ContainerEdits{}, false, nil
+	}
+	return cdispec.ContainerEdits{
+		Env: []string{"NVIDIA_VISIBLE_DEVICES=void"},
+		Mounts: []*cdispec.Mount{{HostPath: StaticToolkitLibrary, ContainerPath: StaticToolkitLibrary,
+			Options: []string{"ro", "nosuid", "nodev", "bind"}}},
+	}, true, nil
+}
+
+// StaticToolkitLibrary is the library StaticToolkit's common edits mount.
+const StaticToolkitLibrary = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+
+// cloneEdits deep-copies edits, so that callers may change what they get.
+func cloneEdits(e cdispec.ContainerEdits) cdispec.ContainerEdits {
+	out := cdispec.ContainerEdits{Env: slices.Clone(e.Env), AdditionalGIDs: slices.Clone(e.AdditionalGIDs)}
+	for _, d := range e.DeviceNodes {
+		if d != nil {
+			c := *d
+			out.DeviceNodes = append(out.DeviceNodes, &c)
+		}
+	}
+	for _, m := range e.Mounts {
+		if m != nil {
+			c := *m
+			c.Options = slices.Clone(m.Options)
+			out.Mounts = append(out.Mounts, &c)
+		}
+	}
+	for _, h := range e.Hooks {
+		if h != nil {
+			c := *h
+			c.Args, c.Env = slices.Clone(h.Args), slices.Clone(h.Env)
+			out.Hooks = append(out.Hooks, &c)
+		}
+	}
+	for _, n := range e.NetDevices {
+		if n != nil {
+			c := *n
+			out.NetDevices = append(out.NetDevices, &c)
+		}
+	}
+	if e.IntelRdt != nil {
+		c := *e.IntelRdt
+		out.IntelRdt = &c
+	}
+	return out
 }
