@@ -25,6 +25,11 @@ type DevNodes interface {
 	// the host has it, /dev/nvidia-uvm-tools, fully specified (type, major,
 	// minor) so that the runtime does not have to look them up.
 	Nodes(minor int) ([]*cdispec.DeviceNode, error)
+	// CapabilityNodes returns the capability nodes
+	// /dev/nvidia-caps/nvidia-cap<minor> of a MIG device, fully specified.
+	// A real node creates a node the host lacks (a GPU instance created
+	// after the driver made its nodes has none yet).
+	CapabilityNodes(caps []MIGCapability) ([]*cdispec.DeviceNode, error)
 }
 
 // HostDevNodes reads the nodes under DriverRoot/dev (DriverRoot "/" for a
@@ -58,6 +63,17 @@ type HostDevNodes struct {
 	// it at /dev), where a node missing under the driver root is looked
 	// for; its hostPath is /dev/<name>. Empty: /dev.
 	HostDev string
+	// ProcRoot is where /proc is read ("" means /proc): the major of
+	// nvidia-caps in <ProcRoot>/devices and the driver's capability files
+	// under <ProcRoot>/driver/nvidia/capabilities. Both are the kernel's
+	// whatever the PID namespace.
+	ProcRoot string
+
+	// mknod, chmod, chown: the system calls that create a missing
+	// capability node (tests replace them).
+	mknod func(path string, mode uint32, dev int) error
+	chmod func(path string, mode os.FileMode) error
+	chown func(path string, uid, gid int) error
 }
 
 // place is one directory a node may be in: where the plugin reads it and
@@ -68,20 +84,7 @@ type place struct{ read, host string }
 // an error naming the node and every path looked at: a container without it
 // would fail in a confusing way later.
 func (h HostDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
-	hostRoot := h.HostDriverRoot
-	if hostRoot == "" {
-		hostRoot = h.DriverRoot
-	}
-	hostDev := h.HostDev
-	if hostDev == "" {
-		hostDev = "/dev"
-	}
-	places := []place{{read: filepath.Join(h.DriverRoot, "dev"), host: filepath.Join(hostRoot, "dev")}}
-	// With the driver on the host (DriverRoot "/") both are the host's
-	// /dev: look once.
-	if fallback := (place{read: filepath.Clean(hostDev), host: "/dev"}); fallback.host != places[0].host {
-		places = append(places, fallback)
-	}
+	places := h.places()
 	var out []*cdispec.DeviceNode
 	for _, name := range nodeNames(minor) {
 		node, looked, err := findNode(name, places)
@@ -97,6 +100,29 @@ func (h HostDevNodes) Nodes(minor int) ([]*cdispec.DeviceNode, error) {
 		out = append(out, node)
 	}
 	return out, nil
+}
+
+// places are where nodes are looked for: under the driver root, then the
+// host's /dev.
+func (h HostDevNodes) places() []place {
+	hostRoot := h.HostDriverRoot
+	if hostRoot == "" {
+		hostRoot = h.DriverRoot
+	}
+	places := []place{{read: filepath.Join(h.DriverRoot, "dev"), host: filepath.Join(hostRoot, "dev")}}
+	// With the driver on the host (DriverRoot "/") both are the host's
+	// /dev: look once.
+	if fallback := (place{read: filepath.Clean(h.hostDev()), host: "/dev"}); fallback.host != places[0].host {
+		places = append(places, fallback)
+	}
+	return places
+}
+
+func (h HostDevNodes) hostDev() string {
+	if h.HostDev == "" {
+		return "/dev"
+	}
+	return h.HostDev
 }
 
 // findNode returns the first character device called name in places, or nil
@@ -142,9 +168,24 @@ func missingNodeHint(name string) string {
 
 // StaticDevNodes is a fake [DevNodes] with the fixed numbers of a typical
 // node: /dev/nvidia<N> is 195:N, /dev/nvidiactl 195:255, nvidia-uvm UVMMajor:0
-// and nvidia-uvm-tools UVMMajor:1.
+// and nvidia-uvm-tools UVMMajor:1, /dev/nvidia-caps/nvidia-cap<N>
+// CapsMajor:N (508 when zero).
 type StaticDevNodes struct {
-	UVMMajor int64
+	UVMMajor  int64
+	CapsMajor int64
+}
+
+// CapabilityNodes implements [DevNodes].
+func (s StaticDevNodes) CapabilityNodes(caps []MIGCapability) ([]*cdispec.DeviceNode, error) {
+	major := s.CapsMajor
+	if major == 0 {
+		major = 508
+	}
+	var out []*cdispec.DeviceNode
+	for _, c := range caps {
+		out = append(out, &cdispec.DeviceNode{Path: MIGCapabilityPath(c.Minor), Type: "c", Major: major, Minor: int64(c.Minor)})
+	}
+	return out, nil
 }
 
 // Nodes implements [DevNodes].
