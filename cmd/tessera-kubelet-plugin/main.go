@@ -38,6 +38,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/lending"
 	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/metricsserver"
+	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 	"github.com/tessera-dev/tessera/pkg/plugin"
@@ -81,6 +82,10 @@ type flags struct {
 	mockKnobAddress    string
 	mockFailDiscovery  []string
 	mockDriverMemory   bool
+	mockMIGStateFile   string
+
+	// dynamicMIG is --dynamic-mig: the GPUs published with dynamic MIG.
+	dynamicMIG []string
 
 	lending               bool
 	localityVerdicts      bool
@@ -156,6 +161,8 @@ func newCommand() *cobra.Command {
 	fs.BoolVar(&f.mockFaultInjection, "mock-fault-injection", false, "TEST KNOB, mock profiles only: serve POST /mock/xid, /mock/dbe, /mock/lost, /mock/discovery and /mock/process (plain HTTP, no authentication) on --mock-fault-injection-address to inject NVML events, discovery failures and GPU processes")
 	fs.StringVar(&f.mockKnobAddress, "mock-fault-injection-address", "127.0.0.1:9476", "TEST KNOB: address of the --mock-fault-injection server (it also serves /healthz)")
 	fs.BoolVar(&f.mockDriverMemory, "mock-driver-memory-limits", false, "TEST KNOB, mock profiles only: report the node able to enforce DriverMemory shares (publish driverMemoryLimits=true; the spec carries the --nvidia-cdi-hook-path hook, which the runtime runs)")
+	fs.StringVar(&f.mockMIGStateFile, "mock-mig-state-file", "", "TEST KNOB, mock profiles only: keep the mock GPUs' MIG modes and instances in this file, so that instances outlive a plugin restart as they do on a real node (the chart puts it in the plugin data directory)")
+	fs.StringSliceVar(&f.dynamicMIG, "dynamic-mig", nil, "GPUs published with dynamic MIG while they are in MIG mode, by NVML index or UUID, or \"all\": every placement of every MIG profile is a device, and prepare creates the instance (docs/mig.md). Other GPUs in MIG mode publish their existing instances (static MIG); a named GPU not in MIG mode is published as usual and reported (event DynamicMIGNotApplied)")
 	fs.StringSliceVar(&f.mockFailDiscovery, "mock-fail-discovery", nil, "TEST KNOB, mock profiles only: GPUs that fail discovery, as INDEX[:CALL] with CALL one of "+strings.Join(gpu.MockDiscoveryCalls, ", ")+" (default "+gpu.DefaultMockDiscoveryCall+")")
 	fs.BoolVar(&f.localityVerdicts, "locality-verdicts", false, "publish the shared devices with the binding conditions of the locality controller (GpuConfig locality): every share then waits for its verdict before its pod binds; on without a running controller, shares wait until the scheduler's binding timeout and are allocated again")
 	fs.BoolVar(&f.lending, "lending", false, "publish a lending device gpu-N-lent per GPU and lend GPUs whose owners consent (GpuConfig lending.lendWhenIdle) while they idle")
@@ -253,8 +260,12 @@ func run(ctx context.Context, f flags) error {
 	// pool, says why (log, Node event, /healthz) and can still unprepare the
 	// claims prepared before; once NVML can be opened the plugin restarts.
 	mock := f.mockProfile != ""
-	if (f.mockFaultInjection || len(f.mockFailDiscovery) > 0 || f.mockDriverMemory) && !mock {
-		return fmt.Errorf("--mock-fault-injection, --mock-fail-discovery and --mock-driver-memory-limits need --mock-profile: they are test knobs for mock GPUs")
+	if (f.mockFaultInjection || len(f.mockFailDiscovery) > 0 || f.mockDriverMemory || f.mockMIGStateFile != "") && !mock {
+		return fmt.Errorf("--mock-fault-injection, --mock-fail-discovery, --mock-driver-memory-limits and --mock-mig-state-file need --mock-profile: they are test knobs for mock GPUs")
+	}
+	dynamicMIG, err := plugin.ParseDynamicMIG(f.dynamicMIG)
+	if err != nil {
+		return fmt.Errorf("--dynamic-mig: %w", err)
 	}
 	ctx, restart := context.WithCancelCause(ctx)
 	defer restart(nil)
@@ -298,6 +309,11 @@ func run(ctx context.Context, f flags) error {
 		Mock:             mock,
 		DefaultIsolation: iso,
 		Client:           client,
+		DynamicMIG:       dynamicMIG,
+	}
+	if nvmlLib != nil {
+		// MIG instances are created, adopted and destroyed through NVML.
+		opts.MIG = &mig.NVML{Lib: nvmlLib}
 	}
 	mpsDaemons := mpsRunner(ctx, f, client, mock)
 	if mock {
@@ -386,7 +402,11 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events, ComputeModes: computeModes}
+	inv := &plugin.Inventory{NodeName: f.nodeName, DiscoverNode: discover, OnChange: p.SetGPUs, Events: events, ComputeModes: computeModes,
+		DynamicMIG: dynamicMIG, MIGHeld: p.MIGHeld}
+	// A created or destroyed MIG instance is republished soon, not at the
+	// next --rediscover-interval.
+	p.OnMIGChange(inv.Trigger)
 	if !mock {
 		// Mock GPUs' bus ids exist in no sysfs (their profile gives their
 		// roots); real ones get the standard resource.kubernetes.io/pcieRoot
@@ -649,7 +669,7 @@ func openNVML(f flags) (nvml.Interface, error) {
 	if f.mockProfile == "" {
 		return gpu.OpenNVML(f.driverRoot)
 	}
-	node, err := gpu.NewMockNode(f.mockProfile)
+	node, err := gpu.NewMockNodeWith(f.mockProfile, gpu.MockOptions{MIGStateFile: f.mockMIGStateFile})
 	if err != nil {
 		return nil, err
 	}

@@ -73,3 +73,41 @@ func TestOpenNVMLMockFailDiscovery(t *testing.T) {
 		t.Errorf("openNVML with GPU 7 of 4: %v", err)
 	}
 }
+
+// --mock-mig-state-file keeps the mock's MIG instances across plugin
+// processes (the chart sets it in mock mode): an instance made through one
+// NVML is there in the next.
+func TestOpenNVMLMockMIGState(t *testing.T) {
+	f := testFlags(t)
+	f.mockProfile = "hgx-h100-mig"
+	f.mockMIGStateFile = filepath.Join(t.TempDir(), "mig.json")
+	lib, err := openNVML(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lib.(*gpu.MockNode).CreateMIGInstance(1, "1g.10gb", 6); err != nil {
+		t.Fatal(err)
+	}
+	again, err := openNVML(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := gpu.DiscoverNode(again)
+	if err != nil || len(d.GPUs) < 2 || d.GPUs[1].MIG == nil || len(d.GPUs[1].MIG.Instances) != 1 {
+		t.Fatalf("second process sees %+v, %v", d.GPUs[1].MIG, err)
+	}
+}
+
+func TestMIGFlagsChecked(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	f := testFlags(t)
+	f.mockMIGStateFile = "/tmp/x.json"
+	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--mock-profile") {
+		t.Errorf("run = %v, want --mock-mig-state-file refused without --mock-profile", err)
+	}
+	f = testFlags(t)
+	f.dynamicMIG = []string{"all", "0"}
+	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--dynamic-mig") {
+		t.Errorf("run = %v, want --dynamic-mig refused", err)
+	}
+}

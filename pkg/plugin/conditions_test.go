@@ -13,7 +13,8 @@ import (
 )
 
 // What discovery finds wrong with a GPU it described is never silent: a MIG
-// GPU is left out with an event, a status line and a metric; a GPU waiting
+// GPU is published as MIG devices only (none while it has no instance), with
+// an event, a status line and a metric; a GPU waiting
 // for the NVLink fabric or in the wrong compute mode is published tainted;
 // a GPU whose NVLink queries fail is published in a domain of its own. Each
 // taint goes once the GPU is fixed, with an event.
@@ -42,7 +43,7 @@ func TestInventoryConditions(t *testing.T) {
 	}
 	devs, _ := pub.devices(t)
 	if _, ok := devs["gpu-1"]; ok || len(devs) != 14 {
-		t.Errorf("published %d devices (gpu-1 among them: %v), want the 7 GPUs not in MIG mode", len(devs), ok)
+		t.Errorf("published %d devices (gpu-1 among them: %v), want the 7 GPUs not in MIG mode (GPU 1 has no MIG instance)", len(devs), ok)
 	}
 	taint := func(value string) resourceapi.DeviceTaint {
 		return resourceapi.DeviceTaint{Key: health.TaintKey, Value: value, Effect: resourceapi.DeviceTaintEffectNoSchedule}
@@ -62,7 +63,7 @@ func TestInventoryConditions(t *testing.T) {
 	}
 	list := events.list()
 	for _, e := range []struct{ reason, gpu, says string }{
-		{"Warning GPUMIGEnabled", "GPU index 1 (" + uuid(1) + ")", "not published"},
+		{"Warning GPUMIGEnabled", "GPU index 1 (" + uuid(1) + ")", "published as MIG devices only"},
 		{"Warning GPUFabricNotReady", "GPU index 2 (" + uuid(2) + ")", "NotStarted"},
 		{"Warning GPUComputeMode", "GPU index 3 (" + uuid(3) + ")", "compute mode is ExclusiveProcess, Tessera expects Default"},
 		{"Warning GPUNVLinkUnknown", "GPU index 4 (" + uuid(4) + ")", "nvmlDeviceGetNvLinkState"},
@@ -72,14 +73,14 @@ func TestInventoryConditions(t *testing.T) {
 		}
 	}
 	status := inv.Status()
-	for _, s := range []string{"ok: 7 GPUs published", "GPU index 1 (" + uuid(1) + "): MIGEnabled, not published",
+	for _, s := range []string{"ok: 8 GPUs published (1 as MIG devices)", "GPU index 1 (" + uuid(1) + "): MIGEnabled;",
 		"GPU index 2 (" + uuid(2) + "): FabricNotReady, published with taint gpu.tessera.dev/unhealthy=FabricNotReady:NoSchedule"} {
 		if !strings.Contains(status, s) {
 			t.Errorf("status %q does not say %q", status, s)
 		}
 	}
 	snap := inv.DiscoverySnapshot()
-	if len(snap.Conditions) != 4 || snap.Conditions[0] != (metrics.GPUCondition{Index: 1, UUID: uuid(1), Reason: "MIGEnabled"}) {
+	if len(snap.Conditions) != 4 || snap.Conditions[0] != (metrics.GPUCondition{Index: 1, UUID: uuid(1), Reason: "MIGEnabled", Published: true}) {
 		t.Errorf("metrics conditions %+v", snap.Conditions)
 	}
 	// Unchanged: no new event, nothing republished.
@@ -132,7 +133,8 @@ func TestInventoryExpectedComputeMode(t *testing.T) {
 	}
 }
 
-// Every GPU in MIG mode: nothing is published, and the node does not claim
+// Every GPU in MIG mode and without instances: no device is published, the
+// GPUs are counted as published as MIG devices, and the node does not claim
 // that NVML sees no GPU.
 func TestInventoryAllMIG(t *testing.T) {
 	ctx := ctxFor(t)
@@ -153,7 +155,7 @@ func TestInventoryAllMIG(t *testing.T) {
 	if hasEvent(events.list(), "Warning NoGPUs", "NVML reports no GPU") {
 		t.Errorf("events %q: NoGPUs although NVML reports 4", events.list())
 	}
-	if s := inv.Status(); !strings.HasPrefix(s, "ok: 0 GPUs published; GPU index 0") {
+	if s := inv.Status(); !strings.HasPrefix(s, "ok: 4 GPUs published (4 as MIG devices); GPU index 0") {
 		t.Errorf("status %q", s)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -23,7 +24,8 @@ const DefaultHealthResend = 10 * time.Second
 // tracker (Options.Health) it returns ErrHealthNotSupported at once.
 //
 // Otherwise it sends a report covering every published device (gpu-N and
-// gpu-N-shared of each GPU not in MIG mode) at once, again after every health
+// gpu-N-shared of each GPU not in MIG mode, the MIG devices of each GPU in
+// MIG mode, each with its GPU's health) at once, again after every health
 // change, and re-sends it every Options.HealthResend (DefaultHealthResend)
 // so the kubelet's lease never runs out. A device of an unhealthy GPU is
 // Unhealthy with a message naming the events and the taint effect; all
@@ -64,33 +66,55 @@ func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 // HealthReport is the current health of every published device.
 func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
 	p.gpusMu.RLock()
-	gpus := make([]int, 0, len(p.gpus))
-	uuids := make(map[int]string, len(p.gpus))
-	for minor, g := range p.gpus {
-		if g.MIGEnabled {
-			continue
-		}
-		gpus = append(gpus, minor)
-		uuids[minor] = g.UUID
+	gpus := make([]gpu.GPU, 0, len(p.gpus))
+	for _, g := range p.gpus {
+		gpus = append(gpus, g)
 	}
 	p.gpusMu.RUnlock()
-	slices.Sort(gpus)
+	slices.SortFunc(gpus, func(a, b gpu.GPU) int { return a.Minor - b.Minor })
 
 	now := time.Now()
 	report := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, 2*len(gpus))}
-	for _, minor := range gpus {
-		st := p.opts.Health.Status(uuids[minor])
+	for _, g := range gpus {
+		st := p.opts.Health.Status(g.UUID)
 		h := kubeletplugin.DeviceHealth{PoolName: p.opts.NodeName, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
 		if !st.Healthy {
 			h.Health = kubeletplugin.HealthStatusUnhealthy
 			h.Message = healthMessage(st)
 		}
-		for _, name := range []string{model.WholeDeviceName(minor), model.SharedDeviceName(minor)} {
+		for _, name := range p.deviceNames(g) {
 			h.DeviceName = name
 			report.Devices = append(report.Devices, h)
 		}
 	}
 	return report
+}
+
+// deviceNames are the devices the GPU publishes (besides a lending
+// device): gpu-N and gpu-N-shared, or its MIG devices in MIG mode (its
+// compute instances, or with dynamic MIG every placement of every profile).
+func (p *Plugin) deviceNames(g gpu.GPU) []string {
+	if !g.MIGEnabled {
+		return []string{model.WholeDeviceName(g.Minor), model.SharedDeviceName(g.Minor)}
+	}
+	if g.MIG == nil {
+		return nil
+	}
+	var names []string
+	if p.dynamicMIG(g) {
+		for _, prof := range g.MIG.Profiles {
+			for _, pl := range prof.Placements {
+				names = append(names, model.MIGPlacementDeviceName(g.Minor, prof.Name, pl.Start))
+			}
+		}
+		return names
+	}
+	for _, gi := range g.MIG.Instances {
+		for _, ci := range gi.ComputeInstances {
+			names = append(names, model.MIGStaticDeviceName(g.Minor, gi.ID, ci.ID))
+		}
+	}
+	return names
 }
 
 func healthMessage(st health.Status) string {

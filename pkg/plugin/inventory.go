@@ -91,6 +91,18 @@ type Inventory struct {
 	Lending func() map[string]model.Lent
 	// Model are more options for model.Resources (model.WithPCIeRoots).
 	Model []model.Option
+	// DynamicMIG names the GPUs published with dynamic MIG while they are
+	// in MIG mode (model.WithDynamicMIG); a named GPU not in MIG mode, and
+	// a name that is no GPU of the node, get a Warning event
+	// DynamicMIGNotApplied.
+	DynamicMIG DynamicMIG
+	// MIGHeld, when set, returns the placements of the dynamic MIG
+	// instances prepared claims hold (the plugin's MIGHeld), for
+	// model.WithMIGHeld: every other instance of a dynamic-MIG GPU is
+	// foreign, its slices published as taken. It is read after discovery,
+	// so that an instance discovery saw is never missed (prepare records
+	// it before creating it).
+	MIGHeld func() map[string][]gpu.MIGPlacement
 	// ComputeModes says which compute mode each GPU is expected in (the
 	// zero value: Default); a GPU in another is published tainted (see
 	// gpu.Conditions, which also decides the MIG, NVLink and fabric
@@ -112,6 +124,8 @@ type Inventory struct {
 	published []gpu.GPU
 	taints    map[string][]resourceapi.DeviceTaint
 	lent      map[string]model.Lent
+	dynamic   []string
+	held      map[string][]gpu.MIGPlacement
 	synced    bool
 	// known are the last full descriptions of the GPUs by UUID, and uuids
 	// their UUIDs by NVML index (stable while NVML stays initialised), so
@@ -148,6 +162,7 @@ type discoveryStatus struct {
 	err       error // of the whole discovery, latest sync
 	described int   // GPUs the latest successful discovery described
 	published int
+	mig       int // of published, those in MIG mode
 	failed    []failedGPU
 	// conditions as in Inventory.conditions.
 	conditions []gpu.Condition
@@ -208,7 +223,14 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 		lent = i.Lending()
 		opts = append(opts, model.WithLending(lent))
 	}
-	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) && reflect.DeepEqual(lent, i.lent) {
+	dynamic := i.dynamicMIG(ctx, gpus, discoverErr == nil)
+	var held map[string][]gpu.MIGPlacement
+	if i.MIGHeld != nil {
+		held = i.MIGHeld()
+	}
+	opts = append(opts, model.WithDynamicMIG(dynamic...), model.WithMIGHeld(held))
+	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) && reflect.DeepEqual(lent, i.lent) &&
+		slices.Equal(dynamic, i.dynamic) && reflect.DeepEqual(held, i.held) {
 		return false, discoverErr
 	}
 	resources, err := model.Resources(i.NodeName, gpus, opts...)
@@ -228,9 +250,10 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 			}
 		}
 	}
-	i.published, i.taints, i.lent, i.synced = gpus, taints, lent, true
+	i.published, i.taints, i.lent, i.dynamic, i.held, i.synced = gpus, taints, lent, dynamic, held, true
 	i.statusMu.Lock()
 	i.status.synced, i.status.published = true, countPublished(gpus)
+	i.status.mig = countMIG(gpus)
 	i.statusMu.Unlock()
 	if gpusChanged && i.OnChange != nil {
 		i.OnChange(gpus)
@@ -320,16 +343,52 @@ func withDiscoveryTaints(healthTaints map[string][]resourceapi.DeviceTaint, fail
 	return out
 }
 
-// countPublished is how many of gpus model.Resources publishes: all but
-// those in MIG mode.
-func countPublished(gpus []gpu.GPU) int {
+// countPublished is how many of gpus model.Resources publishes: all of
+// them, those in MIG mode as MIG devices.
+func countPublished(gpus []gpu.GPU) int { return len(gpus) }
+
+// countMIG is how many of gpus are published as MIG devices.
+func countMIG(gpus []gpu.GPU) int {
 	n := 0
 	for _, g := range gpus {
-		if !g.MIGEnabled {
+		if g.MIGEnabled {
 			n++
 		}
 	}
 	return n
+}
+
+// dynamicMIG resolves DynamicMIG against the GPUs to publish and, after a
+// successful discovery (report), emits a Warning DynamicMIGNotApplied for
+// each named GPU not in MIG mode and each name that is no GPU, once per
+// message.
+func (i *Inventory) dynamicMIG(ctx context.Context, gpus []gpu.GPU, report bool) []string {
+	dynamic, notMIG, unknown := i.DynamicMIG.Resolve(gpus)
+	if !report {
+		return dynamic
+	}
+	if i.reported == nil {
+		i.reported = map[string]string{}
+	}
+	var msgs []string
+	for _, g := range notMIG {
+		msgs = append(msgs, fmt.Sprintf("GPU index %d (%s) is named for dynamic MIG (--dynamic-mig) but is not in MIG mode: it is published whole and in shares. "+
+			"To hand it out in MIG slices, enable MIG mode while it is idle (nvidia-smi -i %d -mig 1, then a GPU reset if nvidia-smi asks for one).", g.Index, g.UUID, g.Index))
+	}
+	for _, n := range unknown {
+		msgs = append(msgs, fmt.Sprintf("--dynamic-mig names GPU %q, which NVML does not report on this node.", n))
+	}
+	msg := strings.Join(msgs, " ")
+	if i.reported["dynamic-mig"] != msg {
+		if msg != "" {
+			klog.FromContext(ctx).Info("Dynamic MIG not applied to some GPUs", "message", msg)
+			if i.Events != nil {
+				i.Events.Event(corev1.EventTypeWarning, "DynamicMIGNotApplied", msg)
+			}
+		}
+		i.reported["dynamic-mig"] = msg
+	}
+	return dynamic
 }
 
 // withConditionTaints adds the taint of every condition that has one
@@ -443,7 +502,7 @@ func (i *Inventory) report(ctx context.Context, d gpu.Discovery, discoverErr err
 		}
 	}
 	for _, key := range slices.Sorted(maps.Keys(i.reported)) {
-		if key == "" || failing[key] || strings.HasPrefix(key, "condition/") {
+		if key == "" || key == "dynamic-mig" || failing[key] || strings.HasPrefix(key, "condition/") {
 			continue
 		}
 		delete(i.reported, key)
@@ -491,6 +550,9 @@ func (i *Inventory) Status() string {
 		fmt.Fprintf(&b, "ok: %d GPUs published (from an earlier discovery; the latest failed: %v)", s.published, s.err)
 	default:
 		fmt.Fprintf(&b, "ok: %d GPUs published", s.published)
+	}
+	if s.mig > 0 {
+		fmt.Fprintf(&b, " (%d as MIG devices)", s.mig)
 	}
 	for _, f := range s.failed {
 		fmt.Fprintf(&b, "; %v, %s", f.Failure, f.outcome())

@@ -722,7 +722,7 @@ func (p *Plugin) lendingChanged() {
 func (p *Plugin) admitOwners(claim *resourceapi.ResourceClaim, pl *plan) error {
 	l := p.currentLender()
 	for _, d := range pl.devices {
-		if d.lent || d.adminAccess || d.lend {
+		if d.lent || d.adminAccess || d.lend || d.mig != nil {
 			continue
 		}
 		var borrowers []string

@@ -75,9 +75,9 @@ func (p *Plugin) MetricsSnapshot() metrics.Snapshot {
 	var snap metrics.Snapshot
 	p.gpusMu.RLock()
 	for minor, g := range p.gpus {
-		if g.MIGEnabled {
-			continue
-		}
+		// A GPU in MIG mode is listed too: it is published (as MIG
+		// devices). Its MIG devices' holders are not claims' devices
+		// below: accounting counts whole GPUs and shares.
 		mg := metrics.GPU{UUID: g.UUID, Minor: minor, ProductName: g.ProductName, MemoryBytes: int64(g.MemoryBytes), Healthy: true}
 		if p.opts.Health != nil {
 			if st := p.opts.Health.Status(g.UUID); !st.Healthy {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -42,10 +43,13 @@ type plannedDevice struct {
 	// consumedCapacity: what it takes from the GPU.
 	consumedMemory int64
 	consumedCores  int64
-	// mpsDomain is the trust domain whose MPS daemon serves an MPS share:
-	// the claim's namespace ("" in records of releases that ran one
-	// daemon per GPU).
+	// mpsDomain is the trust domain whose MPS daemon serves an MPS share
+	// (or MPS on a MIG device): the claim's namespace ("" in records of
+	// releases that ran one daemon per GPU).
 	mpsDomain string
+	// mig is set for a MIG device: the instance it is, or (dynamic, before
+	// prepare created it) the one it is to get. gpu is its parent.
+	mig *checkpoint.MIGDevice
 }
 
 // plan is everything prepare decided before it changes anything.
@@ -121,6 +125,29 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		if r.Pool != p.opts.NodeName {
 			return nil, deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
 		}
+		if name, err := model.ParseMIGDevice(r.Device); err == nil {
+			g, ok := p.gpuByMinor(name.Minor)
+			if !ok {
+				return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
+			}
+			cfg, err := configFor(r.Request)
+			if err != nil {
+				return nil, deviceError(r.Device, "%v", err)
+			}
+			// MIG devices are never lent, and carry no shares.
+			d := plannedDevice{request: r.Request, pool: r.Pool, device: r.Device, gpu: g, adminAccess: r.AdminAccess != nil && *r.AdminAccess}
+			if err := p.planMIG(claim, &d, name, cfg, isolationFrom[r.Request]); err != nil {
+				return nil, err
+			}
+			if d.isolation != "" {
+				if pl.isolation != "" && pl.isolation != d.isolation {
+					return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other devices; a claim uses one isolation backend", d.isolation, pl.isolation)
+				}
+				pl.isolation = d.isolation
+			}
+			pl.devices = append(pl.devices, d)
+			continue
+		}
 		minor, kind, err := model.ParseDevice(r.Device)
 		if err != nil {
 			return nil, deviceError(r.Device, "%v", err)
@@ -129,6 +156,9 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		g, ok := p.gpuByMinor(minor)
 		if !ok {
 			return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
+		}
+		if g.MIGEnabled {
+			return nil, deviceError(r.Device, "GPU %s (index %d) is in MIG mode now: it is handed out only as MIG devices, never whole or in shares (was MIG enabled since the claim was allocated?)", g.UUID, g.Index)
 		}
 		cfg, err := configFor(r.Request)
 		if err != nil {
@@ -170,7 +200,7 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 					floorError(d.isolation, isolationFrom[r.Request], cfg.Sharing.AllowedIsolations))
 			}
 			if pl.isolation != "" && pl.isolation != d.isolation {
-				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other shares; a claim uses one isolation backend", d.isolation, pl.isolation)
+				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other devices; a claim uses one isolation backend", d.isolation, pl.isolation)
 			}
 			pl.isolation = d.isolation
 			if d.isolation == configapi.IsolationMPS {
@@ -289,7 +319,9 @@ func checkNVLink(pl *plan, policy configapi.NVLinkPolicy) error {
 	seen := map[int]bool{}
 	connected := true
 	for _, d := range pl.devices {
-		if seen[d.gpu.Minor] {
+		if seen[d.gpu.Minor] || d.mig != nil {
+			// MIG devices have no NVLink peer-to-peer (they publish no
+			// nvlinkDomain): the policy is about the claim's GPUs.
 			continue
 		}
 		seen[d.gpu.Minor] = true

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
@@ -45,6 +46,10 @@ type Specs interface {
 // [cdi.ToolkitSpecs] is the real one, [cdi.StaticToolkit] a fake.
 type Toolkit interface {
 	DeviceID(uuid string, index int) (id string, ok bool, err error)
+	// CommonEdits are the spec's own edits (the driver's libraries and
+	// hooks), which MIG devices copy: the spec has no device for them.
+	// ok is false when there is no toolkit spec.
+	CommonEdits() (edits cdispec.ContainerEdits, ok bool, err error)
 }
 
 // EventRecorder emits events on this node's Node object and on claims.
@@ -112,6 +117,11 @@ type Options struct {
 	Processes func(uuid string) (int, error)
 	// Metrics records prepare/unprepare latency and errors; nil records none.
 	Metrics *metrics.Metrics
+	// MIG creates, reads and destroys MIG instances (mig.NVML); nil: no
+	// dynamic MIG device can be prepared, static ones are taken from GPUs.
+	MIG MIGInstances
+	// DynamicMIG names the GPUs published with dynamic MIG (--dynamic-mig).
+	DynamicMIG DynamicMIG
 }
 
 // Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.
@@ -149,6 +159,13 @@ type Plugin struct {
 	// lender admits borrowers; nil while lending is off (NewLender sets it).
 	lenderMu sync.Mutex
 	lender   *Lender
+
+	// migChange runs after a MIG instance was created or destroyed
+	// (OnMIGChange).
+	migChangeMu sync.Mutex
+	migChange   func()
+	// failpoint is envFailpoint; tests replace it.
+	failpoint func(ctx context.Context, name string)
 }
 
 var _ kubeletplugin.DRAPlugin = (*Plugin)(nil)
@@ -193,7 +210,7 @@ func New(ctx context.Context, opts Options) (*Plugin, error) {
 		return nil, fmt.Errorf("plugin: unknown default isolation %q (want %s)", opts.DefaultIsolation,
 			configapi.FormatIsolations(configapi.SupportedIsolations))
 	}
-	p := &Plugin{opts: opts, grants: newGrants()}
+	p := &Plugin{opts: opts, grants: newGrants(), failpoint: envFailpoint}
 	p.SetGPUs(opts.GPUs)
 	p.recover(ctx)
 	return p, nil

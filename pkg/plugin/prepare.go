@@ -88,7 +88,15 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if len(pl.devices) == 0 {
 		return []kubeletplugin.Device{}, nil
 	}
-	specDevices, err := p.containerEdits(claim.UID, pl)
+	// The edits of a dynamic MIG device need its instance, which exists
+	// only once it is created below: check what can be checked now.
+	createMIG := hasUncreatedMIG(pl)
+	var specDevices []specDevice
+	if createMIG {
+		err = p.checkMIGEdits(pl)
+	} else {
+		specDevices, err = p.containerEdits(claim.UID, pl)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +114,16 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 
-	err = p.applyEffects(ctx, &record, pl, specDevices)
+	if createMIG {
+		// Intent recorded (PrepareStarted with GPU, profile, placement):
+		// create, record the IDs, then compute the edits.
+		if err = p.createMIG(ctx, &record, pl); err == nil {
+			specDevices, err = p.containerEdits(claim.UID, pl)
+		}
+	}
+	if err == nil {
+		err = p.applyEffects(ctx, &record, pl, specDevices)
+	}
 	if err == nil {
 		if err = p.opts.Store.Put(record); err != nil {
 			err = fmt.Errorf("record prepare completion in checkpoint: %w", err)
@@ -145,6 +162,9 @@ func (p *Plugin) admitAndStart(claim *resourceapi.ResourceClaim, pl *plan) (reco
 	if err := p.admitOwners(claim, pl); err != nil {
 		return record, false, err
 	}
+	if err := p.admitMIG(claim, pl); err != nil {
+		return record, false, err
+	}
 	if p.admitted != nil {
 		p.admitted(claim.UID)
 	}
@@ -179,7 +199,9 @@ type specDevice struct {
 // effects, looking up the toolkit's device of each GPU.
 func (p *Plugin) containerEdits(claimUID types.UID, pl *plan) ([]specDevice, error) {
 	return p.editsFor(claimUID, pl.devices, pl.isolation, func(d plannedDevice) (string, error) {
-		if p.opts.Mock {
+		if p.opts.Mock || d.mig != nil {
+			// MIG devices: the toolkit's spec has no device for them
+			// (migEdits takes its common edits instead).
 			return "", nil
 		}
 		var id string
@@ -219,6 +241,16 @@ func (p *Plugin) noToolkitDevice(uuid string, index int) error {
 func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configapi.Isolation, toolkitOf func(plannedDevice) (string, error)) ([]specDevice, error) {
 	in := isolation.Claim{Isolation: iso}
 	var shareDevice string
+	// migUUIDs are the MIG devices of a claim made of MIG devices only:
+	// CUDA_VISIBLE_DEVICES names them (the same value on each device).
+	var migUUIDs []string
+	for _, d := range devs {
+		if d.mig == nil || d.adminAccess {
+			migUUIDs = nil
+			break
+		}
+		migUUIDs = append(migUUIDs, d.mig.UUID)
+	}
 	for _, d := range devs {
 		g := isolationGPU(d)
 		if g.Shared && shareDevice == "" {
@@ -245,7 +277,7 @@ func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configap
 			return nil, deviceError(shareDevice, "isolation MPS is not available on this node (no MPS root configured)")
 		}
 		// The daemon's paths are known before it runs; it is acquired later.
-		in.MPS = p.opts.MPS.Daemon(devs[0].gpu.UUID, devs[0].mpsDomain)
+		in.MPS = p.opts.MPS.Daemon(mpsGPU(devs[0]), devs[0].mpsDomain)
 	case configapi.IsolationHAMiCore:
 		if err := p.opts.HAMiCore.Check(); err != nil {
 			return nil, deviceError(shareDevice, "%v", err)
@@ -270,6 +302,21 @@ func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configap
 			return nil, err
 		}
 		g := isolationGPU(d)
+		if d.mig != nil {
+			edits, err := p.migEdits(d, migUUIDs)
+			if err != nil {
+				return nil, err
+			}
+			if g.Shared {
+				// MPS inside the MIG device: the backend's
+				// CUDA_VISIBLE_DEVICES names it.
+				edits.Env = append(edits.Env, backend.Env...)
+				edits.Mounts = append(edits.Mounts, slices.Clone(backend.Mounts)...)
+				edits.Hooks = append(edits.Hooks, slices.Clone(backend.Hooks)...)
+			}
+			out = append(out, specDevice{cdi: cdi.Device{Name: cdi.DeviceName(d.device, d.shareID), Edits: edits}, applied: appliedTo(in, g, backend)})
+			continue
+		}
 		legacy := !p.opts.Mock && toolkitID == ""
 		edits, err := isolation.DeviceEdits(g, legacy)
 		if err != nil {
@@ -293,9 +340,28 @@ func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configap
 	return out, nil
 }
 
+// isolationGPU is the device as the isolation backend sees it. A MIG device
+// is its MIG UUID; under MPS it is a "share" of all the instance's memory
+// and 100% of its SMs, so that the backend runs a daemon for it.
 func isolationGPU(d plannedDevice) isolation.GPU {
+	if d.mig != nil {
+		g := isolation.GPU{UUID: d.mig.UUID, Minor: d.gpu.Minor}
+		if d.isolation == configapi.IsolationMPS && !d.adminAccess {
+			g.Shared, g.MemoryLimit, g.CoresLimit = true, d.mig.MemoryBytes, configapi.MaxCores
+		}
+		return g
+	}
 	return isolation.GPU{UUID: d.gpu.UUID, Minor: d.gpu.Minor, Shared: d.shared && !d.adminAccess, Preemptible: d.lent,
 		MemoryLimit: d.memoryLimit, CoresLimit: d.coresLimit}
+}
+
+// mpsGPU is what an MPS daemon of the device serves: the GPU, or the MIG
+// device.
+func mpsGPU(d plannedDevice) string {
+	if d.mig != nil {
+		return d.mig.UUID
+	}
+	return d.gpu.UUID
 }
 
 // applyEffects acquires the MPS daemon (if any) and writes the CDI spec, with
@@ -304,7 +370,7 @@ func isolationGPU(d plannedDevice) isolation.GPU {
 // may have done part of the work; the caller rolls back.
 func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
 	if pl.isolation == configapi.IsolationMPS {
-		if _, err := p.opts.MPS.Acquire(ctx, pl.devices[0].gpu.UUID, pl.devices[0].mpsDomain, record.UID); err != nil {
+		if _, err := p.opts.MPS.Acquire(ctx, mpsGPU(pl.devices[0]), pl.devices[0].mpsDomain, record.UID); err != nil {
 			return deviceError(pl.devices[0].device, "%v", err)
 		}
 	}
@@ -401,15 +467,27 @@ func (p *Plugin) specFromRecord(c checkpoint.Claim) ([]specDevice, error) {
 	toolkit := map[int]string{}
 	var iso configapi.Isolation
 	for i, d := range c.Devices {
+		g, _ := p.gpuByMinor(d.Minor)
+		if g.UUID != d.UUID {
+			g = gpu.GPU{UUID: d.UUID, Minor: d.Minor}
+		}
+		if d.MIG != nil {
+			if !d.MIG.Created() {
+				return nil, deviceError(d.Device, "the record has no MIG instance")
+			}
+			m := *d.MIG
+			devs[i] = plannedDevice{request: d.Request, pool: d.Pool, device: d.Device, adminAccess: d.AdminAccess, gpu: g,
+				isolation: configapi.Isolation(d.Isolation), mpsDomain: d.MPSDomain, mig: &m}
+			if d.Isolation != "" && !d.AdminAccess && iso == "" {
+				iso = configapi.Isolation(d.Isolation)
+			}
+			continue
+		}
 		_, kind, err := model.ParseDevice(d.Device)
 		if err != nil {
 			return nil, deviceError(d.Device, "%v", err)
 		}
 		shared := kind != model.KindWhole
-		g, _ := p.gpuByMinor(d.Minor)
-		if g.UUID != d.UUID {
-			g = gpu.GPU{UUID: d.UUID, Minor: d.Minor}
-		}
 		devs[i] = plannedDevice{
 			request: d.Request, pool: d.Pool, device: d.Device, shareID: types.UID(d.ShareID),
 			adminAccess: d.AdminAccess, gpu: g, shared: shared, lent: kind == model.KindLent, lend: d.Lend,
@@ -453,6 +531,10 @@ func (p *Plugin) rollback(ctx context.Context, c checkpoint.Claim) error {
 	if err := p.opts.HAMiCore.RemoveClaimDir(c.UID); err != nil {
 		errs = append(errs, err)
 	}
+	// After the spec too: the compute instance, then the GPU instance.
+	if err := p.destroyMIG(ctx, c); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) == 0 {
 		// ErrNotDurable: the entry is gone from memory and disk, only a
 		// power loss could bring it back; the rollback is done.
@@ -473,6 +555,12 @@ func mpsDaemons(c checkpoint.Claim) []isolation.DaemonKey {
 	var out []isolation.DaemonKey
 	for _, d := range c.Devices {
 		key := isolation.DaemonKey{GPU: d.UUID, Domain: d.MPSDomain}
+		if d.MIG != nil {
+			if !d.MIG.Created() {
+				continue // no instance, no daemon
+			}
+			key.GPU = d.MIG.UUID // MPS inside a MIG device
+		}
 		if d.Isolation == string(configapi.IsolationMPS) && !slices.Contains(out, key) {
 			out = append(out, key)
 		}
@@ -498,6 +586,10 @@ func checkpointDevices(pl *plan) []checkpoint.Device {
 			ConsumedCores:  d.consumedCores,
 			Lend:           d.lend && !d.adminAccess,
 			MPSDomain:      d.mpsDomain,
+		}
+		if d.mig != nil {
+			m := *d.mig
+			out[i].MIG = &m
 		}
 	}
 	return out

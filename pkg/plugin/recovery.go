@@ -29,7 +29,9 @@ import (
 //     is accounted for, stopping orphaned ones;
 //  4. it rolls back claims left PrepareStarted by a crash (the kubelet never
 //     got their devices, so nothing uses them; its retry prepares afresh);
-//  5. after a reboot (nothing prepared survives one), it removes the CDI
+//  5. it adopts the MIG instances of checkpointed claims and destroys
+//     orphaned ones on dynamic-MIG GPUs (reconcileMIG);
+//  6. after a reboot (nothing prepared survives one), it removes the CDI
 //     specs of claims the checkpoint does not hold.
 //
 // Every failure is logged (and reported as an event) and recovery goes on:
@@ -59,6 +61,9 @@ func (p *Plugin) recover(ctx context.Context) {
 		}
 		logger.Info("Rolled back unfinished prepare from before restart", "claim", c.String())
 	}
+	// After the rollbacks, which destroyed the instances of unfinished
+	// prepares: what is left is adopted, or an orphan.
+	p.reconcileMIG(ctx)
 	p.ensureSpecs(ctx)
 	if !rebooted {
 		return

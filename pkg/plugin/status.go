@@ -74,6 +74,9 @@ func appliedTo(in isolation.Claim, g isolation.GPU, backend cdispec.ContainerEdi
 // GPU in the claim hold, as its backend applies their summed limits.
 func (p *Plugin) attestation(d plannedDevice, a applied, all []plannedDevice) *configapi.GpuAttestation {
 	att := &configapi.GpuAttestation{Node: p.opts.NodeName, UUID: d.gpu.UUID, AdminAccess: d.adminAccess}
+	if d.mig != nil {
+		att.UUID = d.mig.UUID
+	}
 	if !a.gpu.Shared {
 		return att
 	}

@@ -35,6 +35,20 @@ func (p *Plugin) CheckToolkit(ctx context.Context) {
 	for _, m := range minors {
 		g, _ := p.gpuByMinor(m)
 		if g.MIGEnabled {
+			// The toolkit gives a GPU in MIG mode no device of its
+			// own (nor instances made after the spec): its MIG devices
+			// take the spec's common edits, so the spec must exist.
+			if p.opts.Toolkit != nil {
+				_, ok, err := p.opts.Toolkit.CommonEdits()
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if ok {
+					continue
+				}
+			}
+			missing = append(missing, fmt.Sprintf("%s (index %d, in MIG mode: no toolkit spec at all)", g.UUID, g.Index))
 			continue
 		}
 		if p.opts.Toolkit != nil {

@@ -1,0 +1,678 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/cdi"
+	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/mig"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+// The hgx-h100-mig mock node: GPU 0 in MIG mode with a 4g.40gb at memory
+// slices 0-3 (GPU instance 1) and a 3g.40gb at 4-7 (GPU instance 2), each
+// with compute instance 0; GPU 1 in MIG mode without instances (dynamic in
+// these tests); GPUs 2-7 not in MIG mode. Minors are NVML indexes.
+
+// migNode is a fresh hgx-h100-mig mock node.
+func migNode(t testing.TB) *gpu.MockNode {
+	t.Helper()
+	node, err := gpu.NewMockNode("hgx-h100-mig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+// dynamicGPU1 publishes GPU 1 (index 1) with dynamic MIG.
+var dynamicGPU1 = DynamicMIG{Names: []string{"1"}}
+
+// startMIG starts a plugin over e on node: its GPUs as discovery sees them
+// now, MIG instances managed through the node's NVML, GPU 1 dynamic.
+func (e *env) startMIG(node *gpu.MockNode, mutate func(*Options)) *instance {
+	e.t.Helper()
+	d, err := gpu.DiscoverNode(node)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.start(func(o *Options) {
+		o.GPUs, o.MIG, o.DynamicMIG = d.GPUs, &mig.NVML{Lib: node}, dynamicGPU1
+		if mutate != nil {
+			mutate(o)
+		}
+	})
+}
+
+// instances lists GPU i's GPU instances as NVML has them now.
+func instances(t testing.TB, node *gpu.MockNode, i int) []gpu.MIGInstance {
+	t.Helper()
+	uuid, _ := node.Devices[i].GetUUID()
+	g, err := (&mig.NVML{Lib: node}).Read(uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.MIG.Instances
+}
+
+func gpuUUID(node *gpu.MockNode, i int) string {
+	u, _ := node.Devices[i].GetUUID()
+	return u
+}
+
+// envOf is the environment of a container that references ids, by name.
+func envOf(t testing.TB, e *env, ids ...string) map[string]string {
+	t.Helper()
+	spec := inject(t, ids, e.cdiRoot)
+	out := map[string]string{}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		out[k] = v
+	}
+	return out
+}
+
+func migRecord(t testing.TB, i *instance, uid types.UID) *checkpoint.MIGDevice {
+	t.Helper()
+	c, ok := i.store.Get(uid)
+	if !ok || len(c.Devices) != 1 || c.Devices[0].MIG == nil {
+		t.Fatalf("checkpoint record of %s: %+v (present %v)", uid, c, ok)
+	}
+	return c.Devices[0].MIG
+}
+
+// A static MIG device: prepare takes the admin's instance as NVML has it
+// now; the container gets its MIG UUID, profile and capability nodes, not
+// the GPU; unprepare leaves the instance.
+func TestMIGStaticPrepare(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-static", []result{whole("mig", "gpu-0-mig-2-0")})
+	devs := mustPrepare(t, i.Plugin, claim)
+	in := instances(t, node, 0)
+	if len(in) != 2 || in[1].ID != 2 || in[1].ProfileName != "3g.40gb" {
+		t.Fatalf("instances %+v", in)
+	}
+	ci := in[1].ComputeInstances[0]
+	env := envOf(t, e, cdiIDs(devs)...)
+	want := map[string]string{
+		"TESSERA_MIG_0_2_0":         ci.UUID,
+		"TESSERA_MIG_0_2_0_PROFILE": "3g.40gb",
+		"TESSERA_MIG_0_2_0_CAPS":    fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d,/dev/nvidia-caps/nvidia-cap%d", in[1].AccessMinor, ci.AccessMinor),
+		"CUDA_VISIBLE_DEVICES":      ci.UUID,
+		"NVIDIA_VISIBLE_DEVICES":    "void",
+	}
+	for k, v := range want {
+		if env[k] != v {
+			t.Errorf("%s=%q, want %q (env %v)", k, env[k], v, env)
+		}
+	}
+	if _, ok := env["TESSERA_GPU_0"]; ok {
+		t.Errorf("the container gets the GPU: %v", env)
+	}
+	if m := migRecord(t, i, claim.UID); m.Dynamic || m.UUID != ci.UUID || m.GPUInstance != 2 || m.Start != 4 || m.Size != 4 {
+		t.Errorf("record %+v", m)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	if in := instances(t, node, 0); len(in) != 2 {
+		t.Errorf("unprepare of a static MIG device changed the instances: %+v", in)
+	}
+	e.assertClean(i)
+}
+
+// A static device whose instance an admin destroyed after it was published
+// fails with the reason, read from NVML rather than the inventory.
+func TestMIGStaticGone(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	if err := node.DestroyMIGInstance(0, 2); err != nil {
+		t.Fatal(err)
+	}
+	r := prepare(t, i.Plugin, newClaim("uid-gone", []result{whole("mig", "gpu-0-mig-2-0")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "has no compute instance 0 in GPU instance 2 now") {
+		t.Fatalf("prepare: %v", r.Err)
+	}
+	e.assertClean(i)
+}
+
+// A dynamic MIG device: prepare creates the GPU instance at exactly the
+// allocated placement and its compute instance, records them, and the
+// container gets that MIG device; a repeated prepare answers the same
+// without a second instance; unprepare destroys it.
+func TestMIGDynamicPrepare(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-dyn", []result{whole("mig", "gpu-1-mig-3g-40gb-4")})
+	devs := mustPrepare(t, i.Plugin, claim)
+	in := instances(t, node, 1)
+	if len(in) != 1 || in[0].Placement != (gpu.MIGPlacement{Start: 4, Size: 4}) || in[0].ProfileName != "3g.40gb" || len(in[0].ComputeInstances) != 1 {
+		t.Fatalf("instances after prepare: %+v", in)
+	}
+	ci := in[0].ComputeInstances[0]
+	m := migRecord(t, i, claim.UID)
+	if !m.Dynamic || m.UUID != ci.UUID || m.GPUInstance != in[0].ID || m.ComputeInstance != ci.ID || m.GPUInstanceMinor != in[0].AccessMinor || m.ComputeInstanceMinor != ci.AccessMinor {
+		t.Errorf("record %+v, instance %+v", m, in[0])
+	}
+	prefix := isolation.MIGVariable(1, in[0].ID, ci.ID)
+	env := envOf(t, e, cdiIDs(devs)...)
+	if env[prefix] != ci.UUID || env[prefix+"_PROFILE"] != "3g.40gb" || env["CUDA_VISIBLE_DEVICES"] != ci.UUID {
+		t.Errorf("env %v", env)
+	}
+	if held := i.MIGHeld(); !slices.Equal(held[gpuUUID(node, 1)], []gpu.MIGPlacement{{Start: 4, Size: 4}}) || len(held) != 1 {
+		t.Errorf("held %v", held)
+	}
+	again := mustPrepare(t, i.Plugin, claim)
+	if !slices.Equal(cdiIDs(again), cdiIDs(devs)) || len(instances(t, node, 1)) != 1 {
+		t.Errorf("second prepare: %v (first %v), instances %+v", cdiIDs(again), cdiIDs(devs), instances(t, node, 1))
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("instances after unprepare: %+v", in)
+	}
+	if held := i.MIGHeld(); len(held) != 0 {
+		t.Errorf("held after unprepare %v", held)
+	}
+	e.assertClean(i)
+}
+
+// On a real node a MIG device's spec carries the parent's device nodes and
+// both capability nodes, and the driver's libraries from the toolkit spec's
+// common edits (the toolkit has no device for it); without a toolkit spec it
+// uses the legacy runtime's device list, or fails closed before any
+// instance is made.
+func TestMIGRealNodeCDI(t *testing.T) {
+	for name, tc := range map[string]struct {
+		toolkit cdi.StaticToolkit
+		legacy  bool
+		err     string
+	}{
+		"toolkit spec":            {toolkit: cdi.StaticToolkit{"GPU-other": true}},
+		"legacy NVIDIA runtime":   {legacy: true},
+		"neither: refused, clean": {err: "no NVIDIA container toolkit CDI spec"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			node := migNode(t)
+			i := e.startMIG(node, func(o *Options) {
+				o.Mock, o.DevNodes, o.Toolkit, o.LegacyRuntime = false, isolation.StaticDevNodes{UVMMajor: 508, CapsMajor: 509}, tc.toolkit, tc.legacy
+			})
+			claim := newClaim("uid-real", []result{whole("mig", "gpu-1-mig-1g-10gb-6")})
+			r := prepare(t, i.Plugin, claim)
+			if tc.err != "" {
+				if r.Err == nil || !strings.Contains(r.Err.Error(), tc.err) {
+					t.Fatalf("prepare: %v, want %q", r.Err, tc.err)
+				}
+				if in := instances(t, node, 1); len(in) != 0 {
+					t.Errorf("an instance was made: %+v", in)
+				}
+				e.assertClean(i)
+				return
+			}
+			if r.Err != nil {
+				t.Fatal(r.Err)
+			}
+			in := instances(t, node, 1)
+			if len(in) != 1 {
+				t.Fatalf("instances %+v", in)
+			}
+			ci := in[0].ComputeInstances[0]
+			spec := inject(t, cdiIDs(r.Devices), e.cdiRoot)
+			wantNodes := []oci.LinuxDevice{
+				{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1},
+				{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+				{Path: "/dev/nvidia-uvm", Type: "c", Major: 508, Minor: 0},
+				{Path: "/dev/nvidia-uvm-tools", Type: "c", Major: 508, Minor: 1},
+				{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", in[0].AccessMinor), Type: "c", Major: 509, Minor: int64(in[0].AccessMinor)},
+				{Path: fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", ci.AccessMinor), Type: "c", Major: 509, Minor: int64(ci.AccessMinor)},
+			}
+			var got []oci.LinuxDevice
+			for _, d := range spec.Linux.Devices {
+				got = append(got, oci.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor})
+			}
+			if !slices.Equal(got, wantNodes) {
+				t.Errorf("device nodes\n got %+v\nwant %+v", got, wantNodes)
+			}
+			var mounts []string
+			for _, m := range spec.Mounts {
+				mounts = append(mounts, m.Source+":"+m.Destination)
+			}
+			want := "/usr/lib/x86_64-linux-gnu/libcuda.so.1:/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+			if tc.legacy {
+				want = "/dev/null:/var/run/nvidia-container-devices/" + ci.UUID
+			}
+			if !slices.Equal(mounts, []string{want}) {
+				t.Errorf("mounts %v, want %s", mounts, want)
+			}
+			mustUnprepare(t, i.Plugin, claim.UID)
+			e.assertClean(i)
+		})
+	}
+}
+
+// Two MIG devices of one GPU in one container, from one claim or from two:
+// each has its own variables, none overwrites the other's. Within one claim
+// CUDA_VISIBLE_DEVICES names both.
+func TestMIGTwoDevicesOneContainer(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	both := newClaim("uid-two", []result{whole("a", "gpu-1-mig-1g-10gb-6"), whole("b", "gpu-1-mig-1g-10gb-5")})
+	devs := mustPrepare(t, i.Plugin, both)
+	in := instances(t, node, 1)
+	if len(in) != 2 {
+		t.Fatalf("instances %+v", in)
+	}
+	env := envOf(t, e, cdiIDs(devs)...)
+	var uuids []string
+	for _, gi := range in {
+		ci := gi.ComputeInstances[0]
+		prefix := isolation.MIGVariable(1, gi.ID, ci.ID)
+		if env[prefix] != ci.UUID || env[prefix+"_PROFILE"] != "1g.10gb" {
+			t.Errorf("GPU instance %d: %s=%q %s_PROFILE=%q", gi.ID, prefix, env[prefix], prefix, env[prefix+"_PROFILE"])
+		}
+		uuids = append(uuids, ci.UUID)
+	}
+	got := strings.Split(env["CUDA_VISIBLE_DEVICES"], ",")
+	slices.Sort(got)
+	slices.Sort(uuids)
+	if !slices.Equal(got, uuids) {
+		t.Errorf("CUDA_VISIBLE_DEVICES=%q, want both of %v", env["CUDA_VISIBLE_DEVICES"], uuids)
+	}
+
+	// Two claims, one container.
+	c1 := newClaim("uid-c1", []result{whole("mig", "gpu-1-mig-1g-10gb-4")})
+	c2 := newClaim("uid-c2", []result{whole("mig", "gpu-1-mig-1g-10gb-3")})
+	ids := append(cdiIDs(mustPrepare(t, i.Plugin, c1)), cdiIDs(mustPrepare(t, i.Plugin, c2))...)
+	env = envOf(t, e, ids...)
+	n := 0
+	for k, v := range env {
+		if strings.HasPrefix(k, "TESSERA_MIG_1_") && !strings.Contains(k[len("TESSERA_MIG_1_"):], "_P") && !strings.HasSuffix(k, "_CAPS") {
+			n++
+			if !strings.HasPrefix(v, "MIG-") {
+				t.Errorf("%s=%s", k, v)
+			}
+		}
+	}
+	if n != 2 {
+		t.Errorf("two claims in one container: %d MIG variables, want 2 (env %v)", n, env)
+	}
+	for _, uid := range []types.UID{both.UID, c1.UID, c2.UID} {
+		mustUnprepare(t, i.Plugin, uid)
+	}
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("instances left %+v", in)
+	}
+	e.assertClean(i)
+}
+
+// HAMiCore and DriverMemory asked for on a MIG device are refused at
+// prepare with the reason, before any instance is made; the node's default
+// isolation (for shares) does not apply to MIG devices.
+func TestMIGIsolationRefused(t *testing.T) {
+	for _, iso := range []configapi.Isolation{configapi.IsolationHAMiCore, configapi.IsolationDriverMemory} {
+		t.Run(string(iso), func(t *testing.T) {
+			e := newEnv(t)
+			node := migNode(t)
+			i := e.startMIG(node, nil)
+			claim := newClaim("uid-"+strings.ToLower(string(iso)), []result{whole("mig", "gpu-1-mig-2g-20gb-4")}, claimConfig(isolationConfig(iso)))
+			r := prepare(t, i.Plugin, claim)
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "isolation "+string(iso)+" (set by the claim's config) is refused on a MIG device") {
+				t.Fatalf("prepare: %v", r.Err)
+			}
+			if in := instances(t, node, 1); len(in) != 0 {
+				t.Errorf("instance made: %+v", in)
+			}
+			e.assertClean(i)
+		})
+	}
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, func(o *Options) { o.DefaultIsolation = configapi.IsolationHAMiCore })
+	claim := newClaim("uid-default", []result{whole("mig", "gpu-1-mig-2g-20gb-4")})
+	mustPrepare(t, i.Plugin, claim)
+	mustUnprepare(t, i.Plugin, claim.UID)
+	e.assertClean(i)
+}
+
+// MPS inside one MIG device: its own daemon, keyed by the MIG UUID and the
+// claim's namespace, and CUDA_VISIBLE_DEVICES names the MIG device.
+func TestMIGMPS(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-mig-mps", []result{whole("mig", "gpu-1-mig-3g-40gb-0")}, claimConfig(isolationConfig(configapi.IsolationMPS)))
+	devs := mustPrepare(t, i.Plugin, claim)
+	m := migRecord(t, i, claim.UID)
+	running, _ := e.runner.Running(ctxFor(t))
+	if !slices.Equal(running, []isolation.DaemonKey{{GPU: m.UUID, Domain: "default"}}) {
+		t.Errorf("MPS daemons %v, want one for %s/default", running, m.UUID)
+	}
+	env := envOf(t, e, cdiIDs(devs)...)
+	if env["CUDA_VISIBLE_DEVICES"] != m.UUID || env["CUDA_MPS_PIPE_DIRECTORY"] != isolation.MPSPipeContainerDir || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "100" {
+		t.Errorf("env %v", env)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("instances %+v", in)
+	}
+	e.assertClean(i)
+}
+
+// The plugin is the last line of defence: a static instance, or an
+// overlapping placement, another claim holds is refused before anything is
+// made, naming that claim.
+func TestMIGDoubleGrant(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	mustPrepare(t, i.Plugin, newClaim("uid-a", []result{whole("mig", "gpu-0-mig-1-0")}))
+	r := prepare(t, i.Plugin, newClaim("uid-b", []result{whole("mig", "gpu-0-mig-1-0")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-a") {
+		t.Errorf("same static instance: %v", r.Err)
+	}
+	mustPrepare(t, i.Plugin, newClaim("uid-c", []result{whole("mig", "gpu-1-mig-3g-40gb-4")}))
+	r = prepare(t, i.Plugin, newClaim("uid-d", []result{whole("mig", "gpu-1-mig-1g-10gb-5")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-c") {
+		t.Errorf("overlapping placement: %v", r.Err)
+	}
+	if in := instances(t, node, 1); len(in) != 1 {
+		t.Errorf("instances %+v", in)
+	}
+}
+
+// Devices that do not fit the GPU's mode now are refused: a placement on a
+// static GPU, a whole GPU in MIG mode, a MIG device of a GPU not in MIG mode.
+func TestMIGWrongMode(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	for device, want := range map[string]string{
+		"gpu-0-mig-1g-10gb-6": "is not published with dynamic MIG",
+		"gpu-1":               "is in MIG mode now",
+		"gpu-2-mig-1-0":       "is not in MIG mode now",
+	} {
+		r := prepare(t, i.Plugin, newClaim("uid-"+device, []result{whole("r", device)}))
+		if r.Err == nil || !strings.Contains(r.Err.Error(), want) {
+			t.Errorf("%s: %v, want %q", device, r.Err, want)
+		}
+	}
+	e.assertClean(i)
+}
+
+// A crash between the create and the checkpoint write of the IDs (the
+// failpoint): the intent is recorded, the instance exists; the next start
+// finds it by placement, destroys it and drops the record.
+func TestMIGCrashAfterCreate(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-crash", []result{whole("mig", "gpu-1-mig-4g-40gb-0")})
+	var atFailpoint []checkpoint.Claim
+	var made []gpu.MIGInstance
+	i.failpoint = func(_ context.Context, name string) {
+		if name != FailpointMIGAfterCreate {
+			return
+		}
+		atFailpoint, made = i.store.List(), instances(t, node, 1)
+		runtime.Goexit() // the process dies here: nothing after runs
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{claim})
+	}()
+	wg.Wait()
+	if len(atFailpoint) != 1 || atFailpoint[0].State != checkpoint.PrepareStarted || atFailpoint[0].Devices[0].MIG == nil ||
+		atFailpoint[0].Devices[0].MIG.Created() || atFailpoint[0].Devices[0].MIG.Start != 0 || !atFailpoint[0].Devices[0].MIG.Dynamic {
+		t.Fatalf("checkpoint at the failpoint: %+v", atFailpoint)
+	}
+	if len(made) != 1 || made[0].ProfileName != "4g.40gb" {
+		t.Fatalf("instances at the failpoint: %+v", made)
+	}
+
+	restarted := e.startMIG(node, nil)
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("orphan left after restart: %+v", in)
+	}
+	e.assertClean(restarted)
+	// The kubelet's retry prepares from scratch.
+	mustPrepare(t, restarted.Plugin, claim)
+	mustUnprepare(t, restarted.Plugin, claim.UID)
+	e.assertClean(restarted)
+}
+
+// A crash after the IDs were recorded but before the CDI spec: the record
+// (PrepareStarted, IDs) is rolled back at start, which destroys the
+// instance found by placement.
+func TestMIGCrashAfterRecord(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	gi, ci, err := node.CreateMIGInstance(1, "2g.20gb", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := instances(t, node, 1)
+	rec := checkpoint.Claim{UID: "uid-half", Namespace: "default", Name: "claim-uid-half", State: checkpoint.PrepareStarted,
+		Devices: []checkpoint.Device{{Request: "mig", Pool: testNode, Device: "gpu-1-mig-2g-20gb-2", UUID: gpuUUID(node, 1), Minor: 1,
+			MIG: &checkpoint.MIGDevice{Dynamic: true, Profile: "2g.20gb", ProfileID: in[0].ProfileID, Start: 2, Size: 2,
+				UUID: in[0].ComputeInstances[0].UUID, GPUInstance: gi, ComputeInstance: ci}}}}
+	if err := i.store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	restarted := e.startMIG(node, nil)
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("instance left: %+v", in)
+	}
+	e.assertClean(restarted)
+}
+
+// An instance on a dynamic-MIG GPU that no record holds: destroyed at
+// start when idle; kept, reported and published as taken while a process
+// runs on it. Instances of static GPUs are the admin's and never touched.
+func TestMIGOrphansAtStart(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	if _, _, err := node.CreateMIGInstance(1, "1g.10gb", 6); err != nil {
+		t.Fatal(err)
+	}
+	busyGI, busyCI, err := node.CreateMIGInstance(1, "2g.20gb", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.SetMIGProcesses(1, busyGI, busyCI, []nvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 1 << 30}}); err != nil {
+		t.Fatal(err)
+	}
+	i := e.startMIG(node, nil)
+	in := instances(t, node, 1)
+	if len(in) != 1 || in[0].ID != busyGI {
+		t.Fatalf("after start: %+v, want only the busy 2g.20gb", in)
+	}
+	if len(instances(t, node, 0)) != 2 {
+		t.Errorf("the static GPU's instances were touched")
+	}
+	events := e.events.list()
+	if !hasEvent(events, "Normal MIGOrphanDestroyed", "1g.10gb at memory slices 6-6") || !hasEvent(events, "Warning MIGInstanceForeign", "2g.20gb at memory slices 2-3", "1 processes run on it") {
+		t.Errorf("events %q", events)
+	}
+
+	// The model publishes the kept instance's slices as taken.
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
+	if _, err := inv.Sync(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	counters := pub.counters(t, model.MIGCounterSetName(1))
+	for slice, want := range map[int]int64{0: 1, 1: 1, 2: 0, 3: 0, 4: 1} {
+		if got := counters[model.MemorySliceCounter(slice)]; got != want {
+			t.Errorf("memory-slice-%d = %d, want %d", slice, got, want)
+		}
+	}
+}
+
+// Instances of checkpointed claims are adopted at start and destroyed by
+// the unprepare that follows; the published slices of a held instance stay
+// free (its claim consumes them).
+func TestMIGAdoptedAtStart(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-adopt", []result{whole("mig", "gpu-1-mig-2g-20gb-0")})
+	devs := mustPrepare(t, i.Plugin, claim)
+
+	restarted := e.startMIG(node, nil)
+	if in := instances(t, node, 1); len(in) != 1 {
+		t.Fatalf("instances after restart: %+v", in)
+	}
+	if again := mustPrepare(t, restarted.Plugin, claim); !slices.Equal(cdiIDs(again), cdiIDs(devs)) {
+		t.Errorf("prepare after restart: %v, want %v", cdiIDs(again), cdiIDs(devs))
+	}
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: restarted.MIGHeld}
+	if _, err := inv.Sync(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	if c := pub.counters(t, model.MIGCounterSetName(1)); c[model.MemorySliceCounter(0)] != 1 || c[model.MemorySliceCounter(1)] != 1 {
+		t.Errorf("held instance's slices published as taken: %v", c)
+	}
+	mustUnprepare(t, restarted.Plugin, claim.UID)
+	if in := instances(t, node, 1); len(in) != 0 {
+		t.Errorf("instances after unprepare: %+v", in)
+	}
+	e.assertClean(restarted)
+}
+
+// Unprepare refuses to destroy an instance a process still runs on: the
+// claim stays recorded, and the kubelet's retry finishes once it is idle.
+func TestMIGUnprepareInUse(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-busy", []result{whole("mig", "gpu-1-mig-1g-20gb-6")})
+	mustPrepare(t, i.Plugin, claim)
+	m := migRecord(t, i, claim.UID)
+	if err := node.SetMIGProcesses(1, m.GPUInstance, m.ComputeInstance, []nvml.ProcessInfo{{Pid: 7}}); err != nil {
+		t.Fatal(err)
+	}
+	res, _ := i.UnprepareResourceClaims(ctxFor(t), []kubeletplugin.NamespacedObject{{UID: claim.UID}})
+	if res[claim.UID] == nil || !errors.Is(res[claim.UID], mig.ErrInUse) {
+		t.Fatalf("unprepare while in use: %v", res[claim.UID])
+	}
+	if _, ok := i.store.Get(claim.UID); !ok {
+		t.Fatal("record dropped although the instance stays")
+	}
+	if err := node.SetMIGProcesses(1, m.GPUInstance, m.ComputeInstance, nil); err != nil {
+		t.Fatal(err)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	e.assertClean(i)
+}
+
+// The inventory publishes the named GPUs in MIG mode with dynamic MIG and
+// reports a named GPU that is not in MIG mode, and a name of no GPU.
+func TestInventoryDynamicMIG(t *testing.T) {
+	node := migNode(t)
+	pub, events := &fakePublisher{}, &fakeEvents{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events,
+		DynamicMIG: DynamicMIG{Names: []string{"1", gpuUUID(node, 3), "GPU-nope"}}}
+	if _, err := inv.Sync(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := pub.devices(t)
+	for _, name := range []string{"gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1-mig-1g-10gb-0", "gpu-1-mig-7g-80gb-0", "gpu-3", "gpu-3-shared"} {
+		if _, ok := devs[name]; !ok {
+			t.Errorf("%s not published", name)
+		}
+	}
+	if _, ok := devs["gpu-0-mig-1g-10gb-6"]; ok {
+		t.Errorf("static GPU 0 published with placements")
+	}
+	if !hasEvent(events.list(), "Warning DynamicMIGNotApplied", "GPU index 3", "not in MIG mode", `"GPU-nope"`) {
+		t.Errorf("events %q", events.list())
+	}
+	n := len(events.list())
+	if _, err := inv.Sync(ctxFor(t)); err != nil || len(events.list()) != n {
+		t.Errorf("second sync: %v, events again %q", err, events.list()[n:])
+	}
+}
+
+func TestParseDynamicMIG(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want DynamicMIG
+		err  bool
+	}{
+		{in: nil},
+		{in: []string{"all"}, want: DynamicMIG{All: true}},
+		{in: []string{"0", "GPU-abc"}, want: DynamicMIG{Names: []string{"0", "GPU-abc"}}},
+		{in: []string{"all", "1"}, err: true},
+		{in: []string{"-1"}, err: true},
+		{in: []string{"01"}, err: true},
+		{in: []string{"gpu3"}, err: true},
+	} {
+		got, err := ParseDynamicMIG(tc.in)
+		if (err != nil) != tc.err || !tc.err && (got.All != tc.want.All || !slices.Equal(got.Names, tc.want.Names)) {
+			t.Errorf("ParseDynamicMIG(%q) = %+v, %v", tc.in, got, err)
+		}
+	}
+}
+
+// Health is reported for the MIG devices a GPU in MIG mode publishes.
+func TestMIGHealthReportNames(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	var names []string
+	for minor := 0; minor < 3; minor++ {
+		g, _ := i.gpuByMinor(minor)
+		names = append(names, i.deviceNames(g)...)
+	}
+	if len(names) != 2+25+2 || names[0] != "gpu-0-mig-1-0" || names[1] != "gpu-0-mig-2-0" || !slices.Contains(names, "gpu-1-mig-1g-10gb-me-6") ||
+		names[len(names)-2] != "gpu-2" {
+		t.Errorf("device names %v", names)
+	}
+}
+
+// counters are the values of the counter set name in the last publication.
+func (f *fakePublisher) counters(t *testing.T, name string) map[string]int64 {
+	t.Helper()
+	if len(f.published) == 0 {
+		t.Fatal("nothing published")
+	}
+	last := f.published[len(f.published)-1]
+	for _, pool := range last.Pools {
+		for _, s := range pool.Slices {
+			for _, cs := range s.SharedCounters {
+				if cs.Name != name {
+					continue
+				}
+				out := map[string]int64{}
+				for k, v := range cs.Counters {
+					out[k] = v.Value.Value()
+				}
+				return out
+			}
+		}
+	}
+	t.Fatalf("no counter set %s published", name)
+	return nil
+}
