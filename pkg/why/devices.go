@@ -143,11 +143,15 @@ type device struct {
 
 func (d device) foreign() bool { return d.driver != model.DriverName }
 
-// gpuName is the GPU a device belongs to (gpu-N for gpu-N, gpu-N-shared
-// and gpu-N-lent), or the device's name for a device not named that way.
+// gpuName is the GPU a device belongs to (gpu-N for gpu-N, gpu-N-shared,
+// gpu-N-lent and the MIG devices gpu-N-mig-…), or the device's name for a
+// device not named that way.
 func (d device) gpuName() string {
 	minor, _, err := model.ParseDevice(d.dev.Name)
 	if err != nil {
+		if m, migErr := model.ParseMIGDevice(d.dev.Name); migErr == nil && !d.foreign() {
+			return model.WholeDeviceName(m.Minor)
+		}
 		return d.dev.Name
 	}
 	return model.WholeDeviceName(minor)
@@ -243,6 +247,19 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 	// fittingBy are the fitting devices of each request (of all its
 	// alternatives), for the constraints across requests.
 	fittingBy := map[string][]device{}
+	mismatches := migMismatches{}
+	// migShort are the MIG counter sets (by pool and name) of placements
+	// whose counters do not fit, keyed by GPU: their use is said once.
+	migShort := map[string][2]string{}
+	defer func() {
+		mismatches.flush(gpuReasons)
+		for _, gpu := range slices.SortedFunc(maps.Keys(migShort), compareDeviceNames) {
+			usage := e.migUsage(migShort[gpu][0], migShort[gpu][1])
+			if usage != "" && !slices.Contains(gpuReasons[gpu], usage) {
+				gpuReasons[gpu] = append(gpuReasons[gpu], usage)
+			}
+		}
+	}()
 	for _, r := range c.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			label := fmt.Sprintf("request %q", a.name)
@@ -268,6 +285,20 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 				if len(reasons) == 0 {
 					fitting = append(fitting, d)
 					continue
+				}
+				if d.isMIG() {
+					// A MIG device the request's selectors reject (another
+					// profile) is named once per GPU, without what else
+					// keeps it: a dynamic GPU publishes about 25.
+					if falseSelectors := selectorsFalse(reasons); len(falseSelectors) > 0 {
+						mismatches.add(d.gpuName(), label, d, falseSelectors)
+						continue
+					}
+					if cc, ok := migCounterConsumption(d.dev); ok {
+						if _, short := e.migCounterReasons(d); short || e.allocated(d.id) {
+							migShort[d.gpuName()] = [2]string{d.pool, cc.CounterSet}
+						}
+					}
 				}
 				for _, why := range reasons {
 					gpuReasons[d.gpuName()] = append(gpuReasons[d.gpuName()], fmt.Sprintf("%s: %s: %s", label, d.dev.Name, why))
@@ -564,7 +595,12 @@ func (e *explainer) deviceReasons(ctx context.Context, d device, a alternative) 
 		out = append(out, e.capacityReasons(d, a)...)
 	} else {
 		if e.allocated(d.id) {
-			out = append(out, "held by "+e.holderList(d.id))
+			if cc, ok := migCounterConsumption(d.dev); ok {
+				// A placement held: name the memory slices its instance covers.
+				out = append(out, fmt.Sprintf("held by %s (MIG device %s, %s)", e.claimsOf(d), d.dev.Name, migSlices(cc)))
+			} else {
+				out = append(out, "held by "+e.holderList(d.id))
+			}
 		}
 		for name, want := range a.capacity {
 			if c, ok := d.dev.Capacity[name]; ok && want.Cmp(c.Value) > 0 {
@@ -574,8 +610,15 @@ func (e *explainer) deviceReasons(ctx context.Context, d device, a alternative) 
 	}
 	if !e.allocated(d.id) {
 		// A shared device with shares has its counters charged already; a
-		// device held whole is reported above.
-		out = append(out, e.counterReasons(d)...)
+		// device held whole is reported above. A MIG placement's counters
+		// are memory slices, compute slices and engines.
+		if _, ok := migCounterConsumption(d.dev); ok {
+			if why, short := e.migCounterReasons(d); short {
+				out = append(out, why)
+			}
+		} else {
+			out = append(out, e.counterReasons(d)...)
+		}
 	}
 	return out
 }
@@ -814,6 +857,7 @@ func (e *explainer) fitsNow(node string) FitsNow {
 			f.LargestShare = &s
 		}
 	}
+	f.MIG = e.migFitsNow(node)
 	return f
 }
 

@@ -25,6 +25,12 @@
 //     that device leave, with the claims that hold it;
 //   - the GPU's counters (the whole GPU blocked by shares, the shares blocked by
 //     a whole-GPU claim), with the claims that hold them;
+//   - for a MIG placement (dynamic MIG, docs/mig.md): the memory slices,
+//     compute slices and engines it needs, which claim's MIG device holds
+//     each taken memory slice (or that an instance no claim holds uses it),
+//     which totals are short, and once per GPU who uses them. MIG devices the
+//     request's selectors reject (other profiles) are counted once per GPU;
+//     a held MIG device names the claim and the memory slices it covers;
 //   - too few fitting devices for the count, or for a matchAttribute constraint
 //     (an NVLink domain too small);
 //   - a matchAttribute constraint across requests that no value satisfies: the
@@ -37,7 +43,8 @@
 // The explanation says so; that driver's own rules are not known here.
 //
 // It ends each node with what would fit now: the largest share (memory and
-// cores of the emptiest shareable GPU) and the number of free whole GPUs.
+// cores of the emptiest shareable GPU), the number of free whole GPUs and,
+// per GPU in MIG mode, the MIG profiles free now.
 //
 // What the caller may assume: Explain is a pure function of its Input; Get only
 // reads the API (pods, claims, slices, classes, nodes, DeviceTaintRules) and

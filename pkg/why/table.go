@@ -64,5 +64,9 @@ func (f FitsNow) String() string {
 	if s := f.LargestShare; s != nil {
 		share = fmt.Sprintf("a share of up to %s and %d cores (%s)", bytes(s.MemoryBytes), s.Cores, s.GPU)
 	}
-	return fmt.Sprintf("%s; %d whole GPU(s)", share, f.WholeGPUs)
+	s := fmt.Sprintf("%s; %d whole GPU(s)", share, f.WholeGPUs)
+	for _, m := range f.MIG {
+		s += fmt.Sprintf("; MIG on %s: %s", m.GPU, strings.Join(m.Profiles, ", "))
+	}
+	return s
 }

@@ -101,6 +101,15 @@ type FitsNow struct {
 	LargestShare *Share `json:"largestShare,omitempty"`
 	// WholeGPUs is the number of GPUs free to be allocated whole.
 	WholeGPUs int `json:"wholeGPUs"`
+	// MIG lists, per GPU in MIG mode, the profiles a new MIG claim could
+	// get now: free static instances, placements whose counters fit.
+	MIG []MIGFit `json:"mig,omitempty"`
+}
+
+// MIGFit is the MIG profiles one GPU has free now.
+type MIGFit struct {
+	GPU      string   `json:"gpu"`
+	Profiles []string `json:"profiles"`
 }
 
 // Share is an amount of one GPU.
@@ -381,12 +390,16 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 // holder is an allocated result of a claim, for naming who holds a device.
 type holder struct {
 	claim  string // NAMESPACE/NAME
+	device string
 	shared bool
 	memory int64
 	cores  int64
 }
 
 func (h holder) String() string {
+	if _, err := model.ParseMIGDevice(h.device); err == nil {
+		return h.claim + " (MIG device " + h.device + ")"
+	}
 	if !h.shared {
 		return h.claim + " (whole GPU)"
 	}
@@ -445,7 +458,7 @@ func newExplainer(in Input) *explainer {
 				continue
 			}
 			id := structured.MakeDeviceID(res.Driver, res.Pool, res.Device)
-			h := holder{claim: c.Namespace + "/" + c.Name}
+			h := holder{claim: c.Namespace + "/" + c.Name, device: res.Device}
 			if res.ShareID != nil {
 				e.state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, res.ShareID))
 				if res.ConsumedCapacity != nil {
