@@ -1,7 +1,9 @@
 // Package status builds the cluster-wide view behind `tessera status`: per
 // node and GPU, what the GPU is, how much of its memory and compute claims
 // hold, who holds it (pod and claim), what enforces each share's limits (the
-// plugin's attestation in the claim's status) and whether it is healthy. It reads only
+// plugin's attestation in the claim's status) and whether it is healthy. A
+// GPU in MIG mode is listed with its MIG devices (every static instance,
+// the held placements of a dynamic GPU), each with its holders and health. It reads only
 // the API (ResourceSlices and ResourceClaims), so it needs no access to the
 // nodes, and shows exactly what the scheduler sees.
 package status
@@ -41,6 +43,9 @@ const (
 	ModeFree   Mode = "free"
 	ModeWhole  Mode = "whole"
 	ModeShared Mode = "shared"
+	// ModeMIG is a GPU in MIG mode: it publishes MIG devices only
+	// (docs/mig.md), whether or not a claim holds one.
+	ModeMIG Mode = "mig"
 )
 
 // GPU is one GPU and what holds it.
@@ -66,6 +71,40 @@ type GPU struct {
 	// Lending is the GPU's lending device (gpu-N-lent), when the node
 	// publishes one.
 	Lending *Lending `json:"lending,omitempty"`
+	// MIG is set for a GPU in MIG mode. Its MemoryBytes and Cores are then
+	// those of its static instances together, or of the full-GPU profile
+	// (dynamic), and AllocatedMemoryBytes and AllocatedCores those of the
+	// MIG devices claims hold.
+	MIG *MIG `json:"mig,omitempty"`
+}
+
+// MIG is what a GPU in MIG mode publishes and who holds it.
+type MIG struct {
+	// Dynamic is true when the GPU publishes placements (instances are made
+	// for the claims that get them), false for its existing instances.
+	Dynamic bool `json:"dynamic"`
+	// Devices are the static instances, every one, or the dynamic
+	// placements claims hold, in the order they are published.
+	Devices []MIGDevice `json:"devices"`
+}
+
+// MIGDevice is one MIG device.
+type MIGDevice struct {
+	// Device is gpu-N-mig-<GI>-<CI> (static) or gpu-N-mig-<profile>-<start>.
+	Device  string `json:"device"`
+	Profile string `json:"profile,omitempty"`
+	// PlacementStart and PlacementSize are the memory slices it covers.
+	PlacementStart int `json:"placementStart"`
+	PlacementSize  int `json:"placementSize"`
+	// UUID is the MIG-… UUID of a static instance.
+	UUID        string `json:"uuid,omitempty"`
+	MemoryBytes int64  `json:"memoryBytes"`
+	Cores       int64  `json:"cores"`
+	// Unhealthy is the value of the device's gpu.tessera.dev/unhealthy
+	// taint ("XID-43"), "" while it is healthy.
+	Unhealthy string `json:"unhealthy,omitempty"`
+	// Holders are the claims allocated the device.
+	Holders []Holder `json:"holders"`
 }
 
 // Lending is what a GPU lends to borrowers (docs/lending.md).
@@ -87,8 +126,10 @@ type Holder struct {
 	Namespace string   `json:"namespace"`
 	Claim     string   `json:"claim"`
 	Pods      []string `json:"pods"`
-	// Device is gpu-N (whole) or gpu-N-shared (a share).
+	// Device is gpu-N (whole), gpu-N-shared (a share) or a MIG device.
 	Device  string `json:"device"`
+	// MIGProfile is the profile of a MIG device ("3g.40gb").
+	MIGProfile string `json:"migProfile,omitempty"`
 	ShareID string `json:"shareID,omitempty"`
 	// MemoryBytes and Cores are what the allocation holds of the GPU (see
 	// package accounting): 0 for admin access.
@@ -142,6 +183,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 	}
 	type key = accounting.GPU
 	gpus := map[key]*GPU{}
+	migDevices := newMIGIndex()
 	nodeOf := map[string]string{} // pool → node
 	get := func(pool string, minor int) *GPU {
 		k := key{Pool: pool, Minor: minor}
@@ -162,6 +204,9 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		for _, d := range s.Spec.Devices {
 			minor, kind, err := model.ParseDevice(d.Name)
 			if err != nil {
+				if m, migErr := model.ParseMIGDevice(d.Name); migErr == nil {
+					addMIGDevice(get(s.Spec.Pool.Name, m.Minor), migDevices, s.Spec.Pool.Name, m, d)
+				}
 				continue
 			}
 			g := get(s.Spec.Pool.Name, minor)
@@ -217,6 +262,19 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 			pods = []string{}
 		}
 		for _, res := range c.Status.Allocation.Devices.Results {
+			if m, ok := migDevices.byKey[migKey{res.Pool, res.Device}]; ok && res.Driver == model.DriverName {
+				h := Holder{Namespace: c.Namespace, Claim: c.Name, Pods: pods, Device: res.Device, MIGProfile: m.dev.Profile,
+					AdminAccess: res.AdminAccess != nil && *res.AdminAccess}
+				if !h.AdminAccess {
+					h.MemoryBytes, h.Cores = m.dev.MemoryBytes, m.dev.Cores
+					m.gpu.AllocatedMemoryBytes += h.MemoryBytes
+					m.gpu.AllocatedCores += h.Cores
+				}
+				h.Attestation, h.PrepareError = deviceStatus(c.Status.Devices, res)
+				m.dev.Holders = append(m.dev.Holders, h)
+				m.gpu.Holders = append(m.gpu.Holders, h)
+				continue
+			}
 			if b, k, ok := borrower(c, pods, res); ok {
 				if g := gpus[k]; g != nil && g.Lending != nil {
 					g.Lending.Borrowers = append(g.Lending.Borrowers, b)
@@ -264,6 +322,7 @@ func Build(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.Reso
 		if g.Lending != nil {
 			slices.SortFunc(g.Lending.Borrowers, compareHolders)
 		}
+		finishMIG(g, migDevices)
 		byNode[name].GPUs = append(byNode[name].GPUs, *g)
 	}
 	var r Report

@@ -19,6 +19,12 @@ import (
 //	node-1  gpu-7  NVIDIA H100 80GB HBM3  79.6Gi/79.6Gi  100/100  Healthy  demo/notebook (claim notebook: whole GPU)
 //	                                                                       lent 68.6Gi to: demo/batch (claim batch-gpu-2kq8x: 20Gi, 0 cores; MPS enforces …)
 //
+// A GPU in MIG mode has one row per MIG device: every instance of a static
+// GPU (held or free), the held placements of a dynamic one:
+//
+//	node-1  gpu-0  NVIDIA H100 80GB HBM3  39.5Gi/79Gi  57/99  Healthy  MIG gpu-0-mig-1-0: demo/a (claim a: MIG 4g.40gb)
+//	                                                                   MIG gpu-0-mig-2-0 (3g.40gb): free
+//
 // A GPU whose lending device is not lent shows "not lent (OwnerBusy)" and
 // its borrowers still being evicted, if any.
 func (r Report) WriteTable(w io.Writer) error {
@@ -27,7 +33,10 @@ func (r Report) WriteTable(w io.Writer) error {
 	for _, n := range r.Nodes {
 		for _, g := range n.GPUs {
 			holders := []string{"-"}
-			if len(g.Holders) > 0 {
+			switch {
+			case g.MIG != nil:
+				holders = g.MIG.lines()
+			case len(g.Holders) > 0:
 				holders = holders[:0]
 				for _, h := range g.Holders {
 					holders = append(holders, h.String())
@@ -107,6 +116,9 @@ func (h Holder) String() string {
 		pods = strings.Join(h.Pods, ",")
 	}
 	what := "whole GPU"
+	if h.MIGProfile != "" {
+		what = "MIG " + h.MIGProfile
+	}
 	switch {
 	case h.AdminAccess:
 		what = "admin access"
@@ -167,4 +179,39 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// lines are the table rows of a GPU in MIG mode: one per MIG device with its
+// holders, or that it is free; a dynamic GPU without held placements says so.
+func (m *MIG) lines() []string {
+	var out []string
+	for _, d := range m.Devices {
+		head := "MIG " + d.Device
+		if d.Unhealthy != "" {
+			head += " (unhealthy " + d.Unhealthy + ")"
+		}
+		if len(d.Holders) == 0 {
+			what := orDash(d.Profile)
+			if d.Unhealthy != "" {
+				what += ", unhealthy " + d.Unhealthy
+			}
+			out = append(out, fmt.Sprintf("MIG %s (%s): free", d.Device, what))
+			continue
+		}
+		for i, h := range d.Holders {
+			prefix := strings.Repeat(" ", len(head)+2)
+			if i == 0 {
+				prefix = head + ": "
+			}
+			out = append(out, prefix+h.String())
+		}
+	}
+	if len(out) == 0 {
+		what := "MIG: no instance"
+		if m.Dynamic {
+			what = "MIG (dynamic): no placement held"
+		}
+		out = append(out, what)
+	}
+	return out
 }
