@@ -127,10 +127,10 @@ type Holder struct {
 	Claim     string   `json:"claim"`
 	Pods      []string `json:"pods"`
 	// Device is gpu-N (whole), gpu-N-shared (a share) or a MIG device.
-	Device  string `json:"device"`
+	Device string `json:"device"`
 	// MIGProfile is the profile of a MIG device ("3g.40gb").
 	MIGProfile string `json:"migProfile,omitempty"`
-	ShareID string `json:"shareID,omitempty"`
+	ShareID    string `json:"shareID,omitempty"`
 	// MemoryBytes and Cores are what the allocation holds of the GPU (see
 	// package accounting): 0 for admin access.
 	MemoryBytes int64 `json:"memoryBytes"`
