@@ -32,6 +32,18 @@
 // Every list and the fatal effect are configurable (Policy), and so are the
 // flags of the kubelet plugin that fill it.
 //
+// # MIG
+//
+// On a GPU in MIG mode the driver puts the GPU and compute instance IDs of
+// an XID into the event data. Such an event marks only that MIG device
+// (Event.MIG): the compute instance, every compute instance of the GPU
+// instance when it names none, or on a dynamic-MIG GPU the placement of the
+// GPU instance. Tracker.Taints stays per GPU (model.WithTaints);
+// Tracker.MIGTaints and TaintDevices taint the MIG devices, and
+// Tracker.MIGDeviceStatuses says which are unhealthy. A fatal event marks
+// the whole GPU even when it names an instance: the reset it needs destroys
+// every instance.
+//
 // # Persistence
 //
 // A [Tracker] with a [Store] (Tracker.Persist; the kubelet plugin's is

@@ -21,7 +21,9 @@ const StateFile = "health.json"
 // stateVersion is the format of the state file.
 const stateVersion = 1
 
-// stateFile is the state file's content: the unhealthy GPUs by UUID.
+// stateFile is the state file's content: the unhealthy GPUs by UUID, and
+// the unhealthy MIG devices by "<GPU UUID>/mig-…" (statusKey; a plugin that
+// predates MIG reads those as GPUs it does not have).
 type stateFile struct {
 	Version int                 `json:"version"`
 	GPUs    map[string]gpuState `json:"gpus"`
@@ -73,8 +75,11 @@ func (s Store) load() (map[string]Status, []byte, error) {
 		return nil, data, fmt.Errorf("GPU health state %s: format version %d, want %d", s.Path, f.Version, stateVersion)
 	}
 	out := make(map[string]Status, len(f.GPUs))
-	for uuid, g := range f.GPUs {
+	for key, g := range f.GPUs {
+		uuid, scope, err := parseStatusKey(key)
 		switch {
+		case err != nil:
+			return nil, data, fmt.Errorf("GPU health state %s: corrupt: %w", s.Path, err)
 		case uuid == "":
 			return nil, data, fmt.Errorf("GPU health state %s: corrupt: an entry without UUID", s.Path)
 		case g.LastEvent.IsZero():
@@ -82,7 +87,7 @@ func (s Store) load() (map[string]Status, []byte, error) {
 		case g.Effect != resourceapi.DeviceTaintEffectNoExecute && g.Effect != resourceapi.DeviceTaintEffectNoSchedule && g.Effect != resourceapi.DeviceTaintEffectNone:
 			return nil, data, fmt.Errorf("GPU health state %s: corrupt: GPU %s has effect %q", s.Path, uuid, g.Effect)
 		}
-		out[uuid] = Status{UUID: uuid, Effect: g.Effect, Reason: g.Reason, Since: g.Since, LastEvent: g.LastEvent, Events: g.Events, Lost: g.Lost}
+		out[key] = Status{UUID: uuid, MIG: scope, Effect: g.Effect, Reason: g.Reason, Since: g.Since, LastEvent: g.LastEvent, Events: g.Events, Lost: g.Lost}
 	}
 	return out, data, nil
 }

@@ -38,6 +38,10 @@ type Event struct {
 	Kind Kind
 	// XID is the XID code of a KindXID event.
 	XID uint64
+	// MIG, when set, is the MIG device of the GPU the event concerns (the
+	// instance IDs of an XID on a GPU in MIG mode): only that device turns
+	// unhealthy, unless the event is fatal (see mig.go).
+	MIG *MIGScope
 }
 
 func (e Event) String() string {
@@ -124,9 +128,12 @@ func (p Policy) Classify(e Event) (effect resourceapi.DeviceTaintEffect, ok bool
 	return "", false
 }
 
-// Status is the health of one GPU.
+// Status is the health of one GPU, or of one MIG device of it (MIG set).
 type Status struct {
-	UUID    string
+	// UUID is the GPU's.
+	UUID string
+	// MIG is the MIG device the status is of; nil for the whole GPU.
+	MIG     *MIGScope
 	Healthy bool
 	// Effect is the taint effect while unhealthy: the strongest effect of the
 	// events since the GPU became unhealthy.
@@ -227,6 +234,10 @@ func (t *Tracker) Observe(e Event) (changed bool) {
 	if !counts || e.UUID == "" {
 		return false
 	}
+	if e.MIG != nil && t.policy.fatal(e) {
+		// The GPU needs a reset, which destroys every instance.
+		e.MIG = nil
+	}
 	changed = t.observe(e, effect)
 	t.save()
 	return changed
@@ -236,10 +247,11 @@ func (t *Tracker) observe(e Event, effect resourceapi.DeviceTaintEffect) (change
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, ok := t.gpus[e.UUID]
+	key := statusKey(e.UUID, e.MIG)
+	s, ok := t.gpus[key]
 	if !ok || s.Healthy {
-		s = &Status{UUID: e.UUID, Effect: effect, Reason: e.String(), Since: now}
-		t.gpus[e.UUID] = s
+		s = &Status{UUID: e.UUID, MIG: e.MIG, Effect: effect, Reason: e.String(), Since: now}
+		t.gpus[key] = s
 		changed = true
 	} else {
 		if stronger(effect, s.Effect) {
@@ -287,7 +299,8 @@ func (t *Tracker) recover() (changed bool) {
 	return changed
 }
 
-// Restore merges statuses (a Store's content) into the tracker and reports
+// Restore merges statuses (a Store's content, by the keys Unhealthy gives)
+// into the tracker and reports
 // whether a GPU's health changed (subscribers are woken then, as for
 // Observe). Only the faults count, not who saw them:
 //
@@ -307,22 +320,29 @@ func (t *Tracker) Restore(statuses map[string]Status) (changed bool) {
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, uuid := range slices.Sorted(maps.Keys(statuses)) {
-		in := statuses[uuid]
-		if uuid == "" || in.LastEvent.IsZero() || in.Effect == "" {
+	for _, key := range slices.Sorted(maps.Keys(statuses)) {
+		in := statuses[key]
+		if key == "" || in.LastEvent.IsZero() || in.Effect == "" {
 			continue
+		}
+		uuid, scope := in.UUID, in.MIG
+		if uuid == "" {
+			var err error
+			if uuid, scope, err = parseStatusKey(key); err != nil {
+				continue
+			}
 		}
 		recovers := in.LastEvent.Add(t.policy.RecoveryPeriod)
 		if !recovers.After(now) {
 			continue
 		}
-		s, ok := t.gpus[uuid]
+		s, ok := t.gpus[key]
 		if !ok || s.Healthy {
 			since := in.Since
 			if since.IsZero() || since.After(in.LastEvent) {
 				since = in.LastEvent
 			}
-			t.gpus[uuid] = &Status{UUID: uuid, Effect: in.Effect, Reason: in.Reason, Since: since, LastEvent: in.LastEvent,
+			t.gpus[key] = &Status{UUID: uuid, MIG: scope, Effect: in.Effect, Reason: in.Reason, Since: since, LastEvent: in.LastEvent,
 				RecoversAt: recovers, Events: in.Events, Lost: in.Lost}
 			changed = true
 			continue
@@ -442,7 +462,9 @@ func (t *Tracker) Status(uuid string) Status {
 	return Status{UUID: uuid, Healthy: true}
 }
 
-// Unhealthy returns the status of every unhealthy GPU, by UUID.
+// Unhealthy returns the status of every unhealthy GPU, by UUID, and of
+// every unhealthy MIG device, by "<GPU UUID>/mig-…" (what Restore and the
+// store take).
 func (t *Tracker) Unhealthy() map[string]Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -454,11 +476,14 @@ func (t *Tracker) Unhealthy() map[string]Status {
 }
 
 // Taints returns the device taints of the unhealthy GPUs by UUID, in the form
-// model.WithTaints takes.
+// model.WithTaints takes. Unhealthy MIG devices are not among them: see
+// MIGTaints.
 func (t *Tracker) Taints() map[string][]resourceapi.DeviceTaint {
 	out := map[string][]resourceapi.DeviceTaint{}
 	for uuid, s := range t.Unhealthy() {
-		out[uuid] = []resourceapi.DeviceTaint{*s.Taint()}
+		if s.MIG == nil {
+			out[uuid] = []resourceapi.DeviceTaint{*s.Taint()}
+		}
 	}
 	return out
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
 )
 
 // watchedEvents are the NVML event types the watcher registers for (those
@@ -139,7 +141,7 @@ func (w *Watcher) handle(ctx context.Context, data nvml.EventData) {
 	}
 	switch {
 	case data.EventType&nvml.EventTypeXidCriticalError != 0:
-		w.observe(ctx, Event{UUID: uuid, Kind: KindXID, XID: data.EventData})
+		w.observe(ctx, Event{UUID: uuid, Kind: KindXID, XID: data.EventData, MIG: migScope(data)})
 	case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
 		w.observe(ctx, Event{UUID: uuid, Kind: KindDoubleBitECC})
 	}
@@ -155,6 +157,9 @@ func (w *Watcher) probe(ctx context.Context, g watchedGPU) {
 func (w *Watcher) observe(ctx context.Context, e Event) {
 	effect, counts := w.Tracker.Policy().Classify(e)
 	logger := klog.FromContext(ctx)
+	if e.MIG != nil {
+		logger = logger.WithValues("mig", e.MIG.String())
+	}
 	if !counts {
 		logger.V(2).Info("Ignored GPU error event", "uuid", e.UUID, "event", e.String())
 		return
@@ -164,4 +169,26 @@ func (w *Watcher) observe(ctx context.Context, e Event) {
 	} else {
 		logger.V(4).Info("GPU error event", "uuid", e.UUID, "event", e.String())
 	}
+}
+
+// migScope is the MIG device an event's data names (gpu.EventMIGInstance),
+// with the GPU instance's profile and placement as NVML reports them now;
+// nil for an event about the whole GPU.
+func migScope(data nvml.EventData) *MIGScope {
+	gi, ci, ok := gpu.EventMIGInstance(data.GpuInstanceId, data.ComputeInstanceId)
+	if !ok {
+		return nil
+	}
+	s := &MIGScope{GPUInstance: gi, ComputeInstance: ci, ProfileID: -1}
+	inst, ret := data.Device.GetGpuInstanceById(gi)
+	if ret != nvml.SUCCESS {
+		return s
+	}
+	info, ret := inst.GetInfo()
+	if ret != nvml.SUCCESS {
+		return s
+	}
+	s.ProfileID = int(info.ProfileId)
+	s.Placement = gpu.MIGPlacement{Start: int(info.Placement.Start), Size: int(info.Placement.Size)}
+	return s
 }
