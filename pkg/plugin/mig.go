@@ -139,10 +139,24 @@ const FailpointMIGAfterCreate = "mig-after-create"
 // FailpointEnv is the environment variable that arms a failpoint.
 const FailpointEnv = "TESSERA_FAILPOINT"
 
+// FailpointOnceEnv, when set, names a file that makes the failpoint fire
+// once: only while the file does not exist, which it creates before the
+// kill. A plugin restarted with the same environment (the kubelet restarts
+// the container of the killed process) then runs on.
+const FailpointOnceEnv = "TESSERA_FAILPOINT_ONCE"
+
 // envFailpoint kills the process at the failpoint TESSERA_FAILPOINT names.
 func envFailpoint(ctx context.Context, name string) {
 	if os.Getenv(FailpointEnv) != name {
 		return
+	}
+	if once := os.Getenv(FailpointOnceEnv); once != "" {
+		f, err := os.OpenFile(once, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return // fired before (or cannot tell: do not kill)
+		}
+		_ = f.Sync()
+		_ = f.Close()
 	}
 	klog.FromContext(ctx).Info("FAILPOINT: killing the plugin with SIGKILL", "failpoint", name)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -158,14 +172,17 @@ func (p *Plugin) planMIG(claim *resourceapi.ResourceClaim, d *plannedDevice, nam
 	if !g.MIGEnabled || g.MIG == nil {
 		return deviceError(d.device, "GPU %s (index %d) is not in MIG mode now: its MIG devices are gone (was MIG disabled since the claim was allocated?)", g.UUID, g.Index)
 	}
+	// MIG devices are never lent: a GPU in MIG mode publishes no lending
+	// device, and an owner's consent would promise what cannot happen.
+	if cfg.LendsWhenIdle() && !d.adminAccess {
+		return deviceError(d.device, "request %q: lending.lendWhenIdle is refused on a MIG device: MIG devices are never lent; remove it from the MIG request's config", d.request)
+	}
 	// MIG is the isolation: only MPS may run inside a MIG device, and
 	// only when a config asks for it (the node's default is for shares).
-	if source != isolationFromNode {
+	// Admin access observes the device and gets no backend.
+	if source != isolationFromNode && !d.adminAccess {
 		switch iso := cfg.Sharing.Isolation; iso {
 		case configapi.IsolationMPS:
-			if d.adminAccess {
-				return deviceError(d.device, "request %q: isolation MPS with admin access: admin access observes a MIG device, it runs no MPS daemon on it", d.request)
-			}
 			d.isolation, d.mpsDomain = iso, claim.Namespace
 		case configapi.IsolationAdvisory, "":
 		default:

@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -349,6 +353,12 @@ func TestMIGIsolationRefused(t *testing.T) {
 	claim := newClaim("uid-default", []result{whole("mig", "gpu-1-mig-2g-20gb-4")})
 	mustPrepare(t, i.Plugin, claim)
 	mustUnprepare(t, i.Plugin, claim.UID)
+	// MIG devices are never lent.
+	lend := newClaim("uid-lend", []result{whole("mig", "gpu-1-mig-2g-20gb-4")},
+		claimConfig(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","lending":{"lendWhenIdle":true}}`))
+	if r := prepare(t, i.Plugin, lend); r.Err == nil || !strings.Contains(r.Err.Error(), "MIG devices are never lent") {
+		t.Errorf("lendWhenIdle on a MIG device: %v", r.Err)
+	}
 	e.assertClean(i)
 }
 
@@ -675,4 +685,43 @@ func (f *fakePublisher) counters(t *testing.T, name string) map[string]int64 {
 	}
 	t.Fatalf("no counter set %s published", name)
 	return nil
+}
+
+// TestEnvFailpoint runs a child test process that reaches the failpoint:
+// armed, it dies of SIGKILL; with TESSERA_FAILPOINT_ONCE it dies the first
+// time only; unarmed, it runs on.
+func TestEnvFailpoint(t *testing.T) {
+	if os.Getenv("TESSERA_FAILPOINT_CHILD") == "1" {
+		envFailpoint(context.Background(), FailpointMIGAfterCreate)
+		return
+	}
+	once := filepath.Join(t.TempDir(), "fired")
+	run := func(env ...string) error {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestEnvFailpoint$")
+		cmd.Env = append(os.Environ(), append(env, "TESSERA_FAILPOINT_CHILD=1")...)
+		return cmd.Run()
+	}
+	killed := func(err error) bool {
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) {
+			return false
+		}
+		ws, ok := exit.Sys().(syscall.WaitStatus)
+		return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+	}
+	if err := run(); err != nil {
+		t.Errorf("unarmed: %v", err)
+	}
+	if err := run(FailpointEnv + "=other"); err != nil {
+		t.Errorf("another failpoint armed: %v", err)
+	}
+	if err := run(FailpointEnv + "=" + FailpointMIGAfterCreate); !killed(err) {
+		t.Errorf("armed: %v, want SIGKILL", err)
+	}
+	if err := run(FailpointEnv+"="+FailpointMIGAfterCreate, FailpointOnceEnv+"="+once); !killed(err) {
+		t.Errorf("armed once, first time: %v, want SIGKILL", err)
+	}
+	if err := run(FailpointEnv+"="+FailpointMIGAfterCreate, FailpointOnceEnv+"="+once); err != nil {
+		t.Errorf("armed once, second time: %v, want it to run on", err)
+	}
 }
