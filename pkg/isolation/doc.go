@@ -28,6 +28,19 @@
 // No list variable (CUDA_VISIBLE_DEVICES, a UUID list) is set: two devices
 // would set it to two values and the runtime keeps the last.
 //
+// A MIG device ([MIGDeviceEdits]) is named after its GPU and instances
+// instead, and never gets TESSERA_GPU_<minor> (the container does not get
+// the GPU):
+//
+//	TESSERA_MIG_<minor>_<gi>_<ci>=MIG-<uuid>
+//	TESSERA_MIG_<minor>_<gi>_<ci>_PROFILE=<profile>
+//	TESSERA_MIG_<minor>_<gi>_<ci>_CAPS=/dev/nvidia-caps/nvidia-cap<G>,/dev/nvidia-caps/nvidia-cap<C>
+//
+// Its device nodes (the parent's and the two capability nodes, made on the
+// host when missing: [DevNodes]) decide what CUDA sees. The plugin adds
+// CUDA_VISIBLE_DEVICES=<MIG UUIDs> only to a claim made of MIG devices
+// alone, with the same value on each of them.
+//
 // A GPU without a device in the NVIDIA container toolkit's CDI spec, on a
 // node whose runtime is the NVIDIA runtime in legacy mode
 // (--legacy-nvidia-runtime), gets its device nodes from [DevNodes] and a

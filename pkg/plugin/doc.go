@@ -44,6 +44,17 @@
 // such entries back at the next start and removes CDI specs that no
 // checkpoint entry owns; the kubelet's retry then prepares from scratch.
 //
+// A dynamic MIG device adds a side effect the hardware keeps: its instance.
+// The PrepareStarted entry records the intent (GPU, profile, placement)
+// before the instance is created, and the instance's IDs and MIG UUID are
+// recorded (still PrepareStarted) before the CDI spec is written. Rolling
+// back, and unpreparing, destroy the compute instance and then the GPU
+// instance, found by placement and profile (the driver reuses IDs); an
+// instance a process still runs on is not destroyed, and the entry stays
+// for a retry. At start, instances of recorded claims are adopted, and
+// instances no entry holds on dynamic-MIG GPUs are destroyed when idle, or
+// kept and reported (see mig.go).
+//
 // # Double grants
 //
 // The scheduler should never hand one GPU to two claims, but the plugin is the
