@@ -422,6 +422,8 @@ func run(ctx context.Context, f flags) error {
 	}
 	if tracker != nil {
 		inv.Taints = plugin.HealthTaints(tracker)
+		// XIDs that name one MIG device taint that device only.
+		inv.DeviceTaints = tracker.MIGTaints
 	}
 	var usage *metrics.Usage
 	if nvmlLib != nil {

@@ -74,16 +74,22 @@ func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
 	slices.SortFunc(gpus, func(a, b gpu.GPU) int { return a.Minor - b.Minor })
 
 	now := time.Now()
+	// A MIG device an XID named is unhealthy on its own (the GPU's other
+	// instances are isolated from it in hardware).
+	migStatuses := p.opts.Health.MIGDeviceStatuses(gpus, p.dynamicMIG)
 	report := kubeletplugin.DeviceHealthReport{Devices: make([]kubeletplugin.DeviceHealth, 0, 2*len(gpus))}
 	for _, g := range gpus {
 		st := p.opts.Health.Status(g.UUID)
-		h := kubeletplugin.DeviceHealth{PoolName: p.opts.NodeName, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
-		if !st.Healthy {
-			h.Health = kubeletplugin.HealthStatusUnhealthy
-			h.Message = healthMessage(st)
-		}
 		for _, name := range p.deviceNames(g) {
-			h.DeviceName = name
+			h := kubeletplugin.DeviceHealth{PoolName: p.opts.NodeName, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now}
+			ds := st
+			if ms, ok := migStatuses[name]; ok && ds.Healthy {
+				ds = ms
+			}
+			if !ds.Healthy {
+				h.Health = kubeletplugin.HealthStatusUnhealthy
+				h.Message = healthMessage(ds)
+			}
 			report.Devices = append(report.Devices, h)
 		}
 	}

@@ -86,6 +86,12 @@ type Inventory struct {
 	// Taints, when set, returns the device taints by GPU UUID (the health
 	// tracker's Taints); they go on both devices of the GPU.
 	Taints func() map[string][]resourceapi.DeviceTaint
+	// DeviceTaints, when set, returns taints by device name for the GPUs
+	// being published, whose dynamic-MIG ones dynamic names (the health
+	// tracker's MIGTaints: XIDs that name one MIG device); they are added
+	// to those devices only (health.TaintDevices). It is called after
+	// Taints, which re-reads the tracker's state.
+	DeviceTaints func(gpus []gpu.GPU, dynamic func(gpu.GPU) bool) map[string][]resourceapi.DeviceTaint
 	// Lending, when set, returns what each GPU's lending device publishes
 	// (the Lender's Lent); with it every GPU also publishes gpu-N-lent.
 	Lending func() map[string]model.Lent
@@ -126,6 +132,7 @@ type Inventory struct {
 	lent      map[string]model.Lent
 	dynamic   []string
 	held      map[string][]gpu.MIGPlacement
+	devTaints map[string][]resourceapi.DeviceTaint
 	synced    bool
 	// known are the last full descriptions of the GPUs by UUID, and uuids
 	// their UUIDs by NVML index (stable while NVML stays initialised), so
@@ -229,14 +236,22 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 		held = i.MIGHeld()
 	}
 	opts = append(opts, model.WithDynamicMIG(dynamic...), model.WithMIGHeld(held))
+	var devTaints map[string][]resourceapi.DeviceTaint
+	if i.DeviceTaints != nil {
+		devTaints = i.DeviceTaints(gpus, func(g gpu.GPU) bool { return slices.Contains(dynamic, g.UUID) })
+		if len(devTaints) == 0 {
+			devTaints = nil
+		}
+	}
 	if i.synced && reflect.DeepEqual(gpus, i.published) && reflect.DeepEqual(taints, i.taints) && reflect.DeepEqual(lent, i.lent) &&
-		slices.Equal(dynamic, i.dynamic) && reflect.DeepEqual(held, i.held) {
+		slices.Equal(dynamic, i.dynamic) && reflect.DeepEqual(held, i.held) && reflect.DeepEqual(devTaints, i.devTaints) {
 		return false, discoverErr
 	}
 	resources, err := model.Resources(i.NodeName, gpus, opts...)
 	if err != nil {
 		return false, fmt.Errorf("model of %d GPUs: %w", len(gpus), err)
 	}
+	health.TaintDevices(&resources, devTaints)
 	if err := i.Publisher.PublishResources(ctx, resources); err != nil {
 		return false, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
@@ -250,7 +265,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 			}
 		}
 	}
-	i.published, i.taints, i.lent, i.dynamic, i.held, i.synced = gpus, taints, lent, dynamic, held, true
+	i.published, i.taints, i.lent, i.dynamic, i.held, i.devTaints, i.synced = gpus, taints, lent, dynamic, held, devTaints, true
 	i.statusMu.Lock()
 	i.status.synced, i.status.published = true, countPublished(gpus)
 	i.status.mig = countMIG(gpus)

@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
@@ -723,5 +724,36 @@ func TestEnvFailpoint(t *testing.T) {
 	}
 	if err := run(FailpointEnv+"="+FailpointMIGAfterCreate, FailpointOnceEnv+"="+once); err != nil {
 		t.Errorf("armed once, second time: %v, want it to run on", err)
+	}
+}
+
+// An XID that names one MIG device taints that device only, in the
+// published slices and in the health reported to the kubelet; the GPU's
+// other MIG devices stay healthy.
+func TestMIGDeviceHealth(t *testing.T) {
+	node := migNode(t)
+	tracker := health.NewTracker(health.DefaultPolicy(), nil)
+	tracker.Observe(health.Event{UUID: gpuUUID(node, 0), Kind: health.KindXID, XID: 94,
+		MIG: &health.MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: -1}})
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1,
+		Taints: HealthTaints(tracker), DeviceTaints: tracker.MIGTaints}
+	if _, err := inv.Sync(ctxFor(t)); err != nil {
+		t.Fatal(err)
+	}
+	devs, _ := pub.devices(t)
+	if len(devs["gpu-0-mig-2-0"]) != 1 || devs["gpu-0-mig-2-0"][0].Key != health.TaintKey || len(devs["gpu-0-mig-1-0"]) != 0 || len(devs["gpu-2"]) != 0 {
+		t.Errorf("taints: gpu-0-mig-2-0 %v, gpu-0-mig-1-0 %v, gpu-2 %v", devs["gpu-0-mig-2-0"], devs["gpu-0-mig-1-0"], devs["gpu-2"])
+	}
+
+	e := newEnv(t)
+	i := e.startMIG(node, func(o *Options) { o.Health = tracker })
+	byName := map[string]kubeletplugin.HealthStatus{}
+	for _, d := range i.HealthReport().Devices {
+		byName[d.DeviceName] = d.Health
+	}
+	if byName["gpu-0-mig-2-0"] != kubeletplugin.HealthStatusUnhealthy || byName["gpu-0-mig-1-0"] != kubeletplugin.HealthStatusHealthy ||
+		byName["gpu-1-mig-1g-10gb-6"] != kubeletplugin.HealthStatusHealthy {
+		t.Errorf("health %v", byName)
 	}
 }
