@@ -221,9 +221,10 @@ func (p *Plugin) planStaticMIG(d *plannedDevice, name model.MIGDeviceName) error
 		if err != nil {
 			return deviceError(d.device, "read the GPU's MIG instances: %v", err)
 		}
-		if now.MIGEnabled && now.MIG != nil {
-			g.MIG = now.MIG
+		if !now.MIGEnabled || now.MIG == nil {
+			return deviceError(d.device, "GPU %s (index %d) is not in MIG mode now: its MIG devices are gone", g.UUID, g.Index)
 		}
+		g.MIG = now.MIG
 	}
 	gi, ci, ok := g.MIG.ComputeInstance(name.GPUInstance, name.ComputeInstance)
 	if !ok {

@@ -154,6 +154,14 @@ func TestMIGStaticGone(t *testing.T) {
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "has no compute instance 0 in GPU instance 2 now") {
 		t.Fatalf("prepare: %v", r.Err)
 	}
+	// MIG mode turned off (and the GPU reset) since discovery.
+	if err := node.SetMIG(0, false); err != nil {
+		t.Fatal(err)
+	}
+	r = prepare(t, i.Plugin, newClaim("uid-mode", []result{whole("mig", "gpu-0-mig-1-0")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "is not in MIG mode now") {
+		t.Fatalf("prepare after MIG mode went off: %v", r.Err)
+	}
 	e.assertClean(i)
 }
 
