@@ -14,7 +14,10 @@
 // so that each allocation result has its own series: a claim with two shares
 // of one GPU must not produce two series with equal labels, which would fail
 // the whole scrape. What a device holds of its GPU is counted by
-// [accounting].
+// [accounting]; a MIG device (Snapshot.MIG, built by [MIGDevices]) holds its
+// own memory and compute. MIG device series (tessera_mig_device_*) carry gpu
+// and uuid of the parent GPU and device; the claims that hold a MIG device
+// have claim series with that device.
 package metrics
 
 import (
@@ -38,6 +41,9 @@ import (
 type Snapshot struct {
 	GPUs   []GPU
 	Claims []Claim
+	// MIG are the MIG devices of the GPUs in MIG mode (MIGDevices), with
+	// the claims that hold them; Claims has the other devices.
+	MIG []MIGDevice
 }
 
 // GPU is one published GPU.
@@ -204,6 +210,7 @@ type stateCollector struct {
 	gpuInfo, gpuMemory, gpuCores, gpuAllocMemory, gpuAllocCores, gpuShares, gpuHealthy *prometheus.Desc
 	claimMemory, claimCores, claimMemoryLimit, claimCoresLimit, claimLimitEnforced     *prometheus.Desc
 	podMemory                                                                          *prometheus.Desc
+	mig                                                                                migDescs
 }
 
 // claimLabels name one allocation result of one claim, so no two series of a
@@ -214,7 +221,7 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 	c := prometheus.Labels{"node": node}
 	gpu := []string{"gpu", "uuid"}
 	const counted = " Counted: a whole GPU holds all of its memory and compute; a share holds its consumedCapacity " +
-		"(what the scheduler allocated, not its limits); admin-access devices hold nothing; shares add up."
+		"(what the scheduler allocated, not its limits); a MIG device its own memory and compute; admin-access devices hold nothing; shares add up."
 	const perResult = " One series per allocation result (request, device, share) of the claim; pod is the claim's " +
 		"reservedFor pods (comma-separated), empty when the plugin did not see the claim prepared."
 	return &stateCollector{
@@ -240,6 +247,7 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 		claimLimitEnforced: prometheus.NewDesc("tessera_claim_limit_enforced", "1 when the isolation backend of a prepared share "+
 			"enforces its limit (label limit: memory or cores), 0 when the limit is only advertised to the container (Advisory). "+
 			"The claim's status.devices[].data (GpuAttestation) says the same."+perResult, append(slices.Clone(claimLabels), "limit"), c),
+		mig: newMIGDescs(c),
 		podMemory: prometheus.NewDesc("tessera_pod_gpu_memory_used_bytes", "GPU memory used by the processes of a pod (NVML per-process accounting). "+
 			"Processes outside any known pod are summed with empty namespace and pod.", []string{"namespace", "pod", "pod_uid", "gpu", "uuid"}, c),
 	}
@@ -248,6 +256,9 @@ func newStateCollector(node string, src Source, usage *Usage) *stateCollector {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.gpuInfo, c.gpuMemory, c.gpuCores, c.gpuAllocMemory, c.gpuAllocCores,
 		c.gpuShares, c.gpuHealthy, c.claimMemory, c.claimCores, c.claimMemoryLimit, c.claimCoresLimit, c.claimLimitEnforced, c.podMemory} {
+		ch <- d
+	}
+	for _, d := range c.mig.all() {
 		ch <- d
 	}
 }
@@ -311,6 +322,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+	heldMIG, migClaims := c.mig.collect(ch, snap.MIG)
+	for _, m := range migClaims {
+		key := strings.Join(m.labels, "\x00")
+		v := series[key]
+		if v == nil {
+			v = &claimValues{labels: m.labels}
+			series[key] = v
+			order = append(order, key)
+		}
+		v.memory += m.memory
+		v.cores += m.cores
+	}
 	for _, key := range order {
 		v := series[key]
 		gauge(ch, c.claimMemory, float64(v.memory), v.labels...)
@@ -327,6 +350,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range snap.GPUs {
 		labels := []string{"gpu-" + strconv.Itoa(g.Minor), g.UUID}
 		a := allocated[accounting.GPU{Minor: g.Minor}]
+		a.MemoryBytes += heldMIG[g.Minor][0]
+		a.Cores += heldMIG[g.Minor][1]
 		gauge(ch, c.gpuInfo, 1, append(labels, g.ProductName)...)
 		gauge(ch, c.gpuMemory, float64(g.MemoryBytes), labels...)
 		gauge(ch, c.gpuCores, model.CoresPerGPU, labels...)
