@@ -15,8 +15,10 @@ func newStatusCommand() *cobra.Command {
 		Use:   "status [--node NAME] [-o table|json|yaml]",
 		Short: "Show every GPU Tessera publishes: memory and cores held, holders (pod, claim), health",
 		Long: `Show, per node and GPU, the model, how much memory and compute claims hold out of
-the total, which pods and claims hold it, and whether it is healthy. Reads the
-ResourceSlices of gpu.tessera.dev and all ResourceClaims (needs list on both).`,
+the total, which pods and claims hold it, and whether it is healthy. A GPU in MIG
+mode shows its MIG devices (every static instance, the held placements of a
+dynamic-MIG GPU), each with its holders and health. Reads the ResourceSlices of
+gpu.tessera.dev and all ResourceClaims (needs list on both).`,
 		Example: `  tessera status
   tessera status --node gpu-node-1 -o yaml`,
 		Args: cobra.NoArgs,

@@ -28,7 +28,9 @@ allocator refuses, it says per GPU what fails: memory or cores short by how much
 and which claims hold them, the whole GPU blocked by shares, a device taint
 (unhealthy, not lent, or added by a DeviceTaintRule such as a locality fence,
 named by the rule), a CEL selector that is false, too few GPUs in one NVLink
-domain. Each node ends with what would fit there now.
+domain. For a MIG request it names the memory slices, compute slices and engines
+a placement needs and which claims hold them. Each node ends with what would fit
+there now (the largest share, free whole GPUs, free MIG profiles).
 
 A pod's claims are its spec.resourceClaims (a template's claim as the pod's
 status names it) and, for tessera.dev/gpu in its containers' resources, the
