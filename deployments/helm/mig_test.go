@@ -24,12 +24,24 @@ func TestDynamicMIG(t *testing.T) {
 	if v, _ := flagValue(plugin.Args, "dynamic-mig"); v != "all" {
 		t.Errorf("--dynamic-mig=%q", v)
 	}
-	if v, _ := flagValue(plugin.Args, "mock-mig-state-file"); !strings.HasPrefix(v, "/var/lib/kubelet/plugins/") || !strings.HasSuffix(v, "/mock-mig-state.json") {
-		t.Errorf("--mock-mig-state-file=%q, want it in the plugin data directory", v)
+	if v, _ := flagValue(plugin.Args, "mock-mig-state-file"); !strings.HasPrefix(v, "/var/lib/kubelet/plugins/") || !strings.HasSuffix(v, "/mock-mig-state-hgx-h100-mig.json") {
+		t.Errorf("--mock-mig-state-file=%q, want the profile's file in the plugin data directory", v)
 	}
 	for _, bad := range []string{"gpu3", "-1", "01"} {
 		if _, err := helm(t, "template", "tessera", chartDir, "--kube-version", kubeVersion, "--set", "kubeletPlugin.dynamicMIG={"+bad+"}"); err == nil {
 			t.Errorf("dynamicMIG {%s} accepted", bad)
 		}
+	}
+}
+
+// TestExtraEnv: kubeletPlugin.extraEnv reaches the plugin container before
+// the chart's own variables, which therefore win over a duplicate.
+func TestExtraEnv(t *testing.T) {
+	_, plugin := pluginDaemonSet(t, "--set", "kubeletPlugin.extraEnv[0].name=HTTPS_PROXY", "--set", "kubeletPlugin.extraEnv[0].value=http://proxy:3128")
+	if len(plugin.Env) < 2 || plugin.Env[0].Name != "HTTPS_PROXY" || plugin.Env[0].Value != "http://proxy:3128" {
+		t.Fatalf("env %+v, want HTTPS_PROXY first", plugin.Env)
+	}
+	if _, err := helm(t, "template", "tessera", chartDir, "--kube-version", kubeVersion, "--set", "kubeletPlugin.extraEnv[0].value=x"); err == nil {
+		t.Error("an extraEnv entry without a name was accepted")
 	}
 }

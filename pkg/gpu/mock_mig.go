@@ -804,7 +804,10 @@ func (n *MockNode) MIGStateError() error {
 
 // The MIG state file.
 type mockMIGFile struct {
-	Version int                       `json:"version"`
+	Version int `json:"version"`
+	// Profile is the mock node profile the state belongs to: another
+	// profile's GPUs are other GPUs.
+	Profile string                    `json:"profile"`
 	GPUs    map[string]mockMIGFileGPU `json:"gpus"`
 }
 
@@ -841,7 +844,7 @@ func (n *MockNode) writeMIGState() error {
 	if n.migFile == "" {
 		return nil
 	}
-	f := mockMIGFile{Version: mockMIGFileVersion, GPUs: map[string]mockMIGFileGPU{}}
+	f := mockMIGFile{Version: mockMIGFileVersion, Profile: n.Profile, GPUs: map[string]mockMIGFileGPU{}}
 	for i, s := range n.state.mig {
 		if s.table == nil {
 			continue
@@ -905,6 +908,9 @@ func (n *MockNode) loadMIGState() (bool, error) {
 	}
 	if f.Version != mockMIGFileVersion {
 		return false, fmt.Errorf("%s: version %d, want %d", n.migFile, f.Version, mockMIGFileVersion)
+	}
+	if f.Profile != n.Profile {
+		return false, fmt.Errorf("%s: the MIG state of mock profile %q, not of %s: give each profile a state file of its own", n.migFile, f.Profile, n.Profile)
 	}
 	n.state.mu.Lock()
 	defer n.state.mu.Unlock()
