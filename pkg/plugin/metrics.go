@@ -108,6 +108,14 @@ func (p *Plugin) MetricsSnapshot() metrics.Snapshot {
 		}
 		snap.Claims = append(snap.Claims, mc)
 	}
+	gpus := p.inventory()
+	unhealthy := map[string]string{}
+	if p.opts.Health != nil {
+		for device, st := range p.opts.Health.MIGDeviceStatuses(gpus, p.dynamicMIG) {
+			unhealthy[device] = string(st.Effect)
+		}
+	}
+	snap.MIG = metrics.MIGDevices(gpus, p.dynamicMIG, p.opts.Store.List(), pods, unhealthy)
 	return snap
 }
 

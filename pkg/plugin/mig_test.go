@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -763,5 +764,34 @@ func TestMIGDeviceHealth(t *testing.T) {
 	if byName["gpu-0-mig-2-0"] != kubeletplugin.HealthStatusUnhealthy || byName["gpu-0-mig-1-0"] != kubeletplugin.HealthStatusHealthy ||
 		byName["gpu-1-mig-1g-10gb-6"] != kubeletplugin.HealthStatusHealthy {
 		t.Errorf("health %v", byName)
+	}
+}
+
+// The metrics snapshot lists the MIG devices: the static instances of GPU 0
+// and the placement a claim holds on dynamic GPU 1, with its holder.
+func TestMIGMetricsSnapshot(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-dyn", []result{whole("mig", "gpu-1-mig-3g-40gb-4")})
+	mustPrepare(t, i.Plugin, claim)
+	byDevice := map[string]metrics.MIGDevice{}
+	for _, d := range i.MetricsSnapshot().MIG {
+		byDevice[d.Device] = d
+	}
+	held, ok := byDevice["gpu-1-mig-3g-40gb-4"]
+	if !ok || !held.Dynamic || held.UUID == "" || len(held.Holders) != 1 || held.Holders[0].UID != claim.UID {
+		t.Errorf("held placement %+v (found %v), want it dynamic with its UUID and the claim as holder", held, ok)
+	}
+	static := 0
+	for name, d := range byDevice {
+		if d.Minor == 0 && !d.Dynamic {
+			static++
+		} else if name != "gpu-1-mig-3g-40gb-4" {
+			t.Errorf("unexpected MIG device %s: %+v", name, d)
+		}
+	}
+	if static != 2 {
+		t.Errorf("%d static devices of GPU 0, want its 2 instances: %v", static, byDevice)
 	}
 }
