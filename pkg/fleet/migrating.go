@@ -108,9 +108,9 @@ func newFluidPlacer(f Fleet, jobs []Job) (*fluidPlacer, error) {
 
 func (p *fluidPlacer) place(_ context.Context, j *Job) (placement, bool, error) {
 	var sum request
-	for _, r := range items(j, p.model) {
-		sum.mem += r.mem
-		sum.cores += r.cores
+	if n := int64(j.gpuCount()); n > 0 {
+		r := requestOn(j, p.model)
+		sum = request{n * r.mem, n * r.cores}
 	}
 	if sum.mem > p.mem || sum.cores > p.cores {
 		return placement{}, false, nil
@@ -581,12 +581,25 @@ func (p *oraclePlacer) place(_ context.Context, j *Job) (placement, bool, error)
 	}
 	best := -1
 	var bestFree float64
-	for g := range p.mem {
-		m := p.model[g]
-		if !allowed(j.Models, m) || !room(p.node[g]) {
-			continue
+	// The request on each GPU model, formed once for this attempt.
+	var models []GPUModel
+	var reqs []request
+	requestFor := func(m GPUModel) request {
+		for k := range models {
+			if models[k].Name == m.Name {
+				return reqs[k]
+			}
 		}
 		r := requestOn(j, m)
+		models, reqs = append(models, m), append(reqs, r)
+		return r
+	}
+	for g := range p.mem {
+		m := p.model[g]
+		if !room(p.node[g]) || !allowed(j.Models, m) {
+			continue
+		}
+		r := requestFor(m)
 		if p.mem[g] < r.mem || p.cores[g] < r.cores {
 			continue
 		}
@@ -601,7 +614,7 @@ func (p *oraclePlacer) place(_ context.Context, j *Job) (placement, bool, error)
 	if best < 0 {
 		return placement{}, false, nil
 	}
-	r := requestOn(j, p.model[best])
+	r := requestFor(p.model[best])
 	p.mem[best] -= r.mem
 	p.cores[best] -= r.cores
 	n := p.node[best]

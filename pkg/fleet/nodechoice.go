@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -308,8 +307,8 @@ func (p *allocatorPlacer) claim(j *Job) (*resourceapi.ResourceClaim, error) {
 	return c, nil
 }
 
-// allocate runs the allocator for j on node i; nil results: it does not fit.
-func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job) ([]resourceapi.DeviceRequestAllocationResult, error) {
+// allocate runs the allocator for j (of size key) on node i; nil results: it does not fit.
+func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job, key size) ([]resourceapi.DeviceRequestAllocationResult, error) {
 	n := p.nodes[i]
 	if n.alloc == nil {
 		a, err := structured.NewAllocator(ctx, model.SchedulerFeatures, n.state, p.classes, n.slices, p.cel)
@@ -327,7 +326,6 @@ func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job) ([]resour
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.node.Name, err)
 	}
-	key := p.model.sizeKey(j)
 	if len(res) == 0 {
 		n.refused = append(n.refused, key)
 		return nil, nil
@@ -339,17 +337,23 @@ func (p *allocatorPlacer) allocate(ctx context.Context, i int, j *Job) ([]resour
 	return res[0].Devices.Results, nil
 }
 
+// attempt is what one placement attempt of a job computes once for every node.
+type attempt struct {
+	key size
+	req podRequests
+}
+
 // fits says whether j fits on node i, from the known answers when there is one.
-func (p *allocatorPlacer) fits(ctx context.Context, i int, j *Job) (bool, []resourceapi.DeviceRequestAllocationResult, error) {
+func (p *allocatorPlacer) fits(ctx context.Context, i int, j *Job, a attempt) (bool, []resourceapi.DeviceRequestAllocationResult, error) {
 	n := p.nodes[i]
-	if !n.load.room(p.opt.Scoring.requestsOf(j), p.maxPods) {
+	if !n.load.room(a.req, p.maxPods) {
 		return false, nil, nil
 	}
 	if j.CPUOnly {
 		return true, nil, nil
 	}
+	key := a.key
 	if !p.opt.AlwaysAsk {
-		key := p.model.sizeKey(j)
 		for _, r := range n.refused {
 			if r.le(key) {
 				return false, nil, nil
@@ -361,7 +365,7 @@ func (p *allocatorPlacer) fits(ctx context.Context, i int, j *Job) (bool, []reso
 			}
 		}
 	}
-	res, err := p.allocate(ctx, i, j)
+	res, err := p.allocate(ctx, i, j, key)
 	return res != nil, res, err
 }
 
@@ -386,16 +390,17 @@ func (p *allocatorPlacer) draScore(i int, j *Job) int64 {
 
 func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, error) {
 	n := len(p.nodes)
+	a := attempt{key: p.model.sizeKey(j), req: p.opt.Scoring.requestsOf(j)}
 	if p.opt.NodeChoice == ChoiceFirst {
 		for i := range n {
-			ok, res, err := p.fits(ctx, i, j)
+			ok, res, err := p.fits(ctx, i, j, a)
 			if err != nil || !ok {
 				if err != nil {
 					return placement{}, false, err
 				}
 				continue
 			}
-			return p.commit(ctx, i, j, res)
+			return p.commit(ctx, i, j, a, res)
 		}
 		return placement{}, false, nil
 	}
@@ -403,20 +408,24 @@ func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, e
 	toFind := int(numFeasibleNodesToFind(p.opt.Scoring.PercentageOfNodesToScore, int32(n)))
 	var feasible scoreHeap
 	var dra []int64
+	var top int64
 	results := map[int][]resourceapi.DeviceRequestAllocationResult{}
 	processed := 0
-	req := p.opt.Scoring.requestsOf(j)
 	for k := 0; k < n && len(feasible) < toFind; k++ {
 		i := (p.nextStart + k) % n
 		processed++
-		ok, res, err := p.fits(ctx, i, j)
+		ok, res, err := p.fits(ctx, i, j, a)
 		if err != nil {
 			return placement{}, false, err
 		}
 		if ok {
-			feasible = append(feasible, scoredNode{node: i, score: p.nodes[i].load.score(req)})
-			dra = append(dra, p.draScore(i, j))
-			results[i] = res
+			feasible = append(feasible, scoredNode{node: i, score: p.nodes[i].load.score(a.req)})
+			d := p.draScore(i, j)
+			dra = append(dra, d)
+			top = max(top, d)
+			if res != nil {
+				results[i] = res
+			}
 		}
 	}
 	p.nextStart = (p.nextStart + processed) % n
@@ -425,22 +434,22 @@ func (p *allocatorPlacer) place(ctx context.Context, j *Job) (placement, bool, e
 	}
 	// DynamicResources' NormalizeScore: DefaultNormalizeScore to 0..100 over
 	// the feasible nodes, weight 1.
-	if top := slices.Max(dra); top > 0 {
+	if top > 0 {
 		for k := range feasible {
 			feasible[k].score += maxNodeScore * dra[k] / top
 		}
 	}
 	i := popBest(feasible)
-	return p.commit(ctx, i, j, results[i])
+	return p.commit(ctx, i, j, a, results[i])
 }
 
 // commit records j on node i with res, allocating first when the fit was known
 // without a call.
-func (p *allocatorPlacer) commit(ctx context.Context, i int, j *Job, res []resourceapi.DeviceRequestAllocationResult) (placement, bool, error) {
+func (p *allocatorPlacer) commit(ctx context.Context, i int, j *Job, a attempt, res []resourceapi.DeviceRequestAllocationResult) (placement, bool, error) {
 	n := p.nodes[i]
 	if res == nil && !j.CPUOnly {
 		var err error
-		if res, err = p.allocate(ctx, i, j); err != nil {
+		if res, err = p.allocate(ctx, i, j, a.key); err != nil {
 			return placement{}, false, err
 		}
 		if res == nil {
@@ -459,7 +468,7 @@ func (p *allocatorPlacer) commit(ctx context.Context, i int, j *Job, res []resou
 		commit(n.state, res)
 		n.changed()
 	}
-	n.load.add(p.opt.Scoring.requestsOf(j), 1)
+	n.load.add(a.req, 1)
 	delete(p.claims, j.ID)
 	return pl, true, nil
 }
