@@ -56,10 +56,14 @@ import (
 //     and the smaller ones go-nvml's dgxa100 mock lists; a compute instance
 //     smaller than its GPU instance gets that share of its SMs (assumed).
 //   - Each compute instance is a MIG device (nvmlDeviceGetMigDeviceHandleByIndex,
-//     in GPU-instance then compute-instance ID order) with a "MIG-…" UUID
-//     derived from the GPU's UUID and the two IDs, so an instance re-created
-//     at the same place has the same UUID (assumed), the profile's memory
-//     and the compute instance's SMs.
+//     in GPU-instance then compute-instance ID order) with the profile's
+//     memory, the compute instance's SMs and a "MIG-…" UUID of its own: a
+//     hash of the GPU's UUID and a serial number the GPU counts up for every
+//     compute instance created (kept in the state file), so an instance
+//     destroyed and re-created at the same place, with the same IDs, gets a
+//     fresh UUID, as a real driver gives one per creation. Compute instances
+//     of a state file written before serials get the UUID of that older
+//     mock: a hash of the GPU's UUID and the two IDs.
 //
 // With MockOptions.MIGStateFile the modes and instances are kept in a JSON
 // file, written atomically on every change and read by the next MockNode,
@@ -81,6 +85,16 @@ type mockMIGGPU struct {
 	current   bool
 	pending   bool
 	instances []*mockGI // ascending ID
+	// serial is the serial number of the latest compute instance created
+	// on the GPU (0: none yet); each new one gets the next.
+	serial uint64
+}
+
+// nextSerial is the serial number of a compute instance created now. Call
+// it with the lock held.
+func (s *mockMIGGPU) nextSerial() uint64 {
+	s.serial++
+	return s.serial
 }
 
 // mockGI is one GPU instance.
@@ -103,6 +117,9 @@ type mockCI struct {
 	gi     *mockGI
 	slices uint32 // compute slices
 	start  uint32
+	// serial numbers the compute instance among all its GPU has had
+	// (mockMIGUUID); 0 for one read from a state file without serials.
+	serial uint64
 	procs  []nvml.ProcessInfo
 	handle *mock.ComputeInstance
 	device *mock.Device
@@ -592,6 +609,7 @@ func (n *MockNode) giHandle(i int, s *mockMIGGPU, gi *mockGI) *mock.GpuInstance 
 		if ret != nvml.SUCCESS {
 			return nil, ret
 		}
+		ci.serial = s.nextSerial()
 		if ret := n.commit(func() { gi.removeCI(ci) }); ret != nvml.SUCCESS {
 			return nil, ret
 		}
@@ -674,10 +692,16 @@ func (n *MockNode) ciHandle(i int, s *mockMIGGPU, ci *mockCI) *mock.ComputeInsta
 	return h
 }
 
-// mockMIGUUID is the UUID of the MIG device of compute instance ci of GPU
-// instance gi on the GPU with this UUID.
-func mockMIGUUID(parent string, gi, ci int) string {
-	sum := sha256.Sum256(fmt.Appendf(nil, "tessera-mock-mig/%s/%d/%d", parent, gi, ci))
+// mockMIGUUID is the UUID of the MIG device of ci on the GPU with this
+// UUID: from its serial number, unique among all compute instances the GPU
+// has had, or (serial 0, a state file without serials) from its IDs.
+func mockMIGUUID(parent string, ci *mockCI) string {
+	var sum [sha256.Size]byte
+	if ci.serial > 0 {
+		sum = sha256.Sum256(fmt.Appendf(nil, "tessera-mock-mig/%s/serial/%d", parent, ci.serial))
+	} else {
+		sum = sha256.Sum256(fmt.Appendf(nil, "tessera-mock-mig/%s/%d/%d", parent, ci.gi.id, ci.id))
+	}
 	b := sum[:16]
 	b[6] = b[6]&0x0f | 0x50
 	b[8] = b[8]&0x3f | 0x80
@@ -715,7 +739,7 @@ func (n *MockNode) migDevice(i int, ci *mockCI) *mock.Device {
 	d.GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 	d.GetUUIDFunc = func() (string, nvml.Return) {
 		var uuid string
-		ret := read(func() { uuid = mockMIGUUID(parentUUID, ci.gi.id, ci.id) })
+		ret := read(func() { uuid = mockMIGUUID(parentUUID, ci) })
 		return uuid, ret
 	}
 	d.GetNameFunc = func() (string, nvml.Return) {
@@ -812,8 +836,11 @@ type mockMIGFile struct {
 }
 
 type mockMIGFileGPU struct {
-	Current   bool            `json:"current"`
-	Pending   bool            `json:"pending"`
+	Current bool `json:"current"`
+	Pending bool `json:"pending"`
+	// Serial is the serial number of the latest compute instance created
+	// on the GPU (files written before serials have none).
+	Serial    uint64          `json:"serial,omitempty"`
 	Instances []mockMIGFileGI `json:"instances,omitempty"`
 }
 
@@ -825,9 +852,12 @@ type mockMIGFileGI struct {
 }
 
 type mockMIGFileCI struct {
-	ID        int                  `json:"id"`
-	Slices    uint32               `json:"slices"`
-	Start     uint32               `json:"start"`
+	ID     int    `json:"id"`
+	Slices uint32 `json:"slices"`
+	Start  uint32 `json:"start"`
+	// Serial gives the MIG device its UUID (mockMIGUUID); 0 in files
+	// written before serials.
+	Serial    uint64               `json:"serial,omitempty"`
 	Processes []mockMIGFileProcess `json:"processes,omitempty"`
 }
 
@@ -849,11 +879,11 @@ func (n *MockNode) writeMIGState() error {
 		if s.table == nil {
 			continue
 		}
-		g := mockMIGFileGPU{Current: s.current, Pending: s.pending}
+		g := mockMIGFileGPU{Current: s.current, Pending: s.pending, Serial: s.serial}
 		for _, gi := range s.instances {
 			fg := mockMIGFileGI{ID: gi.id, ProfileID: gi.profile.id, Start: gi.start}
 			for _, ci := range gi.cis {
-				fc := mockMIGFileCI{ID: ci.id, Slices: ci.slices, Start: ci.start}
+				fc := mockMIGFileCI{ID: ci.id, Slices: ci.slices, Start: ci.start, Serial: ci.serial}
 				for _, p := range ci.procs {
 					fc.Processes = append(fc.Processes, mockMIGFileProcess{PID: p.Pid, Memory: p.UsedGpuMemory})
 				}
@@ -920,7 +950,7 @@ func (n *MockNode) loadMIGState() (bool, error) {
 		if err != nil || s == nil || s.table == nil {
 			return false, fmt.Errorf("%s: GPU %q: no MIG GPU with that index on mock node %s", n.migFile, key, n.Profile)
 		}
-		s.current, s.pending, s.instances = g.Current, g.Pending, nil
+		s.current, s.pending, s.instances, s.serial = g.Current, g.Pending, nil, g.Serial
 		for _, fg := range g.Instances {
 			prof, ok := s.table.byID(fg.ProfileID)
 			if !ok {
@@ -939,7 +969,11 @@ func (n *MockNode) loadMIGState() (bool, error) {
 					slices.ContainsFunc(gi.cis, func(ci *mockCI) bool { return ci.id == fc.ID }) {
 					return false, fmt.Errorf("%s: GPU %d: GPU instance %d: compute instance %d (%d slices at %d) is not valid", n.migFile, i, gi.id, fc.ID, fc.Slices, fc.Start)
 				}
-				ci := &mockCI{id: fc.ID, gi: gi, slices: fc.Slices, start: fc.Start}
+				if fc.Serial > 0 && slices.ContainsFunc(s.computeInstances(), func(ci *mockCI) bool { return ci.serial == fc.Serial }) {
+					return false, fmt.Errorf("%s: GPU %d: GPU instance %d: compute instance %d: serial %d is another compute instance's", n.migFile, i, gi.id, fc.ID, fc.Serial)
+				}
+				ci := &mockCI{id: fc.ID, gi: gi, slices: fc.Slices, start: fc.Start, serial: fc.Serial}
+				s.serial = max(s.serial, fc.Serial)
 				for _, p := range fc.Processes {
 					ci.procs = append(ci.procs, nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.Memory, GpuInstanceId: uint32(gi.id), ComputeInstanceId: uint32(fc.ID)})
 				}
@@ -976,10 +1010,12 @@ func (n *MockNode) initMIG(p mockProfile, opts MockOptions) error {
 				n.state.mu.Unlock()
 				return fmt.Errorf("mock profile %s: GPU %d: %s at %d: %v", n.Profile, i, st.profile, st.start, ret)
 			}
-			if _, ret := gi.createCI(prof.slices); ret != nvml.SUCCESS {
+			ci, ret := gi.createCI(prof.slices)
+			if ret != nvml.SUCCESS {
 				n.state.mu.Unlock()
 				return fmt.Errorf("mock profile %s: GPU %d: compute instance of %s: %v", n.Profile, i, st.profile, ret)
 			}
+			ci.serial = s.nextSerial()
 		}
 	}
 	n.state.mu.Unlock()

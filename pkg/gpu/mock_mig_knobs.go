@@ -122,24 +122,9 @@ func markGone(gis []*mockGI) {
 // instance), and returns their IDs. start -1 lets the driver place it. The
 // driver's rules apply (see mock_mig.go); a refusal names its NVML return.
 func (n *MockNode) CreateMIGInstance(i int, profile string, start int) (gi, ci int, err error) {
-	s, err := n.migGPU(i)
+	h, prof, err := n.createMIGGPUInstance(i, profile, start)
 	if err != nil {
 		return 0, 0, err
-	}
-	prof, ok := s.table.byName(profile)
-	if !ok {
-		return 0, 0, fmt.Errorf("mock node %s: GPU %d has no MIG profile %q", n.Profile, i, profile)
-	}
-	info := prof.info()
-	var h nvml.GpuInstance
-	var ret nvml.Return
-	if start < 0 {
-		h, ret = n.Devices[i].CreateGpuInstance(&info)
-	} else {
-		h, ret = n.Devices[i].CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: prof.size})
-	}
-	if ret != nvml.SUCCESS {
-		return 0, 0, fmt.Errorf("mock node %s: GPU %d: creating %s at %d: %w", n.Profile, i, profile, start, ret)
 	}
 	ciInfo, ret := h.GetComputeInstanceProfileInfo(mockCIProfileIndex[prof.slices], nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 	if ret != nvml.SUCCESS {
@@ -152,6 +137,70 @@ func (n *MockNode) CreateMIGInstance(i int, profile string, start int) (gi, ci i
 	giInfo, _ := h.GetInfo()
 	cInfo, _ := c.GetInfo()
 	return int(giInfo.Id), int(cInfo.Id), nil
+}
+
+// CreateMIGGPUInstance creates a GPU instance of profile at memory slice
+// start on GPU i (-1: the driver places it) without a compute instance, as
+// nvidia-smi mig -cgi <profile> without -C would, and returns its ID; add
+// compute instances with CreateMIGComputeInstance.
+func (n *MockNode) CreateMIGGPUInstance(i int, profile string, start int) (int, error) {
+	h, _, err := n.createMIGGPUInstance(i, profile, start)
+	if err != nil {
+		return 0, err
+	}
+	info, _ := h.GetInfo()
+	return int(info.Id), nil
+}
+
+func (n *MockNode) createMIGGPUInstance(i int, profile string, start int) (nvml.GpuInstance, *mockMIGProfile, error) {
+	s, err := n.migGPU(i)
+	if err != nil {
+		return nil, nil, err
+	}
+	prof, ok := s.table.byName(profile)
+	if !ok {
+		return nil, nil, fmt.Errorf("mock node %s: GPU %d has no MIG profile %q", n.Profile, i, profile)
+	}
+	info := prof.info()
+	var h nvml.GpuInstance
+	var ret nvml.Return
+	if start < 0 {
+		h, ret = n.Devices[i].CreateGpuInstance(&info)
+	} else {
+		h, ret = n.Devices[i].CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(start), Size: prof.size})
+	}
+	if ret != nvml.SUCCESS {
+		return nil, nil, fmt.Errorf("mock node %s: GPU %d: creating %s at %d: %w", n.Profile, i, profile, start, ret)
+	}
+	return h, prof, nil
+}
+
+// CreateMIGComputeInstance adds a compute instance of slices compute slices
+// to GPU instance gi of GPU i, as nvidia-smi mig -cci <profile> -gi <gi>
+// would (an admin splitting a GPU instance: 1c.3g.40gb), and returns its ID.
+// The driver's rules apply (see mock_mig.go).
+func (n *MockNode) CreateMIGComputeInstance(i, gi, slices int) (int, error) {
+	if _, err := n.migGPU(i); err != nil {
+		return 0, err
+	}
+	h, ret := n.Devices[i].GetGpuInstanceById(gi)
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("mock node %s: GPU %d: GPU instance %d: %w", n.Profile, i, gi, ret)
+	}
+	index, ok := mockCIProfileIndex[uint32(max(slices, 0))]
+	if !ok {
+		return 0, fmt.Errorf("mock node %s: no compute-instance profile of %d slices", n.Profile, slices)
+	}
+	info, ret := h.GetComputeInstanceProfileInfo(index, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("mock node %s: GPU %d: GPU instance %d: compute instance profile of %d slices: %w", n.Profile, i, gi, slices, ret)
+	}
+	c, ret := h.CreateComputeInstance(&info)
+	if ret != nvml.SUCCESS {
+		return 0, fmt.Errorf("mock node %s: GPU %d: GPU instance %d: compute instance of %d slices: %w", n.Profile, i, gi, slices, ret)
+	}
+	cInfo, _ := c.GetInfo()
+	return int(cInfo.Id), nil
 }
 
 // DestroyMIGInstance destroys GPU instance gi of GPU i and its compute

@@ -497,3 +497,100 @@ func TestMockMIGMinors(t *testing.T) {
 		t.Error("the mock node's mig-minors is not the driver's numbering")
 	}
 }
+
+// migUUIDAt is the MIG UUID of the first compute instance of the GPU
+// instance at memory slice start of GPU i, as discovery reads it.
+func migUUIDAt(t *testing.T, node *MockNode, i, start int) string {
+	t.Helper()
+	for _, in := range mustDiscover(t, node)[i].MIG.Instances {
+		if in.Placement.Start == start && len(in.ComputeInstances) > 0 {
+			return in.ComputeInstances[0].UUID
+		}
+	}
+	t.Fatalf("GPU %d: no instance at %d", i, start)
+	return ""
+}
+
+// Every compute instance created gets a MIG UUID of its own, as a real
+// driver gives one per creation: destroyed and re-created at the same
+// placement with the same IDs, it has a new one; the state file keeps the
+// count, so a restored node does not hand out an old UUID again. A state
+// file written before serials keeps the UUIDs of that older mock.
+func TestMockMIGFreshUUIDs(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "mig.json")
+	node, err := NewMockNodeWith("hgx-h100-mig", MockOptions{MIGStateFile: file})
+	must(t, err)
+	staticUUID := migUUIDAt(t, node, 0, 4)
+	gi, ci, err := node.CreateMIGInstance(1, "1g.10gb", 6)
+	must(t, err)
+	first := migUUIDAt(t, node, 1, 6)
+	must(t, node.DestroyMIGInstance(1, gi))
+	gi2, ci2, err := node.CreateMIGInstance(1, "1g.10gb", 6)
+	must(t, err)
+	second := migUUIDAt(t, node, 1, 6)
+	if gi2 != gi || ci2 != ci {
+		t.Fatalf("re-created with IDs %d/%d, want the freed %d/%d", gi2, ci2, gi, ci)
+	}
+	if second == first || !strings.HasPrefix(second, "MIG-") {
+		t.Errorf("re-created instance has UUID %s, the destroyed one had %s: want a fresh one", second, first)
+	}
+	// Restored from the file: the same UUIDs, and the next create is fresh.
+	again, err := NewMockNodeWith("hgx-h100-mig", MockOptions{MIGStateFile: file})
+	must(t, err)
+	if got := migUUIDAt(t, again, 1, 6); got != second {
+		t.Errorf("restored UUID %s, want %s", got, second)
+	}
+	if got := migUUIDAt(t, again, 0, 4); got != staticUUID {
+		t.Errorf("restored static UUID %s, want %s", got, staticUUID)
+	}
+	must(t, again.DestroyMIGInstance(1, gi))
+	_, _, err = again.CreateMIGInstance(1, "1g.10gb", 6)
+	must(t, err)
+	if third := migUUIDAt(t, again, 1, 6); third == first || third == second {
+		t.Errorf("after restore the re-created instance has an earlier UUID again: %s (earlier %s, %s)", third, first, second)
+	}
+	// A file without serials (written by the older mock): UUIDs from the IDs.
+	old := filepath.Join(t.TempDir(), "old.json")
+	must(t, os.WriteFile(old, []byte(`{"version": 1, "profile": "hgx-h100-mig", "gpus": {"0": {"current": true, "pending": true, "instances": [
+		{"id": 1, "profileID": 5, "start": 0, "computeInstances": [{"id": 0, "slices": 4, "start": 0}]}]}}}`), 0o644))
+	legacy, err := NewMockNodeWith("hgx-h100-mig", MockOptions{MIGStateFile: old})
+	must(t, err)
+	parent, _ := legacy.Devices[0].GetUUID()
+	if got, want := migUUIDAt(t, legacy, 0, 0), mockMIGUUID(parent, &mockCI{id: 0, gi: &mockGI{id: 1}}); got != want {
+		t.Errorf("UUID from a file without serials %s, want the IDs' %s", got, want)
+	}
+	// A serial two compute instances claim is refused.
+	dup := filepath.Join(t.TempDir(), "dup.json")
+	must(t, os.WriteFile(dup, []byte(`{"version": 1, "profile": "hgx-h100-mig", "gpus": {"0": {"current": true, "pending": true, "instances": [
+		{"id": 1, "profileID": 5, "start": 0, "computeInstances": [{"id": 0, "slices": 4, "start": 0, "serial": 3}]},
+		{"id": 2, "profileID": 9, "start": 4, "computeInstances": [{"id": 0, "slices": 3, "start": 0, "serial": 3}]}]}}}`), 0o644))
+	if _, err := NewMockNodeWith("hgx-h100-mig", MockOptions{MIGStateFile: dup}); err == nil || !strings.Contains(err.Error(), "serial 3") {
+		t.Errorf("duplicate serial: %v", err)
+	}
+}
+
+// An admin's split GPU instance (a 3g.40gb with a 2-slice and a 1-slice
+// compute instance: 2c.3g.40gb and 1c.3g.40gb): each compute instance is a
+// MIG device of its own with its own UUID; a third does not fit.
+func TestMockMIGCreateComputeInstance(t *testing.T) {
+	node := mustMockNode(t, "hgx-h100-mig")
+	gi, err := node.CreateMIGGPUInstance(1, "3g.40gb", 4)
+	must(t, err)
+	if g := mustDiscover(t, node)[1]; len(g.MIG.Instances) != 1 || len(g.MIG.Instances[0].ComputeInstances) != 0 {
+		t.Fatalf("GPU instance without compute instances: %+v", g.MIG.Instances)
+	}
+	two, err := node.CreateMIGComputeInstance(1, gi, 2)
+	must(t, err)
+	one, err := node.CreateMIGComputeInstance(1, gi, 1)
+	must(t, err)
+	if _, err := node.CreateMIGComputeInstance(1, gi, 1); !errors.Is(err, nvml.ERROR_INSUFFICIENT_RESOURCES) {
+		t.Errorf("a third compute instance: %v, want INSUFFICIENT_RESOURCES", err)
+	}
+	if _, err := node.CreateMIGComputeInstance(1, 9, 1); err == nil {
+		t.Errorf("compute instance in a GPU instance that does not exist: no error")
+	}
+	cis := mustDiscover(t, node)[1].MIG.Instances[0].ComputeInstances
+	if len(cis) != 2 || cis[0].ID != two || cis[1].ID != one || cis[0].UUID == cis[1].UUID || cis[0].Multiprocessors <= cis[1].Multiprocessors {
+		t.Errorf("compute instances %+v", cis)
+	}
+}
