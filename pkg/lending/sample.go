@@ -33,6 +33,15 @@ type Sample struct {
 	// FreeMemory is the GPU's free memory (nvmlDeviceGetMemoryInfo); 0 when
 	// unknown.
 	FreeMemory int64
+	// Utilization is what nvmlDeviceGetProcessUtilization answered
+	// (ERROR_UNKNOWN when go-nvml panicked; see processUtilization).
+	Utilization nvml.Return
+	// UtilizationUnknown is true when that answer gave no per-process
+	// utilization (anything but SUCCESS, or NOT_FOUND and
+	// INSUFFICIENT_SIZE without samples, which mean no process computed):
+	// every process then counts as computing at 100 % SM, so that a GPU
+	// whose processes cannot be told idle is never lent.
+	UtilizationUnknown bool
 }
 
 // Sampler reads the GPUs' compute processes and their SM utilization from
@@ -100,6 +109,7 @@ func (s *Sampler) Sample(uuid string) Sample {
 		s.lastSeen = map[string]uint64{}
 	}
 	samples, ret := processUtilization(dev, s.lastSeen[uuid])
+	out.Utilization = ret
 	switch {
 	case ret == nvml.SUCCESS:
 	case ret == nvml.ERROR_NOT_FOUND, ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0:
@@ -113,6 +123,7 @@ func (s *Sampler) Sample(uuid string) Sample {
 		// Without per-process utilization, a process cannot be told idle:
 		// every one counts as computing, so owners are never idle and the
 		// GPU is never lent.
+		out.UtilizationUnknown = true
 		for pod, a := range out.Pods {
 			a.SM = 100
 			out.Pods[pod] = a

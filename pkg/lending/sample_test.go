@@ -149,9 +149,20 @@ func TestSamplerNoSamplesIsIdle(t *testing.T) {
 			lib := &mock.Interface{DeviceGetHandleByUUIDFunc: func(string) (nvml.Device, nvml.Return) { return dev, nvml.SUCCESS }}
 			s := &Sampler{Lib: lib, Threshold: 5, PodOf: func(uint32) (types.UID, bool) { return "owner-pod", true }}
 			owners := []Owner{{Claim: "owner", Lend: true}}
-			o := Observe(s.Sample("GPU"), 80<<30, owners, nil, nil, nil, 5)
+			smp := s.Sample("GPU")
+			o := Observe(smp, 80<<30, owners, nil, nil, nil, 5)
 			if !o.Observed || o.Busy != tc.wantBusy || o.OwnerMemory != 4<<30 {
 				t.Errorf("utilization %v: %+v, want busy=%v with the owner's 4 GiB", tc.ret, o, tc.wantBusy)
+			}
+			// Busy here comes from real samples only where utilization
+			// was read; the sample says which (the GPU check needs it).
+			wantUnknown := tc.wantBusy && tc.samples == nil || tc.name == "insufficient size with samples"
+			wantRet := tc.ret
+			if tc.ret == nvml.ERROR_GPU_IS_LOST {
+				wantRet = nvml.ERROR_UNKNOWN
+			}
+			if smp.UtilizationUnknown != wantUnknown || smp.Utilization != wantRet {
+				t.Errorf("utilization %v: Utilization %v, UtilizationUnknown %v; want %v, %v", tc.ret, smp.Utilization, smp.UtilizationUnknown, wantRet, wantUnknown)
 			}
 		})
 	}
