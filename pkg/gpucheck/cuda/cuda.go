@@ -12,6 +12,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // LibraryName is the driver library the probe loads.
@@ -21,6 +22,10 @@ const LibraryName = "libcuda.so.1"
 // being there or not being usable, so callers can tell "no driver" apart
 // from a failing GPU.
 var ErrNotLoaded = errors.New("the NVIDIA driver's " + LibraryName + " could not be loaded")
+
+// ErrNotSupported wraps the error of an allocator the driver or the device
+// does not support: not a failure of the limit under test.
+var ErrNotSupported = errors.New("not supported")
 
 // Result is a CUresult; zero is CUDA_SUCCESS.
 type Result int
@@ -68,6 +73,28 @@ type DeviceInfo struct {
 	TotalBytes          uint64 // cuMemGetInfo right after the context was made current
 	FreeBytes           uint64
 	ContextCreateMillis float64
+	// DeviceCount is cuDeviceGetCount: the devices this process sees (-1
+	// or 0 when unknown); VisibleUUIDs their UUIDs (cuDeviceGetUuid_v2,
+	// which gives a MIG device's own), as 8-4-4-4-12 hex, without the
+	// "GPU-" or "MIG-" prefix NVML writes (the bytes do not say which).
+	DeviceCount  int      `json:",omitempty"`
+	VisibleUUIDs []string `json:",omitempty"`
+}
+
+// FormatUUID writes 16 bytes as 8-4-4-4-12 lower-case hex.
+func FormatUUID(b [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// BareUUID is an NVML UUID ("GPU-…", "MIG-…") without its prefix, lower
+// case, comparable with FormatUUID's.
+func BareUUID(s string) string {
+	for _, p := range []string{"GPU-", "MIG-"} {
+		if len(s) > len(p) && s[:len(p)] == p {
+			return strings.ToLower(s[len(p):])
+		}
+	}
+	return strings.ToLower(s)
 }
 
 // Allocator is a CUDA driver API that hands out device memory. HAMi-core

@@ -37,6 +37,9 @@ static tcu_result (*p_cuModuleUnload)(tcu_module);
 static tcu_result (*p_cuLaunchKernel)(tcu_function, unsigned int, unsigned int, unsigned int,
 	unsigned int, unsigned int, unsigned int, unsigned int, void *, void **, void **);
 static tcu_result (*p_cuGetErrorName)(tcu_result, const char **);
+// Optional: the devices the process sees and their UUIDs.
+static tcu_result (*p_cuDeviceGetCount)(int *);
+static tcu_result (*p_cuDeviceGetUuid)(unsigned char *, tcu_device);
 
 // The other allocators (optional: a driver without one still runs the
 // cuMemAlloc probe). Declared here as the CUDA driver API (cuda.h, CUDA 12
@@ -141,6 +144,10 @@ static const char *tcu_open(const char *name) {
 	*(void **)(&p_cuMemMap) = tcu_sym(lib, "cuMemMap", NULL, NULL);
 	*(void **)(&p_cuMemUnmap) = tcu_sym(lib, "cuMemUnmap", NULL, NULL);
 	*(void **)(&p_cuMemSetAccess) = tcu_sym(lib, "cuMemSetAccess", NULL, NULL);
+	*(void **)(&p_cuDeviceGetCount) = tcu_sym(lib, "cuDeviceGetCount", NULL, NULL);
+	// _v2 (CUDA 11.4) gives a MIG device's own UUID; the first version
+	// its GPU's.
+	*(void **)(&p_cuDeviceGetUuid) = tcu_sym(lib, "cuDeviceGetUuid_v2", "cuDeviceGetUuid", NULL);
 	tcu_lib = lib;
 	return NULL;
 }
@@ -161,6 +168,21 @@ static tcu_result tcu_memset(tcu_deviceptr p, size_t n) { return p_cuMemsetD8(p,
 static tcu_result tcu_read_u64(unsigned long long *out, tcu_deviceptr p) { return p_cuMemcpyDtoH(out, p, sizeof(*out)); }
 static tcu_result tcu_module_get_function(tcu_function *f, tcu_module m, const char *name) { return p_cuModuleGetFunction(f, m, name); }
 static tcu_result tcu_module_unload(tcu_module m) { return p_cuModuleUnload(m); }
+
+// tcu_device_count is cuDeviceGetCount (-1 when the driver lacks it).
+static tcu_result tcu_device_count(int *n) {
+	if (!p_cuDeviceGetCount) { *n = -1; return 0; }
+	return p_cuDeviceGetCount(n);
+}
+// tcu_device_uuid is the UUID (16 bytes) of device ordinal; 1 (not
+// CUDA_SUCCESS) without cuDeviceGetUuid.
+static tcu_result tcu_device_uuid(unsigned char *out, int ordinal) {
+	tcu_device d;
+	tcu_result r;
+	if (!p_cuDeviceGetUuid) return 1;
+	if ((r = p_cuDeviceGet(&d, ordinal)) != 0) return r;
+	return p_cuDeviceGetUuid(out, d);
+}
 
 // tcu_has reports which optional allocator a driver has: 1 async, 2 managed,
 // 3 virtual memory management.
@@ -259,6 +281,10 @@ const (
 	attrMaxThreadsPerSM = 39
 	attrCCMajor         = 75
 	attrCCMinor         = 76
+	// What the device supports (cuda.h, CUdevice_attribute).
+	attrManagedMemory = 83  // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+	attrVMM           = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	attrMemoryPools   = 115 // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
 )
 
 var openMu sync.Mutex
@@ -346,6 +372,21 @@ func (l *Lib) Init() (DeviceInfo, error) {
 	info.MaxThreadsPerSM = attr(attrMaxThreadsPerSM)
 	info.ClockKHz = attr(attrClockRate)
 	info.ComputeCapability = fmt.Sprintf("%d.%d", attr(attrCCMajor), attr(attrCCMinor))
+	var count C.int
+	if C.tcu_device_count(&count) == 0 && count >= 0 {
+		info.DeviceCount = int(count)
+		for i := range int(count) {
+			var raw [16]C.uchar
+			if C.tcu_device_uuid(&raw[0], C.int(i)) != 0 {
+				break
+			}
+			var b [16]byte
+			for j := range raw {
+				b[j] = byte(raw[j])
+			}
+			info.VisibleUUIDs = append(info.VisibleUUIDs, FormatUUID(b))
+		}
+	}
 	return info, nil
 }
 
@@ -381,18 +422,40 @@ func (l *Lib) Alloc(bytes uint64) (Ptr, error) {
 // Free is cuMemFree.
 func (l *Lib) Free(p Ptr) error { return check("cuMemFree", C.tcu_mem_free(C.tcu_deviceptr(p))) }
 
-// Has reports whether the driver exports the entry points of allocator a
-// (every driver has cuMemAlloc).
-func (l *Lib) Has(a Allocator) bool {
+// Has reports whether allocator a can be used here (Supported is nil).
+func (l *Lib) Has(a Allocator) bool { return l.Supported(a) == nil }
+
+// Supported says why allocator a cannot be used here, wrapping
+// ErrNotSupported: the driver does not export its entry points, or device
+// 0 does not support it (memory pools, attribute 115, for cuMemAllocAsync;
+// virtual memory management, 102, for cuMemCreate; managed memory, 83, for
+// cuMemAllocManaged). nil: it can. Valid after Init. Every driver has
+// cuMemAlloc.
+func (l *Lib) Supported(a Allocator) error {
+	which, attr, attrName := 0, 0, ""
 	switch a {
+	case AllocPlain:
+		return nil
 	case AllocAsync:
-		return C.tcu_has(1) != 0
+		which, attr, attrName = 1, attrMemoryPools, "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED"
 	case AllocManaged:
-		return C.tcu_has(2) != 0
+		which, attr, attrName = 2, attrManagedMemory, "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY"
 	case AllocVMM:
-		return C.tcu_has(3) != 0
+		which, attr, attrName = 3, attrVMM, "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED"
+	default:
+		return fmt.Errorf("%w: unknown allocator %q", ErrNotSupported, a)
 	}
-	return a == AllocPlain
+	if C.tcu_has(C.int(which)) == 0 {
+		return fmt.Errorf("%w: this driver's %s does not export the entry points of %s", ErrNotSupported, LibraryName, a)
+	}
+	var v C.int
+	if err := check(fmt.Sprintf("cuDeviceGetAttribute(%s)", attrName), C.tcu_device_attribute(&v, C.int(attr), l.dev)); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrNotSupported, a, err)
+	}
+	if v == 0 {
+		return fmt.Errorf("%w: device 0 does not support %s (%s is 0)", ErrNotSupported, a, attrName)
+	}
+	return nil
 }
 
 // Granularity is the smallest size (and alignment) allocator a hands out:
@@ -401,8 +464,8 @@ func (l *Lib) Granularity(a Allocator) (uint64, error) {
 	if a != AllocVMM {
 		return 1, nil
 	}
-	if !l.Has(AllocVMM) {
-		return 0, missing(a)
+	if err := l.Supported(AllocVMM); err != nil {
+		return 0, err
 	}
 	var g C.size_t
 	if err := check("cuMemGetAllocationGranularity", C.tcu_vmm_granularity(&g, C.int(l.dev))); err != nil {
@@ -411,18 +474,14 @@ func (l *Lib) Granularity(a Allocator) (uint64, error) {
 	return uint64(g), nil
 }
 
-func missing(a Allocator) error {
-	return fmt.Errorf("this driver's %s does not export the entry points of %s", LibraryName, a)
-}
-
 // AllocWith allocates bytes of device memory with allocator a and writes it
 // once (cuMemsetD8, then cuCtxSynchronize, so that an allocation the driver
 // backs lazily or asynchronously is charged and its failure seen here).
 // Managed memory is written from the device too, so it is resident there.
 func (l *Lib) AllocWith(a Allocator, bytes uint64) (Allocation, error) {
 	al := Allocation{Allocator: a, Bytes: bytes}
-	if !l.Has(a) {
-		return al, missing(a)
+	if err := l.Supported(a); err != nil {
+		return al, err
 	}
 	var p C.tcu_deviceptr
 	switch a {

@@ -57,6 +57,9 @@ func (l *Lib) LaunchSpin(*Function, uint32, uint32, Ptr, uint64) error { return 
 // Has is false without [Open].
 func (l *Lib) Has(Allocator) bool { return false }
 
+// Supported is ErrNotLoaded without [Open].
+func (l *Lib) Supported(Allocator) error { return ErrNotLoaded }
+
 // Granularity is unreachable without [Open].
 func (l *Lib) Granularity(Allocator) (uint64, error) { return 0, ErrNotLoaded }
 
