@@ -73,10 +73,84 @@ work=$(mktemp -d "$here/.work.XXXXXX" 2>/dev/null) ||
   work=$(mktemp -d "${TMPDIR:-/tmp}/tgc-work.XXXXXX") ||
   die "cannot create a work directory in $here or ${TMPDIR:-/tmp}"
 state=$(mktemp -d "${TMPDIR:-/tmp}/tgc.XXXXXX") || die "cannot create a state directory under ${TMPDIR:-/tmp}"
+# No MPS daemon outlives the run, and none loses its pipe directory while
+# it runs: before the state directory goes, every process whose
+# CUDA_MPS_PIPE_DIRECTORY is under it (the check's daemons, their servers,
+# a probe left behind) is asked to quit ("quit -t 5": the daemon forces its
+# servers down after 5 s), given 10 s, and then killed by PID. The check
+# does the same itself; this is for a check that was killed.
+#
+# mps_procs: "PID PIPE-DIRECTORY" of each such process, and "PID -" of each
+# child of one (an MPS server need not carry the variable).
+# shellcheck disable=SC2317 # run by the EXIT trap
+mps_procs() {
+  found=""
+  for e in /proc/[0-9]*/environ; do
+    p=${e#/proc/}; p=${p%/environ}
+    [ "$p" != "$$" ] || continue
+    [ -r "$e" ] || continue
+    d=$({ tr '\0' '\n' <"$e"; } 2>/dev/null | sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' | head -1)
+    case "$d" in "$state"/*) echo "$p $d"; found="$found $p " ;; esac
+  done
+  [ -n "$found" ] || return 0
+  for s in /proc/[0-9]*/stat; do
+    p=${s#/proc/}; p=${p%/stat}
+    pp=$(sed 's/.*) //' "$s" 2>/dev/null | cut -d' ' -f2)
+    case "$found" in *" $pp "*) case "$found" in *" $p "*) ;; *) echo "$p -" ;; esac ;; esac
+  done
+}
+# shellcheck disable=SC2317 # run by the EXIT trap
+stop_mps() {
+  list=$(mps_procs)
+  [ -n "$list" ] || return 0
+  if command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    for d in $(echo "$list" | cut -d' ' -f2 | grep -v '^-$' | sort -u); do
+      (echo "quit -t 5" | CUDA_MPS_PIPE_DIRECTORY=$d timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1) &
+    done
+    wait
+  fi
+  i=0
+  while [ -n "$(mps_procs)" ] && [ "$i" -lt 10 ]; do sleep 1; i=$((i + 1)); done
+  pids=$(mps_procs | cut -d' ' -f1 | tr '\n' ' ')
+  if [ -n "$pids" ]; then
+    echo "run.sh: killing MPS processes left under $state: $pids" >&2
+    # shellcheck disable=SC2086 # a list of PIDs
+    kill -9 $pids 2>/dev/null || true
+  fi
+}
 # shellcheck disable=SC2317 # run by the trap
-cleanup() { rm -rf "$work" "$state"; }
+cleanup() { stop_mps; rm -rf "$work" "$state"; }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# Ctrl-C or TERM stops what runs (the HAMi-core build, the check: each is
+# started in the background and waited for, so the shell takes the signal
+# at once), waits for it to end (the check stops its daemons and probes),
+# and then the EXIT trap cleans up.
+child=""
+# incomplete WHY: results/gpu-check.md for a check that judged nothing.
+incomplete() {
+  {
+    echo "# Tessera real-GPU check: INCOMPLETE"
+    echo
+    echo "$1. Nothing below was judged; the log is results/run.log."
+    echo
+    sed 's/^/- /' "$notes"
+  } >"$results/gpu-check.md"
+  rm -f "$results/gpu-check.json"
+  echo "run.sh: INCOMPLETE: $1" >&2
+}
+# shellcheck disable=SC2317 # run by the traps
+on_signal() {
+  trap '' INT TERM
+  if [ -n "$child" ]; then
+    echo "run.sh: SIG$1: stopping the running step (pid $child)" >&2
+    kill -TERM "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
+  incomplete "run.sh was stopped by SIG$1"
+  exit "$2"
+}
+trap 'on_signal INT 130' INT
+trap 'on_signal TERM 143' TERM
 probe="$work/tessera-gpu-probe"
 "$bb" unxz -c "$here/tessera-gpu-probe.xz" >"$probe" || die "cannot decompress the probe into $work"
 chmod 0755 "$probe"
@@ -211,8 +285,11 @@ else
       set +e
       # shellcheck disable=SC2016 # expanded by the inner sh
       timeout "$budget" sh -c 'cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$3" && cmake --build "$2" -j "$(nproc 2>/dev/null || echo 4)"' \
-        sh "$top" "$work/hami-build" "$nvcc" >"$results/hami-core-build.log" 2>&1
+        sh "$top" "$work/hami-build" "$nvcc" >"$results/hami-core-build.log" 2>&1 &
+      child=$!
+      wait "$child"
       brc=$?
+      child=""
       set -e
       if [ "$brc" = 0 ]; then
         hami_lib=$(find "$work/hami-build" -name libvgpu.so | head -1)
@@ -242,8 +319,11 @@ budget=$(( $(left) - 15 ))
 [ "$budget" -ge 30 ] || die "only ${budget}s left of --timeout $timeout_s for the check itself"
 set +e
 timeout -s TERM -k 10 "$budget" "$probe" check --results-dir "$results" --notes-file "$notes" \
-  --work-dir "$state/w" "$@" >"$results/run.log" 2>&1
+  --work-dir "$state/w" "$@" >"$results/run.log" 2>&1 &
+child=$!
+wait "$child"
 rc=$?
+child=""
 set -e
 cat "$results/run.log"
 # coreutils' timeout exits 124 (137 after -k); busybox's 143 (SIGTERM).
@@ -252,14 +332,7 @@ case "$rc" in 124|137|143) timed_out=true ;; esac
 if $timed_out || [ ! -s "$results/gpu-check.md" ]; then
   why="the check exited with status $rc before writing its results"
   ! $timed_out || why="the check ran out of its ${budget}s (run.sh --timeout $timeout_s)"
-  {
-    echo "# Tessera real-GPU check: INCOMPLETE"
-    echo
-    echo "$why. Nothing below was judged; the log is results/run.log."
-    echo
-    sed 's/^/- /' "$notes"
-  } >"$results/gpu-check.md"
-  echo "run.sh: INCOMPLETE: $why" >&2
+  incomplete "$why"
   [ "$rc" != 0 ] || rc=1
 fi
 echo "run.sh: results in $results/gpu-check.md and $results/gpu-check.json ($(( $(date +%s) - start ))s)"
