@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -268,7 +269,20 @@ func probeCommand() *cobra.Command {
 		Hidden: true,
 	}
 	var registry string
+	var faults []string
 	cmd.PersistentFlags().Uint64Var(&simulateMiB, "simulate-gpu-mib", 0, "mock mode: load no driver, simulate a GPU of this many MiB from the environment's variables")
+	cmd.PersistentFlags().StringSliceVar(&faults, "simulate-fault", nil, "mock mode, for tests: simulate a broken driver ("+strings.Join(gpucheck.SimFaults, ", ")+")")
+	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
+		for _, f := range faults {
+			if !slices.Contains(gpucheck.SimFaults, f) {
+				return fmt.Errorf("--simulate-fault %q: want one of %s", f, strings.Join(gpucheck.SimFaults, ", "))
+			}
+		}
+		if len(faults) > 0 && simulateMiB == 0 {
+			return errors.New("--simulate-fault needs --simulate-gpu-mib (the mock mode)")
+		}
+		return nil
+	}
 	cmd.PersistentFlags().StringVar(&registry, "simulate-registry", "", "mock mode: the directory where simulated clients register (which MPS server, which context)")
 	var allocator string
 	var stopAfterMiB uint64
@@ -283,7 +297,7 @@ func probeCommand() *cobra.Command {
 			return err
 		}
 		if simulateMiB > 0 {
-			return gpucheck.RunSimulatedMemoryProbe(in, out, os.Environ(), simulateMiB<<20, opts)
+			return gpucheck.RunSimulatedMemoryProbe(in, out, os.Environ(), simulateMiB<<20, opts, gpucheck.SimRegistry{Dir: registry}, faults...)
 		}
 		return gpucheck.RunMemoryProbe(in, out, opts)
 	}
@@ -315,7 +329,7 @@ func probeCommand() *cobra.Command {
 		Short: "Create a CUDA context (an MPS client connects) and hold it until a line on stdin",
 		RunE: func(*cobra.Command, []string) error {
 			if simulateMiB > 0 {
-				return gpucheck.RunSimulatedHoldProbe(os.Stdin, os.Stdout, os.Environ(), simulateMiB<<20, gpucheck.SimRegistry{Dir: registry})
+				return gpucheck.RunSimulatedHoldProbe(os.Stdin, os.Stdout, os.Environ(), simulateMiB<<20, gpucheck.SimRegistry{Dir: registry}, faults...)
 			}
 			return gpucheck.RunHoldProbe(os.Stdin, os.Stdout)
 		},
@@ -366,7 +380,11 @@ func nsexecCommand() *cobra.Command {
 		Short:  "Mount, chroot and execute as a config file says (run by check in new namespaces)",
 		Hidden: true,
 		RunE: func(*cobra.Command, []string) error {
-			return gpucheck.RunNSExec(config)
+			err := gpucheck.RunNSExec(config)
+			// The check reads a probe's stdout: say there why the
+			// namespace could not be set up.
+			gpucheck.ReportNSExecError(os.Stdout, err)
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&config, "config", "", "the NSExec config (JSON)")

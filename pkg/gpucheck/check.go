@@ -179,7 +179,8 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 	driverMemory.DriverRoot = cfg.DriverRoot
 	r.Mock = cfg.Mock
 	r.Checks = append(r.Checks, groundTruthChecks(ctx, cfg, disc)...)
-	r.Checks = append(r.Checks, computeModeCheck(cfg, target))
+	modeCheck, mode, modeKnown := computeModeCheck(cfg, target)
+	r.Checks = append(r.Checks, modeCheck)
 	if err := summarizeSlices(&r.Node, cfg, disc.GPUs, driverMemory.Capable); err != nil {
 		return nil, err
 	}
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		// probe as a process on the checked GPU while it runs, and the
 		// simulated clients register where the check can see them.
 		if mock, ok := cfg.NVML.(*gpu.MockNode); ok && ep.Observe == nil {
-			ep.Observe = mockDriverObserver(mock, target.Index)
+			ep.Observe = mockDriverObserver(mock, target.Index, filepath.Join(cfg.WorkDir, SimRegistryDir))
 			ep.ProcessMemory = NVMLProcessMemory(cfg.NVML)
 			cfg.Prober = ep
 		}
@@ -222,6 +223,9 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		}
 	}
 	n := &node{cfg: cfg, gpu: target, memory: memory, driverMemory: driverMemory, targets: t}
+	if modeKnown && mode == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
+		n.oneContext = fmt.Sprintf("gpu-%d is in compute mode EXCLUSIVE_PROCESS: one CUDA context at a time (an MPS server's, shared by its clients), so steps that need two contexts at once are skipped; the check reads the compute mode and never changes it", target.Minor)
+	}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
@@ -239,18 +243,39 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		}
 		n.cfg.Prober = ep
 	}
+	// A check told to stop (SIGINT or SIGTERM: run.sh's trap, a timeout)
+	// takes no further step; the deferred stop still ends its daemons.
+	interrupted := func() error {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("gpu check: interrupted (%w): the steps from here on were not taken", context.Cause(ctx))
+		}
+		return nil
+	}
 	for _, iso := range cfg.Isolations {
+		if err := interrupted(); err != nil {
+			return nil, err
+		}
 		watch.setPhase("backend " + string(iso))
 		r.Backends = append(r.Backends, n.check(ctx, iso))
 	}
-	watch.setPhase("CDI spec in containers")
-	r.Checks = append(r.Checks, n.containerChecks(ctx)...)
-	watch.setPhase("MPS checks")
-	r.Checks = append(r.Checks, n.mpsChecks(ctx)...)
-	watch.setPhase("HAMi-core checks")
-	r.Checks = append(r.Checks, n.hamiChecks(ctx)...)
-	watch.setPhase("health-event registration")
-	r.Checks = append(r.Checks, n.healthCheck(ctx))
+	for _, step := range []struct {
+		phase string
+		run   func() []Check
+	}{
+		{"CDI spec in containers", func() []Check { return n.containerChecks(ctx) }},
+		{"MPS checks", func() []Check { return n.mpsChecks(ctx) }},
+		{"HAMi-core checks", func() []Check { return n.hamiChecks(ctx) }},
+		{"health-event registration", func() []Check { return []Check{n.healthCheck(ctx)} }},
+	} {
+		if err := interrupted(); err != nil {
+			return nil, err
+		}
+		watch.setPhase(step.phase)
+		r.Checks = append(r.Checks, step.run()...)
+	}
+	if err := interrupted(); err != nil {
+		return nil, err
+	}
 	if watch != nil {
 		r.Checks = append(r.Checks, watch.finish(n))
 	} else {
@@ -296,24 +321,26 @@ func pickGPU(gpus []gpu.GPU, minor int) (gpu.GPU, error) {
 // MPS or without permission). It is never a figure.
 const nvmlValueNotAvailable = ^uint64(0)
 
-// computeModeCheck reads the checked GPU's compute mode. The check never
-// sets it (nor MIG mode, nor resets a GPU): it says what it found.
-func computeModeCheck(cfg Config, g gpu.GPU) Check {
-	c := Check{Name: "compute mode (read only)"}
+// computeModeCheck reads the checked GPU's compute mode (known is false
+// when it could not). The check never sets it (nor MIG mode, nor resets a
+// GPU): it says what it found, and in EXCLUSIVE_PROCESS skips the steps
+// that need two contexts at once.
+func computeModeCheck(cfg Config, g gpu.GPU) (c Check, mode nvml.ComputeMode, known bool) {
+	c = Check{Name: "compute mode (read only)"}
 	dev, ret := cfg.NVML.DeviceGetHandleByUUID(g.UUID)
 	if ret != nvml.SUCCESS {
 		c.Status, c.Detail = StatusError, fmt.Sprintf("gpu-%d: nvmlDeviceGetHandleByUUID: %v", g.Minor, ret)
-		return c
+		return c, 0, false
 	}
 	if m, ok := dev.(*nvmlmock.Device); ok && m.GetComputeModeFunc == nil {
 		// go-nvml's mock panics on a method it was not given.
 		c.Status, c.Detail = StatusSkipped, fmt.Sprintf("gpu-%d: this mock NVML reports no compute mode", g.Minor)
-		return c
+		return c, 0, false
 	}
-	mode, ret := dev.GetComputeMode()
+	mode, ret = dev.GetComputeMode()
 	if ret != nvml.SUCCESS {
 		c.Status, c.Detail = StatusError, fmt.Sprintf("gpu-%d: nvmlDeviceGetComputeMode: %v", g.Minor, ret)
-		return c
+		return c, 0, false
 	}
 	c.Status = StatusMeasured
 	if cfg.Mock {
@@ -323,13 +350,13 @@ func computeModeCheck(cfg Config, g gpu.GPU) Check {
 	case nvml.COMPUTEMODE_DEFAULT:
 		c.Detail = fmt.Sprintf("gpu-%d: Default (what Tessera expects: MPS and non-MPS shares both work)", g.Minor)
 	case nvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		c.Detail = fmt.Sprintf("gpu-%d: EXCLUSIVE_PROCESS: one context at a time; shares other than MPS and whole GPUs used by two processes fail", g.Minor)
+		c.Detail = fmt.Sprintf("gpu-%d: EXCLUSIVE_PROCESS: one context at a time; shares other than MPS and whole GPUs used by two processes fail (the check skips its steps that need two contexts at once)", g.Minor)
 	case nvml.COMPUTEMODE_PROHIBITED:
 		c.Status, c.Detail = StatusMismatch, fmt.Sprintf("gpu-%d: PROHIBITED: no CUDA context can be created; the probes will fail", g.Minor)
 	default:
 		c.Detail = fmt.Sprintf("gpu-%d: compute mode %d", g.Minor, mode)
 	}
-	return c
+	return c, mode, true
 }
 
 func summarize(g gpu.GPU) GPUSummary {
@@ -392,6 +419,10 @@ type node struct {
 	driverMemory isolation.DriverMemory
 	targets      Targets
 
+	// oneContext, when set, is why steps that need two CUDA contexts at
+	// once are skipped (the GPU's compute mode is EXCLUSIVE_PROCESS).
+	oneContext string
+
 	plugin  *plugin.Plugin
 	client  kubernetes.Interface
 	cdiDirs []string
@@ -429,7 +460,7 @@ func (n *node) start(ctx context.Context) error {
 		if binary == "" {
 			binary = "nvidia-cuda-mps-control"
 		}
-		n.mps = &LocalMPS{Binary: binary}
+		n.mps = &LocalMPS{Binary: binary, Root: mpsRoot}
 		if os.Geteuid() == 0 {
 			if self, err := os.Executable(); err == nil {
 				n.mps.Self, n.mps.ShmDomains = self, map[string]bool{ContainerNamespace: true}
@@ -675,6 +706,12 @@ func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport
 		b.Shares[i].MemoryProbe = &p
 		m := memoryFigures(b.Shares[i].MemoryLimitBytes, p)
 		b.Shares[i].Memory = &m
+	}
+	if n.oneContext != "" && iso != configapi.IsolationMPS {
+		// Two compute probes are two contexts (an MPS backend's clients
+		// share their server's one).
+		b.ComputeSkipped = n.oneContext
+		return b
 	}
 	probes, err := n.cfg.Prober.Compute(ctx, envs, n.cfg.ComputeTime)
 	if err != nil {

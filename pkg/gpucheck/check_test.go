@@ -113,7 +113,13 @@ func (b *backendProber) Compute(_ context.Context, envs [][]string, d time.Durat
 // backend, HAMi-core's library being a file in the work directory.
 func mockConfig(t *testing.T, prober Prober) Config {
 	t.Helper()
-	lib, err := gpu.NewMock("hgx-h100")
+	return mockConfigOf(t, "hgx-h100", prober)
+}
+
+// mockConfigOf is mockConfig on another mock profile.
+func mockConfigOf(t *testing.T, profile string, prober Prober) Config {
+	t.Helper()
+	lib, err := gpu.NewMock(profile)
 	if err != nil {
 		t.Fatal(err)
 	}

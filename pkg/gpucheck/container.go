@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -110,6 +112,12 @@ func (n *node) containerCheck(ctx context.Context, iso configapi.Isolation) Chec
 	shares := n.claimsFor(ContainerNamespace, "gpucheck-ctr-"+strings.ToLower(string(iso)), iso, []int64{50})
 	prep, err := n.prepareShares(ctx, shares)
 	if err != nil {
+		if iso == configapi.IsolationMPS && n.mps != nil && n.mps.NoNamespace() != "" {
+			// Root without CAP_SYS_ADMIN and no user namespaces: the
+			// domain's daemon cannot get its /dev/shm.
+			c.Status, c.Detail = StatusSkipped, "the MPS daemon of the container's trust domain needs a mount namespace for its /dev/shm: "+n.mps.NoNamespace()
+			return c
+		}
 		c.Status, c.Detail = StatusError, err.Error()
 		return c
 	}
@@ -276,6 +284,9 @@ func (n *node) buildContainer(iso configapi.Isolation, ids []string, ep ExecProb
 	if err != nil {
 		return nil, err
 	}
+	if len(libs.MissingPreload) > 0 {
+		return nil, fmt.Errorf("the preloaded %s needs %s, which this host does not have: the loader would refuse the preload and the container would run without it", strings.Join(preload, ", "), strings.Join(libs.MissingPreload, ", "))
+	}
 	add := func(dest, src string) {
 		spec.Mounts = append(spec.Mounts, oci.Mount{Destination: dest, Type: "bind", Source: src, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
@@ -402,7 +413,12 @@ func (n *node) runRunc(ctx context.Context, ep ExecProber, run *containerRun) (c
 	state := filepath.Join(run.dir, "runc-state")
 	cmd := exec.CommandContext(ctx, n.cfg.Runc, "--root", state, "run", "--bundle", run.dir, "--pid-file", pidFile, id)
 	defer func() {
-		_ = exec.Command(n.cfg.Runc, "--root", state, "delete", "--force", id).Run()
+		// Bounded: a runc that hangs must not hold the check.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		del := exec.CommandContext(dctx, n.cfg.Runc, "--root", state, "delete", "--force", id)
+		del.WaitDelay = time.Second
+		_ = del.Run()
 	}()
 	return n.talkToContainer(ep, cmd, res, func() int {
 		data, err := os.ReadFile(pidFile)
@@ -414,13 +430,63 @@ func (n *node) runRunc(ctx context.Context, ep ExecProber, run *containerRun) (c
 	})
 }
 
-// runFallback runs the container with nsexec in new namespaces.
+// runFallback runs the container with nsexec in new namespaces: as root
+// in a mount namespace, and when the kernel refuses that (root without
+// CAP_SYS_ADMIN, as on a GPU machine that is itself a container) in a user
+// and mount namespace (root mapped to root); otherwise in a user and mount
+// namespace. skip says why neither could run.
 func (n *node) runFallback(ctx context.Context, ep ExecProber, run *containerRun) (containerResult, string, error) {
-	userns := os.Geteuid() != 0
-	res := containerResult{how: "nsexec in a new mount namespace (root)"}
-	if userns {
-		res.how = fmt.Sprintf("nsexec in a new user and mount namespace (uid %d mapped to root, as unshare -rm)", os.Getuid())
+	cfg, notApplied := fallbackConfig(run)
+	path := filepath.Join(run.dir, "nsexec.json")
+	if err := WriteNSExec(path, cfg); err != nil {
+		return containerResult{}, "", err
 	}
+	attempts := []bool{true}
+	if os.Geteuid() == 0 {
+		attempts = []bool{false, true}
+	}
+	var refused []string
+	for i, userns := range attempts {
+		res := containerResult{how: "nsexec in a new mount namespace (root)"}
+		if userns {
+			res.how = fmt.Sprintf("nsexec in a new user and mount namespace (uid %d mapped to root, as unshare -rm)", os.Getuid())
+		}
+		if len(refused) > 0 {
+			res.how += " (" + strings.Join(refused, "; ") + ")"
+		}
+		if len(notApplied) > 0 {
+			res.how += "; not mounted: " + strings.Join(notApplied, ", ")
+		}
+		cmd := NSExecCommand(ep.Command[0], path, userns)
+		p, err := ep.startCmd(cmd)
+		if err != nil {
+			denied := errors.Is(err, syscall.EPERM)
+			switch {
+			case denied && i+1 < len(attempts):
+				refused = append(refused, fmt.Sprintf("a mount namespace alone was refused: %v", err))
+				continue
+			case userns:
+				return res, strings.Join(append(refused, usernsUnavailable(err)), "; "), nil
+			}
+			return res, "", err
+		}
+		res, err = n.collect(ep, p, res, func() int { return cmd.Process.Pid })
+		if err != nil && res.inside == nil && probeErrorCode(err) == ErrCodeNamespace {
+			if i+1 < len(attempts) {
+				refused = append(refused, fmt.Sprintf("in a mount namespace alone nsexec was refused: %v", err))
+				continue
+			}
+			return res, strings.Join(append(refused, fmt.Sprintf("in a user and mount namespace nsexec was refused too: %v", err)), "; "), nil
+		}
+		return res, "", err
+	}
+	return containerResult{}, "", errors.New("no way to run the container")
+}
+
+// fallbackConfig is nsexec's config for the container: the spec's mounts,
+// the device nodes a runtime creates and the spec's, bound from the host,
+// and what could not be mounted.
+func fallbackConfig(run *containerRun) (NSExec, []string) {
 	cfg := NSExec{Root: run.rootfs, Args: run.spec.Process.Args, Env: run.spec.Process.Env, Dir: "/"}
 	var notApplied []string
 	for _, m := range run.spec.Mounts {
@@ -471,23 +537,7 @@ func (n *node) runFallback(ctx context.Context, ep ExecProber, run *containerRun
 		}
 		cfg.Mounts = append(cfg.Mounts, NSMount{Type: "bind", Source: host, Destination: d.Path})
 	}
-	if len(notApplied) > 0 {
-		res.how += "; not mounted: " + strings.Join(notApplied, ", ")
-	}
-	path := filepath.Join(run.dir, "nsexec.json")
-	if err := WriteNSExec(path, cfg); err != nil {
-		return res, "", err
-	}
-	cmd := NSExecCommand(ep.Command[0], path, userns)
-	p, err := ep.startCmd(cmd)
-	if err != nil {
-		if userns {
-			return res, usernsUnavailable(err), nil
-		}
-		return res, "", err
-	}
-	res, err = n.collect(ep, p, res, func() int { return cmd.Process.Pid })
-	return res, "", err
+	return cfg, notApplied
 }
 
 // talkToContainer starts cmd and runs the protocol with the probe in it.

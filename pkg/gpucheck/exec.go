@@ -104,6 +104,11 @@ func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*p
 func (e ExecProber) startCmd(cmd *exec.Cmd) (*probeProcess, error) {
 	p := &probeProcess{cmd: cmd, stderr: &bytes.Buffer{}, msgs: make(chan probeMessage, 4), done: make(chan struct{})}
 	cmd.Stderr = p.stderr
+	if cmd.WaitDelay == 0 {
+		// A process the probe leaves behind with its stderr (a container
+		// whose runtime was killed) must not hold Wait, and so the check.
+		cmd.WaitDelay = 5 * time.Second
+	}
 	var err error
 	if p.stdin, err = cmd.StdinPipe(); err != nil {
 		return nil, err
@@ -169,38 +174,64 @@ var errProbeTimeout = errors.New("probe timed out")
 func (p *probeProcess) awaitMsg(limit time.Duration, want string, kill bool) (probeMessage, error) {
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
-	select {
-	case m := <-p.msgs:
-		if m.Event == "error" {
-			<-p.done
-			return m, fmt.Errorf("probe: %s%s", m.Error, p.stderrTail())
-		}
-		if m.Event != want {
-			return m, fmt.Errorf("probe: got %q, want %q", m.Event, want)
-		}
-		return m, nil
-	case <-p.done:
+	for {
 		select {
 		case m := <-p.msgs:
+			if m.Event == "loading" && want != "loading" {
+				continue // a progress report, not an answer
+			}
 			if m.Event == "error" {
-				return m, fmt.Errorf("probe: %s%s", m.Error, p.stderrTail())
+				<-p.done
+				return m, &probeError{msg: m, stderr: p.stderrTail()}
 			}
-			if m.Event == want {
-				return m, nil
+			if m.Event != want {
+				return m, fmt.Errorf("probe: got %q, want %q", m.Event, want)
 			}
-		default:
+			return m, nil
+		case <-p.done:
+			for {
+				select {
+				case m := <-p.msgs:
+					if m.Event == "error" {
+						return m, &probeError{msg: m, stderr: p.stderrTail()}
+					}
+					if m.Event == want {
+						return m, nil
+					}
+					continue
+				default:
+				}
+				break
+			}
+			p.mu.Lock()
+			exit := p.exit
+			p.mu.Unlock()
+			return probeMessage{}, fmt.Errorf("probe exited before %q: %v%s", want, exit, p.stderrTail())
+		case <-timer.C:
+			if !kill {
+				return probeMessage{}, fmt.Errorf("%w: no %q within %s", errProbeTimeout, want, limit)
+			}
+			_ = p.cmd.Process.Kill()
+			return probeMessage{}, fmt.Errorf("%w: no %q within %s%s", errProbeTimeout, want, limit, p.stderrTail())
 		}
-		p.mu.Lock()
-		exit := p.exit
-		p.mu.Unlock()
-		return probeMessage{}, fmt.Errorf("probe exited before %q: %v%s", want, exit, p.stderrTail())
-	case <-timer.C:
-		if !kill {
-			return probeMessage{}, fmt.Errorf("%w: no %q within %s", errProbeTimeout, want, limit)
-		}
-		_ = p.cmd.Process.Kill()
-		return probeMessage{}, fmt.Errorf("%w: no %q within %s%s", errProbeTimeout, want, limit, p.stderrTail())
 	}
+}
+
+// probeError is an "error" message of a probe, with its stderr's tail.
+type probeError struct {
+	msg    probeMessage
+	stderr string
+}
+
+func (e *probeError) Error() string { return "probe: " + e.msg.Error + e.stderr }
+
+// probeErrorCode is the Code of the probe error err wraps ("" if none).
+func probeErrorCode(err error) string {
+	var pe *probeError
+	if errors.As(err, &pe) {
+		return pe.msg.Code
+	}
+	return ""
 }
 
 func (p *probeProcess) stderrTail() string {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 
@@ -75,22 +76,102 @@ func TestSimLedgerSharesLimit(t *testing.T) {
 	}
 }
 
+// fakeClock is a samplerWatch's clock that the test moves.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+// lendWatch is a samplerWatch of one GPU, already stopped, on a fake clock,
+// in phase "backend MPS".
+func lendWatch() (*samplerWatch, *fakeClock, gpu.GPU) {
+	g := gpu.GPU{UUID: "GPU-a", Minor: 0}
+	w := newSamplerWatch([]gpu.GPU{g}, g.UUID, samplerInterval)
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	w.now = clock.now
+	close(w.done)
+	w.setPhase("backend MPS")
+	return w, clock, g
+}
+
+// computes makes probe pid compute for d on the watch's clock, taking a
+// sample every samplerInterval of what sample returns for the time into
+// the window.
+func computes(w *samplerWatch, clock *fakeClock, g gpu.GPU, pid int, d time.Duration, sample func(into time.Duration) (lending.Sample, bool)) {
+	w.observe(pid, probeMessage{Event: "ready", Compute: &ComputeProbe{}}, false)
+	start := clock.t
+	for into := time.Duration(0); into <= d; into += samplerInterval {
+		clock.t = start.Add(into)
+		smp, busy := sample(into)
+		w.add(g.UUID, smp, busy)
+	}
+	clock.t = start.Add(d)
+	w.observe(pid, probeMessage{Event: "result", Compute: &ComputeProbe{Seconds: d.Seconds()}}, false)
+}
+
+func readable(pid uint32, sm uint32) lending.Sample {
+	return lending.Sample{Observed: true, Utilization: nvml.SUCCESS, Pods: map[types.UID]lending.Activity{"": {PIDs: []uint32{pid}, SM: sm}}}
+}
+
 // TestSamplerWatchFlagsIdleCompute: a step in which probes computed but the
 // sampler never saw the GPU busy is a mismatch (lending would lend a GPU
 // that computes); MPS clients that NVML does not list are said so.
 func TestSamplerWatchFlagsIdleCompute(t *testing.T) {
-	g := gpu.GPU{UUID: "GPU-a", Minor: 0}
-	w := &samplerWatch{gpus: []gpu.GPU{g}, check: g.UUID, stats: map[string]map[string]*phaseStats{},
-		probes: map[uint32]bool{}, compute: map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
-	close(w.done)
-	w.setPhase("backend MPS")
-	w.observe(42, probeMessage{Event: "ready", Compute: &ComputeProbe{}}, false)
-	for range 3 {
-		// NVML lists only the MPS server (pid 7), idle.
-		w.add(g.UUID, lending.Sample{Observed: true, Pods: map[types.UID]lending.Activity{"": {PIDs: []uint32{7}}}}, false)
-	}
+	w, clock, g := lendWatch()
+	// NVML lists only the MPS server (pid 7), idle.
+	computes(w, clock, g, 42, 2*time.Second, func(time.Duration) (lending.Sample, bool) { return readable(7, 0), false })
 	c := w.finish(&node{gpu: g})
-	if c.Status != StatusMismatch || !strings.Contains(c.Detail, "never saw the GPU busy") || !strings.Contains(c.Detail, "MPS clients do not show") {
+	if c.Status != StatusMismatch || !strings.Contains(c.Detail, "busy (SM ≥ 5%) in only 0 of 5 samples") || !strings.Contains(c.Detail, "MPS clients do not show") {
+		t.Errorf("%s: %s", c.Status, c.Detail)
+	}
+}
+
+// TestSamplerWatchJudgesOnlyTheComputeWindow: busy samples outside the
+// probes' compute window do not make up for idle ones inside it.
+func TestSamplerWatchJudgesOnlyTheComputeWindow(t *testing.T) {
+	w, clock, g := lendWatch()
+	for range 4 { // busy before the probe computes (another process)
+		w.add(g.UUID, readable(9, 100), true)
+		clock.t = clock.t.Add(samplerInterval)
+	}
+	clock.t = clock.t.Add(time.Second)
+	computes(w, clock, g, 42, 2*time.Second, func(into time.Duration) (lending.Sample, bool) {
+		return readable(42, 0), into == 0 // busy in one sample of five
+	})
+	c := w.finish(&node{gpu: g})
+	if c.Status != StatusMismatch || !strings.Contains(c.Detail, "in only 1 of 5 samples inside their compute windows") {
+		t.Errorf("%s: %s", c.Status, c.Detail)
+	}
+	// Most samples busy inside the window: measured.
+	w, clock, g = lendWatch()
+	computes(w, clock, g, 42, 2*time.Second, func(into time.Duration) (lending.Sample, bool) { return readable(42, 100), into > 0 })
+	if c := w.finish(&node{gpu: g}); c.Status != StatusMeasured {
+		t.Errorf("4 of 5 busy: %s: %s", c.Status, c.Detail)
+	}
+}
+
+// TestSamplerWatchRefusesTheFallback: samples in which NVML gave no
+// per-process utilization are the sampler's fallback (every process busy)
+// and prove nothing: inside a compute window they make the check an
+// ERROR, not a pass.
+func TestSamplerWatchRefusesTheFallback(t *testing.T) {
+	w, clock, g := lendWatch()
+	computes(w, clock, g, 42, 2*time.Second, func(time.Duration) (lending.Sample, bool) {
+		smp := readable(42, 100)
+		smp.UtilizationUnknown, smp.Utilization = true, nvml.ERROR_NOT_SUPPORTED
+		return smp, true
+	})
+	c := w.finish(&node{gpu: g})
+	if c.Status != StatusError || !strings.Contains(c.Detail, "no per-process utilization in 5 samples") || !strings.Contains(c.Detail, "NOT_SUPPORTED ×5") {
+		t.Errorf("%s: %s", c.Status, c.Detail)
+	}
+}
+
+// TestSamplerWatchTooFewSamples: a compute window with fewer than two
+// readable samples cannot be judged: ERROR.
+func TestSamplerWatchTooFewSamples(t *testing.T) {
+	w, clock, g := lendWatch()
+	computes(w, clock, g, 42, samplerInterval/2, func(time.Duration) (lending.Sample, bool) { return readable(42, 100), true })
+	if c := w.finish(&node{gpu: g}); c.Status != StatusError || !strings.Contains(c.Detail, "only 1 readable samples") {
 		t.Errorf("%s: %s", c.Status, c.Detail)
 	}
 }
@@ -131,8 +212,14 @@ func builtProbe(t *testing.T) string {
 // mode, as the dry run runs them.
 func simConfig(t *testing.T, isos ...configapi.Isolation) Config {
 	t.Helper()
+	return simConfigOf(t, "hgx-h100", isos...)
+}
+
+// simConfigOf is simConfig on another mock profile.
+func simConfigOf(t *testing.T, profile string, isos ...configapi.Isolation) Config {
+	t.Helper()
 	bin := builtProbe(t)
-	cfg := mockConfig(t, nil)
+	cfg := mockConfigOf(t, profile, nil)
 	// A client of uid 1000 must reach the work directory.
 	for d := cfg.WorkDir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
 		_ = os.MkdirAll(d, 0o755)
@@ -191,7 +278,7 @@ func TestRunMockEveryCheck(t *testing.T) {
 	}
 	uid := checkNamed(t, r, "MPS: a root client")
 	if os.Geteuid() == 0 {
-		if uid.Status != StatusSimulated || !strings.Contains(uid.Detail, "waited while the root client held") || !strings.Contains(uid.Detail, "uid 1000, clients") {
+		if uid.Status != StatusSimulated || !strings.Contains(uid.Detail, "waited in cuInit while the root client held") || !strings.Contains(uid.Detail, "uid 1000, clients") {
 			t.Errorf("uid check: %s: %s", uid.Status, uid.Detail)
 		}
 	} else if uid.Status != StatusSkipped {
@@ -203,7 +290,7 @@ func TestRunMockEveryCheck(t *testing.T) {
 	if c := checkNamed(t, r, "HAMi-core: 2 processes"); !strings.Contains(c.Detail, "together 4096 MiB") {
 		t.Errorf("shared limit: %s", c.Detail)
 	}
-	if c := checkNamed(t, r, "HAMi-core: cuMemAllocAsync"); strings.Count(c.Detail, "refused after") != 3 {
+	if c := checkNamed(t, r, "HAMi-core: cuMemAllocAsync"); strings.Count(c.Detail, "refused at") != 3 {
 		t.Errorf("allocators: %s", c.Detail)
 	}
 	if c := checkNamed(t, r, "health-event registration"); !strings.Contains(c.Detail, "the watcher registered XidCriticalError, DoubleBitEccError") {

@@ -220,6 +220,7 @@ func runNvidiaSMI(ctx context.Context, binary string, limit time.Duration) ([]by
 	for _, q := range []string{smiQuery, smiQueryOld} {
 		c, cancel := context.WithTimeout(ctx, limit)
 		cmd := exec.CommandContext(c, binary, "--query-gpu="+q, "--format=csv,noheader,nounits")
+		cmd.WaitDelay = time.Second
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()

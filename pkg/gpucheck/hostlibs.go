@@ -3,6 +3,7 @@ package gpucheck
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"debug/elf"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The GPU machine has no NVIDIA container toolkit, which is what puts the
@@ -49,8 +51,13 @@ type containerLibs struct {
 	// run).
 	DriverDir string
 	// Missing are libraries that were looked for and not found (the
-	// container may still run: a library a preloaded mock lacks).
+	// container may still run without one of the driver's optional
+	// libraries).
 	Missing []string
+	// MissingPreload are what a preloaded library (HAMi-core's libvgpu.so)
+	// needs and the host lacks: the loader would refuse the preload, so
+	// the container would run without it.
+	MissingPreload []string
 }
 
 // findContainerLibs resolves what the probe binary self needs, and with
@@ -99,6 +106,7 @@ func findContainerLibs(self string, driver bool, preload []string) (containerLib
 			r.add(name, name == "libcuda.so.1" || name == "libnvidia-ml.so.1")
 		}
 	}
+	before := len(r.missing)
 	for _, lib := range preload {
 		if ef, err := elf.Open(lib); err == nil {
 			deps, _ := ef.ImportedLibraries()
@@ -109,6 +117,7 @@ func findContainerLibs(self string, driver bool, preload []string) (containerLib
 		}
 	}
 	out.Libs, out.Missing = r.libs, r.missing
+	out.MissingPreload = slices.Clone(r.missing[before:])
 	if driver && !slices.ContainsFunc(out.Libs, func(l hostLib) bool { return l.Name == "libcuda.so.1" }) {
 		return out, fmt.Errorf("the driver's libcuda.so.1 was not found (looked in %s and ldconfig's cache)", strings.Join(r.dirs, ", "))
 	}
@@ -218,7 +227,9 @@ func ldconfigCache() map[string]string {
 		}
 		bin = "/sbin/ldconfig"
 	}
-	data, err := exec.Command(bin, "-p").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	data, err := exec.CommandContext(ctx, bin, "-p").Output()
 	if err != nil {
 		return out
 	}

@@ -170,7 +170,12 @@ func (n *node) mpsChecks(ctx context.Context) []Check {
 		return checks
 	}
 	checks[0] = n.mpsUIDCheck(ctx, ep, checks[0])
-	checks[1] = n.mpsDomainsCheck(ctx, ep, checks[1])
+	if n.oneContext != "" {
+		// Two domains are two servers: two contexts at once.
+		checks[1].Status, checks[1].Detail = StatusSkipped, n.oneContext
+	} else {
+		checks[1] = n.mpsDomainsCheck(ctx, ep, checks[1])
+	}
 	checks[2] = n.mpsMemoryCheck(ctx, ep, checks[2])
 	return checks
 }
@@ -262,15 +267,32 @@ func (n *node) mpsUIDCheck(ctx context.Context, ep ExecProber, c Check) Check {
 		return c
 	}
 	defer other.kill()
-	// While the root client holds its server, the uid-1000 client waits.
+	otherPID := other.cmd.Process.Pid
+	// The wait is judged from cuInit on: the probe says "loading" right
+	// before it, so a slow start is not taken for a wait.
+	if _, err := other.next(ep.timeout(), "loading"); err != nil {
+		c.Status, c.Detail = StatusError, "uid-1000 client: "+err.Error()
+		return c
+	}
+	// While the root client holds its server, the uid-1000 client waits,
+	// and the control daemon lists it as no server's client.
 	const early = 3 * time.Second
 	if _, err, timedOut := other.await(early, "holding", false); err == nil {
-		bad = append(bad, "the uid-1000 client got its context while the uid-0 server had a client: legacy MPS makes it wait (docs/mps.md)")
+		bad = append(bad, fmt.Sprintf("the uid-1000 client got its context within %s of cuInit while the uid-0 server had a client: legacy MPS makes it wait (docs/mps.md)", early))
 	} else if !timedOut {
 		c.Status, c.Detail = StatusError, "uid-1000 client: "+err.Error()
 		return c
 	} else {
-		facts = append(facts, fmt.Sprintf("the uid-1000 client waited while the root client held the server (%s)", early))
+		servers, err := n.mpsServers(ctx, mpsUIDDomain)
+		if err != nil {
+			c.Status, c.Detail = StatusError, err.Error()
+			return c
+		}
+		if s, ok := serverOf(servers, otherPID); ok {
+			bad = append(bad, fmt.Sprintf("the uid-1000 client (pid %d) is already a client of %s while the root client holds its server", otherPID, s))
+		} else {
+			facts = append(facts, fmt.Sprintf("the uid-1000 client waited in cuInit while the root client held the server (%s), and was no server's client (get_client_list; servers: %v)", early, servers))
+		}
 	}
 	released := time.Now()
 	if err := root.send("release"); err != nil {
@@ -282,10 +304,19 @@ func (n *node) mpsUIDCheck(ctx context.Context, ep ExecProber, c Check) Check {
 		return c
 	}
 	if len(bad) == 0 {
-		if _, err := other.next(MPSUIDWaitBound, "holding"); err != nil {
-			bad = append(bad, fmt.Sprintf("the uid-1000 client had no context %s after the root client exited (bound %s): %v", time.Since(released).Round(time.Millisecond), MPSUIDWaitBound, err))
-		} else {
-			facts = append(facts, fmt.Sprintf("it got its context %s after the root client exited (bound %s)", time.Since(released).Round(time.Millisecond), MPSUIDWaitBound))
+		m, err := other.next(MPSUIDWaitBound, "holding")
+		got := time.Unix(0, m.Time)
+		switch {
+		case err != nil:
+			bad = append(bad, fmt.Sprintf("the uid-1000 client had no context %s after the root client was released (bound %s): %v", time.Since(released).Round(time.Millisecond), MPSUIDWaitBound, err))
+		case m.Time == 0:
+			bad = append(bad, "the uid-1000 client's \"holding\" carries no time: cannot tell whether it came after the release")
+		case !got.After(released):
+			bad = append(bad, fmt.Sprintf("the uid-1000 client got its context %s before the root client was released: it did not wait", released.Sub(got).Round(time.Millisecond)))
+		case got.Sub(released) > MPSUIDWaitBound:
+			bad = append(bad, fmt.Sprintf("the uid-1000 client got its context %s after the root client was released (bound %s)", got.Sub(released).Round(time.Millisecond), MPSUIDWaitBound))
+		default:
+			facts = append(facts, fmt.Sprintf("it got its context %s after the root client was released (bound %s)", got.Sub(released).Round(time.Millisecond), MPSUIDWaitBound))
 		}
 	}
 	if len(bad) == 0 {
@@ -294,11 +325,10 @@ func (n *node) mpsUIDCheck(ctx context.Context, ep ExecProber, c Check) Check {
 			c.Status, c.Detail = StatusError, err.Error()
 			return c
 		}
-		pid := other.cmd.Process.Pid
-		if s, ok := serverOf(servers, pid); !ok || s.UID != 1000 {
-			bad = append(bad, fmt.Sprintf("the uid-1000 client (pid %d) is not a client of a uid-1000 server (servers: %v)", pid, servers))
+		if s, ok := serverOf(servers, otherPID); !ok || s.UID != 1000 {
+			bad = append(bad, fmt.Sprintf("the uid-1000 client (pid %d) is not a client of a uid-1000 server (servers: %v)", otherPID, servers))
 		} else {
-			facts = append(facts, fmt.Sprintf("uid-1000 client pid %d went through %s", pid, s))
+			facts = append(facts, fmt.Sprintf("uid-1000 client pid %d went through %s", otherPID, s))
 		}
 	}
 	_ = other.send("release")
@@ -563,15 +593,49 @@ func (n *node) mpsMemoryCheck(ctx context.Context, ep ExecProber, c Check) Check
 	}
 	detail = append(detail, fmt.Sprintf("a server's context: %s (%s); servers while the clients held: %v; NVML per process: %s", mibOf(server), how, servers, perProcess))
 	if n.cfg.Mock {
-		detail = append(detail, "mock: no MPS server runs, and the mock NVML counts each simulated client as a 500 MiB process")
+		detail = append(detail, fmt.Sprintf("mock: the mock NVML counts each simulated client as a %d MiB process and, while a (pipe directory, uid) has clients, a simulated server of %d MiB", SimulatedContextMiB, SimulatedServerMiB))
 	}
-	if reserve := int64(isolation.DefaultMPSServerReserve); !n.cfg.Mock && server > reserve {
-		c.Status = StatusMismatch
-		c.Detail = fmt.Sprintf("a server's context (%s) is larger than the %s that pkg/isolation's DefaultMPSServerReserve leaves out of each MPS share — %s", mibOf(server), mibOf(reserve), strings.Join(detail, "; "))
+	pids := [2]int{clients[0].cmd.Process.Pid, clients[1].cmd.Process.Pid}
+	if bad := judgeMPSMemory(servers, pids, server, client2, int64(isolation.DefaultMPSServerReserve)); len(bad) > 0 {
+		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+strings.Join(detail, "; ")
 		return c
 	}
 	c.Status, c.Detail = n.measured(), strings.Join(detail, "; ")
 	return c
+}
+
+// mpsServerFloor is the least a server's context can take: a figure below
+// it means no server context was measured (clients that did not go
+// through MPS, each with a context of its own, show the same increase
+// twice). 32 MiB is far below any CUDA context (docs/mps.md expects about
+// 0.5 GiB on an H100); assumed, not measured.
+const mpsServerFloor = 32 << 20
+
+// judgeMPSMemory is the memory check's verdict: both clients (pids) must be
+// clients of the domain's one server, the server's context (server bytes)
+// above mpsServerFloor and at most reserve (what every MPS share leaves out
+// for it), and the second client's increase (client2 bytes) not negative.
+// It returns what is wrong; none: the figure stands.
+func judgeMPSMemory(servers []mpsServer, pids [2]int, server, client2, reserve int64) []string {
+	var bad []string
+	s1, ok1 := serverOf(servers, pids[0])
+	s2, ok2 := serverOf(servers, pids[1])
+	switch {
+	case len(servers) != 1:
+		bad = append(bad, fmt.Sprintf("the domain's daemon lists %d servers while its two clients held (want exactly one: %v): the figure is not one server's context", len(servers), servers))
+	case !ok1 || !ok2 || s1.ID != s2.ID:
+		bad = append(bad, fmt.Sprintf("the clients (pids %d, %d) are not both clients of the domain's server (%v): they did not go through it", pids[0], pids[1], servers))
+	}
+	if server <= mpsServerFloor {
+		bad = append(bad, fmt.Sprintf("a server's context of %s is not above %s: no server context was measured", mibOf(server), mibOf(mpsServerFloor)))
+	}
+	if client2 < 0 {
+		bad = append(bad, fmt.Sprintf("the second client lowered the GPU's used memory (%s): the readings moved for another reason", mibOf(client2)))
+	}
+	if server > reserve {
+		bad = append(bad, fmt.Sprintf("a server's context (%s) is larger than the %s that pkg/isolation's DefaultMPSServerReserve leaves out of each MPS share", mibOf(server), mibOf(reserve)))
+	}
+	return bad
 }
 
 // processMemory lists the checked GPU's compute and MPS-client processes

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -122,6 +123,21 @@ func RunNSExec(path string) error {
 		}
 	}
 	return fmt.Errorf("nsexec: exec %s: %w", bin, unix.Exec(bin, cfg.Args, cfg.Env))
+}
+
+// ReportNSExecError writes RunNSExec's error as a probe's error message on
+// w (the protocol the check reads), with ErrCodeNamespace when the kernel
+// refused it for want of privilege (EPERM: root without CAP_SYS_ADMIN in
+// the namespace), so that the check can try a user namespace or skip.
+func ReportNSExecError(w io.Writer, err error) {
+	if err == nil {
+		return
+	}
+	m := probeMessage{Event: "error", Error: err.Error()}
+	if errors.Is(err, unix.EPERM) {
+		m.Code = ErrCodeNamespace
+	}
+	_ = json.NewEncoder(w).Encode(m)
 }
 
 // nsMount makes one mount, creating its mount point (a directory, or an

@@ -86,13 +86,22 @@ func (c ComputeProbe) WorkRate() float64 {
 
 // probeMessage is one line a probe process writes on stdout.
 type probeMessage struct {
-	// Event is "holding" (memory probe at its peak, or a hold probe with
-	// its context, waiting for a line on stdin), "ready" (compute or work
-	// probe warmed up, or a memory probe with --wait-start, waiting for a
-	// line on stdin), "inside" (a probe in a container, before its memory
-	// probe), "result" or "error".
-	Event   string        `json:"event"`
-	Error   string        `json:"error,omitempty"`
+	// Event is "loading" (a hold probe that loaded the driver library and
+	// is about to call cuInit: under legacy MPS a client of another uid
+	// waits there), "holding" (memory probe at its peak, or a hold probe
+	// with its context, waiting for a line on stdin), "ready" (compute or
+	// work probe warmed up, or a memory probe with --wait-start, waiting
+	// for a line on stdin), "inside" (a probe in a container, before its
+	// memory probe), "result" or "error".
+	Event string `json:"event"`
+	// Time is when the probe sent the message (Unix nanoseconds, this
+	// machine's clock), for "loading" and "holding" of the hold probe.
+	Time  int64  `json:"time,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Code classifies an error the check acts on: ErrCodeUnsupported (the
+	// driver or device does not support the allocator asked for),
+	// ErrCodeNamespace (nsexec was refused a namespace or a mount).
+	Code    string        `json:"code,omitempty"`
 	Memory  *MemoryProbe  `json:"memory,omitempty"`
 	Compute *ComputeProbe `json:"compute,omitempty"`
 	// Inside is what a probe in a container saw (event "inside").
@@ -116,7 +125,11 @@ func RunMemoryProbe(in io.Reader, out io.Writer, opts MemoryOptions) error {
 	defer runtime.UnlockOSThread()
 	enc := json.NewEncoder(out)
 	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
+		m := probeMessage{Event: "error", Error: err.Error()}
+		if errors.Is(err, cuda.ErrNotSupported) {
+			m.Code = ErrCodeUnsupported
+		}
+		_ = enc.Encode(m)
 		return err
 	}
 	lib, err := cuda.Open()
@@ -165,8 +178,8 @@ func allocateUntilRefused(lib *cuda.Lib, info cuda.DeviceInfo, opts MemoryOption
 		a = cuda.AllocPlain
 	}
 	p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: a, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
-	if !lib.Has(a) {
-		return p, nil, fmt.Errorf("this driver has no %s", a)
+	if err := lib.Supported(a); err != nil {
+		return p, nil, err
 	}
 	gran, err := lib.Granularity(a)
 	if err != nil {
@@ -199,9 +212,17 @@ func allocateUntilRefused(lib *cuda.Lib, info cuda.DeviceInfo, opts MemoryOption
 	return p, held, nil
 }
 
-// RunHoldProbe is the smallest client: it loads the driver, makes device
-// 0's primary context current (under MPS: connects to the server), reports
-// "holding" with what it read, and keeps the context until a line on in.
+// Error codes of probeMessage.Code.
+const (
+	ErrCodeUnsupported = "unsupported"
+	ErrCodeNamespace   = "namespace"
+)
+
+// RunHoldProbe is the smallest client: it loads the driver, reports
+// "loading" (stamped) right before cuInit, makes device 0's primary context
+// current (under MPS: connects to the server, which for a client of another
+// uid waits until the running server has no clients), reports "holding"
+// (stamped) with what it read, and keeps the context until a line on in.
 func RunHoldProbe(in io.Reader, out io.Writer) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -214,13 +235,16 @@ func RunHoldProbe(in io.Reader, out io.Writer) error {
 	if err != nil {
 		return fail(err)
 	}
+	if err := enc.Encode(probeMessage{Event: "loading", Time: time.Now().UnixNano()}); err != nil {
+		return err
+	}
 	info, err := lib.Init()
 	if err != nil {
 		return fail(err)
 	}
 	defer func() { _ = lib.Close() }()
 	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
-	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+	if err := enc.Encode(probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}); err != nil {
 		return err
 	}
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {

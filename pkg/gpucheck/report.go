@@ -107,6 +107,9 @@ func backendCheck(b BackendReport, mock, probed bool) Check {
 		verdicts = append(verdicts, fmt.Sprintf("compute %.1f/%.1f %% (want %.0f/%.0f): %s", cr.MeasuredPercent[0], cr.MeasuredPercent[1], cr.ExpectedPercent[0], cr.ExpectedPercent[1], cr.Verdict))
 		miss = miss || cr.Verdict == Miss
 	}
+	if b.ComputeSkipped != "" {
+		verdicts = append(verdicts, "compute skipped: "+b.ComputeSkipped)
+	}
 	c.Detail = strings.Join(verdicts, "; ")
 	switch {
 	case miss:
@@ -162,6 +165,9 @@ type BackendReport struct {
 	Error   string         `json:"error,omitempty"`
 	Shares  []ShareReport  `json:"shares,omitempty"`
 	Compute *ComputeReport `json:"compute,omitempty"`
+	// ComputeSkipped is why the two shares' compute was not measured (the
+	// GPU allows one context at a time).
+	ComputeSkipped string `json:"computeSkipped,omitempty"`
 }
 
 // ShareReport is one prepared share.
@@ -334,6 +340,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		if b.Error != "" {
 			notes = append(notes, fmt.Sprintf("%s %s: %s", b.Isolation, Failed, oneLine(b.Error)))
+		}
+		if b.ComputeSkipped != "" {
+			notes = append(notes, fmt.Sprintf("%s compute skipped: %s", b.Isolation, oneLine(b.ComputeSkipped)))
 		}
 		for i, s := range b.Shares {
 			limit, alloc, got, verdict := "-", "-", "-", "-"

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,6 +45,35 @@ const SimulatedDeviceName = "simulated (mock profile, no GPU)"
 
 // SimulatedContextMiB is the context charge a simulated probe reports.
 const SimulatedContextMiB = 500
+
+// SimulatedServerMiB is the memory the mock NVML shows for a simulated MPS
+// server (a mock figure, below the 512 MiB isolation.DefaultMPSServerReserve
+// assumes; no GPU was asked).
+const SimulatedServerMiB = 300
+
+// Faults a simulated probe can be given (probe --simulate-fault), so that
+// the tests see each check fail the way a broken driver would make it fail.
+const (
+	// SimFaultMPSNoWait: an MPS client of another uid does not wait for
+	// the running server to lose its clients (after a slow start of
+	// simFaultSlowStart, which a check that judged the wait from the
+	// process's start would take for the wait).
+	SimFaultMPSNoWait = "mps-no-wait"
+	// SimFaultMPSNoServer: MPS clients do not go through a server (each a
+	// context of its own, as when the daemon is not reached).
+	SimFaultMPSNoServer = "mps-no-server"
+	// SimFaultHAMiLow: HAMi-core refuses at half the limit.
+	SimFaultHAMiLow = "hami-low"
+	// SimFaultMIGSeesAll: a process in a MIG instance sees every MIG device
+	// of its GPU.
+	SimFaultMIGSeesAll = "mig-sees-all"
+)
+
+// SimFaults are every SimFault* value.
+var SimFaults = []string{SimFaultMPSNoWait, SimFaultMPSNoServer, SimFaultHAMiLow, SimFaultMIGSeesAll}
+
+// simFaultSlowStart is how long SimFaultMPSNoWait's client takes to start.
+const simFaultSlowStart = 4 * time.Second
 
 // simPreloaded reports whether a library is preloaded into the process, as
 // HAMi-core must be for its variables to mean anything: LD_PRELOAD (a host
@@ -106,22 +136,72 @@ func simulatedCores(env []string) (float64, error) {
 	return 50, nil
 }
 
+// SimMIGFile is the mock run's table of MIG devices (in the simulated
+// clients' registry): what a simulated probe whose CUDA_VISIBLE_DEVICES
+// names a MIG device sees.
+const SimMIGFile = "mig-devices.json"
+
+// SimMIGDevice is one MIG device of the table.
+type SimMIGDevice struct {
+	UUID        string `json:"uuid"`
+	Parent      string `json:"parent"`
+	MemoryBytes uint64 `json:"memoryBytes"`
+}
+
 // simulatedDevice is the simulated GPU a probe sees. A probe must see one
 // GPU: CUDA_VISIBLE_DEVICES names it, or (in a container, where the
 // runtime gives only the GPU's own device node) exactly one /dev/nvidia<N>
-// exists.
-func simulatedDevice(env []string, gpuBytes uint64) (cuda.DeviceInfo, error) {
-	if v, _ := simEnv(env, "CUDA_VISIBLE_DEVICES"); v == "" {
+// exists. A MIG device (CUDA_VISIBLE_DEVICES=MIG-…) must be one the mock
+// NVML lists (reg's SimMIGFile, written by the check); the probe sees it,
+// with its memory as the total, and (with SimFaultMIGSeesAll) every MIG
+// device of its GPU.
+func simulatedDevice(env []string, gpuBytes uint64, reg SimRegistry, faults []string) (cuda.DeviceInfo, error) {
+	info := cuda.DeviceInfo{Name: SimulatedDeviceName, TotalBytes: gpuBytes, FreeBytes: gpuBytes}
+	v, _ := simEnv(env, "CUDA_VISIBLE_DEVICES")
+	if v == "" {
 		nodes, _ := filepath.Glob("/dev/nvidia[0-9]*")
 		if len(nodes) != 1 {
 			return cuda.DeviceInfo{}, fmt.Errorf("CUDA_VISIBLE_DEVICES is not set and %d GPU device nodes exist: the probe would see every GPU", len(nodes))
 		}
+		return info, nil
 	}
-	return cuda.DeviceInfo{Name: SimulatedDeviceName, TotalBytes: gpuBytes, FreeBytes: gpuBytes}, nil
+	names := strings.Split(v, ",")
+	if !strings.HasPrefix(names[0], "MIG-") {
+		for _, n := range names {
+			info.VisibleUUIDs = append(info.VisibleUUIDs, cuda.BareUUID(n))
+		}
+		info.DeviceCount = len(names)
+		return info, nil
+	}
+	var table []SimMIGDevice
+	data, err := os.ReadFile(filepath.Join(reg.Dir, SimMIGFile))
+	if err == nil {
+		err = json.Unmarshal(data, &table)
+	}
+	if err != nil {
+		return cuda.DeviceInfo{}, fmt.Errorf("CUDA_VISIBLE_DEVICES=%s names a MIG device, and the mock's MIG devices cannot be read: %w", v, err)
+	}
+	i := slices.IndexFunc(table, func(d SimMIGDevice) bool { return d.UUID == names[0] })
+	if i < 0 {
+		return cuda.DeviceInfo{}, fmt.Errorf("cuInit: CUDA_ERROR_NO_DEVICE (100) [simulated]: CUDA_VISIBLE_DEVICES=%s names no MIG device the mock NVML lists", v)
+	}
+	dev := table[i]
+	info.TotalBytes, info.FreeBytes = dev.MemoryBytes, dev.MemoryBytes
+	info.VisibleUUIDs = []string{cuda.BareUUID(dev.UUID)}
+	if slices.Contains(faults, SimFaultMIGSeesAll) {
+		for _, d := range table {
+			if d.Parent == dev.Parent && d.UUID != dev.UUID {
+				info.VisibleUUIDs = append(info.VisibleUUIDs, cuda.BareUUID(d.UUID))
+			}
+		}
+	}
+	info.DeviceCount = len(info.VisibleUUIDs)
+	return info, nil
 }
 
 // RunSimulatedMemoryProbe is the memory probe of the mock mode: env is its
-// environment (os.Environ()), gpuBytes the mock GPU's memory. It behaves as
+// environment (os.Environ()), gpuBytes the mock GPU's memory, faults
+// SimFault* values. It behaves as
 // a GPU under the spec's variables would for every allocator alike
 // (HAMi-core hooks all four; MPS pins device memory, whatever allocates it).
 // With opts.WaitStart it reports "ready" once its (simulated) context exists and
@@ -131,16 +211,17 @@ func simulatedDevice(env []string, gpuBytes uint64) (cuda.DeviceInfo, error) {
 // region (CUDA_DEVICE_MEMORY_SHARED_CACHE) makes them: the simulation keeps
 // a ledger next to that file (flock'd), charges each process's context when
 // it starts and lets it allocate only what the claim has left.
-func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, opts MemoryOptions) error {
+func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, opts MemoryOptions, reg SimRegistry, faults ...string) error {
 	enc := json.NewEncoder(out)
 	fail := func(err error) error {
 		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
 		return err
 	}
-	info, err := simulatedDevice(env, gpuBytes)
+	info, err := simulatedDevice(env, gpuBytes, reg, faults)
 	if err != nil {
 		return fail(err)
 	}
+	gpuBytes = info.TotalBytes // a MIG device's
 	a := opts.Allocator
 	if a == "" {
 		a = cuda.AllocPlain
@@ -157,10 +238,17 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 	if total <= ctx {
 		return fail(fmt.Errorf("a %d MiB cap leaves nothing after the %d MiB context", total>>20, SimulatedContextMiB))
 	}
+	// What the claim may use: its cap, or half of it for a HAMi-core that
+	// refuses at half the limit (and still shows the whole limit as the
+	// total).
+	claimLimit := total
+	if _, mps := simEnv(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"); capped && !mps && slices.Contains(faults, SimFaultHAMiLow) {
+		claimLimit = total / 2
+	}
 	var ledger *simLedger
 	if cache, ok := simEnv(env, "CUDA_DEVICE_MEMORY_SHARED_CACHE"); ok && capped {
 		if simPreloaded(env) {
-			ledger = &simLedger{path: cache + ".tessera-sim", limit: total}
+			ledger = &simLedger{path: cache + ".tessera-sim", limit: claimLimit}
 			defer ledger.release()
 		}
 	}
@@ -184,7 +272,7 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 			return fail(fmt.Errorf("wait for the start signal: %w", err))
 		}
 	}
-	want := total - ctx
+	want := claimLimit - min(ctx, claimLimit)
 	if ledger != nil {
 		if want, _, err = ledger.charge(want, true); err != nil {
 			return fail(err)
@@ -341,22 +429,35 @@ func (r SimRegistry) waitForServer(pipe string, uid int, limit time.Duration) er
 	}
 }
 
-// RunSimulatedHoldProbe is the hold probe of the mock mode. An MPS client
+// RunSimulatedHoldProbe is the hold probe of the mock mode. It reports
+// "loading" as the real probe does before cuInit; then an MPS client
 // (CUDA_MPS_PIPE_DIRECTORY set) of a uid other than the running server's
-// waits as legacy MPS makes it wait; then it registers and holds.
-func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, reg SimRegistry) error {
+// waits as legacy MPS makes it wait; then it registers and holds. faults
+// are SimFault* values.
+func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, reg SimRegistry, faults ...string) error {
 	enc := json.NewEncoder(out)
 	fail := func(err error) error {
 		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
 		return err
 	}
-	info, err := simulatedDevice(env, gpuBytes)
+	info, err := simulatedDevice(env, gpuBytes, reg, faults)
 	if err != nil {
 		return fail(err)
 	}
+	gpuBytes = info.TotalBytes
+	noWait := slices.Contains(faults, SimFaultMPSNoWait)
+	if noWait {
+		time.Sleep(simFaultSlowStart)
+	}
+	if err := enc.Encode(probeMessage{Event: "loading", Time: time.Now().UnixNano()}); err != nil {
+		return err
+	}
 	pipe, _ := simEnv(env, "CUDA_MPS_PIPE_DIRECTORY")
+	if slices.Contains(faults, SimFaultMPSNoServer) {
+		pipe = ""
+	}
 	if reg.Dir != "" {
-		if pipe != "" {
+		if pipe != "" && !noWait {
 			if err := reg.waitForServer(pipe, os.Getuid(), time.Minute); err != nil {
 				return fail(err)
 			}
@@ -369,7 +470,7 @@ func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes u
 	}
 	const ctx = SimulatedContextMiB << 20
 	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: gpuBytes, FreeBeforeBytes: gpuBytes - ctx}
-	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+	if err := enc.Encode(probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}); err != nil {
 		return err
 	}
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
@@ -389,7 +490,7 @@ func RunSimulatedWorkProbe(in io.Reader, out io.Writer, env []string, d time.Dur
 		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
 		return err
 	}
-	info, err := simulatedDevice(env, 0)
+	info, err := simulatedDevice(env, 0, reg, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -432,7 +533,7 @@ func RunSimulatedComputeProbe(in io.Reader, out io.Writer, env []string, d time.
 		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
 		return err
 	}
-	info, err := simulatedDevice(env, 0)
+	info, err := simulatedDevice(env, 0, SimRegistry{}, nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -462,8 +563,39 @@ const SimRegistryDir = "sim"
 // mockDriverObserver plays the driver for a mock run: while a simulated
 // probe runs, the mock NVML lists it as a compute process on GPU index with
 // the memory its figures say (its context, plus what it holds) and, while it
-// computes, 100 % SM utilization; it goes when the probe exits.
-func mockDriverObserver(node *gpu.MockNode, index int) func(pid int, m probeMessage, gone bool) {
+// computes, 100 % SM utilization; it goes when the probe exits. While a
+// (pipe directory, uid) has simulated MPS clients in the registry at dir,
+// the mock NVML also lists a simulated MPS server for it, a process of
+// SimulatedServerMiB with a PID above Linux's PID limit (2^22), so that it
+// is no real process. (A real legacy MPS server outlives its clients until
+// its daemon quits; the simulated one goes with its last client.)
+func mockDriverObserver(node *gpu.MockNode, index int, dir string) func(pid int, m probeMessage, gone bool) {
+	var mu sync.Mutex
+	servers := map[string]uint32{}
+	next := uint32(1 << 22)
+	syncServers := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		live := map[string]bool{}
+		for _, c := range (SimRegistry{Dir: dir}).Clients() {
+			if c.Pipe != "" {
+				live[c.context()] = true
+			}
+		}
+		for key := range live {
+			if _, ok := servers[key]; !ok {
+				next++
+				servers[key] = next
+				_ = node.SetProcessActivity(index, next, "", 0, SimulatedServerMiB<<20, false)
+			}
+		}
+		for key, pid := range servers {
+			if !live[key] {
+				_ = node.SetProcessActivity(index, pid, "", 0, 0, true)
+				delete(servers, key)
+			}
+		}
+	}
 	return func(pid int, m probeMessage, gone bool) {
 		const ctx = SimulatedContextMiB << 20
 		switch {
@@ -475,6 +607,9 @@ func mockDriverObserver(node *gpu.MockNode, index int) func(pid int, m probeMess
 			_ = node.SetProcessActivity(index, uint32(pid), "", 100, ctx, false)
 		case m.Event == "ready" || m.Event == "inside":
 			_ = node.SetProcessActivity(index, uint32(pid), "", 0, ctx, false)
+		}
+		if dir != "" {
+			syncServers()
 		}
 	}
 }
