@@ -9,7 +9,8 @@ import (
 )
 
 // MIGDevice is one allocated MIG device of a claim as its containers see
-// it: a compute instance of a GPU instance of a GPU in MIG mode.
+// it: a GPU instance of a GPU in MIG mode with its compute instance (and,
+// for a GPU instance an admin split, its other compute instances: Others).
 type MIGDevice struct {
 	// UUID is the MIG device's "MIG-…" UUID.
 	UUID string
@@ -26,16 +27,48 @@ type MIGDevice struct {
 	// the GPU and the compute instance (gpu.MIGMinors).
 	GPUInstanceMinor     int
 	ComputeInstanceMinor int
+	// Others are the GPU instance's other compute instances, each a MIG
+	// device of its own with its own UUID and capability node: the claim
+	// gets the whole GPU instance (static MIG).
+	Others []MIGComputeInstance
+}
+
+// MIGComputeInstance is one more compute instance of a MIG device's GPU
+// instance: its ID, MIG UUID and capability minor.
+type MIGComputeInstance struct {
+	ID    int
+	UUID  string
+	Minor int
+}
+
+// computeInstances are all of m's compute instances, the first one first.
+func (m MIGDevice) computeInstances() []MIGComputeInstance {
+	return append([]MIGComputeInstance{{ID: m.ComputeInstance, UUID: m.UUID, Minor: m.ComputeInstanceMinor}}, m.Others...)
 }
 
 func (m MIGDevice) check() error {
-	switch {
-	case !strings.HasPrefix(m.UUID, "MIG-"):
-		return fmt.Errorf("MIG device %d/%d of GPU gpu-%d: UUID %q is not a MIG-… UUID", m.GPUInstance, m.ComputeInstance, m.Minor, m.UUID)
-	case m.GPUInstanceMinor <= 0 || m.ComputeInstanceMinor <= 0:
-		return fmt.Errorf("MIG device %s: capability minors unknown (GPU instance %d, compute instance %d; /proc/driver/nvidia-caps/mig-minors)", m.UUID, m.GPUInstanceMinor, m.ComputeInstanceMinor)
+	if m.GPUInstanceMinor <= 0 {
+		return fmt.Errorf("MIG device %s: capability minor of GPU instance %d unknown (/proc/driver/nvidia-caps/mig-minors)", m.UUID, m.GPUInstance)
+	}
+	for _, ci := range m.computeInstances() {
+		switch {
+		case !strings.HasPrefix(ci.UUID, "MIG-"):
+			return fmt.Errorf("MIG device %d/%d of GPU gpu-%d: UUID %q is not a MIG-… UUID", m.GPUInstance, ci.ID, m.Minor, ci.UUID)
+		case ci.Minor <= 0:
+			return fmt.Errorf("MIG device %s: capability minors unknown (GPU instance %d, compute instance %d; /proc/driver/nvidia-caps/mig-minors)", ci.UUID, m.GPUInstanceMinor, ci.Minor)
+		}
 	}
 	return nil
+}
+
+// UUIDs are the MIG UUIDs of all of m's compute instances, the first one
+// first.
+func (m MIGDevice) UUIDs() []string {
+	var out []string
+	for _, ci := range m.computeInstances() {
+		out = append(out, ci.UUID)
+	}
+	return out
 }
 
 // MIGVariable is the name of the variable that holds the UUID of the MIG
@@ -67,6 +100,9 @@ const capsDir = "nvidia-caps"
 //	TESSERA_MIG_<minor>_<gi>_<ci>_PROFILE=<profile>            3g.40gb
 //	TESSERA_MIG_<minor>_<gi>_<ci>_CAPS=/dev/nvidia-caps/nvidia-cap<G>,/dev/nvidia-caps/nvidia-cap<C>
 //
+// and the three TESSERA_MIG_<minor>_<gi>_<ci> variables again for each of
+// the GPU instance's other compute instances (Others).
+//
 // No TESSERA_GPU_<minor>: the container does not get the GPU, only the MIG
 // device. What makes the MIG device, and no other, visible to CUDA are its
 // device nodes (the parent's /dev/nvidia<minor> and the two capability
@@ -83,16 +119,17 @@ func MIGDeviceEdits(m MIGDevice, legacyRuntime bool) (cdispec.ContainerEdits, er
 		return cdispec.ContainerEdits{}, err
 	}
 	var edits cdispec.ContainerEdits
-	if legacyRuntime {
-		edits.Mounts = []*cdispec.Mount{bindMount("/dev/null", LegacyDeviceMount(m.UUID), "ro")}
-	}
-	prefix := MIGVariable(m.Minor, m.GPUInstance, m.ComputeInstance)
-	edits.Env = []string{
-		"NVIDIA_VISIBLE_DEVICES=void",
-		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
-		prefix + "=" + m.UUID,
-		prefix + "_PROFILE=" + m.Profile,
-		prefix + "_CAPS=" + MIGCapabilityPath(m.GPUInstanceMinor) + "," + MIGCapabilityPath(m.ComputeInstanceMinor),
+	edits.Env = []string{"NVIDIA_VISIBLE_DEVICES=void", "CUDA_DEVICE_ORDER=PCI_BUS_ID"}
+	for _, ci := range m.computeInstances() {
+		if legacyRuntime {
+			edits.Mounts = append(edits.Mounts, bindMount("/dev/null", LegacyDeviceMount(ci.UUID), "ro"))
+		}
+		prefix := MIGVariable(m.Minor, m.GPUInstance, ci.ID)
+		edits.Env = append(edits.Env,
+			prefix+"="+ci.UUID,
+			prefix+"_PROFILE="+m.Profile,
+			prefix+"_CAPS="+MIGCapabilityPath(m.GPUInstanceMinor)+","+MIGCapabilityPath(ci.Minor),
+		)
 	}
 	return edits, nil
 }
@@ -115,13 +152,14 @@ type MIGCapability struct {
 	Proc  string
 }
 
-// MIGCapabilities are the two capability nodes of MIG device m: its GPU
-// instance's and its compute instance's (the paths NVIDIA's container
+// MIGCapabilities are the capability nodes of MIG device m: its GPU
+// instance's and its compute instances' (the paths NVIDIA's container
 // toolkit reads, internal/nvcaps).
 func MIGCapabilities(m MIGDevice) []MIGCapability {
 	gi := fmt.Sprintf("gpu%d/mig/gi%d", m.Minor, m.GPUInstance)
-	return []MIGCapability{
-		{Minor: m.GPUInstanceMinor, Proc: gi + "/access"},
-		{Minor: m.ComputeInstanceMinor, Proc: fmt.Sprintf("%s/ci%d/access", gi, m.ComputeInstance)},
+	out := []MIGCapability{{Minor: m.GPUInstanceMinor, Proc: gi + "/access"}}
+	for _, ci := range m.computeInstances() {
+		out = append(out, MIGCapability{Minor: ci.Minor, Proc: fmt.Sprintf("%s/ci%d/access", gi, ci.ID)})
 	}
+	return out
 }

@@ -68,6 +68,45 @@ func TestMIGCapabilities(t *testing.T) {
 	}
 }
 
+// A GPU instance an admin split into two compute instances is one device:
+// the container gets both, each with its variables and capability node, and
+// the GPU instance's node once.
+func TestMIGSplitGPUInstance(t *testing.T) {
+	m := testMIG()
+	m.Others = []MIGComputeInstance{{ID: 1, UUID: "MIG-1112", Minor: 410}}
+	edits, err := MIGDeviceEdits(m, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"NVIDIA_VISIBLE_DEVICES=void",
+		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
+		"TESSERA_MIG_3_1_0=MIG-1111",
+		"TESSERA_MIG_3_1_0_PROFILE=4g.40gb",
+		"TESSERA_MIG_3_1_0_CAPS=/dev/nvidia-caps/nvidia-cap408,/dev/nvidia-caps/nvidia-cap409",
+		"TESSERA_MIG_3_1_1=MIG-1112",
+		"TESSERA_MIG_3_1_1_PROFILE=4g.40gb",
+		"TESSERA_MIG_3_1_1_CAPS=/dev/nvidia-caps/nvidia-cap408,/dev/nvidia-caps/nvidia-cap410",
+	}
+	if diff := cmp.Diff(want, edits.Env); diff != "" {
+		t.Errorf("env (-want +got):\n%s", diff)
+	}
+	if len(edits.Mounts) != 2 || edits.Mounts[1].ContainerPath != "/var/run/nvidia-container-devices/MIG-1112" {
+		t.Errorf("legacy mounts %+v, want one per MIG UUID", edits.Mounts)
+	}
+	caps := []MIGCapability{{Minor: 408, Proc: "gpu3/mig/gi1/access"}, {Minor: 409, Proc: "gpu3/mig/gi1/ci0/access"}, {Minor: 410, Proc: "gpu3/mig/gi1/ci1/access"}}
+	if got := MIGCapabilities(m); !slices.Equal(got, caps) {
+		t.Errorf("capabilities %+v, want %+v", got, caps)
+	}
+	if got := m.UUIDs(); !slices.Equal(got, []string{"MIG-1111", "MIG-1112"}) {
+		t.Errorf("UUIDs %v", got)
+	}
+	m.Others[0].Minor = 0
+	if _, err := MIGDeviceEdits(m, false); err == nil || !strings.Contains(err.Error(), "MIG-1112") {
+		t.Errorf("second compute instance without a capability minor: %v", err)
+	}
+}
+
 // capHost is a host for CapabilityNodes: /proc files and a /dev. The
 // capability nodes are symlinks to /dev/null (a character device, minor 3
 // on Linux) that the faked mknod makes: the test needs neither CAP_MKNOD nor
