@@ -56,8 +56,8 @@ type Device struct {
 	// MIG is set for a MIG device (gpu-N-mig-…); UUID and Minor are then
 	// its parent GPU's. Older readers ignore the member (a v1 addition):
 	// a release without MIG neither prepares MIG devices nor destroys
-	// their instances, whose GPU instances the next release with MIG
-	// destroys as orphans when nothing holds them.
+	// their instances; the next release with MIG keeps an instance no
+	// record names as foreign (it destroys only what a record names).
 	MIG *MIGDevice `json:"mig,omitempty"`
 }
 
@@ -89,6 +89,21 @@ type MIGDevice struct {
 	ComputeInstanceMinor int `json:"computeInstanceMinor,omitempty"`
 	// MemoryBytes is the MIG device's memory.
 	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// OtherComputeInstances are the GPU instance's compute instances after
+	// the first (UUID, ComputeInstance, ComputeInstanceMinor) of a static
+	// MIG device: the device is the whole GPU instance, with every compute
+	// instance in it (they share its memory and engines). Older readers
+	// ignore the member (a v1 addition); a record of theirs names one
+	// compute instance.
+	OtherComputeInstances []MIGComputeInstance `json:"otherComputeInstances,omitempty"`
+}
+
+// MIGComputeInstance is one more compute instance of a MIG device's GPU
+// instance.
+type MIGComputeInstance struct {
+	ID    int    `json:"id"`
+	UUID  string `json:"uuid"`
+	Minor int    `json:"minor,omitempty"`
 }
 
 // Created reports whether the instance exists (its IDs are recorded).
@@ -186,6 +201,7 @@ func clone(c Claim) Claim {
 			d.CDIDeviceIDs = slices.Clone(d.CDIDeviceIDs)
 			if d.MIG != nil {
 				m := *d.MIG
+				m.OtherComputeInstances = slices.Clone(m.OtherComputeInstances)
 				d.MIG = &m
 			}
 			out.Devices[i] = d
