@@ -148,8 +148,8 @@ func TestDemoMIGProfileSpec(t *testing.T) {
 		t.Errorf("the spec's template differs from tessera claim-template --mig 3g.40gb:\n spec  %+v\n built %+v", spec.Spec, built.Spec)
 	}
 	admitted(t, "ResourceClaimTemplate", spec)
-	if got := allocateOnMIGNode(t, spec.Spec.Spec.Devices); len(got) != 1 || got[0] != "gpu-0-mig-2-0" {
-		t.Errorf("allocated %v, want gpu-0-mig-2-0 (the static 3g.40gb)", got)
+	if got := allocateOnMIGNode(t, spec.Spec.Spec.Devices); len(got) != 1 || got[0] != "gpu-0-mig-2" {
+		t.Errorf("allocated %v, want gpu-0-mig-2 (the static 3g.40gb)", got)
 	}
 }
 
@@ -190,7 +190,7 @@ func TestDemoMIGFractionSpec(t *testing.T) {
 		t.Errorf("the expanded claim differs from tessera claim-template --mig --fraction 1/2:\n claim %+v\n built %+v", claim.Spec.Devices, built.Spec.Spec.Devices)
 	}
 	admitted(t, "ResourceClaim", claim)
-	if got := allocateOnMIGNode(t, claim.Spec.Devices); len(got) != 1 || got[0] != "gpu-0-mig-1-0" {
-		t.Errorf("allocated %v, want gpu-0-mig-1-0 (the static 4g.40gb)", got)
+	if got := allocateOnMIGNode(t, claim.Spec.Devices); len(got) != 1 || got[0] != "gpu-0-mig-1" {
+		t.Errorf("allocated %v, want gpu-0-mig-1 (the static 4g.40gb)", got)
 	}
 }

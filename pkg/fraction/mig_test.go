@@ -113,8 +113,8 @@ func TestMIGFractionsThroughTheAllocator(t *testing.T) {
 		want     []string
 	}{
 		{"1/7", []string{"gpu-1-mig-1g-20gb-6", "gpu-1-mig-1g-20gb-4", "gpu-1-mig-1g-20gb-2", "gpu-1-mig-1g-20gb-0"}},
-		{"1/2", []string{"gpu-0-mig-1-0", "gpu-1-mig-4g-40gb-0"}},
-		{"1/3", []string{"gpu-0-mig-2-0", "gpu-1-mig-3g-40gb-4", "gpu-1-mig-3g-40gb-0"}},
+		{"1/2", []string{"gpu-0-mig-1", "gpu-1-mig-4g-40gb-0"}},
+		{"1/3", []string{"gpu-0-mig-2", "gpu-1-mig-3g-40gb-4", "gpu-1-mig-3g-40gb-0"}},
 	} {
 		req, err := MIGRequest("mig", MustParse(tc.fraction), MIGModels())
 		if err != nil {

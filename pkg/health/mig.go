@@ -22,12 +22,14 @@ import (
 // GPUs', by UUID, for model.WithTaints) leaves it out, and MIGTaints maps it
 // to the devices the GPU publishes:
 //
-//   - static MIG: the compute instance's device gpu-N-mig-<GI>-<CI>, or every
-//     compute instance of the GPU instance when the event names none;
-//   - dynamic MIG: the placement device of the GPU instance
-//     (gpu-N-mig-<profile>-<start>), from the profile and placement the
-//     watcher read when the event came, so the taint stays on that
-//     placement after the instance is destroyed and its ID reused.
+//   - static MIG: the GPU instance's device gpu-N-mig-<GI> (the device is
+//     the whole GPU instance, whichever compute instance the event names);
+//   - dynamic MIG: every placement device (gpu-N-mig-<profile>-<start>, of
+//     every profile) that covers one of the memory slices of the faulty GPU
+//     instance, from the placement the watcher read when the event came, so
+//     the taint stays on those slices after the instance is destroyed and
+//     its ID reused: an instance made there later, of any profile, uses the
+//     same memory.
 //
 // An event the policy counts as fatal (the GPU needs a reset: a reset
 // destroys every instance) marks the whole GPU even when it names an
@@ -159,38 +161,40 @@ func (t *Tracker) MIGStatuses(uuid string) []Status {
 }
 
 // MIGDevices are the devices g publishes that scope names (see the package
-// documentation of MIG above); dynamic says whether g is published with
-// dynamic MIG. None when g is not in MIG mode or the instance is gone (a
-// static instance destroyed, or replaced by one at another placement).
+// documentation of MIG above), sorted; dynamic says whether g is published
+// with dynamic MIG. None when g is not in MIG mode or the instance is gone
+// (a static instance destroyed, or replaced by one at another placement).
 func MIGDevices(g gpu.GPU, dynamic bool, scope MIGScope) []string {
 	if !g.MIGEnabled || g.MIG == nil {
 		return nil
 	}
 	current, found := migInstance(g.MIG, scope.GPUInstance)
 	if dynamic {
-		profileID, placement := scope.ProfileID, scope.Placement
-		if profileID < 0 {
+		placement := scope.Placement
+		if scope.ProfileID < 0 {
 			if !found {
 				return nil
 			}
-			profileID, placement = current.ProfileID, current.Placement
+			placement = current.Placement
 		}
-		p, ok := g.MIG.Profile(profileID)
-		if !ok {
+		if placement.Size <= 0 {
 			return nil
 		}
-		return []string{model.MIGPlacementDeviceName(g.Minor, p.Name, placement.Start)}
+		var out []string
+		for _, p := range g.MIG.Profiles {
+			for _, pl := range p.Placements {
+				if pl.Overlaps(placement) {
+					out = append(out, model.MIGPlacementDeviceName(g.Minor, p.Name, pl.Start))
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
 	}
-	if !found || (scope.ProfileID >= 0 && (current.ProfileID != scope.ProfileID || current.Placement != scope.Placement)) {
+	if !found || len(current.ComputeInstances) == 0 || (scope.ProfileID >= 0 && (current.ProfileID != scope.ProfileID || current.Placement != scope.Placement)) {
 		return nil
 	}
-	var out []string
-	for _, ci := range current.ComputeInstances {
-		if scope.ComputeInstance < 0 || ci.ID == scope.ComputeInstance {
-			out = append(out, model.MIGStaticDeviceName(g.Minor, current.ID, ci.ID))
-		}
-	}
-	return out
+	return []string{model.MIGStaticDeviceName(g.Minor, current.ID)}
 }
 
 func migInstance(m *gpu.MIG, id int) (gpu.MIGInstance, bool) {

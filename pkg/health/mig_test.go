@@ -50,8 +50,8 @@ func startMIGWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock)
 
 // An XID that the driver attributes to a compute instance marks only that
 // MIG device: the GPU stays healthy, its other instance too, and the taint
-// goes to gpu-0-mig-2-0 alone; an XID naming a GPU instance without a
-// compute instance marks every compute instance of it; a fatal XID naming an
+// goes to gpu-0-mig-2 alone; an XID naming a GPU instance without a
+// compute instance marks it too; a fatal XID naming an
 // instance marks the whole GPU (a reset destroys every instance); an XID
 // without instance IDs marks the whole GPU as before.
 func TestWatcherMIGXID(t *testing.T) {
@@ -74,16 +74,16 @@ func TestWatcherMIGXID(t *testing.T) {
 		t.Fatalf("MIG status %+v (scope %+v), want XID 94 NoSchedule on %+v", st, st.MIG, want)
 	}
 	taints := tr.MIGTaints(gpus, nil)
-	if len(taints) != 1 || len(taints["gpu-0-mig-2-0"]) != 1 || taints["gpu-0-mig-2-0"][0] != (resourceapi.DeviceTaint{Key: TaintKey, Value: "XID-94", Effect: resourceapi.DeviceTaintEffectNoSchedule}) {
-		t.Errorf("MIG taints %v, want XID-94:NoSchedule on gpu-0-mig-2-0 only", taints)
+	if len(taints) != 1 || len(taints["gpu-0-mig-2"]) != 1 || taints["gpu-0-mig-2"][0] != (resourceapi.DeviceTaint{Key: TaintKey, Value: "XID-94", Effect: resourceapi.DeviceTaintEffectNoSchedule}) {
+		t.Errorf("MIG taints %v, want XID-94:NoSchedule on gpu-0-mig-2 only", taints)
 	}
 
 	if _, err := node.InjectMIGXID(0, 1, -1, 94); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the 4g.40gb to turn unhealthy", func() bool { return len(tr.MIGStatuses(gpu0)) == 2 })
-	if got := tr.MIGTaints(gpus, nil); len(got) != 2 || got["gpu-0-mig-1-0"] == nil {
-		t.Errorf("MIG taints %v, want gpu-0-mig-1-0 (every compute instance of GPU instance 1) too", got)
+	if got := tr.MIGTaints(gpus, nil); len(got) != 2 || got["gpu-0-mig-1"] == nil {
+		t.Errorf("MIG taints %v, want gpu-0-mig-1 (GPU instance 1) too", got)
 	}
 
 	if _, err := node.InjectMIGXID(0, 2, 0, 48); err != nil {
@@ -111,9 +111,11 @@ func TestWatcherMIGXID(t *testing.T) {
 }
 
 // MIGDevices maps a scope to the devices a GPU publishes: a static GPU's
-// compute instance (none when the instance was replaced by one at another
-// placement), a dynamic GPU's placement device from the placement recorded
-// with the event, else from the instance that has the ID now.
+// GPU instance, whichever compute instance the event names (none when the
+// instance was replaced by one at another placement); on a dynamic GPU
+// every placement, of any profile, over the memory slices of the faulty
+// instance: the placement recorded with the event, else the instance's
+// that has the ID now.
 func TestMIGDevices(t *testing.T) {
 	node, err := gpu.NewMockNode("hgx-h100-mig")
 	if err != nil {
@@ -125,6 +127,11 @@ func TestMIGDevices(t *testing.T) {
 	}
 	g0 := gpus[0]
 	three := MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}
+	upper := []string{"gpu-0-mig-1g-10gb-4", "gpu-0-mig-1g-10gb-5", "gpu-0-mig-1g-10gb-6", "gpu-0-mig-1g-10gb-me-4", "gpu-0-mig-1g-10gb-me-5", "gpu-0-mig-1g-10gb-me-6",
+		"gpu-0-mig-1g-20gb-4", "gpu-0-mig-1g-20gb-6", "gpu-0-mig-2g-20gb-4", "gpu-0-mig-3g-40gb-4", "gpu-0-mig-7g-80gb-0"}
+	lower := []string{"gpu-0-mig-1g-10gb-0", "gpu-0-mig-1g-10gb-1", "gpu-0-mig-1g-10gb-2", "gpu-0-mig-1g-10gb-3", "gpu-0-mig-1g-10gb-me-0", "gpu-0-mig-1g-10gb-me-1",
+		"gpu-0-mig-1g-10gb-me-2", "gpu-0-mig-1g-10gb-me-3", "gpu-0-mig-1g-20gb-0", "gpu-0-mig-1g-20gb-2", "gpu-0-mig-2g-20gb-0", "gpu-0-mig-2g-20gb-2",
+		"gpu-0-mig-3g-40gb-0", "gpu-0-mig-4g-40gb-0", "gpu-0-mig-7g-80gb-0"}
 	for _, tc := range []struct {
 		name    string
 		g       gpu.GPU
@@ -132,13 +139,18 @@ func TestMIGDevices(t *testing.T) {
 		scope   MIGScope
 		want    []string
 	}{
-		{"static compute instance", g0, false, three, []string{"gpu-0-mig-2-0"}},
-		{"static GPU instance", g0, false, MIGScope{GPUInstance: 1, ComputeInstance: -1, ProfileID: -1}, []string{"gpu-0-mig-1-0"}},
+		{"static compute instance", g0, false, three, []string{"gpu-0-mig-2"}},
+		{"static GPU instance", g0, false, MIGScope{GPUInstance: 1, ComputeInstance: -1, ProfileID: -1}, []string{"gpu-0-mig-1"}},
 		{"static instance replaced at another placement", g0, false, MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 0, Size: 4}}, nil},
 		{"static instance gone", g0, false, MIGScope{GPUInstance: 7, ComputeInstance: -1, ProfileID: -1}, nil},
-		{"dynamic, placement recorded", g0, true, three, []string{"gpu-0-mig-3g-40gb-4"}},
-		{"dynamic, placement recorded, instance gone", g0, true, MIGScope{GPUInstance: 7, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 0, Size: 4}}, []string{"gpu-0-mig-3g-40gb-0"}},
-		{"dynamic, placement from the instance", g0, true, MIGScope{GPUInstance: 1, ComputeInstance: 0, ProfileID: -1}, []string{"gpu-0-mig-4g-40gb-0"}},
+		// H100 80GB placements over memory slices 4-7 (NVIDIA MIG user
+		// guide, nvidia-smi mig -lgipp): 1g.10gb(+me) at 4, 5, 6; 1g.20gb at
+		// 4, 6; 2g.20gb at 4; 3g.40gb at 4; 7g.80gb at 0.
+		{"dynamic, placement recorded", g0, true, three, upper},
+		{"dynamic, placement recorded, instance gone", g0, true, MIGScope{GPUInstance: 7, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 0, Size: 4}}, lower},
+		{"dynamic, placement from the instance", g0, true, MIGScope{GPUInstance: 1, ComputeInstance: 0, ProfileID: -1}, lower},
+		{"dynamic, a 1g.10gb", g0, true, MIGScope{GPUInstance: 13, ComputeInstance: 0, ProfileID: 19, Placement: gpu.MIGPlacement{Start: 6, Size: 1}}, []string{
+			"gpu-0-mig-1g-10gb-6", "gpu-0-mig-1g-10gb-me-6", "gpu-0-mig-1g-20gb-6", "gpu-0-mig-3g-40gb-4", "gpu-0-mig-7g-80gb-0"}},
 		{"not in MIG mode", gpus[2], false, three, nil},
 	} {
 		if got := MIGDevices(tc.g, tc.dynamic, tc.scope); !slices.Equal(got, tc.want) {
@@ -164,25 +176,25 @@ func TestTaintDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	TaintDevices(&res, map[string][]resourceapi.DeviceTaint{"gpu-0-mig-2-0": {gpuTaint}})
-	TaintDevices(&res, map[string][]resourceapi.DeviceTaint{"gpu-0-mig-2-0": {gpuTaint}}) // twice: added once
+	TaintDevices(&res, map[string][]resourceapi.DeviceTaint{"gpu-0-mig-2": {gpuTaint}})
+	TaintDevices(&res, map[string][]resourceapi.DeviceTaint{"gpu-0-mig-2": {gpuTaint}}) // twice: added once
 	found := 0
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {
 			has := slices.Contains(d.Taints, gpuTaint)
 			switch {
-			case d.Name == "gpu-0-mig-2-0":
+			case d.Name == "gpu-0-mig-2":
 				found++
 				if !has || len(d.Taints) != 2 {
 					t.Errorf("%s taints %v, want the maintenance taint and XID-94 once", d.Name, d.Taints)
 				}
 			case has:
-				t.Errorf("%s has the taint of gpu-0-mig-2-0: %v", d.Name, d.Taints)
+				t.Errorf("%s has the taint of gpu-0-mig-2: %v", d.Name, d.Taints)
 			}
 		}
 	}
 	if found != 1 {
-		t.Errorf("gpu-0-mig-2-0 published %d times", found)
+		t.Errorf("gpu-0-mig-2 published %d times", found)
 	}
 	if _, err := model.ResourceSlices("node-1", res); err != nil {
 		t.Errorf("slices with the MIG taint: %v", err)

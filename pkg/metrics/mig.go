@@ -91,25 +91,37 @@ func MIGDevices(gpus []gpu.GPU, dynamic func(gpu.GPU) bool, claims []checkpoint.
 		if dyn {
 			continue // its placements are listed when a claim holds one
 		}
+		// One device per GPU instance (model.MIGStaticDeviceName): its
+		// compute instances share its memory and engines.
 		for _, gi := range g.MIG.Instances {
+			if len(gi.ComputeInstances) == 0 {
+				continue
+			}
 			p, _ := g.MIG.Profile(gi.ProfileID)
 			name := gi.ProfileName
 			if name == "" {
 				name = p.Name
 			}
+			memory, slicesOf := p.MemoryBytes, 0
 			for _, ci := range gi.ComputeInstances {
-				memory := ci.MemoryBytes
-				if memory == 0 {
-					memory = p.MemoryBytes
-				}
-				slicesOf := p.ComputeSlices
+				memory = max(memory, ci.MemoryBytes)
+				// A compute instance with part of the GPU instance's SMs
+				// has that share of its compute slices (as the model
+				// publishes it).
 				if ci.Multiprocessors > 0 && p.Multiprocessors > 0 && ci.Multiprocessors < p.Multiprocessors {
-					slicesOf = p.ComputeSlices * ci.Multiprocessors / p.Multiprocessors
+					slicesOf += p.ComputeSlices * ci.Multiprocessors / p.Multiprocessors
+				} else {
+					slicesOf += p.ComputeSlices
 				}
-				add(MIGDevice{Minor: g.Minor, GPUUUID: g.UUID, Device: model.MIGStaticDeviceName(g.Minor, gi.ID, ci.ID), Profile: name,
-					PlacementStart: gi.Placement.Start, PlacementSize: gi.Placement.Size, UUID: ci.UUID,
-					MemoryBytes: int64(memory), Cores: migCores(g.MIG, slicesOf)})
 			}
+			slicesOf = min(slicesOf, p.ComputeSlices)
+			uuid := ""
+			if len(gi.ComputeInstances) == 1 {
+				uuid = gi.ComputeInstances[0].UUID
+			}
+			add(MIGDevice{Minor: g.Minor, GPUUUID: g.UUID, Device: model.MIGStaticDeviceName(g.Minor, gi.ID), Profile: name,
+				PlacementStart: gi.Placement.Start, PlacementSize: gi.Placement.Size, UUID: uuid,
+				MemoryBytes: int64(memory), Cores: migCores(g.MIG, slicesOf)})
 		}
 	}
 	for _, c := range claims {
@@ -125,7 +137,14 @@ func MIGDevices(gpus []gpu.GPU, dynamic func(gpu.GPU) bool, claims []checkpoint.
 			if !ok || g.UUID != d.UUID {
 				continue // no longer a MIG GPU, or another GPU at this minor
 			}
-			dev := MIGDevice{Minor: g.Minor, GPUUUID: g.UUID, Device: d.Device, Dynamic: !name.Static}
+			device := d.Device
+			if name.Static {
+				// A record of a release that published one device per
+				// compute instance (gpu-N-mig-<GI>-<CI>) holds the GPU
+				// instance's device.
+				device = model.MIGStaticDeviceName(name.Minor, name.GPUInstance)
+			}
+			dev := MIGDevice{Minor: g.Minor, GPUUUID: g.UUID, Device: device, Dynamic: !name.Static}
 			if m := d.MIG; m != nil {
 				dev.Profile, dev.PlacementStart, dev.PlacementSize, dev.UUID, dev.MemoryBytes = m.Profile, m.Start, m.Size, m.UUID, m.MemoryBytes
 				if p, ok := g.MIG.Profile(m.ProfileID); ok {

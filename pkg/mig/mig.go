@@ -6,14 +6,19 @@
 //   - An instance is found by its GPU and placement (and profile), never by
 //     its IDs alone: the driver reuses GPU-instance IDs, and an ID read
 //     before a restart may name another instance after it.
-//   - Create is idempotent: a GPU instance of the profile at exactly the
-//     placement is taken as it is (a retry after a failure or a crash finds
-//     the instance it made), its full compute instance is made if it lacks
-//     one. An instance of another profile, or one overlapping the
-//     placement, is an error; nothing is destroyed to make room.
+//   - Create never takes over an instance it did not make: an instance
+//     that overlaps the placement is an error wrapping ErrOccupied, naming
+//     it, unless it is exactly the instance the caller made before (the
+//     profile at the placement, with a compute instance of the MIG UUID the
+//     caller recorded, and no process on any of its compute instances),
+//     which is returned as it is (Existed). A GPU instance without compute
+//     instances is nobody's proven: it is refused too. Nothing is destroyed
+//     to make room.
 //   - Destroy removes the compute instances, then the GPU instance, and
 //     refuses while a process runs on one of them. A placement without an
-//     instance is already destroyed.
+//     instance is already destroyed. Given the MIG UUID the caller recorded,
+//     it destroys only the instance that has it (ErrChanged otherwise: the
+//     driver reuses IDs and placements, never UUIDs).
 //   - Every call reads the GPU's MIG state from NVML first; nothing is
 //     cached but the capability minors, which the driver fixes at load.
 //
@@ -109,7 +114,8 @@ func (n *NVML) Read(uuid string) (gpu.GPU, error) {
 // Created is what Create did.
 type Created struct {
 	Instance
-	// Existed is true when the GPU instance was there already (a retry).
+	// Existed is true when the instance was there already: the one the
+	// caller made before, recognised by its MIG UUID (a retry).
 	Existed bool
 	// Driver is the time spent in the driver's create calls
 	// (nvmlDeviceCreateGpuInstanceWithPlacement and
@@ -117,11 +123,75 @@ type Created struct {
 	Driver time.Duration
 }
 
+// ErrOccupied is wrapped by Create's error when an instance the caller did
+// not make (as far as its recorded MIG UUID tells) covers some of the
+// placement's memory slices: an admin's, another claim's, one left behind.
+var ErrOccupied = errors.New("MIG placement occupied")
+
+// ErrChanged is wrapped by Destroy's error when the instance at the
+// placement is not the MIG device the caller recorded: it was destroyed and
+// another made there since (by an admin, or another claim). Nothing is
+// destroyed.
+var ErrChanged = errors.New("MIG instance is not the recorded one")
+
+// Describe names GPU instance in of GPU g for messages: its ID, profile,
+// memory slices, compute instances with their MIG UUIDs and processes.
+func Describe(g gpu.GPU, in gpu.MIGInstance) string {
+	s := fmt.Sprintf("GPU %s (index %d): GPU instance %d (%s at memory slices %d-%d", g.UUID, g.Index, in.ID, in.ProfileName, in.Placement.Start, in.Placement.Start+in.Placement.Size-1)
+	if len(in.ComputeInstances) == 0 {
+		return s + ", no compute instance)"
+	}
+	for _, ci := range in.ComputeInstances {
+		s += fmt.Sprintf("; compute instance %d %s", ci.ID, ci.UUID)
+		switch {
+		case ci.Processes > 0:
+			s += fmt.Sprintf(" with %d processes", ci.Processes)
+		case ci.Processes < 0:
+			s += " with processes unknown"
+		}
+	}
+	return s + ")"
+}
+
+// Occupant is the first instance of g (as Read returned it) that covers a
+// memory slice of pl; ok is false when pl is free.
+func Occupant(g gpu.GPU, pl gpu.MIGPlacement) (in gpu.MIGInstance, ok bool) {
+	if !g.MIGEnabled || g.MIG == nil {
+		return gpu.MIGInstance{}, false
+	}
+	for _, in := range g.MIG.Instances {
+		if in.Placement.Overlaps(pl) {
+			return in, true
+		}
+	}
+	return gpu.MIGInstance{}, false
+}
+
+// busy reports whether a process runs on a compute instance of in, or
+// cannot be ruled out (processes unknown).
+func busy(in gpu.MIGInstance) bool {
+	return slices.ContainsFunc(in.ComputeInstances, func(ci gpu.MIGComputeInstance) bool { return ci.Processes != 0 })
+}
+
+// computeInstance is the compute instance of in with this MIG UUID.
+func computeInstance(in gpu.MIGInstance, migUUID string) (gpu.MIGComputeInstance, bool) {
+	if migUUID == "" {
+		return gpu.MIGComputeInstance{}, false
+	}
+	i := slices.IndexFunc(in.ComputeInstances, func(ci gpu.MIGComputeInstance) bool { return ci.UUID == migUUID })
+	if i < 0 {
+		return gpu.MIGComputeInstance{}, false
+	}
+	return in.ComputeInstances[i], true
+}
+
 // Create makes a GPU instance of the profile at exactly the placement on
 // the GPU, and a compute instance that takes all of it, and returns the
-// MIG device (see the package documentation for idempotency). On an error
-// after the GPU instance was made it destroys what it made.
-func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement) (Created, error) {
+// MIG device. own is the MIG UUID the caller recorded for this placement
+// before ("" if none): an instance with it is the caller's own, returned as
+// it is; any other instance over the placement is refused (ErrOccupied).
+// On an error after the GPU instance was made it destroys what it made.
+func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement, own string) (Created, error) {
 	g, err := n.Read(uuid)
 	if err != nil {
 		return Created{}, err
@@ -136,45 +206,40 @@ func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement) (Created,
 	if pl.Size != prof.MemorySlices || !containsPlacement(prof.Placements, pl) {
 		return Created{}, fmt.Errorf("GPU %s: %s cannot be placed at memory slices %d-%d (its placements: %v)", uuid, prof.Name, pl.Start, pl.Start+pl.Size-1, prof.Placements)
 	}
+	for _, in := range g.MIG.Instances {
+		if !in.Placement.Overlaps(pl) {
+			continue
+		}
+		ci, mine := computeInstance(in, own)
+		switch {
+		case !mine || in.Placement != pl || in.ProfileID != profileID:
+			return Created{}, fmt.Errorf("%s at memory slices %d-%d: taken by %s, which this claim did not make: %w", prof.Name, pl.Start, pl.Start+pl.Size-1, Describe(g, in), ErrOccupied)
+		case busy(in):
+			return Created{}, fmt.Errorf("%s at memory slices %d-%d: %s was made for this claim but processes run on it before it was handed out: %w", prof.Name, pl.Start, pl.Start+pl.Size-1, Describe(g, in), ErrInUse)
+		}
+		return n.found(g, in, ci, Created{Existed: true})
+	}
 	dev, ret := n.Lib.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
 		return Created{}, nvmlError(uuid, "nvmlDeviceGetHandleByUUID", ret)
 	}
 	var out Created
-	var gih nvml.GpuInstance
-	for _, in := range g.MIG.Instances {
-		switch {
-		case in.Placement == pl && in.ProfileID == profileID:
-			out.Existed = true
-			if h, ret := dev.GetGpuInstanceById(in.ID); ret == nvml.SUCCESS {
-				gih = h
-			} else {
-				return Created{}, nvmlError(uuid, fmt.Sprintf("nvmlDeviceGetGpuInstanceById(%d)", in.ID), ret)
-			}
-			if len(in.ComputeInstances) > 0 {
-				return n.found(g, in, out)
-			}
-		case in.Placement.Overlaps(pl):
-			return Created{}, fmt.Errorf("GPU %s: memory slices %d-%d are taken by GPU instance %d (%s at %d-%d)", uuid, pl.Start, pl.Start+pl.Size-1,
-				in.ID, in.ProfileName, in.Placement.Start, in.Placement.Start+in.Placement.Size-1)
-		}
-	}
 	info, ret := dev.GetGpuInstanceProfileInfo(prof.Index)
 	if ret != nvml.SUCCESS {
 		return Created{}, nvmlError(uuid, fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", prof.Index), ret)
 	}
-	if gih == nil {
-		start := time.Now()
-		h, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-		out.Driver += time.Since(start)
-		if ret != nvml.SUCCESS {
-			return Created{}, nvmlError(uuid, fmt.Sprintf("nvmlDeviceCreateGpuInstanceWithPlacement(%s at %d)", prof.Name, pl.Start), ret)
-		}
-		gih = h
+	start := time.Now()
+	gih, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+	out.Driver += time.Since(start)
+	if ret != nvml.SUCCESS {
+		return Created{}, nvmlError(uuid, fmt.Sprintf("nvmlDeviceCreateGpuInstanceWithPlacement(%s at %d)", prof.Name, pl.Start), ret)
 	}
+	var cih nvml.ComputeInstance
 	undo := func(err error) (Created, error) {
-		if out.Existed {
-			return Created{}, err
+		if cih != nil {
+			if ret := cih.Destroy(); ret != nvml.SUCCESS {
+				return Created{}, errors.Join(err, nvmlError(uuid, "nvmlComputeInstanceDestroy (undoing the create)", ret))
+			}
 		}
 		if ret := gih.Destroy(); ret != nvml.SUCCESS {
 			err = errors.Join(err, nvmlError(uuid, "nvmlGpuInstanceDestroy (undoing the create)", ret))
@@ -185,10 +250,11 @@ func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement) (Created,
 	if err != nil {
 		return undo(fmt.Errorf("GPU %s: %s: %w", uuid, prof.Name, err))
 	}
-	start := time.Now()
-	_, ret = gih.CreateComputeInstance(&ciInfo)
+	start = time.Now()
+	cih, ret = gih.CreateComputeInstance(&ciInfo)
 	out.Driver += time.Since(start)
 	if ret != nvml.SUCCESS {
+		cih = nil
 		return undo(nvmlError(uuid, fmt.Sprintf("nvmlGpuInstanceCreateComputeInstance(%s)", prof.Name), ret))
 	}
 	g, err = n.Read(uuid)
@@ -196,8 +262,8 @@ func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement) (Created,
 		return undo(err)
 	}
 	for _, in := range g.MIG.Instances {
-		if in.Placement == pl && in.ProfileID == profileID {
-			c, err := n.found(g, in, out)
+		if in.Placement == pl && in.ProfileID == profileID && len(in.ComputeInstances) > 0 {
+			c, err := n.found(g, in, in.ComputeInstances[0], out)
 			if err != nil {
 				return undo(err)
 			}
@@ -207,10 +273,8 @@ func (n *NVML) Create(uuid string, profileID int, pl gpu.MIGPlacement) (Created,
 	return undo(fmt.Errorf("GPU %s: the %s instance just made at %d is not listed by NVML", uuid, prof.Name, pl.Start))
 }
 
-// found is the Created of GPU instance in of g, which has a compute
-// instance; its first compute instance is the MIG device.
-func (n *NVML) found(g gpu.GPU, in gpu.MIGInstance, out Created) (Created, error) {
-	ci := in.ComputeInstances[0]
+// found is the Created of compute instance ci of GPU instance in of g.
+func (n *NVML) found(g gpu.GPU, in gpu.MIGInstance, ci gpu.MIGComputeInstance, out Created) (Created, error) {
 	if ci.UUID == "" {
 		return Created{}, fmt.Errorf("GPU %s: GPU instance %d compute instance %d: no MIG device UUID (%s)", g.UUID, in.ID, ci.ID, g.MIGError)
 	}
@@ -250,8 +314,11 @@ var ErrInUse = errors.New("MIG instance in use")
 
 // Destroy destroys the GPU instance of the profile at the placement on the
 // GPU and its compute instances; destroyed is false when there was none.
+// migUUID is the MIG UUID the caller recorded for it ("" while only the
+// intent is recorded): an instance there without a compute instance of that
+// UUID is not the caller's and is not touched (the error wraps ErrChanged).
 // An instance with processes is not touched: the error wraps ErrInUse.
-func (n *NVML) Destroy(uuid string, profileID int, pl gpu.MIGPlacement) (destroyed bool, err error) {
+func (n *NVML) Destroy(uuid string, profileID int, pl gpu.MIGPlacement, migUUID string) (destroyed bool, err error) {
 	g, err := n.Read(uuid)
 	if err != nil {
 		return false, err
@@ -264,14 +331,13 @@ func (n *NVML) Destroy(uuid string, profileID int, pl gpu.MIGPlacement) (destroy
 		if in.Placement != pl || in.ProfileID != profileID {
 			continue
 		}
+		if _, ok := computeInstance(in, migUUID); migUUID != "" && !ok {
+			return false, fmt.Errorf("%s is not MIG device %s, which was recorded for it: %w", Describe(g, in), migUUID, ErrChanged)
+		}
 		return true, n.destroy(g, in)
 	}
 	return false, nil
 }
-
-// DestroyInstance destroys GPU instance in of GPU g (as Read returned it)
-// and its compute instances, unless a process runs on one of them.
-func (n *NVML) DestroyInstance(g gpu.GPU, in gpu.MIGInstance) error { return n.destroy(g, in) }
 
 func (n *NVML) destroy(g gpu.GPU, in gpu.MIGInstance) error {
 	for _, ci := range in.ComputeInstances {

@@ -19,8 +19,11 @@ import (
 // MIG devices. A GPU in MIG mode publishes only these (never gpu-N,
 // gpu-N-shared or gpu-N-lent), in one of two modes (docs/mig.md):
 //
-//   - static (the default): every compute instance that exists is an
-//     exclusive device gpu-N-mig-<GI>-<CI>; no counters;
+//   - static (the default): every GPU instance that exists (with at least
+//     one compute instance) is an exclusive device gpu-N-mig-<GI>, and the
+//     claim that gets it gets all its compute instances: they share the
+//     GPU instance's memory, L2 cache and engines, so handing them to two
+//     tenants would break the isolation MIG is for. No counters;
 //   - dynamic (WithDynamicMIG): every placement of every GPU-instance
 //     profile is a device gpu-N-mig-<profile>-<start>, and all of them
 //     consume the GPU's counter set gpu-N-counters: one counter per memory
@@ -49,7 +52,21 @@ const (
 	AttrPlacementSize  resourceapi.QualifiedName = "placementSize"
 	// AttrMultiprocessors is the SM count of the MIG device.
 	AttrMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+	// AttrComputeInstances is the number of compute instances of a static
+	// MIG device's GPU instance (1 unless an admin split it: 1c.3g.40gb).
+	// A CUDA process uses only one of them.
+	AttrComputeInstances resourceapi.QualifiedName = "computeInstances"
 )
+
+// MIGInUseTaintKey (effect NoSchedule) is on a static MIG device whose
+// compute instances run processes that no Tessera claim accounts for
+// (another device plugin's pods, an admin's job); its value is
+// MIGInUseOutsideTessera. It goes when the instance is idle or a claim
+// holds it (WithMIGHeld).
+const MIGInUseTaintKey = DriverName + "/mig-in-use"
+
+// MIGInUseOutsideTessera is MIGInUseTaintKey's value.
+const MIGInUseOutsideTessera = "InUseOutsideTessera"
 
 // Counters of a dynamic-MIG GPU's counter set (MIGCounterSetName), besides
 // one per memory slice (MemorySliceCounter).
@@ -92,10 +109,10 @@ func MemorySliceCounter(i int) string { return "memory-slice-" + strconv.Itoa(i)
 // memory and cores.
 func MIGCounterSetName(minor int) string { return WholeDeviceName(minor) + "-counters" }
 
-// MIGStaticDeviceName is the device of compute instance ci of GPU instance
-// gi on the GPU with this minor (static MIG).
-func MIGStaticDeviceName(minor, gi, ci int) string {
-	return fmt.Sprintf("%s%s%d-%d", WholeDeviceName(minor), migInfix, gi, ci)
+// MIGStaticDeviceName is the device of GPU instance gi on the GPU with this
+// minor (static MIG): gpu-3-mig-2.
+func MIGStaticDeviceName(minor, gi int) string {
+	return fmt.Sprintf("%s%s%d", WholeDeviceName(minor), migInfix, gi)
 }
 
 // MIGPlacementDeviceName is the device of the placement of this profile at
@@ -130,15 +147,33 @@ func WithDynamicMIG(uuids ...string) Option {
 	}
 }
 
-// WithMIGHeld names, by GPU UUID, the placements of the GPU instances on
-// dynamic-MIG GPUs that Tessera created for the claims it holds. Every other
-// GPU instance of a dynamic-MIG GPU is foreign (an admin's, or left behind):
-// its memory slices are published with value 0, and its compute slices and
-// engines are taken off the totals, so that no placement over it fits. A
-// held instance's slices stay 1: the claim that holds it already consumes
-// them. Without this option every existing instance is foreign.
-func WithMIGHeld(held map[string][]gpu.MIGPlacement) Option {
+// MIGHold is a GPU instance a Tessera claim holds: its profile and
+// placement (IDs are reused by the driver; the pair is what stays).
+type MIGHold struct {
+	ProfileID int
+	Placement gpu.MIGPlacement
+}
+
+// WithMIGHeld names, by GPU UUID, the GPU instances that Tessera's claims
+// hold, matched by placement and profile.
+//
+//   - On a dynamic-MIG GPU every other GPU instance is foreign (an
+//     admin's, or left behind): its memory slices are published with value
+//     0, and its compute slices and engines are taken off the totals, so
+//     that no placement over it fits. A held instance's slices stay 1: the
+//     claim that holds it already consumes them.
+//   - On a static-MIG GPU a GPU instance that is not held and whose
+//     compute instances run processes is tainted MIGInUseTaintKey: someone
+//     outside Tessera uses it.
+//
+// Without this option no instance is held.
+func WithMIGHeld(held map[string][]MIGHold) Option {
 	return func(o *options) { o.migHeld = held }
+}
+
+// migHeldBy reports whether holds name GPU instance gi.
+func migHeldBy(holds []MIGHold, gi gpu.MIGInstance) bool {
+	return slices.Contains(holds, MIGHold{ProfileID: gi.ProfileID, Placement: gi.Placement})
 }
 
 // migInfix separates the GPU from the MIG part of a MIG device's name.
@@ -148,10 +183,15 @@ const migInfix = "-mig-"
 type MIGDeviceName struct {
 	// Minor is the parent GPU's minor.
 	Minor int
-	// Static is true for gpu-N-mig-<GI>-<CI>, false for a placement
-	// gpu-N-mig-<profile slug>-<start>.
+	// Static is true for gpu-N-mig-<GI> (and the older gpu-N-mig-<GI>-<CI>),
+	// false for a placement gpu-N-mig-<profile slug>-<start>.
 	Static bool
-	// GPUInstance and ComputeInstance are the IDs of a static device.
+	// GPUInstance is the GPU instance ID of a static device.
+	// ComputeInstance is -1, except in a name of the form releases before
+	// one device per GPU instance published (gpu-N-mig-<GI>-<CI>, one
+	// device per compute instance), which checkpointed claims and
+	// allocations made before an upgrade may still carry: then it is that
+	// compute instance's ID.
 	GPUInstance, ComputeInstance int
 	// ProfileSlug (MIGProfileSlug of the profile) and Start name the
 	// placement of a dynamic device.
@@ -160,12 +200,13 @@ type MIGDeviceName struct {
 }
 
 // ParseMIGDevice is the inverse of MIGStaticDeviceName and
-// MIGPlacementDeviceName. ParseDevice, in contrast, refuses MIG device
-// names: callers that take apart whole, shared and lent devices do not
-// mistake a MIG device for one of them.
+// MIGPlacementDeviceName; it also takes the older static names
+// gpu-N-mig-<GI>-<CI> apart (see MIGDeviceName). ParseDevice, in contrast,
+// refuses MIG device names: callers that take apart whole, shared and lent
+// devices do not mistake a MIG device for one of them.
 func ParseMIGDevice(name string) (MIGDeviceName, error) {
 	fail := func() (MIGDeviceName, error) {
-		return MIGDeviceName{}, fmt.Errorf("device name %q: not a MIG device (want gpu-<minor>-mig-<GI>-<CI> or gpu-<minor>-mig-<profile>-<start>)", name)
+		return MIGDeviceName{}, fmt.Errorf("device name %q: not a MIG device (want gpu-<minor>-mig-<GI> or gpu-<minor>-mig-<profile>-<start>)", name)
 	}
 	rest, ok := strings.CutPrefix(name, "gpu-")
 	if !ok {
@@ -178,6 +219,9 @@ func ParseMIGDevice(name string) (MIGDeviceName, error) {
 	minor, ok := decimal(minorText)
 	if !ok {
 		return fail()
+	}
+	if gi, ok := decimal(rest); ok {
+		return MIGDeviceName{Minor: minor, Static: true, GPUInstance: gi, ComputeInstance: -1}, nil
 	}
 	i := strings.LastIndexByte(rest, '-')
 	if i <= 0 {
@@ -290,7 +334,7 @@ func fullProfile(m *gpu.MIG) (gpu.MIGProfile, bool) {
 // value 1, compute slices and engines at the full-GPU profile's counts
 // (engines the GPU does not have are left out), less whatever the foreign
 // GPU instances (not in held) take.
-func migCounterSet(g gpu.GPU, held []gpu.MIGPlacement) resourceapi.CounterSet {
+func migCounterSet(g gpu.GPU, held []MIGHold) resourceapi.CounterSet {
 	m := g.MIG
 	values := make(map[string]int64, m.MemorySlices+1+len(migEngineCounters))
 	for i := range m.MemorySlices {
@@ -305,7 +349,7 @@ func migCounterSet(g gpu.GPU, held []gpu.MIGPlacement) resourceapi.CounterSet {
 		}
 	}
 	for _, gi := range m.Instances {
-		if slices.Contains(held, gi.Placement) {
+		if migHeldBy(held, gi) {
 			continue
 		}
 		for i := gi.Placement.Start; i < gi.Placement.Start+gi.Placement.Size; i++ {
@@ -419,21 +463,30 @@ func migPlacementDevices(g gpu.GPU, o options) []resourceapi.Device {
 	return devices
 }
 
-// migStaticDevices are the devices of a static-MIG GPU: one per compute
-// instance, small to large (compute slices, then memory), then by GPU and
-// compute instance ID, so a request that names no profile gets the smallest
-// that fits.
+// migStaticDevices are the devices of a static-MIG GPU: one per GPU
+// instance with compute instances, small to large (compute slices, then
+// memory), then by GPU instance ID, so a request that names no profile gets
+// the smallest that fits. The device is the whole GPU instance with the
+// compute instances it has: all its memory, and the compute slices and
+// SMs of those compute instances (a GPU instance whose only compute
+// instance takes part of it, 1c.3g.40gb, has that part); uuid is published
+// when it has exactly one compute instance (a split one has several MIG
+// UUIDs).
 func migStaticDevices(g gpu.GPU, o options) []resourceapi.Device {
 	m := g.MIG
 	type static struct {
-		gi            gpu.MIGInstance
-		ci            gpu.MIGComputeInstance
-		profile       gpu.MIGProfile
-		computeSlices int
-		memory        uint64
+		gi              gpu.MIGInstance
+		profile         gpu.MIGProfile
+		computeSlices   int
+		multiprocessors int
+		memory          uint64
+		busy            bool
 	}
 	var all []static
 	for _, gi := range m.Instances {
+		if len(gi.ComputeInstances) == 0 {
+			continue // nothing a container could be given
+		}
 		p, known := migProfileByID(m, gi.ProfileID)
 		if !known {
 			p = gpu.MIGProfile{Name: gi.ProfileName}
@@ -441,42 +494,50 @@ func migStaticDevices(g gpu.GPU, o options) []resourceapi.Device {
 		if gi.ProfileName != "" {
 			p.Name = gi.ProfileName
 		}
+		s := static{gi: gi, profile: p, memory: p.MemoryBytes}
 		for _, ci := range gi.ComputeInstances {
-			s := static{gi: gi, ci: ci, profile: p, computeSlices: p.ComputeSlices, memory: ci.MemoryBytes}
-			if s.memory == 0 {
-				s.memory = p.MemoryBytes
-			}
+			// The compute instances share the GPU instance's memory; each
+			// reports all of it.
+			s.memory = max(s.memory, ci.MemoryBytes)
+			s.busy = s.busy || ci.Processes > 0
 			// A compute instance with fewer SMs than its GPU instance
 			// (1c.3g.40gb) has that share of its compute slices.
+			slicesOf := p.ComputeSlices
 			if ci.Multiprocessors > 0 && p.Multiprocessors > 0 && ci.Multiprocessors < p.Multiprocessors {
-				s.computeSlices = p.ComputeSlices * ci.Multiprocessors / p.Multiprocessors
+				slicesOf = p.ComputeSlices * ci.Multiprocessors / p.Multiprocessors
 			}
-			all = append(all, s)
+			s.computeSlices += slicesOf
+			s.multiprocessors += max(ci.Multiprocessors, 0)
 		}
+		s.computeSlices = min(s.computeSlices, p.ComputeSlices)
+		if s.multiprocessors <= 0 || p.Multiprocessors > 0 && s.multiprocessors > p.Multiprocessors {
+			s.multiprocessors = p.Multiprocessors
+		}
+		all = append(all, s)
 	}
 	slices.SortFunc(all, func(a, b static) int {
 		return cmp.Or(
 			cmp.Compare(a.computeSlices, b.computeSlices),
 			cmp.Compare(a.memory, b.memory),
 			cmp.Compare(a.gi.ID, b.gi.ID),
-			cmp.Compare(a.ci.ID, b.ci.ID),
 		)
 	})
 	devices := make([]resourceapi.Device, 0, len(all))
 	for _, s := range all {
-		multiprocessors := s.ci.Multiprocessors
-		if multiprocessors <= 0 {
-			multiprocessors = s.profile.Multiprocessors
+		attrs := migAttributes(g, o, s.profile.Name, s.gi.Placement, s.multiprocessors)
+		if cis := s.gi.ComputeInstances; len(cis) == 1 && cis[0].UUID != "" {
+			attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(cis[0].UUID)}
 		}
-		attrs := migAttributes(g, o, s.profile.Name, s.gi.Placement, multiprocessors)
-		if s.ci.UUID != "" {
-			attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(s.ci.UUID)}
+		attrs[AttrComputeInstances] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(len(s.gi.ComputeInstances)))}
+		taints := taintsOf(g, o)
+		if s.busy && !migHeldBy(o.migHeld[g.UUID], s.gi) {
+			taints = append(taints, resourceapi.DeviceTaint{Key: MIGInUseTaintKey, Value: MIGInUseOutsideTessera, Effect: resourceapi.DeviceTaintEffectNoSchedule})
 		}
 		devices = append(devices, resourceapi.Device{
-			Name:       MIGStaticDeviceName(g.Minor, s.gi.ID, s.ci.ID),
+			Name:       MIGStaticDeviceName(g.Minor, s.gi.ID),
 			Attributes: attrs,
 			Capacity:   migCapacity(m, s.memory, s.computeSlices),
-			Taints:     taintsOf(g, o),
+			Taints:     taints,
 		})
 	}
 	return devices

@@ -379,7 +379,8 @@ func TestMIGDynamicForeignInstance(t *testing.T) {
 		t.Errorf("beside a foreign 3g.40gb at 4: got %v, want the 4g.40gb at 0 and then nothing", got)
 	}
 
-	held := WithMIGHeld(map[string][]gpu.MIGPlacement{gpus[0].UUID: {{Start: 4, Size: 4}}})
+	three := tb.profile(tb.three).ID
+	held := WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: {{ProfileID: three, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}}})
 	res, err := Resources("node-1", gpus, WithDynamicMIG(gpus[0].UUID), held)
 	if err != nil {
 		t.Fatal(err)
@@ -391,6 +392,17 @@ func TestMIGDynamicForeignInstance(t *testing.T) {
 	got, want := res.Pools["node-1"].Slices[0].SharedCounters, empty.Pools["node-1"].Slices[0].SharedCounters
 	if !equalCounterSets(got, want) {
 		t.Errorf("counters with the 3g.40gb held by Tessera: %v, want those of an empty GPU %v", got, want)
+	}
+	// A hold of another profile at the same placement (a claim's instance
+	// destroyed and an admin's made there) does not hold this one.
+	other := WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: {{ProfileID: three + 100, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}}})
+	res, err = Resources("node-1", gpus, WithDynamicMIG(gpus[0].UUID), other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res.Pools["node-1"].Slices[0].SharedCounters[0].Counters
+	if four, seven := c[MemorySliceCounter(4)].Value, c[MemorySliceCounter(7)].Value; !four.IsZero() || !seven.IsZero() {
+		t.Errorf("a hold of another profile kept the foreign instance's slices free: %v", c)
 	}
 }
 
@@ -422,19 +434,19 @@ func TestMIGStatic(t *testing.T) {
 	})
 	n := newTestNode(t, gpus)
 	r := n.allocate(migClaim("three", tb.three))
-	if got := devices(r); !slices.Equal(got, []string{"gpu-0-mig-1-0"}) {
-		t.Fatalf("3g.40gb: got %v, want [gpu-0-mig-1-0]", got)
+	if got := devices(r); !slices.Equal(got, []string{"gpu-0-mig-1"}) {
+		t.Fatalf("3g.40gb: got %v, want [gpu-0-mig-1]", got)
 	}
 	if r := n.allocate(migClaim("three-again", tb.three)); r != nil {
 		t.Errorf("second 3g.40gb claim got %v, the only one is held", devices(r))
 	}
-	if got := devices(n.allocate(migClaim("four", tb.four))); !slices.Equal(got, []string{"gpu-0-mig-2-0"}) {
-		t.Errorf("4g.40gb: got %v, want [gpu-0-mig-2-0]", got)
+	if got := devices(n.allocate(migClaim("four", tb.four))); !slices.Equal(got, []string{"gpu-0-mig-2"}) {
+		t.Errorf("4g.40gb: got %v, want [gpu-0-mig-2]", got)
 	}
 	// The UUID a container will see is published on the device.
 	uuidSelector := fmt.Sprintf(`device.attributes[%q].uuid == %q`, DriverName, gpus[0].MIG.Instances[0].ComputeInstances[0].UUID)
 	n.release("three")
-	if got := devices(n.allocate(migClaim("by-uuid", "", uuidSelector))); !slices.Equal(got, []string{"gpu-0-mig-1-0"}) {
+	if got := devices(n.allocate(migClaim("by-uuid", "", uuidSelector))); !slices.Equal(got, []string{"gpu-0-mig-1"}) {
 		t.Errorf("claim by MIG UUID: got %v", got)
 	}
 	if r := n.allocate(migClaim("seven", tb.seven)); r != nil {
@@ -498,7 +510,7 @@ func TestMIGClassesApart(t *testing.T) {
 		DeviceClassName: MIGClassName, AllocationMode: resourceapi.DeviceAllocationModeAll,
 		Selectors: celSelectors([]string{onMinor(1)}),
 	}}})
-	if got := devices(n.allocate(all)); !slices.Equal(got, []string{"gpu-1-mig-1-0"}) {
+	if got := devices(n.allocate(all)); !slices.Equal(got, []string{"gpu-1-mig-1"}) {
 		t.Errorf("all MIG devices of GPU 1: got %v, want its one instance", got)
 	}
 	if r := n.allocate(migClaim("mig-on-0", "", onMinor(0))); r != nil {
@@ -516,7 +528,7 @@ func TestMIGMockNode(t *testing.T) {
 	}
 	staticName := map[string]string{} // profile → device of GPU 0
 	for _, gi := range gpus[0].MIG.Instances {
-		staticName[gi.ProfileName] = MIGStaticDeviceName(0, gi.ID, gi.ComputeInstances[0].ID)
+		staticName[gi.ProfileName] = MIGStaticDeviceName(0, gi.ID)
 	}
 	n := newTestNode(t, gpus, WithDynamicMIG(gpus[1].UUID))
 	for _, c := range []struct{ profile, want string }{
@@ -541,11 +553,11 @@ func TestMIGMockNode(t *testing.T) {
 	if r := foreign.allocate(migClaim("on-0", "1g.10gb", onMinor(0))); r != nil {
 		t.Errorf("1g.10gb over GPU 0's foreign instances: %v", devices(r))
 	}
-	var held []gpu.MIGPlacement
+	var held []MIGHold
 	for _, gi := range gpus[0].MIG.Instances {
-		held = append(held, gi.Placement)
+		held = append(held, MIGHold{ProfileID: gi.ProfileID, Placement: gi.Placement})
 	}
-	adopted := newTestNode(t, gpus, WithDynamicMIG(gpus[0].UUID), WithMIGHeld(map[string][]gpu.MIGPlacement{gpus[0].UUID: held}))
+	adopted := newTestNode(t, gpus, WithDynamicMIG(gpus[0].UUID), WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: held}))
 	if got := devices(adopted.allocate(migClaim("on-0", "1g.10gb", onMinor(0)))); !slices.Equal(got, []string{MIGPlacementDeviceName(0, "1g.10gb", 6)}) {
 		t.Errorf("1g.10gb on GPU 0 with its instances held (no claim allocated in this test): got %v", got)
 	}

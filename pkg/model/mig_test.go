@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -213,14 +214,72 @@ func TestMIGStaticDevices(t *testing.T) {
 			t.Errorf("%s taints %v, want the GPU's", d.Name, d.Taints)
 		}
 	}
+	// One device per GPU instance: the split 3g.40gb (two compute
+	// instances sharing its memory, L2 and engines) is one device with all
+	// of it, not two devices each advertising the whole memory; it has no
+	// single MIG UUID.
 	want := []string{
-		"gpu-0-mig-9-0 MIG-00000000-0000-0000-0000-000000000009 1g.10gb cores=14",
-		"gpu-0-mig-2-1 MIG-split-1 3g.40gb cores=14",
-		"gpu-0-mig-2-0 MIG-split-0 3g.40gb cores=28",
-		"gpu-0-mig-1-0 MIG-00000000-0000-0000-0000-000000000001 3g.40gb cores=42",
+		"gpu-0-mig-9 MIG-00000000-0000-0000-0000-000000000009 1g.10gb cores=14",
+		"gpu-0-mig-1 MIG-00000000-0000-0000-0000-000000000001 3g.40gb cores=42",
+		"gpu-0-mig-2 - 3g.40gb cores=42",
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("static devices:\n got %q\nwant %q", got, want)
+	}
+	for _, d := range pool.Slices[0].Devices {
+		n := int64(1)
+		if d.Name == "gpu-0-mig-2" {
+			n = 2
+		}
+		if got := ptr.Deref(d.Attributes[AttrComputeInstances].IntValue, -1); got != n {
+			t.Errorf("%s: computeInstances %d, want %d", d.Name, got, n)
+		}
+		if memory := d.Capacity[Memory].Value; d.Name == "gpu-0-mig-2" && (memory.Value() != int64(tb.profile(tb.three).MemoryBytes) ||
+			ptr.Deref(d.Attributes[AttrMultiprocessors].IntValue, 0) != int64(tb.profile(tb.three).Multiprocessors)) {
+			t.Errorf("split GPU instance: memory %v, multiprocessors %v; want the 3g.40gb's", d.Capacity[Memory].Value, d.Attributes[AttrMultiprocessors].IntValue)
+		}
+	}
+}
+
+// TestMIGStaticInUseOutsideTessera: a static GPU instance whose compute
+// instances run processes that no Tessera claim holds (another device
+// plugin's pod, after an upgrade that starts publishing MIG-mode GPUs) is
+// tainted NoSchedule until it is idle or a claim holds it; unknown process
+// counts taint nothing.
+func TestMIGStaticInUseOutsideTessera(t *testing.T) {
+	tb := migTables[h100]
+	gpus := tb.migGPUs(1, func(minor int) []gpu.MIGInstance {
+		busy, idle, unknown := tb.instance(minor, 1, tb.three, 4), tb.instance(minor, 2, tb.four, 0), tb.instance(minor, 9, tb.small, 6)
+		busy.ComputeInstances[0].Processes = 2
+		unknown.ComputeInstances[0].Processes = -1
+		return []gpu.MIGInstance{busy, idle, unknown}
+	})
+	taintsOfDevices := func(opts ...Option) map[string][]string {
+		res, err := Resources("node-1", gpus, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, d := range res.Pools["node-1"].Slices[0].Devices {
+			for _, tn := range d.Taints {
+				out[d.Name] = append(out[d.Name], tn.Key+"="+tn.Value+":"+string(tn.Effect))
+			}
+		}
+		return out
+	}
+	want := map[string][]string{"gpu-0-mig-1": {MIGInUseTaintKey + "=" + MIGInUseOutsideTessera + ":NoSchedule"}}
+	if got := taintsOfDevices(); !reflect.DeepEqual(got, want) {
+		t.Errorf("taints %v, want %v", got, want)
+	}
+	busy := gpus[0].MIG.Instances[0]
+	held := WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: {{ProfileID: busy.ProfileID, Placement: busy.Placement}}})
+	if got := taintsOfDevices(held); len(got) != 0 {
+		t.Errorf("held by a claim: taints %v, want none", got)
+	}
+	// Held by placement with another profile is not this instance.
+	other := WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: {{ProfileID: busy.ProfileID + 1, Placement: busy.Placement}}})
+	if got := taintsOfDevices(other); !reflect.DeepEqual(got, want) {
+		t.Errorf("a hold of another profile at its placement: taints %v, want %v", got, want)
 	}
 }
 
@@ -297,8 +356,11 @@ func TestParseMIGDevice(t *testing.T) {
 		name string
 		want MIGDeviceName
 	}{
-		{MIGStaticDeviceName(3, 1, 0), MIGDeviceName{Minor: 3, Static: true, GPUInstance: 1}},
-		{MIGStaticDeviceName(12, 13, 2), MIGDeviceName{Minor: 12, Static: true, GPUInstance: 13, ComputeInstance: 2}},
+		{MIGStaticDeviceName(3, 1), MIGDeviceName{Minor: 3, Static: true, GPUInstance: 1, ComputeInstance: -1}},
+		{MIGStaticDeviceName(12, 13), MIGDeviceName{Minor: 12, Static: true, GPUInstance: 13, ComputeInstance: -1}},
+		// The names of releases before one device per GPU instance.
+		{"gpu-3-mig-1-0", MIGDeviceName{Minor: 3, Static: true, GPUInstance: 1, ComputeInstance: 0}},
+		{"gpu-12-mig-13-2", MIGDeviceName{Minor: 12, Static: true, GPUInstance: 13, ComputeInstance: 2}},
 		{MIGPlacementDeviceName(3, "1g.10gb+me", 6), MIGDeviceName{Minor: 3, ProfileSlug: "1g-10gb-me", Start: 6}},
 		{MIGPlacementDeviceName(0, "7g.80gb", 0), MIGDeviceName{Minor: 0, ProfileSlug: "7g-80gb", Start: 0}},
 	} {
@@ -313,7 +375,10 @@ func TestParseMIGDevice(t *testing.T) {
 	if got := MIGPlacementDeviceName(3, "1g.10gb+me", 6); got != "gpu-3-mig-1g-10gb-me-6" {
 		t.Errorf("placement name %q", got)
 	}
-	for _, bad := range []string{"gpu-3", "gpu-3-shared", "gpu-3-mig-", "gpu-3-mig-1", "gpu-03-mig-1-0", "gpu-3-mig-1-00", "gpu-3-mig-x-y", "gpu-3-mig--1", "node-3-mig-1-0"} {
+	if got := MIGStaticDeviceName(3, 2); got != "gpu-3-mig-2" {
+		t.Errorf("static name %q", got)
+	}
+	for _, bad := range []string{"gpu-3", "gpu-3-shared", "gpu-3-mig-", "gpu-3-mig-01", "gpu-3-mig--1", "gpu-03-mig-1-0", "gpu-3-mig-1-00", "gpu-3-mig-x-y", "gpu-3-mig--1", "node-3-mig-1-0"} {
 		if got, err := ParseMIGDevice(bad); err == nil {
 			t.Errorf("ParseMIGDevice(%q) = %+v, want an error", bad, got)
 		}

@@ -151,10 +151,10 @@ type options struct {
 	// devices (WithLocalityVerdicts).
 	localityVerdicts bool
 	// dynamicMIG names, by UUID, the MIG-mode GPUs published with dynamic
-	// MIG (WithDynamicMIG); migHeld the GPU instances Tessera holds on them
+	// MIG (WithDynamicMIG); migHeld the GPU instances Tessera's claims hold
 	// (WithMIGHeld).
 	dynamicMIG map[string]bool
-	migHeld    map[string][]gpu.MIGPlacement
+	migHeld    map[string][]MIGHold
 }
 
 // WithPCIeRoots makes Resources publish resource.kubernetes.io/pcieRoot for the GPUs

@@ -61,8 +61,8 @@ type driverTimed struct {
 	driver time.Duration
 }
 
-func (d *driverTimed) Create(uuid string, profileID int, pl gpu.MIGPlacement) (mig.Created, error) {
-	c, err := d.MIGInstances.Create(uuid, profileID, pl)
+func (d *driverTimed) Create(uuid string, profileID int, pl gpu.MIGPlacement, own string) (mig.Created, error) {
+	c, err := d.MIGInstances.Create(uuid, profileID, pl, own)
 	d.driver += c.Driver
 	return c, err
 }

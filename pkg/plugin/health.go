@@ -97,8 +97,8 @@ func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
 }
 
 // deviceNames are the devices the GPU publishes (besides a lending
-// device): gpu-N and gpu-N-shared, or its MIG devices in MIG mode (its
-// compute instances, or with dynamic MIG every placement of every profile).
+// device): gpu-N and gpu-N-shared, or its MIG devices in MIG mode (its GPU
+// instances, or with dynamic MIG every placement of every profile).
 func (p *Plugin) deviceNames(g gpu.GPU) []string {
 	if !g.MIGEnabled {
 		return []string{model.WholeDeviceName(g.Minor), model.SharedDeviceName(g.Minor)}
@@ -116,8 +116,8 @@ func (p *Plugin) deviceNames(g gpu.GPU) []string {
 		return names
 	}
 	for _, gi := range g.MIG.Instances {
-		for _, ci := range gi.ComputeInstances {
-			names = append(names, model.MIGStaticDeviceName(g.Minor, gi.ID, ci.ID))
+		if len(gi.ComputeInstances) > 0 {
+			names = append(names, model.MIGStaticDeviceName(g.Minor, gi.ID))
 		}
 	}
 	return names

@@ -102,13 +102,14 @@ type Inventory struct {
 	// a name that is no GPU of the node, get a Warning event
 	// DynamicMIGNotApplied.
 	DynamicMIG DynamicMIG
-	// MIGHeld, when set, returns the placements of the dynamic MIG
-	// instances prepared claims hold (the plugin's MIGHeld), for
-	// model.WithMIGHeld: every other instance of a dynamic-MIG GPU is
-	// foreign, its slices published as taken. It is read after discovery,
-	// so that an instance discovery saw is never missed (prepare records
-	// it before creating it).
-	MIGHeld func() map[string][]gpu.MIGPlacement
+	// MIGHeld, when set, returns the MIG instances (profile and placement)
+	// prepared claims hold (the plugin's MIGHeld), for model.WithMIGHeld:
+	// every other instance of a dynamic-MIG GPU is foreign, its slices
+	// published as taken; a static instance no claim holds that runs
+	// processes is tainted model.MIGInUseTaintKey. It is read after
+	// discovery, so that an instance discovery saw is never missed
+	// (prepare records it before creating it).
+	MIGHeld func() map[string][]model.MIGHold
 	// ComputeModes says which compute mode each GPU is expected in (the
 	// zero value: Default); a GPU in another is published tainted (see
 	// gpu.Conditions, which also decides the MIG, NVLink and fabric
@@ -131,7 +132,7 @@ type Inventory struct {
 	taints    map[string][]resourceapi.DeviceTaint
 	lent      map[string]model.Lent
 	dynamic   []string
-	held      map[string][]gpu.MIGPlacement
+	held      map[string][]model.MIGHold
 	devTaints map[string][]resourceapi.DeviceTaint
 	synced    bool
 	// known are the last full descriptions of the GPUs by UUID, and uuids
@@ -231,7 +232,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 		opts = append(opts, model.WithLending(lent))
 	}
 	dynamic := i.dynamicMIG(ctx, gpus, discoverErr == nil)
-	var held map[string][]gpu.MIGPlacement
+	var held map[string][]model.MIGHold
 	if i.MIGHeld != nil {
 		held = i.MIGHeld()
 	}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -28,20 +30,28 @@ import (
 // one claim holds it, and a container that references it gets that compute
 // instance and nothing else of its GPU.
 //
-//   - Static MIG (gpu-N-mig-<GI>-<CI>): the instance is an admin's. Prepare
-//     reads it from NVML (not from the last discovery) and fails if it is
-//     gone; unprepare leaves it.
-//   - Dynamic MIG (gpu-N-mig-<profile>-<start>): prepare records the intent
-//     (GPU, profile, placement) in the checkpoint as PrepareStarted before
-//     it creates the GPU instance at exactly the allocated placement and its
-//     full compute instance, then records the IDs and the MIG UUID (still
-//     PrepareStarted) before it writes the CDI spec. Unprepare and rollback
-//     destroy the compute instance, then the GPU instance. The instance is
-//     found by placement and profile, never by its IDs alone.
-//   - At start, instances of checkpointed claims are adopted, and on
-//     dynamic-MIG GPUs instances no record holds are destroyed when no
-//     process runs on them, or kept and reported when one does (the model
-//     publishes their slices as taken).
+//   - Static MIG (gpu-N-mig-<GI>; gpu-N-mig-<GI>-<CI> from releases that
+//     published one device per compute instance): the GPU instance is an
+//     admin's, and the claim gets it whole, with all its compute instances.
+//     Prepare reads it from NVML (not from the last discovery), fails if it
+//     is gone or is not the instance the plugin published under that name
+//     (profile, placement, MIG UUIDs); unprepare leaves it.
+//   - Dynamic MIG (gpu-N-mig-<profile>-<start>): prepare reads NVML and
+//     refuses a placement any instance covers, then records the intent
+//     (GPU, profile, placement) in the checkpoint as PrepareStarted, creates
+//     the GPU instance at exactly the allocated placement and its full
+//     compute instance (never taking over one that is there: mig.Create),
+//     then records the IDs and the MIG UUID (still PrepareStarted) before it
+//     writes the CDI spec. Unprepare and rollback destroy the compute
+//     instance, then the GPU instance, found by placement and profile and,
+//     once recorded, its MIG UUID: an instance at the placement without it
+//     is not the claim's, is left, and the record is dropped.
+//   - At start, instances of checkpointed claims are adopted. Nothing else
+//     is destroyed: an instance no record names is foreign (an admin's, or
+//     another tool's), kept, reported once, and on a dynamic-MIG GPU its
+//     slices are published as taken. A crash between a create and the
+//     record of its IDs leaves the intent record, whose rollback destroys
+//     the instance.
 //
 // Isolation on a MIG device is the hardware's. MPS inside one MIG device is
 // allowed when the claim's or class's config asks for it (one daemon per MIG
@@ -53,15 +63,16 @@ import (
 type MIGInstances interface {
 	// Read returns the GPU's MIG state now.
 	Read(uuid string) (gpu.GPU, error)
-	// Create makes (or finds) the instance of the profile at the
-	// placement with its full compute instance.
-	Create(uuid string, profileID int, pl gpu.MIGPlacement) (mig.Created, error)
+	// Create makes the instance of the profile at the placement with its
+	// full compute instance; own is the MIG UUID recorded for it before
+	// ("" if none). Any other instance over the placement is refused
+	// (mig.ErrOccupied).
+	Create(uuid string, profileID int, pl gpu.MIGPlacement, own string) (mig.Created, error)
 	// Destroy destroys the instance of the profile at the placement;
-	// false when there is none. It refuses (mig.ErrInUse) while a process
-	// runs on it.
-	Destroy(uuid string, profileID int, pl gpu.MIGPlacement) (bool, error)
-	// DestroyInstance destroys an instance Read listed.
-	DestroyInstance(g gpu.GPU, in gpu.MIGInstance) error
+	// false when there is none. Given the recorded MIG UUID it destroys
+	// only the instance that has it (mig.ErrChanged). It refuses
+	// (mig.ErrInUse) while a process runs on it.
+	Destroy(uuid string, profileID int, pl gpu.MIGPlacement, migUUID string) (bool, error)
 }
 
 var _ MIGInstances = (*mig.NVML)(nil)
@@ -212,10 +223,17 @@ func migIsolationHint(iso configapi.Isolation) string {
 	return "remove sharing.isolation from the MIG request's config"
 }
 
-// planStaticMIG fills in the existing compute instance of a static MIG
-// device, read from NVML now.
+// planStaticMIG fills in the existing GPU instance of a static MIG device,
+// read from NVML now, with all its compute instances. Device names are GPU
+// instance IDs, which the driver reuses: the instance must still be the one
+// the plugin published under the name (its last inventory: profile,
+// placement and MIG UUIDs), not one an admin made since with the same ID.
+// A name of the older form gpu-N-mig-<GI>-<CI> (allocated before an
+// upgrade) gets the same GPU instance, provided it still has that compute
+// instance.
 func (p *Plugin) planStaticMIG(d *plannedDevice, name model.MIGDeviceName) error {
 	g := d.gpu
+	published, wasPublished := migInstanceByID(g.MIG, name.GPUInstance)
 	if p.opts.MIG != nil {
 		now, err := p.opts.MIG.Read(g.UUID)
 		if err != nil {
@@ -226,23 +244,77 @@ func (p *Plugin) planStaticMIG(d *plannedDevice, name model.MIGDeviceName) error
 		}
 		g.MIG = now.MIG
 	}
-	gi, ci, ok := g.MIG.ComputeInstance(name.GPUInstance, name.ComputeInstance)
-	if !ok {
-		return deviceError(d.device, "GPU %s has no compute instance %d in GPU instance %d now (destroyed since it was published?)", g.UUID, name.ComputeInstance, name.GPUInstance)
+	gi, ok := migInstanceByID(g.MIG, name.GPUInstance)
+	switch {
+	case !ok:
+		return deviceError(d.device, "GPU %s has no GPU instance %d now (destroyed since it was published?)", g.UUID, name.GPUInstance)
+	case len(gi.ComputeInstances) == 0:
+		return deviceError(d.device, "GPU %s: GPU instance %d has no compute instance now (destroyed since it was published?)", g.UUID, gi.ID)
+	case name.ComputeInstance >= 0 && !slices.ContainsFunc(gi.ComputeInstances, func(ci gpu.MIGComputeInstance) bool { return ci.ID == name.ComputeInstance }):
+		return deviceError(d.device, "GPU %s has no compute instance %d in GPU instance %d now (destroyed since it was published?)", g.UUID, name.ComputeInstance, gi.ID)
+	case !wasPublished:
+		return deviceError(d.device, "GPU %s: GPU instance %d (%s at memory slices %d-%d) is not one this plugin published: it was made after the inventory the claim was allocated from; refusing to hand out an instance the scheduler did not see",
+			g.UUID, gi.ID, gi.ProfileName, gi.Placement.Start, gi.Placement.Start+gi.Placement.Size-1)
 	}
-	if ci.UUID == "" {
-		return deviceError(d.device, "compute instance %d of GPU instance %d has no MIG device UUID (%s)", ci.ID, gi.ID, g.MIGError)
+	if why := migInstanceChanged(published, gi); why != "" {
+		return deviceError(d.device, "GPU %s: GPU instance %d is not the instance published under this name (%s): it was destroyed and another made with its ID since; the plugin republishes, and the claim needs a new allocation", g.UUID, gi.ID, why)
 	}
-	memory := ci.MemoryBytes
+	for _, ci := range gi.ComputeInstances {
+		if ci.UUID == "" {
+			return deviceError(d.device, "compute instance %d of GPU instance %d has no MIG device UUID (%s)", ci.ID, gi.ID, g.MIGError)
+		}
+	}
+	if d.isolation == configapi.IsolationMPS && len(gi.ComputeInstances) > 1 {
+		return deviceError(d.device, "request %q: isolation MPS on GPU instance %d, which has %d compute instances: an MPS daemon serves one MIG device; ask for a GPU instance with one compute instance (attribute computeInstances == 1)", d.request, gi.ID, len(gi.ComputeInstances))
+	}
+	first := gi.ComputeInstances[0]
+	memory := first.MemoryBytes
 	if p, ok := g.MIG.Profile(gi.ProfileID); ok && memory == 0 {
 		memory = p.MemoryBytes
 	}
 	d.mig = &checkpoint.MIGDevice{
 		Profile: gi.ProfileName, ProfileID: gi.ProfileID, Start: gi.Placement.Start, Size: gi.Placement.Size,
-		UUID: ci.UUID, GPUInstance: gi.ID, ComputeInstance: ci.ID,
-		GPUInstanceMinor: max(gi.AccessMinor, 0), ComputeInstanceMinor: max(ci.AccessMinor, 0), MemoryBytes: int64(min(memory, uint64(1<<63-1))),
+		UUID: first.UUID, GPUInstance: gi.ID, ComputeInstance: first.ID,
+		GPUInstanceMinor: max(gi.AccessMinor, 0), ComputeInstanceMinor: max(first.AccessMinor, 0), MemoryBytes: int64(min(memory, uint64(1<<63-1))),
+	}
+	for _, ci := range gi.ComputeInstances[1:] {
+		d.mig.OtherComputeInstances = append(d.mig.OtherComputeInstances, checkpoint.MIGComputeInstance{ID: ci.ID, UUID: ci.UUID, Minor: max(ci.AccessMinor, 0)})
 	}
 	return nil
+}
+
+// migInstanceByID is GPU instance id of m.
+func migInstanceByID(m *gpu.MIG, id int) (gpu.MIGInstance, bool) {
+	if m == nil {
+		return gpu.MIGInstance{}, false
+	}
+	i := slices.IndexFunc(m.Instances, func(in gpu.MIGInstance) bool { return in.ID == id })
+	if i < 0 {
+		return gpu.MIGInstance{}, false
+	}
+	return m.Instances[i], true
+}
+
+// migInstanceChanged says how GPU instance now differs from the one
+// published with its ID ("" when it does not): profile, placement, or the
+// MIG UUIDs of its compute instances (fresh for every instance created).
+func migInstanceChanged(published, now gpu.MIGInstance) string {
+	switch {
+	case published.ProfileID != now.ProfileID || published.Placement != now.Placement:
+		return fmt.Sprintf("published as %s at memory slices %d-%d, now %s at %d-%d", published.ProfileName, published.Placement.Start, published.Placement.Start+published.Placement.Size-1,
+			now.ProfileName, now.Placement.Start, now.Placement.Start+now.Placement.Size-1)
+	}
+	var was, is []string
+	for _, ci := range published.ComputeInstances {
+		was = append(was, ci.UUID)
+	}
+	for _, ci := range now.ComputeInstances {
+		is = append(is, ci.UUID)
+	}
+	if !slices.Equal(was, is) {
+		return fmt.Sprintf("published with MIG devices %v, now %v", was, is)
+	}
+	return ""
 }
 
 // planDynamicMIG fills in the instance a dynamic MIG device is to get.
@@ -321,14 +393,39 @@ func migKind(m *checkpoint.MIGDevice) string {
 	return "the MIG instance"
 }
 
-// migOverlap reports whether two MIG devices of one GPU collide: static ones
-// when they are the same compute instance, otherwise when their placements
-// share a memory slice.
+// migOverlap reports whether two MIG devices of one GPU collide: when their
+// placements share a memory slice. Two static devices of one GPU instance
+// (its compute instances, as records of releases that published one device
+// per compute instance name them) collide: they share its memory, L2 cache
+// and engines, so they are one tenant's or none's.
 func migOverlap(a, b *checkpoint.MIGDevice) bool {
-	if !a.Dynamic && !b.Dynamic {
-		return a.GPUInstance == b.GPUInstance && a.ComputeInstance == b.ComputeInstance && a.Start == b.Start
-	}
 	return migPlacement(a).Overlaps(migPlacement(b))
+}
+
+// checkMIGFree reads NVML for every dynamic MIG device of the plan whose
+// instance is not made yet and refuses one whose placement an instance
+// covers, naming it: the intent recorded next would otherwise name an
+// instance the claim did not make (mig.Create refuses it again, in case one
+// appears between this read and the create). A placement another recorded
+// claim holds is left to admitMIG, which names that claim.
+func (p *Plugin) checkMIGFree(claim types.UID, pl *plan) error {
+	for _, d := range pl.devices {
+		if d.mig == nil || !d.mig.Dynamic || d.mig.Created() {
+			continue
+		}
+		if _, held := p.migHolder(claim, checkpoint.Device{UUID: d.gpu.UUID, MIG: d.mig}); held {
+			continue
+		}
+		g, err := p.opts.MIG.Read(d.gpu.UUID)
+		if err != nil {
+			return deviceError(d.device, "read the GPU's MIG instances: %v", err)
+		}
+		if in, ok := mig.Occupant(g, migPlacement(d.mig)); ok {
+			return deviceError(d.device, "%s at memory slices %d-%d is taken by %s, which no claim of this plugin made; nothing is created over it (the slices are published as taken once the plugin republishes)",
+				d.mig.Profile, d.mig.Start, d.mig.Start+d.mig.Size-1, mig.Describe(g, in))
+		}
+	}
+	return nil
 }
 
 // createMIG creates the instances of the claim's dynamic MIG devices, whose
@@ -342,7 +439,18 @@ func (p *Plugin) createMIG(ctx context.Context, record *checkpoint.Claim, pl *pl
 		if d.mig == nil || !d.mig.Dynamic || d.mig.Created() {
 			continue
 		}
-		c, err := p.opts.MIG.Create(d.gpu.UUID, d.mig.ProfileID, migPlacement(d.mig))
+		c, err := p.opts.MIG.Create(d.gpu.UUID, d.mig.ProfileID, migPlacement(d.mig), d.mig.UUID)
+		if errors.Is(err, mig.ErrOccupied) {
+			// The instance there is not this claim's: the rollback that
+			// follows must not destroy it. A record that is not Dynamic
+			// names an instance Tessera did not make, which stays.
+			m := *d.mig
+			m.Dynamic = false
+			record.Devices[i].MIG = &m
+			if perr := p.opts.Store.Put(*record); perr != nil {
+				klog.FromContext(ctx).Error(perr, "Recording that the placement is taken failed; the rollback leaves the instance there", "device", d.device)
+			}
+		}
 		if err != nil {
 			return deviceError(d.device, "create the MIG instance: %v", err)
 		}
@@ -369,10 +477,13 @@ func (p *Plugin) createMIG(ctx context.Context, record *checkpoint.Claim, pl *pl
 }
 
 // destroyMIG destroys the dynamic MIG instances of claim c (rollback and
-// unprepare): each found by GPU, placement and profile, whether or not its
-// IDs were recorded. An instance that another claim's record holds is not
-// this claim's and is left; one with processes is refused (the error wraps
-// mig.ErrInUse, and the claim stays recorded for a retry).
+// unprepare): each found by GPU, placement and profile and, once its IDs
+// are recorded, by its MIG UUID. An instance at the placement without the
+// recorded UUID (destroyed and another made there since) is not this
+// claim's: it is left, reported (MIGInstanceChanged) and the record goes.
+// An instance that another claim's record holds is not this claim's and is
+// left; one with processes is refused (the error wraps mig.ErrInUse, and
+// the claim stays recorded for a retry).
 func (p *Plugin) destroyMIG(ctx context.Context, c checkpoint.Claim) error {
 	var errs []error
 	changed := false
@@ -388,7 +499,13 @@ func (p *Plugin) destroyMIG(ctx context.Context, c checkpoint.Claim) error {
 			errs = append(errs, deviceError(d.Device, "cannot destroy its MIG instance: this plugin has no NVML"))
 			continue
 		}
-		destroyed, err := p.opts.MIG.Destroy(d.UUID, d.MIG.ProfileID, migPlacement(d.MIG))
+		destroyed, err := p.opts.MIG.Destroy(d.UUID, d.MIG.ProfileID, migPlacement(d.MIG), d.MIG.UUID)
+		if errors.Is(err, mig.ErrChanged) {
+			msg := fmt.Sprintf("claim %s: device %s: its MIG instance is gone and another is at its placement; that one is not the claim's and was not destroyed: %v", c, d.Device, err)
+			klog.FromContext(ctx).Info("Not destroying a MIG instance the claim's record does not name", "claim", c.String(), "device", d.Device, "err", err)
+			p.event(corev1.EventTypeWarning, "MIGInstanceChanged", msg)
+			continue
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("device %s: destroy the MIG instance: %w", d.Device, err))
 			continue
@@ -420,27 +537,30 @@ func (p *Plugin) migHolder(uid types.UID, d checkpoint.Device) (string, bool) {
 	return "", false
 }
 
-// MIGHeld are the placements of the dynamic MIG instances the checkpoint's
-// claims hold (or are about to create), by GPU UUID: the model's
-// model.WithMIGHeld, so that their slices are not published as taken by a
-// foreign instance.
-func (p *Plugin) MIGHeld() map[string][]gpu.MIGPlacement {
-	var out map[string][]gpu.MIGPlacement
+// MIGHeld are the GPU instances (profile and placement) the checkpoint's
+// claims hold or are about to create, static and dynamic, by GPU UUID: the
+// model's model.WithMIGHeld, so that a held dynamic instance's slices are
+// not published as taken by a foreign instance, and a held static one is
+// not tainted as in use outside Tessera.
+func (p *Plugin) MIGHeld() map[string][]model.MIGHold {
+	var out map[string][]model.MIGHold
 	for _, c := range p.opts.Store.List() {
 		for _, d := range c.Devices {
-			if d.MIG == nil || !d.MIG.Dynamic || d.AdminAccess {
+			if d.MIG == nil || d.AdminAccess {
 				continue
 			}
 			if out == nil {
-				out = map[string][]gpu.MIGPlacement{}
+				out = map[string][]model.MIGHold{}
 			}
-			if pl := migPlacement(d.MIG); !slices.Contains(out[d.UUID], pl) {
-				out[d.UUID] = append(out[d.UUID], pl)
+			if h := (model.MIGHold{ProfileID: d.MIG.ProfileID, Placement: migPlacement(d.MIG)}); !slices.Contains(out[d.UUID], h) {
+				out[d.UUID] = append(out[d.UUID], h)
 			}
 		}
 	}
 	for uuid := range out {
-		slices.SortFunc(out[uuid], func(a, b gpu.MIGPlacement) int { return a.Start - b.Start })
+		slices.SortFunc(out[uuid], func(a, b model.MIGHold) int {
+			return cmp.Or(a.Placement.Start-b.Placement.Start, a.ProfileID-b.ProfileID)
+		})
 	}
 	return out
 }
@@ -464,10 +584,13 @@ func (p *Plugin) migChanged() {
 
 // reconcileMIG brings the MIG instances in line with the checkpoint at
 // start (see the top of this file): instances held by records are adopted
-// (matched by placement and profile), a record whose instance is gone is
-// reported, and on dynamic-MIG GPUs an instance no record holds is
-// destroyed when no process runs on it, else kept (its slices stay out of
-// use: the model publishes them as taken) and reported.
+// (matched by placement and profile, and by MIG UUID once recorded), a
+// record whose instance is gone or changed is reported, and every other
+// instance is foreign: kept, and reported once. It destroys nothing: the
+// instances Tessera may destroy are those a record names, and the
+// rollbacks before it (of records left PrepareStarted) did that. Deleting
+// an instance no record names would take an admin's layout the first time
+// a GPU is named in --dynamic-mig, or another tool's instance.
 func (p *Plugin) reconcileMIG(ctx context.Context) {
 	if p.opts.MIG == nil {
 		return
@@ -498,7 +621,7 @@ func (p *Plugin) reconcileMIG(ctx context.Context) {
 		}
 		now, err := p.opts.MIG.Read(g.UUID)
 		if err != nil {
-			logger.Error(err, "Reading MIG instances at start failed; they are neither adopted nor cleaned up", "gpu", g.UUID)
+			logger.Error(err, "Reading MIG instances at start failed; they are neither adopted nor reported", "gpu", g.UUID)
 			p.event(corev1.EventTypeWarning, "MIGReconcileFailed", fmt.Sprintf("GPU %s: %v", g.UUID, err))
 			continue
 		}
@@ -520,62 +643,53 @@ func (p *Plugin) reconcileMIG(ctx context.Context) {
 				p.event(corev1.EventTypeWarning, "MIGInstanceMissing", msg)
 				continue
 			}
-			adopted[i] = true
 			in := instances[i]
 			ciOK := slices.ContainsFunc(in.ComputeInstances, func(ci gpu.MIGComputeInstance) bool { return ci.UUID == h.dev.MIG.UUID })
 			if h.dev.MIG.Created() && !ciOK {
+				// Not adopted: the instance there is another's, foreign
+				// below (its slices stay taken, nothing is destroyed).
 				msg := fmt.Sprintf("claim %s: device %s: the MIG instance at memory slice %d of GPU %s is no longer MIG device %s (GPU instance %d now); its containers have lost their MIG device", h.claim, h.dev.Device, in.Placement.Start, g.UUID, h.dev.MIG.UUID, in.ID)
 				logger.Error(nil, "MIG instance of a prepared claim changed", "claim", h.claim, "device", h.dev.Device)
 				p.event(corev1.EventTypeWarning, "MIGInstanceChanged", msg)
 				continue
 			}
+			adopted[i] = true
 			logger.V(2).Info("Adopted MIG instance of a checkpointed claim", "claim", h.claim, "device", h.dev.Device, "gpuInstance", in.ID)
 		}
 		if !p.dynamicMIG(now) {
-			continue
+			continue // a static GPU publishes every instance; an admin's instances are its devices
 		}
 		for i, in := range instances {
-			if adopted[i] {
-				continue
+			if !adopted[i] {
+				p.foreignMIG(ctx, now, in)
 			}
-			p.foreignMIG(ctx, now, in)
 		}
 	}
 }
 
-// foreignMIG handles an instance of a dynamic-MIG GPU that no record
-// holds: destroyed when idle, kept and reported when a process runs on it
-// (or when that cannot be read).
+// foreignMIG reports, once per instance, an instance of a dynamic-MIG GPU
+// that no record holds: it is kept (an admin's, another tool's, or one a
+// release without MIG support left), and its slices are published as taken
+// until it is gone.
 func (p *Plugin) foreignMIG(ctx context.Context, g gpu.GPU, in gpu.MIGInstance) {
-	logger := klog.FromContext(ctx)
-	procs, unknown := 0, false
+	key := g.UUID + "/" + strconv.Itoa(in.ID) + "/" + strconv.Itoa(in.ProfileID) + "/" + strconv.Itoa(in.Placement.Start)
 	for _, ci := range in.ComputeInstances {
-		if ci.Processes < 0 {
-			unknown = true
-		}
-		procs += max(ci.Processes, 0)
+		key += "/" + ci.UUID
 	}
-	where := fmt.Sprintf("GPU %s (index %d): MIG GPU instance %d (%s at memory slices %d-%d)", g.UUID, g.Index, in.ID, in.ProfileName, in.Placement.Start, in.Placement.Start+in.Placement.Size-1)
-	if procs > 0 || unknown {
-		state := fmt.Sprintf("%d processes run on it", procs)
-		if unknown {
-			state = "its processes cannot be read"
-		}
-		msg := where + " is held by no claim and " + state + ": it is kept, and its slices are published as taken until it is gone (an admin's instance on a dynamic-MIG GPU; destroy it with nvidia-smi mig -i " +
-			strconv.Itoa(g.Index) + " -dci -gi " + strconv.Itoa(in.ID) + " and -dgi -gi " + strconv.Itoa(in.ID) + " once its work is done)"
-		logger.Info("Foreign MIG instance with processes kept", "gpu", g.UUID, "gpuInstance", in.ID, "profile", in.ProfileName, "start", in.Placement.Start, "processes", procs, "unknown", unknown)
-		p.event(corev1.EventTypeWarning, "MIGInstanceForeign", msg)
+	p.migReportedMu.Lock()
+	if p.migReported == nil {
+		p.migReported = map[string]bool{}
+	}
+	seen := p.migReported[key]
+	p.migReported[key] = true
+	p.migReportedMu.Unlock()
+	if seen {
 		return
 	}
-	if err := p.opts.MIG.DestroyInstance(g, in); err != nil {
-		logger.Error(err, "Destroying an orphaned MIG instance failed", "gpu", g.UUID, "gpuInstance", in.ID)
-		p.event(corev1.EventTypeWarning, "MIGOrphanNotDestroyed", fmt.Sprintf("%s is held by no claim, runs no process, and could not be destroyed: %v", where, err))
-		return
-	}
-	msg := where + " was held by no claim and ran no process: destroyed (left by a prepare that did not finish, or by a release without MIG)"
-	logger.Info("Destroyed orphaned MIG instance", "gpu", g.UUID, "gpuInstance", in.ID, "profile", in.ProfileName, "start", in.Placement.Start)
-	p.event(corev1.EventTypeNormal, "MIGOrphanDestroyed", msg)
-	p.migChanged()
+	msg := mig.Describe(g, in) + " is held by no claim of this plugin: it is kept, and its memory slices are published as taken until it is gone (an admin's or another tool's instance on a GPU named in --dynamic-mig; " +
+		"destroy it with nvidia-smi mig -i " + strconv.Itoa(g.Index) + " -dci -gi " + strconv.Itoa(in.ID) + " and -dgi -gi " + strconv.Itoa(in.ID) + " once its work is done, to give its slices to claims)"
+	klog.FromContext(ctx).Info("Foreign MIG instance kept", "gpu", g.UUID, "gpuInstance", in.ID, "profile", in.ProfileName, "start", in.Placement.Start)
+	p.event(corev1.EventTypeWarning, "MIGInstanceForeign", msg)
 }
 
 // migEdits are the CDI edits of MIG device d (created): its environment
@@ -587,10 +701,7 @@ func (p *Plugin) foreignMIG(ctx context.Context, g gpu.GPU, in gpu.MIGInstance) 
 // device-list mount. Mock nodes get the environment only (no node is made
 // on the host).
 func (p *Plugin) migEdits(d plannedDevice, visible []string) (cdispec.ContainerEdits, error) {
-	m := isolation.MIGDevice{
-		UUID: d.mig.UUID, ParentUUID: d.gpu.UUID, Minor: d.gpu.Minor, GPUInstance: d.mig.GPUInstance, ComputeInstance: d.mig.ComputeInstance,
-		Profile: d.mig.Profile, GPUInstanceMinor: d.mig.GPUInstanceMinor, ComputeInstanceMinor: d.mig.ComputeInstanceMinor,
-	}
+	m := isolationMIG(d)
 	var common cdispec.ContainerEdits
 	legacy := false
 	if !p.opts.Mock {
@@ -623,6 +734,120 @@ func (p *Plugin) migEdits(d plannedDevice, visible []string) (cdispec.ContainerE
 	out.Mounts = append(out.Mounts, edits.Mounts...)
 	out.DeviceNodes = append(append(out.DeviceNodes, nodes...), caps...)
 	return out, nil
+}
+
+// MIG devices and CUDA's enumeration (NVIDIA MIG user guide, "CUDA Device
+// Enumeration"): a CUDA process enumerates a single MIG device, whatever a
+// container is given, and enumerates no GPU that is not in MIG mode while
+// a MIG device is visible to it. A claim made of MIG devices only sets
+// CUDA_VISIBLE_DEVICES to its MIG UUIDs; a container that also references
+// a claim with whole GPUs or shares therefore has those hidden from CUDA,
+// and one that references two such claims gets one claim's list.
+// warnMIGVisibility tells the claim's owner when a pod's prepared claims
+// mix like that (the plugin cannot see which container references which
+// claim, only the pods a claim is reserved for).
+
+// migVisibility is how a prepared claim's devices show to CUDA.
+type migVisibility int
+
+const (
+	visibleNone migVisibility = iota // no devices
+	// visibleMIGOnly: MIG devices only, none with admin access; the claim
+	// sets CUDA_VISIBLE_DEVICES (editsFor).
+	visibleMIGOnly
+	// visibleGPUs: whole GPUs, shares, or admin access; the claim sets no
+	// CUDA_VISIBLE_DEVICES, and another claim's would hide its devices.
+	visibleGPUs
+)
+
+func visibilityOf(c checkpoint.Claim) migVisibility {
+	if len(c.Devices) == 0 {
+		return visibleNone
+	}
+	for _, d := range c.Devices {
+		if d.MIG == nil || d.AdminAccess {
+			return visibleGPUs
+		}
+	}
+	return visibleMIGOnly
+}
+
+// warnMIGVisibility emits a Warning event MIGVisibleDevices on each claim
+// of this prepare call that shares a pod with another prepared claim when
+// one of them is made of MIG devices only and the other has devices too,
+// once per pod and claim.
+func (p *Plugin) warnMIGVisibility(claims []*resourceapi.ResourceClaim, result map[types.UID]kubeletplugin.PrepareResult) {
+	if p.opts.Events == nil {
+		return
+	}
+	// The pods of every prepared claim this plugin remembers.
+	p.facts.mu.Lock()
+	byPod := map[types.UID][]types.UID{}
+	podName := map[types.UID]string{}
+	for uid, f := range p.facts.claims {
+		for _, ref := range f.pods {
+			byPod[ref.UID] = append(byPod[ref.UID], uid)
+			podName[ref.UID] = ref.Namespace + "/" + ref.Name
+		}
+	}
+	p.facts.mu.Unlock()
+	for _, claim := range claims {
+		if r, ok := result[claim.UID]; !ok || r.Err != nil {
+			continue
+		}
+		for _, ref := range factsOf(claim).pods {
+			var migOnly, gpus []string
+			for _, uid := range byPod[ref.UID] {
+				c, ok := p.opts.Store.Get(uid)
+				if !ok || c.State != checkpoint.PrepareCompleted {
+					continue
+				}
+				switch visibilityOf(c) {
+				case visibleMIGOnly:
+					migOnly = append(migOnly, c.String())
+				case visibleGPUs:
+					gpus = append(gpus, c.String())
+				}
+			}
+			slices.Sort(migOnly)
+			slices.Sort(gpus)
+			var msg string
+			switch {
+			case len(migOnly) > 0 && len(gpus) > 0:
+				msg = fmt.Sprintf("pod %s references claims of MIG devices only (%s) and claims with whole GPUs or shares (%s): a container that references both sees only the MIG devices "+
+					"(the MIG claim sets CUDA_VISIBLE_DEVICES to its MIG UUIDs, and CUDA enumerates no GPU outside MIG mode while a MIG device is visible); give them to separate containers",
+					podName[ref.UID], strings.Join(migOnly, ", "), strings.Join(gpus, ", "))
+			case len(migOnly) > 1:
+				msg = fmt.Sprintf("pod %s references several claims of MIG devices only (%s): a container that references more than one gets one claim's CUDA_VISIBLE_DEVICES, and a CUDA process uses one MIG device in any case; "+
+					"run one process per MIG device with CUDA_VISIBLE_DEVICES set from its TESSERA_MIG_… variable", podName[ref.UID], strings.Join(migOnly, ", "))
+			default:
+				continue
+			}
+			key := string(ref.UID) + "/" + string(claim.UID)
+			p.migReportedMu.Lock()
+			if p.migReported == nil {
+				p.migReported = map[string]bool{}
+			}
+			seen := p.migReported[key]
+			p.migReported[key] = true
+			p.migReportedMu.Unlock()
+			if !seen {
+				p.claimEvent(claim, corev1.EventTypeWarning, "MIGVisibleDevices", msg)
+			}
+		}
+	}
+}
+
+// isolationMIG is MIG device d (created) as the isolation package sees it.
+func isolationMIG(d plannedDevice) isolation.MIGDevice {
+	m := isolation.MIGDevice{
+		UUID: d.mig.UUID, ParentUUID: d.gpu.UUID, Minor: d.gpu.Minor, GPUInstance: d.mig.GPUInstance, ComputeInstance: d.mig.ComputeInstance,
+		Profile: d.mig.Profile, GPUInstanceMinor: d.mig.GPUInstanceMinor, ComputeInstanceMinor: d.mig.ComputeInstanceMinor,
+	}
+	for _, ci := range d.mig.OtherComputeInstances {
+		m.Others = append(m.Others, isolation.MIGComputeInstance{ID: ci.ID, UUID: ci.UUID, Minor: ci.Minor})
+	}
+	return m
 }
 
 // migLibraries is where a MIG device's driver libraries come from on a

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -102,14 +103,14 @@ func migRecord(t testing.TB, i *instance, uid types.UID) *checkpoint.MIGDevice {
 	return c.Devices[0].MIG
 }
 
-// A static MIG device: prepare takes the admin's instance as NVML has it
-// now; the container gets its MIG UUID, profile and capability nodes, not
-// the GPU; unprepare leaves the instance.
+// A static MIG device: prepare takes the admin's GPU instance as NVML has
+// it now; the container gets its MIG UUID, profile and capability nodes,
+// not the GPU; unprepare leaves the instance.
 func TestMIGStaticPrepare(t *testing.T) {
 	e := newEnv(t)
 	node := migNode(t)
 	i := e.startMIG(node, nil)
-	claim := newClaim("uid-static", []result{whole("mig", "gpu-0-mig-2-0")})
+	claim := newClaim("uid-static", []result{whole("mig", "gpu-0-mig-2")})
 	devs := mustPrepare(t, i.Plugin, claim)
 	in := instances(t, node, 0)
 	if len(in) != 2 || in[1].ID != 2 || in[1].ProfileName != "3g.40gb" {
@@ -151,15 +152,15 @@ func TestMIGStaticGone(t *testing.T) {
 	if err := node.DestroyMIGInstance(0, 2); err != nil {
 		t.Fatal(err)
 	}
-	r := prepare(t, i.Plugin, newClaim("uid-gone", []result{whole("mig", "gpu-0-mig-2-0")}))
-	if r.Err == nil || !strings.Contains(r.Err.Error(), "has no compute instance 0 in GPU instance 2 now") {
+	r := prepare(t, i.Plugin, newClaim("uid-gone", []result{whole("mig", "gpu-0-mig-2")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "has no GPU instance 2 now") {
 		t.Fatalf("prepare: %v", r.Err)
 	}
 	// MIG mode turned off (and the GPU reset) since discovery.
 	if err := node.SetMIG(0, false); err != nil {
 		t.Fatal(err)
 	}
-	r = prepare(t, i.Plugin, newClaim("uid-mode", []result{whole("mig", "gpu-0-mig-1-0")}))
+	r = prepare(t, i.Plugin, newClaim("uid-mode", []result{whole("mig", "gpu-0-mig-1")}))
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "is not in MIG mode now") {
 		t.Fatalf("prepare after MIG mode went off: %v", r.Err)
 	}
@@ -190,7 +191,7 @@ func TestMIGDynamicPrepare(t *testing.T) {
 	if env[prefix] != ci.UUID || env[prefix+"_PROFILE"] != "3g.40gb" || env["CUDA_VISIBLE_DEVICES"] != ci.UUID {
 		t.Errorf("env %v", env)
 	}
-	if held := i.MIGHeld(); !slices.Equal(held[gpuUUID(node, 1)], []gpu.MIGPlacement{{Start: 4, Size: 4}}) || len(held) != 1 {
+	if held := i.MIGHeld(); !slices.Equal(held[gpuUUID(node, 1)], []model.MIGHold{{ProfileID: in[0].ProfileID, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}}) || len(held) != 1 {
 		t.Errorf("held %v", held)
 	}
 	again := mustPrepare(t, i.Plugin, claim)
@@ -282,8 +283,13 @@ func TestMIGRealNodeCDI(t *testing.T) {
 }
 
 // Two MIG devices of one GPU in one container, from one claim or from two:
-// each has its own variables, none overwrites the other's. Within one claim
-// CUDA_VISIBLE_DEVICES names both.
+// each has its own variables, none overwrites the other's, and within one
+// claim CUDA_VISIBLE_DEVICES names both. That is what the container is
+// given, not what one process can use: a CUDA process enumerates a single
+// MIG device (NVIDIA MIG user guide, "CUDA Device Enumeration"), so a
+// container uses two by running a process per device, each with
+// CUDA_VISIBLE_DEVICES set from that device's TESSERA_MIG_… variable. This
+// test checks the environment only (mock mode: no CUDA runs).
 func TestMIGTwoDevicesOneContainer(t *testing.T) {
 	e := newEnv(t)
 	node := migNode(t)
@@ -335,6 +341,60 @@ func TestMIGTwoDevicesOneContainer(t *testing.T) {
 		t.Errorf("instances left %+v", in)
 	}
 	e.assertClean(i)
+}
+
+// A pod whose claims mix a claim of MIG devices only (which sets
+// CUDA_VISIBLE_DEVICES to its MIG UUIDs) with a claim of a whole GPU gets a
+// Warning on its claims: a container that references both would see no
+// GPU of the other claim. Two MIG-only claims of one pod get one too; claims
+// of different pods, or a single claim, get none.
+func TestMIGVisibleDevicesWarning(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	forPod := func(c *resourceapi.ResourceClaim, pod string) *resourceapi.ResourceClaim {
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID("uid-" + pod)}}
+		return c
+	}
+	migClaim := forPod(newClaim("uid-m", []result{whole("mig", "gpu-1-mig-1g-10gb-6")}), "mixed")
+	gpuClaim := forPod(newClaim("uid-g", []result{whole("gpu", "gpu-2")}), "mixed")
+	res, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{migClaim, gpuClaim})
+	if err != nil || res[migClaim.UID].Err != nil || res[gpuClaim.UID].Err != nil {
+		t.Fatalf("prepare: %v %+v", err, res)
+	}
+	events := e.events.list()
+	for _, c := range []string{"claim-uid-m", "claim-uid-g"} {
+		if !hasEvent(events, "claim default/"+c+": Warning MIGVisibleDevices", "pod default/mixed", "default/claim-uid-m", "default/claim-uid-g", "sees only the MIG devices") {
+			t.Errorf("no warning on %s: %q", c, events)
+		}
+	}
+	// Prepared again (the kubelet's retry): not reported twice.
+	n := len(e.events.list())
+	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{migClaim, gpuClaim}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.events.list(); len(got) != n {
+		t.Errorf("reported again: %q", got[n:])
+	}
+	// Two MIG-only claims of one pod.
+	a := forPod(newClaim("uid-a", []result{whole("mig", "gpu-1-mig-1g-10gb-5")}), "two-mig")
+	b := forPod(newClaim("uid-b", []result{whole("mig", "gpu-1-mig-1g-10gb-4")}), "two-mig")
+	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if !hasEvent(e.events.list(), "claim default/claim-uid-a: Warning MIGVisibleDevices", "pod default/two-mig", "one claim's CUDA_VISIBLE_DEVICES") {
+		t.Errorf("two MIG claims of one pod: %q", e.events.list())
+	}
+	// Other pods: nothing.
+	n = len(e.events.list())
+	alone := forPod(newClaim("uid-alone", []result{whole("mig", "gpu-1-mig-1g-10gb-3")}), "alone")
+	other := forPod(newClaim("uid-other", []result{whole("gpu", "gpu-3")}), "other")
+	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{alone, other}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.events.list(); len(got) != n {
+		t.Errorf("claims of different pods: %q", got[n:])
+	}
 }
 
 // HAMiCore and DriverMemory asked for on a MIG device are refused at
@@ -403,10 +463,16 @@ func TestMIGDoubleGrant(t *testing.T) {
 	e := newEnv(t)
 	node := migNode(t)
 	i := e.startMIG(node, nil)
-	mustPrepare(t, i.Plugin, newClaim("uid-a", []result{whole("mig", "gpu-0-mig-1-0")}))
-	r := prepare(t, i.Plugin, newClaim("uid-b", []result{whole("mig", "gpu-0-mig-1-0")}))
+	mustPrepare(t, i.Plugin, newClaim("uid-a", []result{whole("mig", "gpu-0-mig-1")}))
+	r := prepare(t, i.Plugin, newClaim("uid-b", []result{whole("mig", "gpu-0-mig-1")}))
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-a") {
 		t.Errorf("same static instance: %v", r.Err)
+	}
+	// Allocated under the name of a release that published one device per
+	// compute instance: the same GPU instance, refused too.
+	r = prepare(t, i.Plugin, newClaim("uid-b-old", []result{whole("mig", "gpu-0-mig-1-0")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-a") {
+		t.Errorf("same GPU instance under its older name: %v", r.Err)
 	}
 	mustPrepare(t, i.Plugin, newClaim("uid-c", []result{whole("mig", "gpu-1-mig-3g-40gb-4")}))
 	r = prepare(t, i.Plugin, newClaim("uid-d", []result{whole("mig", "gpu-1-mig-1g-10gb-5")}))
@@ -427,7 +493,7 @@ func TestMIGWrongMode(t *testing.T) {
 	for device, want := range map[string]string{
 		"gpu-0-mig-1g-10gb-6": "is not published with dynamic MIG",
 		"gpu-1":               "is in MIG mode now",
-		"gpu-2-mig-1-0":       "is not in MIG mode now",
+		"gpu-2-mig-1":         "is not in MIG mode now",
 	} {
 		r := prepare(t, i.Plugin, newClaim("uid-"+device, []result{whole("r", device)}))
 		if r.Err == nil || !strings.Contains(r.Err.Error(), want) {
@@ -506,13 +572,16 @@ func TestMIGCrashAfterRecord(t *testing.T) {
 	e.assertClean(restarted)
 }
 
-// An instance on a dynamic-MIG GPU that no record holds: destroyed at
-// start when idle; kept, reported and published as taken while a process
-// runs on it. Instances of static GPUs are the admin's and never touched.
-func TestMIGOrphansAtStart(t *testing.T) {
+// Instances on a dynamic-MIG GPU that no record holds are foreign, idle
+// or busy: kept, each reported once, and their slices published as taken.
+// Start used to destroy the idle ones, which took an admin's whole layout
+// the first time a GPU was named in --dynamic-mig. Instances of static GPUs
+// are the admin's and never touched either.
+func TestMIGForeignAtStart(t *testing.T) {
 	e := newEnv(t)
 	node := migNode(t)
-	if _, _, err := node.CreateMIGInstance(1, "1g.10gb", 6); err != nil {
+	idleGI, _, err := node.CreateMIGInstance(1, "1g.10gb", 6)
+	if err != nil {
 		t.Fatal(err)
 	}
 	busyGI, busyCI, err := node.CreateMIGInstance(1, "2g.20gb", 2)
@@ -522,30 +591,336 @@ func TestMIGOrphansAtStart(t *testing.T) {
 	if err := node.SetMIGProcesses(1, busyGI, busyCI, []nvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 1 << 30}}); err != nil {
 		t.Fatal(err)
 	}
+	before := instances(t, node, 1)
 	i := e.startMIG(node, nil)
-	in := instances(t, node, 1)
-	if len(in) != 1 || in[0].ID != busyGI {
-		t.Fatalf("after start: %+v, want only the busy 2g.20gb", in)
+	if in := instances(t, node, 1); !reflect.DeepEqual(in, before) {
+		t.Fatalf("after start: %+v, want both instances as they were %+v", in, before)
 	}
 	if len(instances(t, node, 0)) != 2 {
 		t.Errorf("the static GPU's instances were touched")
 	}
 	events := e.events.list()
-	if !hasEvent(events, "Normal MIGOrphanDestroyed", "1g.10gb at memory slices 6-6") || !hasEvent(events, "Warning MIGInstanceForeign", "2g.20gb at memory slices 2-3", "1 processes run on it") {
+	if !hasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (1g.10gb at memory slices 6-6", idleGI), "kept") ||
+		!hasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (2g.20gb at memory slices 2-3", busyGI), "with 1 processes") {
 		t.Errorf("events %q", events)
 	}
+	for _, ev := range events {
+		if strings.Contains(ev, "Destroyed") || strings.Contains(ev, "MIGOrphan") {
+			t.Errorf("event %q: nothing is destroyed at start", ev)
+		}
+	}
+	// Once per instance: reconciling again reports nothing new.
+	n := len(e.events.list())
+	i.reconcileMIG(ctxFor(t))
+	if got := e.events.list(); len(got) != n {
+		t.Errorf("second reconcile reported again: %q", got[n:])
+	}
 
-	// The model publishes the kept instance's slices as taken.
+	// The model publishes the kept instances' slices as taken.
 	pub := &fakePublisher{}
 	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
 	counters := pub.counters(t, model.MIGCounterSetName(1))
-	for slice, want := range map[int]int64{0: 1, 1: 1, 2: 0, 3: 0, 4: 1} {
+	for slice, want := range map[int]int64{0: 1, 1: 1, 2: 0, 3: 0, 4: 1, 5: 1, 6: 0, 7: 1} {
 		if got := counters[model.MemorySliceCounter(slice)]; got != want {
 			t.Errorf("memory-slice-%d = %d, want %d", slice, got, want)
 		}
+	}
+}
+
+// The first start with GPU 0, which holds an admin's layout (4g.40gb and
+// 3g.40gb), named in --dynamic-mig keeps that layout and publishes its
+// slices as taken; no placement over it is prepared.
+func TestMIGDynamicOverAdminLayout(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	before := instances(t, node, 0)
+	i := e.startMIG(node, func(o *Options) { o.DynamicMIG = DynamicMIG{All: true} })
+	if in := instances(t, node, 0); !reflect.DeepEqual(in, before) {
+		t.Fatalf("GPU 0's layout after the first dynamic start: %+v, want %+v", in, before)
+	}
+	if n := strings.Count(strings.Join(e.events.list(), "\n"), "Warning MIGInstanceForeign"); n != 2 {
+		t.Errorf("%d foreign reports, want GPU 0's 2 instances: %q", n, e.events.list())
+	}
+	r := prepare(t, i.Plugin, newClaim("uid-over", []result{whole("mig", "gpu-0-mig-1g-10gb-6")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "taken by GPU "+gpuUUID(node, 0)) || !strings.Contains(r.Err.Error(), "3g.40gb at memory slices 4-7") {
+		t.Errorf("prepare over the admin's 3g.40gb: %v", r.Err)
+	}
+	if in := instances(t, node, 0); !reflect.DeepEqual(in, before) {
+		t.Errorf("GPU 0's layout after the refused prepare: %+v", in)
+	}
+	e.assertClean(i)
+}
+
+// Prepare never takes over an instance it did not make. An admin's
+// instance at exactly the allocated placement and profile (made after the
+// slices were published) is refused before the intent is recorded, naming
+// it; one made between that check and the create is refused by the create,
+// and the rollback leaves it.
+func TestMIGPrepareRefusesForeignInstance(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	gi, ci, err := node.CreateMIGInstance(1, "1g.10gb", 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admins := instances(t, node, 1)
+	r := prepare(t, i.Plugin, newClaim("uid-take", []result{whole("mig", "gpu-1-mig-1g-10gb-6")}))
+	want := fmt.Sprintf("taken by GPU %s (index 1): GPU instance %d (1g.10gb at memory slices 6-6; compute instance %d %s)", gpuUUID(node, 1), gi, ci, admins[0].ComputeInstances[0].UUID)
+	if r.Err == nil || !strings.Contains(r.Err.Error(), want) {
+		t.Fatalf("prepare over the admin's instance: %v, want %q", r.Err, want)
+	}
+	if in := instances(t, node, 1); !reflect.DeepEqual(in, admins) {
+		t.Fatalf("the admin's instance changed: %+v", in)
+	}
+	e.assertClean(i)
+
+	// Between the check and the create: the create refuses, the rollback
+	// destroys nothing.
+	racer := &raceMIG{MIGInstances: i.opts.MIG, before: func() {
+		if _, _, err := node.CreateMIGInstance(1, "2g.20gb", 2); err != nil {
+			t.Error(err)
+		}
+	}}
+	i.opts.MIG = racer
+	r = prepare(t, i.Plugin, newClaim("uid-race", []result{whole("mig", "gpu-1-mig-2g-20gb-2")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "which this claim did not make") {
+		t.Fatalf("prepare racing an admin's create: %v", r.Err)
+	}
+	if in := instances(t, node, 1); len(in) != 2 {
+		t.Errorf("after the refused create: %+v, want the admin's two instances", in)
+	}
+	e.assertClean(i)
+}
+
+// raceMIG runs before ahead of the first Create (an admin's create racing
+// the plugin's).
+type raceMIG struct {
+	MIGInstances
+	before func()
+}
+
+func (r *raceMIG) Create(uuid string, profileID int, pl gpu.MIGPlacement, own string) (mig.Created, error) {
+	if r.before != nil {
+		r.before()
+		r.before = nil
+	}
+	return r.MIGInstances.Create(uuid, profileID, pl, own)
+}
+
+// Unprepare destroys only the instance the record names by its MIG UUID:
+// one an admin destroyed and re-made at the placement (same IDs, fresh UUID)
+// is left, reported, and the record goes.
+func TestMIGUnprepareChangedInstance(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-changed", []result{whole("mig", "gpu-1-mig-2g-20gb-4")})
+	mustPrepare(t, i.Plugin, claim)
+	m := migRecord(t, i, claim.UID)
+	if err := node.DestroyMIGInstance(1, m.GPUInstance); err != nil {
+		t.Fatal(err)
+	}
+	gi, ci, err := node.CreateMIGInstance(1, "2g.20gb", 4)
+	if err != nil || gi != m.GPUInstance || ci != m.ComputeInstance {
+		t.Fatalf("re-made: %d/%d, %v; want the recorded IDs %d/%d", gi, ci, err, m.GPUInstance, m.ComputeInstance)
+	}
+	remade := instances(t, node, 1)
+	if remade[0].ComputeInstances[0].UUID == m.UUID {
+		t.Fatalf("the mock gave the re-made instance the recorded UUID %s", m.UUID)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	if in := instances(t, node, 1); !reflect.DeepEqual(in, remade) {
+		t.Errorf("after unprepare: %+v, want the re-made instance kept %+v", in, remade)
+	}
+	if !hasEvent(e.events.list(), "Warning MIGInstanceChanged", "is not MIG device "+m.UUID, "was not destroyed") {
+		t.Errorf("events %q", e.events.list())
+	}
+	e.assertClean(i)
+}
+
+// At start, a prepared claim whose instance was destroyed and re-made at its
+// placement is reported (MIGInstanceChanged, testable now that the mock
+// gives every created instance a fresh UUID); the re-made instance is
+// foreign: kept, its slices taken.
+func TestMIGChangedAtStart(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	claim := newClaim("uid-moved", []result{whole("mig", "gpu-1-mig-1g-10gb-6")})
+	mustPrepare(t, i.Plugin, claim)
+	m := migRecord(t, i, claim.UID)
+	if err := node.DestroyMIGInstance(1, m.GPUInstance); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := node.CreateMIGInstance(1, "1g.10gb", 6); err != nil {
+		t.Fatal(err)
+	}
+	e.startMIG(node, nil)
+	events := e.events.list()
+	if !hasEvent(events, "Warning MIGInstanceChanged", "is no longer MIG device "+m.UUID) || !hasEvent(events, "Warning MIGInstanceForeign", "1g.10gb at memory slices 6-6") {
+		t.Errorf("events %q", events)
+	}
+	if in := instances(t, node, 1); len(in) != 1 {
+		t.Errorf("instances %+v, want the re-made one kept", in)
+	}
+}
+
+// Static device names are GPU instance IDs, which the driver reuses:
+// prepare checks the instance read now against what the plugin published
+// under the name (profile, placement, MIG UUIDs) and refuses one made since.
+func TestMIGStaticChangedSincePublished(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	i := e.startMIG(node, nil)
+	// GPU instance 1 was a 4g.40gb at 0-3; an admin makes a 3g.40gb there,
+	// which gets ID 1 again.
+	if err := node.DestroyMIGInstance(0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if gi, _, err := node.CreateMIGInstance(0, "3g.40gb", 0); err != nil || gi != 1 {
+		t.Fatalf("re-made: GPU instance %d, %v", gi, err)
+	}
+	r := prepare(t, i.Plugin, newClaim("uid-profile", []result{whole("mig", "gpu-0-mig-1")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "published as 4g.40gb at memory slices 0-3, now 3g.40gb at 0-3") {
+		t.Errorf("prepare of a re-made GPU instance of another profile: %v", r.Err)
+	}
+	// GPU instance 2 re-made as it was (3g.40gb at 4): a fresh MIG UUID.
+	if err := node.DestroyMIGInstance(0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if gi, _, err := node.CreateMIGInstance(0, "3g.40gb", 4); err != nil || gi != 2 {
+		t.Fatalf("re-made: GPU instance %d, %v", gi, err)
+	}
+	r = prepare(t, i.Plugin, newClaim("uid-uuid", []result{whole("mig", "gpu-0-mig-2")}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "published with MIG devices") {
+		t.Errorf("prepare of a GPU instance re-made with the same profile and placement: %v", r.Err)
+	}
+	// An instance the plugin never published.
+	if err := node.DestroyMIGInstance(0, 2); err != nil {
+		t.Fatal(err)
+	}
+	gi, _, err := node.CreateMIGInstance(0, "1g.10gb", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = prepare(t, i.Plugin, newClaim("uid-new", []result{whole("mig", model.MIGStaticDeviceName(0, gi))}))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "is not one this plugin published") {
+		t.Errorf("prepare of an instance made after the inventory: %v", r.Err)
+	}
+	e.assertClean(i)
+}
+
+// A GPU instance an admin split into two compute instances is one static
+// device: the claim gets both compute instances (variables, capability
+// nodes, CUDA_VISIBLE_DEVICES), a claim for the older per-compute-instance
+// name of the other one is refused while it holds them, and MPS (one
+// daemon per MIG device) is refused on it.
+func TestMIGStaticSplitGPUInstance(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	if err := node.DestroyMIGInstance(0, 2); err != nil {
+		t.Fatal(err)
+	}
+	gi, err := node.CreateMIGGPUInstance(0, "3g.40gb", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := node.CreateMIGComputeInstance(0, gi, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := node.CreateMIGComputeInstance(0, gi, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := e.startMIG(node, nil)
+	mps := newClaim("uid-split-mps", []result{whole("mig", model.MIGStaticDeviceName(0, gi))}, claimConfig(isolationConfig(configapi.IsolationMPS)))
+	if r := prepare(t, i.Plugin, mps); r.Err == nil || !strings.Contains(r.Err.Error(), "an MPS daemon serves one MIG device") {
+		t.Errorf("MPS on a split GPU instance: %v", r.Err)
+	}
+	claim := newClaim("uid-split", []result{whole("mig", model.MIGStaticDeviceName(0, gi))})
+	devs := mustPrepare(t, i.Plugin, claim)
+	var in gpu.MIGInstance
+	for _, x := range instances(t, node, 0) {
+		if x.ID == gi {
+			in = x
+		}
+	}
+	env := envOf(t, e, cdiIDs(devs)...)
+	var uuids []string
+	for _, ci := range in.ComputeInstances {
+		prefix := isolation.MIGVariable(0, gi, ci.ID)
+		if env[prefix] != ci.UUID || env[prefix+"_CAPS"] != fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d,/dev/nvidia-caps/nvidia-cap%d", in.AccessMinor, ci.AccessMinor) {
+			t.Errorf("compute instance %d: %s=%q %s_CAPS=%q", ci.ID, prefix, env[prefix], prefix, env[prefix+"_CAPS"])
+		}
+		uuids = append(uuids, ci.UUID)
+	}
+	if len(uuids) != 2 || env["CUDA_VISIBLE_DEVICES"] != strings.Join(uuids, ",") {
+		t.Errorf("CUDA_VISIBLE_DEVICES=%q, want both of %v", env["CUDA_VISIBLE_DEVICES"], uuids)
+	}
+	if m := migRecord(t, i, claim.UID); m.ComputeInstance != two || len(m.OtherComputeInstances) != 1 || m.OtherComputeInstances[0].ID != one || m.OtherComputeInstances[0].UUID != uuids[1] {
+		t.Errorf("record %+v", m)
+	}
+	old := newClaim("uid-split-old", []result{whole("mig", fmt.Sprintf("gpu-0-mig-%d-%d", gi, one))})
+	if r := prepare(t, i.Plugin, old); r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-split") {
+		t.Errorf("the other compute instance under the older name: %v", r.Err)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	// The older name alone gets the whole GPU instance too.
+	devs = mustPrepare(t, i.Plugin, old)
+	if env := envOf(t, e, cdiIDs(devs)...); env["CUDA_VISIBLE_DEVICES"] != strings.Join(uuids, ",") {
+		t.Errorf("older name: CUDA_VISIBLE_DEVICES=%q, want %v", env["CUDA_VISIBLE_DEVICES"], uuids)
+	}
+	mustUnprepare(t, i.Plugin, old.UID)
+	e.assertClean(i)
+}
+
+// A static GPU instance that runs processes no claim accounts for (another
+// device plugin's pod, after an upgrade that starts publishing MIG-mode
+// GPUs) is published tainted until it is idle; one a claim holds is not.
+func TestMIGStaticInUseTaint(t *testing.T) {
+	e := newEnv(t)
+	node := migNode(t)
+	if err := node.SetMIGProcesses(0, 2, 0, []nvml.ProcessInfo{{Pid: 31}}); err != nil {
+		t.Fatal(err)
+	}
+	i := e.startMIG(node, nil)
+	pub := &fakePublisher{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
+	sync := func() map[string][]resourceapi.DeviceTaint {
+		t.Helper()
+		if _, err := inv.Sync(ctxFor(t)); err != nil {
+			t.Fatal(err)
+		}
+		devs, _ := pub.devices(t)
+		return devs
+	}
+	devs := sync()
+	if tn := devs["gpu-0-mig-2"]; len(tn) != 1 || tn[0].Key != model.MIGInUseTaintKey || tn[0].Value != model.MIGInUseOutsideTessera || tn[0].Effect != resourceapi.DeviceTaintEffectNoSchedule {
+		t.Errorf("busy instance: taints %v", tn)
+	}
+	if tn := devs["gpu-0-mig-1"]; len(tn) != 0 {
+		t.Errorf("idle instance: taints %v", tn)
+	}
+	// Held by a claim (its own pod's processes): no taint.
+	claim := newClaim("uid-holds", []result{whole("mig", "gpu-0-mig-2")})
+	mustPrepare(t, i.Plugin, claim)
+	if tn := sync()["gpu-0-mig-2"]; len(tn) != 0 {
+		t.Errorf("held: taints %v", tn)
+	}
+	mustUnprepare(t, i.Plugin, claim.UID)
+	if tn := sync()["gpu-0-mig-2"]; len(tn) != 1 {
+		t.Errorf("released while still busy: taints %v, want the in-use taint again", tn)
+	}
+	if err := node.SetMIGProcesses(0, 2, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	if tn := sync()["gpu-0-mig-2"]; len(tn) != 0 {
+		t.Errorf("idle: taints %v", tn)
 	}
 }
 
@@ -618,7 +993,7 @@ func TestInventoryDynamicMIG(t *testing.T) {
 		t.Fatal(err)
 	}
 	devs, _ := pub.devices(t)
-	for _, name := range []string{"gpu-0-mig-1-0", "gpu-0-mig-2-0", "gpu-1-mig-1g-10gb-0", "gpu-1-mig-7g-80gb-0", "gpu-3", "gpu-3-shared"} {
+	for _, name := range []string{"gpu-0-mig-1", "gpu-0-mig-2", "gpu-1-mig-1g-10gb-0", "gpu-1-mig-7g-80gb-0", "gpu-3", "gpu-3-shared"} {
 		if _, ok := devs[name]; !ok {
 			t.Errorf("%s not published", name)
 		}
@@ -666,7 +1041,7 @@ func TestMIGHealthReportNames(t *testing.T) {
 		g, _ := i.gpuByMinor(minor)
 		names = append(names, i.deviceNames(g)...)
 	}
-	if len(names) != 2+25+2 || names[0] != "gpu-0-mig-1-0" || names[1] != "gpu-0-mig-2-0" || !slices.Contains(names, "gpu-1-mig-1g-10gb-me-6") ||
+	if len(names) != 2+25+2 || names[0] != "gpu-0-mig-1" || names[1] != "gpu-0-mig-2" || !slices.Contains(names, "gpu-1-mig-1g-10gb-me-6") ||
 		names[len(names)-2] != "gpu-2" {
 		t.Errorf("device names %v", names)
 	}
@@ -751,8 +1126,8 @@ func TestMIGDeviceHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	devs, _ := pub.devices(t)
-	if len(devs["gpu-0-mig-2-0"]) != 1 || devs["gpu-0-mig-2-0"][0].Key != health.TaintKey || len(devs["gpu-0-mig-1-0"]) != 0 || len(devs["gpu-2"]) != 0 {
-		t.Errorf("taints: gpu-0-mig-2-0 %v, gpu-0-mig-1-0 %v, gpu-2 %v", devs["gpu-0-mig-2-0"], devs["gpu-0-mig-1-0"], devs["gpu-2"])
+	if len(devs["gpu-0-mig-2"]) != 1 || devs["gpu-0-mig-2"][0].Key != health.TaintKey || len(devs["gpu-0-mig-1"]) != 0 || len(devs["gpu-2"]) != 0 {
+		t.Errorf("taints: gpu-0-mig-2 %v, gpu-0-mig-1 %v, gpu-2 %v", devs["gpu-0-mig-2"], devs["gpu-0-mig-1"], devs["gpu-2"])
 	}
 
 	e := newEnv(t)
@@ -761,7 +1136,7 @@ func TestMIGDeviceHealth(t *testing.T) {
 	for _, d := range i.HealthReport().Devices {
 		byName[d.DeviceName] = d.Health
 	}
-	if byName["gpu-0-mig-2-0"] != kubeletplugin.HealthStatusUnhealthy || byName["gpu-0-mig-1-0"] != kubeletplugin.HealthStatusHealthy ||
+	if byName["gpu-0-mig-2"] != kubeletplugin.HealthStatusUnhealthy || byName["gpu-0-mig-1"] != kubeletplugin.HealthStatusHealthy ||
 		byName["gpu-1-mig-1g-10gb-6"] != kubeletplugin.HealthStatusHealthy {
 		t.Errorf("health %v", byName)
 	}

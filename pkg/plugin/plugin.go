@@ -164,6 +164,12 @@ type Plugin struct {
 	// (OnMIGChange).
 	migChangeMu sync.Mutex
 	migChange   func()
+	// migReported are what MIG events were emitted for already, so each is
+	// emitted once: foreign instances (by GPU, instance ID, profile,
+	// placement and MIG UUIDs) and pods whose claims mix MIG-only claims
+	// with others (by pod and claim UID).
+	migReportedMu sync.Mutex
+	migReported   map[string]bool
 	// failpoint is envFailpoint; tests replace it.
 	failpoint func(ctx context.Context, name string)
 }

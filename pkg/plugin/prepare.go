@@ -58,6 +58,7 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}
 		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices}
 	}
+	p.warnMIGVisibility(claims, result)
 	return result, nil
 }
 
@@ -101,6 +102,14 @@ func (p *Plugin) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return nil, err
 	}
 
+	if createMIG {
+		// Just before the intent is recorded: a placement that an instance
+		// covers is refused, so that the intent never names an instance
+		// this claim did not make.
+		if err := p.checkMIGFree(claim.UID, pl); err != nil {
+			return nil, err
+		}
+	}
 	record, put, err := p.admitAndStart(claim, pl)
 	if err != nil {
 		if put {
@@ -249,7 +258,7 @@ func (p *Plugin) editsFor(claimUID types.UID, devs []plannedDevice, iso configap
 			migUUIDs = nil
 			break
 		}
-		migUUIDs = append(migUUIDs, d.mig.UUID)
+		migUUIDs = append(migUUIDs, isolationMIG(d).UUIDs()...)
 	}
 	for _, d := range devs {
 		g := isolationGPU(d)

@@ -29,8 +29,9 @@ import (
 //     is accounted for, stopping orphaned ones;
 //  4. it rolls back claims left PrepareStarted by a crash (the kubelet never
 //     got their devices, so nothing uses them; its retry prepares afresh);
-//  5. it adopts the MIG instances of checkpointed claims and destroys
-//     orphaned ones on dynamic-MIG GPUs (reconcileMIG);
+//  5. it adopts the MIG instances of checkpointed claims and reports, once
+//     each, the instances no record holds on dynamic-MIG GPUs, which it
+//     keeps (reconcileMIG; only a record's rollback destroys an instance);
 //  6. after a reboot (nothing prepared survives one), it removes the CDI
 //     specs of claims the checkpoint does not hold.
 //

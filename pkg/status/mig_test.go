@@ -45,7 +45,7 @@ func migPublishedSlices(t *testing.T, node string) []runtime.Object {
 	for i := range slices {
 		slices[i].Name = slices[i].GenerateName + "x"
 		for j := range slices[i].Spec.Devices {
-			if d := &slices[i].Spec.Devices[j]; d.Name == "gpu-0-mig-2-0" {
+			if d := &slices[i].Spec.Devices[j]; d.Name == "gpu-0-mig-2" {
 				d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: unhealthyTaint, Value: "XID-43", Effect: resourceapi.DeviceTaintEffectNoSchedule})
 			}
 		}
@@ -66,7 +66,7 @@ func TestStatusMIG(t *testing.T) {
 	admin := migResult("node-m", "gpu-1-mig-1g-10gb-6")
 	admin.AdminAccess = ptr.To(true)
 	objs = append(objs,
-		allocated("lab", "big", []string{"trainer"}, migResult("node-m", "gpu-0-mig-1-0")),
+		allocated("lab", "big", []string{"trainer"}, migResult("node-m", "gpu-0-mig-1")),
 		allocated("lab", "small", []string{"notebook"}, migResult("node-m", "gpu-1-mig-3g-40gb-4")),
 		allocated("ops", "watch", []string{"dcgm"}, admin),
 	)
@@ -81,7 +81,7 @@ func TestStatusMIG(t *testing.T) {
 	if g0.Mode != ModeMIG || g0.MIG == nil || g0.MIG.Dynamic || g0.ProductName != "NVIDIA H100 80GB HBM3" || !strings.HasPrefix(g0.UUID, "GPU-") {
 		t.Fatalf("gpu-0: %+v, want a static MIG GPU", g0)
 	}
-	if len(g0.MIG.Devices) != 2 || g0.MIG.Devices[0].Device != "gpu-0-mig-2-0" || g0.MIG.Devices[1].Device != "gpu-0-mig-1-0" {
+	if len(g0.MIG.Devices) != 2 || g0.MIG.Devices[0].Device != "gpu-0-mig-2" || g0.MIG.Devices[1].Device != "gpu-0-mig-1" {
 		t.Fatalf("gpu-0 MIG devices %+v, want the 3g.40gb then the 4g.40gb (published small first)", g0.MIG.Devices)
 	}
 	three, four := g0.MIG.Devices[0], g0.MIG.Devices[1]
@@ -113,8 +113,8 @@ func TestStatusMIG(t *testing.T) {
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	text := squeeze(table.String())
 	for _, want := range []string{
-		"node-m gpu-0 NVIDIA H100 80GB HBM3 39.5Gi/79Gi 57/99 Unhealthy(XID-43:NoSchedule) MIG gpu-0-mig-2-0 (3g.40gb, unhealthy XID-43): free",
-		"MIG gpu-0-mig-1-0: lab/trainer (claim big: MIG 4g.40gb)",
+		"node-m gpu-0 NVIDIA H100 80GB HBM3 39.5Gi/79Gi 57/99 Unhealthy(XID-43:NoSchedule) MIG gpu-0-mig-2 (3g.40gb, unhealthy XID-43): free",
+		"MIG gpu-0-mig-1: lab/trainer (claim big: MIG 4g.40gb)",
 		"node-m gpu-1 NVIDIA H100 80GB HBM3 39.5Gi/79.2Gi 42/100 Healthy MIG gpu-1-mig-1g-10gb-6: ops/dcgm (claim watch: admin access)",
 		"MIG gpu-1-mig-3g-40gb-4: lab/notebook (claim small: MIG 3g.40gb)",
 		"node-m gpu-2 NVIDIA H100 80GB HBM3 0/79.2Gi 0/100 Healthy -",

@@ -22,8 +22,8 @@ import (
 // A GPU in MIG mode has one row per MIG device: every instance of a static
 // GPU (held or free), the held placements of a dynamic one:
 //
-//	node-1  gpu-0  NVIDIA H100 80GB HBM3  39.5Gi/79Gi  57/99  Healthy  MIG gpu-0-mig-1-0: demo/a (claim a: MIG 4g.40gb)
-//	                                                                   MIG gpu-0-mig-2-0 (3g.40gb): free
+//	node-1  gpu-0  NVIDIA H100 80GB HBM3  39.5Gi/79Gi  57/99  Healthy  MIG gpu-0-mig-1: demo/a (claim a: MIG 4g.40gb)
+//	                                                                   MIG gpu-0-mig-2 (3g.40gb): free
 //
 // A GPU whose lending device is not lent shows "not lent (OwnerBusy)" and
 // its borrowers still being evicted, if any.

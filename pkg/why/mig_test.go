@@ -105,7 +105,7 @@ func TestWhyMIGFourGBlocked(t *testing.T) {
 	c.in.Claims = append(c.in.Claims, *migClaim("late", "4g.40gb"))
 	r := c.why("claim/late")
 	wantContains(t, "gpu-0", gpuReasons(t, r, "node-1", "gpu-0"),
-		`request "mig": gpu-0-mig-1-0: held by default/static-4g (MIG device gpu-0-mig-1-0)`,
+		`request "mig": gpu-0-mig-1: held by default/static-4g (MIG device gpu-0-mig-1)`,
 		`request "mig": 1 MIG device (3g.40gb): selector device.attributes["gpu.tessera.dev"].profile == "4g.40gb" is false`)
 	wantContains(t, "gpu-1", gpuReasons(t, r, "node-1", "gpu-1"),
 		`request "mig": gpu-1-mig-4g-40gb-0: 4g.40gb at 0 needs memory slices 0-3, 4 compute slices, 4 copy engines, 4 decoders, 4 JPEG engines: `+
