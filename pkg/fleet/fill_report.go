@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -37,6 +38,14 @@ var fillLabels = map[Kind]string{
 	Partition:      "(b) fixed partitions",
 	Tessera:        "(c) Tessera",
 	TesseraBestFit: "(c') best-fit reference",
+}
+
+// fillPlotLabels are fillLabels short enough for the plot's legend.
+var fillPlotLabels = map[Kind]string{
+	Whole:          "(A) WHOLE GPUS",
+	Partition:      "(B) PARTITIONS",
+	Tessera:        "(C) TESSERA",
+	TesseraBestFit: "(C') BEST FIT",
 }
 
 // fleetSummary is the fleet's nodes and GPUs per model.
@@ -184,20 +193,22 @@ func (r *FillReport) WritePNG(w io.Writer) error {
 		XLabel: "ARRIVED WORKLOAD (% OF GPUS)",
 		YLabel: "UNALLOCATED (%)",
 	}
-	for i, pt := range FillPoints {
-		if len(r.Results) > 0 && i < len(r.Results[0].Arrived) {
-			c.XTicks = append(c.XTicks, 100*pt)
-		}
-	}
 	ideal := chart.Series{Label: "IDEAL", Color: color.RGBA{0x7f, 0x7f, 0x7f, 0xff}}
-	for _, x := range c.XTicks {
+	for i, pt := range FillPoints {
+		if len(r.Results) == 0 || i >= len(r.Results[0].Arrived) {
+			break
+		}
+		x := math.Round(1000*pt) / 10 // 110, not 110.00000000000001
 		ideal.X, ideal.Y = append(ideal.X, x), append(ideal.Y, max(0, 100-x))
+		if int(math.Round(x))%10 == 0 { // labels 10 points apart, so they do not overlap
+			c.XTicks = append(c.XTicks, x)
+		}
 	}
 	c.Series = append(c.Series, ideal)
 	for _, res := range r.Results {
-		s := chart.Series{Label: strings.ToUpper(fillLabels[res.Kind]), Color: colors[res.Kind]}
+		s := chart.Series{Label: fillPlotLabels[res.Kind], Color: colors[res.Kind]}
 		for i := range res.Unallocated {
-			s.X, s.Y = append(s.X, 100*FillPoints[i]), append(s.Y, 100*res.Unallocated[i])
+			s.X, s.Y = append(s.X, math.Round(1000*FillPoints[i])/10), append(s.Y, 100*res.Unallocated[i])
 		}
 		c.Series = append(c.Series, s)
 	}
