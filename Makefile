@@ -9,7 +9,7 @@ LOCAL := demo/clusters/local
 CLUSTER_LOCK ?= /tmp/tessera-cluster.lock
 LOCKED := flock -o -w 3600 $(CLUSTER_LOCK)
 
-.PHONY: all build kubectl-plugin test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full bench-lending bench-reclaim bench-podstart bench-scale bench-sim-check gpu-check gpu-check-bundle gpu-check-dryrun clean
+.PHONY: all build kubectl-plugin test unit e2e demo demo-down cluster-up cluster-down tools lint helm-lint helm-golden fmt vet bench bench-full bench-fill bench-lending bench-reclaim bench-podstart bench-scale bench-sim-check gpu-check gpu-check-bundle gpu-check-dryrun clean
 
 all: build
 
@@ -91,8 +91,11 @@ helm-golden: tools
 	$(GO) test ./deployments/helm -run TestGolden -update
 
 ## bench: Go benchmarks (allocator cost, prepare latency, checkpoint writes), the
-## quick fleet simulation (results/fleet-quick.md, .png; under a minute) and the
-## lending simulation (bench-lending)
+## quick fleet simulation with its scheduler cost grid and node side
+## (results/fleet-quick.md, .png) and the lending simulation (bench-lending). Measured
+## on the project's two cores under load 6: the quick fleet run 4 min (2 min of it the
+## simulation), pkg/fleet's Go benchmarks 3.5 min, the lending run 16 s; the other
+## packages' benchmarks add their own (not timed there)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./cmd/tessera-bench -quick -out results
@@ -132,9 +135,21 @@ bench-reclaim: tools
 		TESSERA_E2E_RECLAIMS=$(RECLAIMS) TESSERA_E2E_RESULTS=$(CURDIR)/results/reclaim-latency.md \
 		$(GO) test -tags e2e -count=1 -v -timeout 40m -run TestLendingReclaimLatency ./tests/e2e/'
 
-## bench-full: the 128-GPU fleet simulation (results/fleet.md, .png; a few minutes)
+## bench-full: the 128-GPU fleet simulation with its cost grid and node side
+## (results/fleet.md, .png): its simulation took 15 min on the project's two cores under
+## load 5 (-node=false -no-cost); add the cost grid (22 s in the run before) and the node
+## side (about 2 min for the quick run's three child processes)
 bench-full:
 	$(GO) run ./cmd/tessera-bench -out results
+
+## bench-fill: the fill experiment of "Beware of Fragmentation" (pods arrive shuffled and
+## never leave; unallocated GPU capacity as the workload arrives; results/fleet-fill.md,
+## .png, .json). TRACE_DIR: the csv directory of Alibaba's cluster-trace-gpu-v2023
+## (github.com/alibaba/clusterdata; not redistributable, so not in this repository); its
+## 6,212 GPUs take about 2 min. Without TRACE_DIR a synthetic openb-shaped trace (seconds).
+TRACE_DIR ?=
+bench-fill:
+	$(GO) run ./cmd/tessera-bench -fill $(if $(TRACE_DIR),-fill-trace $(TRACE_DIR)) -out results
 
 ## bench-podstart: pod start (create→Running, create→ContainersReady) of plain pods and
 ## pods with a share or whole-GPU claim on a fresh local cluster, PODSTARTS rounds
