@@ -2,8 +2,8 @@
 // measurement of pkg/fleet, and the node-side measurement of pkg/nodebench,
 // and writes a Markdown report and a PNG plot.
 //
-//	tessera-bench -quick -out results   # results/fleet-quick.{md,png}, under a minute
-//	tessera-bench -out results          # results/fleet.{md,png}, a few minutes
+//	tessera-bench -quick -out results   # results/fleet-quick.{md,png}, minutes on two busy cores
+//	tessera-bench -out results          # results/fleet.{md,png}, about 15 min on two busy cores
 //	tessera-bench -node=false ...       # without the node side
 //	tessera-bench -lending -out results # results/fleet-lending.{md,json}: lending idle GPUs
 //	tessera-bench -fill -fill-trace DIR -out results   # results/fleet-fill.{md,png,json}: the fill experiment on openb
