@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -171,7 +172,11 @@ func envFailpoint(ctx context.Context, name string) {
 	}
 	klog.FromContext(ctx).Info("FAILPOINT: killing the plugin with SIGKILL", "failpoint", name)
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // SIGKILL is not delivered synchronously
+	// The kernel drops signals a container's init process (PID 1, the
+	// plugin in its pod) sends itself, SIGKILL included: exit at once
+	// instead, running nothing more, as a kill would.
+	time.Sleep(100 * time.Millisecond)
+	os.Exit(137)
 }
 
 // planMIG checks one MIG device result and fills in its MIG device: for a
