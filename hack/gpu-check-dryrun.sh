@@ -21,7 +21,10 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-profile=${GPU_CHECK_DRYRUN_PROFILE:-hgx-h100}
+# The HGX H100 node with gpu-0 split into static MIG instances and gpu-1 in MIG
+# mode without instances: the shares run on gpu-2, the MIG checks create and
+# destroy instances on gpu-1.
+profile=${GPU_CHECK_DRYRUN_PROFILE:-hgx-h100-mig}
 log() { echo "gpu-check-dryrun: $*" >&2; }
 
 if [ "$(id -u)" != 0 ]; then
@@ -102,6 +105,69 @@ EOF
   ' sh "$1" "$profile"
 }
 
+# run_term_in DIR: run.sh in DIR's root as nobody, in a PID namespace of
+# its own (so that what it leaves behind is visible, and only that), sent
+# SIGTERM once its check runs; term-test.sh (below) then says whether it
+# stopped, left no process and no state directory, and said INCOMPLETE.
+run_term_in() {
+  cat >"$1/enter.sh" <<'EOF'
+#!/bin/sh
+# Written by hack/gpu-check-dryrun.sh: run after pivot_root, as root.
+set -e
+umount -l /.oldroot
+rmdir /.oldroot
+exec su -s /bin/sh nobody -c "exec /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp /bin/sh /term-test.sh $1"
+EOF
+  cat >"$1/term-test.sh" <<'EOF'
+#!/bin/sh
+# Written by hack/gpu-check-dryrun.sh: SIGTERM to run.sh while its check runs.
+fail() { echo "term-test: FAIL: $*"; exit 1; }
+# probes: the PIDs of the processes (this PID namespace's) that run
+# tessera-gpu-probe: the check, its probes, nsexec (not busybox timeout's
+# watcher, which names it as an argument and ends within a second).
+probes() {
+  for c in /proc/[0-9]*/cmdline; do
+    if { tr '\0' '\n' <"$c" | head -1 | grep -q 'tessera-gpu-probe$'; } 2>/dev/null; then p=${c#/proc/}; echo "${p%/cmdline}"; fi
+  done
+}
+cd /bundle || exit 1
+./run.sh --mock "$1" --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 3s >/tmp/term-run.out 2>&1 &
+pid=$!
+i=0
+until grep -q 'backend\|Publishes' results/run.log 2>/dev/null || [ -n "$(ls /tmp/tgc.*/w/cdi 2>/dev/null)" ]; do
+  sleep 0.2; i=$((i + 1))
+  [ "$i" -lt 600 ] || fail "the check never started: $(cat /tmp/term-run.out)"
+done
+sleep 2
+[ -n "$(probes)" ] || fail "no probe process runs: nothing to stop"
+start=$(date +%s)
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+took=$(( $(date +%s) - start ))
+echo "term-test: run.sh exited $rc ${took}s after SIGTERM"
+[ "$rc" = 143 ] || fail "run.sh exited $rc after SIGTERM, want 143: $(tail -5 /tmp/term-run.out)"
+[ "$took" -le 60 ] || fail "run.sh took ${took}s to stop"
+left=$(probes)
+[ -z "$left" ] || fail "processes left after run.sh ended: $left"
+! ls -d /tmp/tgc.* >/dev/null 2>&1 || fail "the state directory is left: $(ls -d /tmp/tgc.*)"
+! ls -d /bundle/.work.* >/dev/null 2>&1 || fail "the work directory is left"
+grep -q INCOMPLETE results/gpu-check.md || fail "results/gpu-check.md does not say INCOMPLETE"
+echo "term-test: ok"
+EOF
+  chmod 0755 "$1/enter.sh" "$1/term-test.sh"
+  # shellcheck disable=SC2016 # expanded by the inner sh
+  timeout 300 unshare -m -n -p -f sh -c '
+    mount --make-rprivate / || exit 97
+    mount --bind "$1" "$1" || exit 97
+    mount -t proc proc "$1/proc" || exit 97
+    mount -t sysfs sysfs "$1/sys" || exit 97
+    mkdir -p "$1/.oldroot"
+    cd "$1" && pivot_root . .oldroot || exit 97
+    exec /bin/busybox sh /enter.sh "$2"
+  ' sh "$1" "$profile"
+}
+
 make_root "$root/ok"
 log "running the bundle's run.sh in a clean root as nobody, no network (mock profile $profile)"
 set +e
@@ -127,7 +193,10 @@ for c in 'discovery vs nvidia-smi | simulated' 'discovery vs /proc/driver/nvidia
          "MPS: memory of a server's context | simulated" \
          'HAMi-core: cuMemAllocAsync, VMM (cuMemCreate), managed memory refused past the limit | skipped | no HAMi-core source given' \
          "health-event registration (pkg/health's watcher) | simulated" \
-         'lending sampler readings during the probes | simulated'; do
+         'lending sampler readings during the probes | simulated' \
+         'MIG: an instance created and destroyed through prepare and unprepare | simulated' \
+         "MIG: a process in the instance sees the profile's memory | simulated" \
+         "MIG: a process in one instance cannot see or allocate another's | simulated"; do
   grep -qF "| $c" "$res/gpu-check.md" || fail "gpu-check.md lacks \"| $c\""
 done
 # The container fallback ran for real: the probe saw the spec's device
@@ -138,6 +207,15 @@ grep -q 'CDI spec applied in a container: MPS | simulated (mock) |.* 3 device no
 grep -q 'DriverMemory | skipped | .*driver 580' "$res/gpu-check.md" || fail "DriverMemory's skip does not name the driver version"
 cp "$res/gpu-check.md" "$repo/_output/gpu-check-dryrun.md" 2>/dev/null || true
 log "ok: run.sh passed in the clean root ($(( $(date +%s) - started ))s so far)"
+
+# SIGTERM (an outer timeout, Ctrl-C's cousin) stops the check and cleans up.
+make_root "$root/term"
+log "sending SIGTERM to run.sh while its check runs"
+if ! run_term_in "$root/term" >"$root/term.log" 2>&1; then
+  cat "$root/term.log" >&2
+  fail "run.sh did not stop cleanly on SIGTERM"
+fi
+log "ok: $(grep 'exited' "$root/term.log")"
 
 if [ "${GPU_CHECK_DRYRUN_MUTATIONS:-0}" = 1 ]; then
   # Each mutation must make the dry run fail. The checksums are made

@@ -160,6 +160,13 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		r.Node.FailedGPUs = append(r.Node.FailedGPUs, f.Error())
 	}
 	target, err := pickGPU(disc.GPUs, cfg.GPUMinor)
+	noShares := ""
+	if errors.Is(err, errEveryGPUMIG) && cfg.GPUMinor < 0 {
+		// A node of MIG GPUs only: no shares to check, the MIG checks
+		// still run. The first GPU stands for the node.
+		target, err = disc.GPUs[0], nil
+		noShares = "every GPU is in MIG mode: shares (and their backends) need a GPU that is not (the check never changes MIG mode); only the MIG checks run"
+	}
 	if err != nil {
 		if len(disc.Failed) > 0 {
 			// A GPU discovery refused (no usable memory size, …) is
@@ -199,7 +206,7 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 	if memory <= 0 {
 		memory = max(int64(target.MemoryBytes/4)>>30<<30, 1<<30)
 	}
-	if 2*memory > int64(target.MemoryBytes) {
+	if noShares == "" && 2*memory > int64(target.MemoryBytes) {
 		return nil, fmt.Errorf("gpu check: two shares of %d MiB do not fit GPU gpu-%d's %d MiB", memory>>20, target.Minor, target.MemoryBytes>>20)
 	}
 
@@ -222,7 +229,7 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 			return nil, fmt.Errorf("gpu check: %w", err)
 		}
 	}
-	n := &node{cfg: cfg, gpu: target, memory: memory, driverMemory: driverMemory, targets: t}
+	n := &node{cfg: cfg, gpu: target, allGPUs: disc.GPUs, memory: memory, driverMemory: driverMemory, targets: t, noShares: noShares}
 	if modeKnown && mode == nvml.COMPUTEMODE_EXCLUSIVE_PROCESS {
 		n.oneContext = fmt.Sprintf("gpu-%d is in compute mode EXCLUSIVE_PROCESS: one CUDA context at a time (an MPS server's, shared by its clients), so steps that need two contexts at once are skipped; the check reads the compute mode and never changes it", target.Minor)
 	}
@@ -266,6 +273,7 @@ func Run(ctx context.Context, cfg Config, t Targets) (*Report, error) {
 		{"MPS checks", func() []Check { return n.mpsChecks(ctx) }},
 		{"HAMi-core checks", func() []Check { return n.hamiChecks(ctx) }},
 		{"health-event registration", func() []Check { return []Check{n.healthCheck(ctx)} }},
+		{"MIG checks", func() []Check { return n.migChecks(ctx) }},
 	} {
 		if err := interrupted(); err != nil {
 			return nil, err
@@ -311,10 +319,13 @@ func pickGPU(gpus []gpu.GPU, minor int) (gpu.GPU, error) {
 	case minor >= 0:
 		return gpu.GPU{}, fmt.Errorf("--gpu %d: no such GPU (discovered minors %v)", minor, minors(gpus))
 	case len(mig) > 0:
-		return gpu.GPU{}, fmt.Errorf("every GPU has MIG enabled (%s); Tessera does not share MIG GPUs", strings.Join(mig, ", "))
+		return gpu.GPU{}, fmt.Errorf("%w (%s); Tessera does not share MIG GPUs", errEveryGPUMIG, strings.Join(mig, ", "))
 	}
 	return gpu.GPU{}, errors.New("no GPU discovered")
 }
+
+// errEveryGPUMIG is pickGPU's error when every GPU is in MIG mode.
+var errEveryGPUMIG = errors.New("every GPU has MIG enabled")
 
 // nvmlValueNotAvailable is NVML_VALUE_NOT_AVAILABLE for unsigned long long:
 // what NVML puts in a memory field it cannot fill (a process's memory under
@@ -415,6 +426,7 @@ func summarizeSlices(n *NodeSummary, cfg Config, gpus []gpu.GPU, driverMemory bo
 type node struct {
 	cfg          Config
 	gpu          gpu.GPU
+	allGPUs      []gpu.GPU // every GPU discovery found (the MIG checks look for one in MIG mode)
 	memory       int64
 	driverMemory isolation.DriverMemory
 	targets      Targets
@@ -422,6 +434,9 @@ type node struct {
 	// oneContext, when set, is why steps that need two CUDA contexts at
 	// once are skipped (the GPU's compute mode is EXCLUSIVE_PROCESS).
 	oneContext string
+	// noShares, when set, is why no share is checked (every GPU is in MIG
+	// mode).
+	noShares string
 
 	plugin  *plugin.Plugin
 	client  kubernetes.Interface
@@ -636,6 +651,10 @@ func (n *node) check(ctx context.Context, iso configapi.Isolation) BackendReport
 		}
 	}
 
+	if n.noShares != "" {
+		b.Skipped = n.noShares
+		return b
+	}
 	shares := n.claims(iso)
 	claims := make([]*resourceapi.ResourceClaim, len(shares))
 	for i, s := range shares {

@@ -142,6 +142,9 @@ func (n *node) containerCheck(ctx context.Context, iso configapi.Isolation) Chec
 // backendUnavailable is why the machine cannot run backend iso at all ("":
 // it can), as the backend's own check says.
 func (n *node) backendUnavailable(iso configapi.Isolation) string {
+	if n.noShares != "" {
+		return n.noShares
+	}
 	switch iso {
 	case configapi.IsolationMPS:
 		if n.mps != nil {

@@ -39,7 +39,7 @@ func (n *node) hamiChecks(ctx context.Context) []Check {
 	ep, ok := n.cfg.Prober.(ExecProber)
 	reason := n.backendUnavailable(configapi.IsolationHAMiCore)
 	status := StatusSkipped
-	if n.cfg.HAMiCoreLibrary == "" && n.cfg.HAMiCoreError != "" {
+	if n.cfg.HAMiCoreLibrary == "" && n.cfg.HAMiCoreError != "" && n.noShares == "" {
 		status = StatusError
 	}
 	if !ok {

@@ -38,13 +38,24 @@ func TestRunSkipsMIGGPUs(t *testing.T) {
 		t.Errorf("--gpu 2 in MIG mode: %v, want an error naming gpu-2 and MIG", err)
 	}
 
+	// A node of MIG GPUs only checks no share, says why, and still runs
+	// the MIG checks.
 	cfg = mockConfig(t, nil)
 	cfg.GPUMinor = -1
 	for _, d := range cfg.NVML.(*gpu.MockNode).Devices {
 		d.GetMigModeFunc = migEnabled
 	}
-	if _, err := Run(ctx, cfg, DefaultTargets); err == nil || !strings.Contains(err.Error(), "every GPU has MIG enabled") {
-		t.Errorf("all GPUs in MIG mode: %v", err)
+	r, err = Run(ctx, cfg, DefaultTargets)
+	if err != nil {
+		t.Fatalf("all GPUs in MIG mode: %v", err)
+	}
+	for _, b := range r.Backends {
+		if !strings.Contains(b.Skipped, "every GPU is in MIG mode") {
+			t.Errorf("backend %s: %+v, want skipped because every GPU is in MIG mode", b.Isolation, b)
+		}
+	}
+	if c := checkNamed(t, r, migCreateCheckName); c.Status == "" {
+		t.Errorf("no MIG check outcome: %+v", c)
 	}
 }
 
