@@ -401,7 +401,19 @@ func TestMIGCrashAfterCreate(t *testing.T) {
 	}
 	ns := c.Namespace(t, "e2e-mig-crash")
 	start := time.Now()
-	got := c.RunObjects(t, ns, migClaimOn("g3", "3g.40gb", "", "1"), EnvPod("g3", "g3", true))["g3"]
+	c.Apply(t, ns, migClaimOn("g3", "3g.40gb", "", "1"), EnvPod("g3", "g3", true))
+	// The kubelet retries the killed prepare with its back-off (about a
+	// minute here): allow three pod timeouts.
+	var got SpecPod
+	for attempt := 1; ; attempt++ {
+		if got, err = c.WaitForEnvPod(ctx, ns, "g3"); err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("pod g3 not running after %v: the kubelet retries the prepare with back-off", time.Since(start).Round(time.Second))
+	}
 	if _, err := os.Stat(once); err != nil {
 		t.Fatalf("the failpoint did not fire: %v", err)
 	}
@@ -411,6 +423,23 @@ func TestMIGCrashAfterCreate(t *testing.T) {
 	}
 	if after.Name == before.Name && restarts(after) <= restarts(before) {
 		t.Errorf("plugin pod %s did not restart (restarts %d → %d)", after.Name, restarts(before), restarts(after))
+	}
+	// The restarted plugin found the instance the killed one made by the
+	// intent its checkpoint recorded, and destroyed it before the retry.
+	log, err := c.PodLog(ctx, after.Namespace, after.Name, "plugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rolledBack, destroyed bool
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, ns+"/") {
+			continue
+		}
+		rolledBack = rolledBack || strings.Contains(line, "Rolled back unfinished prepare")
+		destroyed = destroyed || (strings.Contains(line, "Destroyed MIG instance") && !strings.Contains(line, "NodeUnprepareResources"))
+	}
+	if !rolledBack || !destroyed {
+		t.Errorf("the restarted plugin's log does not show the unfinished prepare rolled back (%v) and its instance destroyed (%v)", rolledBack, destroyed)
 	}
 	instances := migInstances(t, "1")
 	if len(instances) != 1 {
