@@ -100,6 +100,8 @@ func newDeviceModel(k Kind, f Fleet) (deviceModel, error) {
 		return partitionModel{}, nil
 	case Tessera:
 		return newTesseraModel(f)
+	case MIG:
+		return newMIGModel(f)
 	}
 	return nil, fmt.Errorf("model %q has no devices", k)
 }
