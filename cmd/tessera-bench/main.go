@@ -6,6 +6,7 @@
 //	tessera-bench -out results          # results/fleet.{md,png}, about 15 min on two busy cores
 //	tessera-bench -node=false ...       # without the node side
 //	tessera-bench -lending -out results # results/fleet-lending.{md,json}: lending idle GPUs
+//	tessera-bench -mig -quick -out results  # results/fleet-mig.{md,json}: dynamic MIG against shares (simulation)
 //	tessera-bench -fill -fill-trace DIR -out results   # results/fleet-fill.{md,png,json}: the fill experiment on openb
 //	tessera-bench -quick -fleet v100-16:4x8,t4:8x4 -trace jobs.csv  # a fleet of several GPU models
 //	tessera-bench -quick -dist 'discrete:1/8=2,1/4=1,1/2=1' -dist 'pareto:0.05,1.5|cores=0.5*mem'
@@ -45,6 +46,7 @@ func main() {
 	noCost := flag.Bool("no-cost", false, "skip the scheduler cost measurement")
 	node := flag.Bool("node", true, "measure the node side (prepare/unprepare latency, plugin RSS, API writes) in child processes")
 	nodeRuns := flag.Int("node-runs", 3, "child processes for the node side; the report shows the spread over them")
+	migOnly := flag.Bool("mig", false, "run only the dynamic-MIG comparison (whole, partitions, shares, dynamic MIG) on the rows -quick, -dist, -nodes and -jobs give, into fleet-mig.{md,json}")
 	lend := flag.Bool("lending", false, "run only the lending simulation (idle periods × graces) into fleet-lending.{md,json}")
 	evictionLatency := flag.Duration("eviction-latency", 3*time.Second, "lending: from the end of a borrower's grace to its pod gone and claim unprepared")
 	lendGPUs := flag.Int("lending-gpus", 0, "lending: override the number of owned GPUs (default 64)")
@@ -109,6 +111,13 @@ func main() {
 	if err := sim.apply(&cfg); err != nil {
 		fmt.Fprintf(os.Stderr, "tessera-bench: %v\n", err)
 		os.Exit(2)
+	}
+	if *migOnly {
+		if err := runMIG(cfg, *out); err != nil {
+			fmt.Fprintf(os.Stderr, "tessera-bench: mig: %v\n", err)
+			os.Exit(1)
+		}
+		return
 	}
 	var nodeCfg *nodeConfig
 	if *node {

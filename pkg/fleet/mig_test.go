@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -188,5 +189,55 @@ func TestMIGRefusesWholeGPUJobs(t *testing.T) {
 	jobs[5].GPUs, jobs[5].Memory, jobs[5].Cores, jobs[5].Demand = 2, 1, 1, 1
 	if _, err := Run(context.Background(), MIG, w, jobs, Options{Nodes: 2}); err == nil {
 		t.Fatal("a 2-GPU job ran on a fleet in MIG mode")
+	}
+}
+
+// TestMIGBenchReport: the comparison runs every model on a row, counts the
+// profiles the jobs are rounded up to, and marks its figures as a
+// simulation.
+func TestMIGBenchReport(t *testing.T) {
+	cfg := BenchConfig{
+		Command:  "test",
+		Workload: Workload{Seed: 3, Jobs: 60, SDDemand: 0.1, MeanRuntime: 600, Load: 1.25},
+		Nodes:    1,
+		Means:    []float64{0.2},
+		Check:    true,
+		Parallel: 1,
+	}
+	rep, err := MIGBench(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := rep.Rows[0]
+	var n int
+	for _, c := range row.Profiles {
+		n += c
+	}
+	if n != cfg.Workload.Jobs {
+		t.Errorf("profiles count %d jobs, want %d", n, cfg.Workload.Jobs)
+	}
+	for k, r := range row.Results {
+		if r.Kind != MIGKinds[k] || r.Skipped != "" || r.JobsPerHour <= 0 {
+			t.Errorf("result %d: %s, %.1f jobs/h, skipped %q", k, r.Kind, r.JobsPerHour, r.Skipped)
+		}
+	}
+	// Memory slices per job are at least the jobs' memory in eighths: a
+	// profile covers the job's memory, and its slices hold at least its
+	// memory (H100: an eighth of 81089 MiB is 10136 MiB; 1g.10gb has 9984
+	// MiB in one slice, 3g.40gb 40448 MiB in four).
+	w := cfg.Workload
+	w.MeanDemand, w.GPUs = 0.2, 8
+	var mem float64
+	for _, j := range w.Generate() {
+		mem += j.Memory * 8 / float64(w.Jobs)
+	}
+	if row.Slots < mem-1e-9 {
+		t.Errorf("%.2f memory slices per job, less than the jobs' %.2f eighths of memory", row.Slots, mem)
+	}
+	md := rep.Markdown()
+	for _, want := range []string{"simulation", "MIG/shares", "1g."} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
 	}
 }
