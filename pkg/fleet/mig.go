@@ -28,6 +28,14 @@ import (
 // an error; Bench reports the row as skipped).
 const MIG Kind = "mig"
 
+// MIGBySlices is MIG with jobs rounded up by slices instead of bytes: the
+// smallest plain profile whose memory slices / 8 and compute slices / 7
+// cover the job's memory and cores fractions, as `tessera claim-template
+// --mig --fraction` (pkg/fraction) rounds a fraction the user names. It
+// gives a job up to 2% less memory than it asked for (an H100's 1g.10gb has
+// 9984 MiB, an eighth of 81089 MiB is 10136 MiB).
+const MIGBySlices Kind = "mig-slices"
+
 // migModel is the dynamic-MIG device model. Its fleet has one GPU model,
 // whose MIG table is the mock's (gpu.MockMIGTable: NVIDIA's MIG user guide,
 // with the figures it lacks assumed; see that table's comments).
@@ -39,6 +47,8 @@ type migModel struct {
 	// memory is what the fleet's GPU publishes out of MIG mode, in bytes:
 	// the unit a job's Memory fraction is of.
 	memory int64
+	// bySlices rounds by slices (MIGBySlices), not by bytes.
+	bySlices bool
 }
 
 func newMIGModel(f Fleet) (*migModel, error) {
@@ -89,10 +99,17 @@ func MIGProfileFor(product string, memoryBytes int64, memory, cores float64) (gp
 // Memory is compared in bytes, not in memory slices: an H100's 1g.10gb has
 // 9984 MiB, less than an eighth (10136 MiB) of the 81089 MiB the GPU
 // publishes out of MIG mode, so a job asking an eighth gets a 1g.20gb.
+//
+// With bySlices the memory test is memory slices / the GPU's >= memory
+// instead (MIGBySlices).
 func (m *migModel) profileFor(memory, cores float64) (gpu.MIGProfile, error) {
 	need := int64(math.Ceil(memory * float64(m.memory)))
 	for _, p := range m.profiles {
-		if int64(p.MemoryBytes) >= need && float64(p.ComputeSlices)/float64(m.table.ComputeSlices) >= cores-1e-9 {
+		mem := int64(p.MemoryBytes) >= need
+		if m.bySlices {
+			mem = float64(p.MemorySlices)/float64(m.table.MemorySlices) >= memory-1e-9
+		}
+		if mem && float64(p.ComputeSlices)/float64(m.table.ComputeSlices) >= cores-1e-9 {
 			return p, nil
 		}
 	}
@@ -104,7 +121,12 @@ func (m *migModel) rank(name string) int {
 	return slices.IndexFunc(m.profiles, func(p gpu.MIGProfile) bool { return p.Name == name })
 }
 
-func (*migModel) kind() Kind { return MIG }
+func (m *migModel) kind() Kind {
+	if m.bySlices {
+		return MIGBySlices
+	}
+	return MIG
+}
 
 // migGPUs are s's GPUs in MIG mode with no instance, with m's table.
 func (m *migModel) migGPUs(s NodeSpec) ([]gpu.GPU, []string, error) {

@@ -11,9 +11,9 @@ import (
 )
 
 // MIGKinds are the models of the dynamic-MIG comparison: whole GPUs, fixed
-// partitions, Tessera's shares and dynamic MIG, all through the real
-// allocator.
-var MIGKinds = []Kind{Whole, Partition, Tessera, MIG}
+// partitions, Tessera's shares and dynamic MIG (rounded by bytes and by
+// slices), all through the real allocator.
+var MIGKinds = []Kind{Whole, Partition, Tessera, MIG, MIGBySlices}
 
 // MIGReport is the dynamic-MIG comparison (issue 23 item 8): every figure in
 // it is a simulation.
@@ -103,7 +103,7 @@ func MIGBench(ctx context.Context, cfg BenchConfig) (*MIGReport, error) {
 		}
 		rep.Rows[i] = row
 		for k, kind := range MIGKinds {
-			if kind == MIG && whole {
+			if (kind == MIG || kind == MIGBySlices) && whole {
 				rep.Rows[i].Results[k] = Result{Kind: kind, Skipped: "jobs asking for whole GPUs are refused by a fleet in MIG mode"}
 				continue
 			}
@@ -160,22 +160,28 @@ func (r *MIGReport) Markdown() string {
 	fmt.Fprintf(&b, "Reproduce: `%s`\n\n", r.Command)
 	fmt.Fprintf(&b, "Fleet: %s (%d GPUs). Jobs per row: %d, mean run time %.0f s, load %.2f × the fluid capacity. Wall: %s.\n\n",
 		r.Fleet, r.Fleet.GPUs(), r.Workload.Jobs, r.Workload.MeanRuntime, r.Workload.Load, r.Wall.Round(time.Second))
-	b.WriteString("Jobs/h are completions inside the window (simulation). *MIG/shares* is dynamic MIG's jobs/h " +
-		"over Tessera's shares': what hardware isolation costs in throughput (1 = nothing). " +
-		"*slices/job* is the mean memory slices (of 8) of the profiles the jobs are rounded up to, " +
-		"against their mean demand × 8.\n\n")
-	b.WriteString("| demand | whole | partitions | shares (Tessera) | dynamic MIG | MIG/shares | wait p95 shares / MIG (s) | slices/job vs demand×8 | profiles |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("Jobs/h are completions inside the window (simulation). *MIG* rounds each job up to the " +
+		"smallest profile whose memory in bytes and compute slices cover it; *MIG by slices* to the smallest " +
+		"whose memory slices / 8 and compute slices / 7 do (as `claim-template --mig --fraction` does; up to 2% " +
+		"less memory than asked). *÷ shares* is that model's jobs/h over Tessera's shares': what hardware " +
+		"isolation costs in throughput (1 = nothing). *slices/job* is the mean memory slices (of 8) of the " +
+		"profiles the jobs get under *MIG*, against their mean demand × 8; *profiles* counts them.\n\n")
+	b.WriteString("| demand | whole | partitions | shares (Tessera) | MIG | ÷ shares | MIG by slices | ÷ shares | wait p95 shares / MIG / by slices (s) | slices/job vs demand×8 | profiles (MIG) |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, row := range r.Rows {
-		w, p, s, m := row.result(Whole), row.result(Partition), row.result(Tessera), row.result(MIG)
-		ratio, mig, wait := "—", "skipped: "+m.Skipped, fmt.Sprintf("%.0f / —", s.WaitP95)
-		if m.Skipped == "" {
-			mig = fmt.Sprintf("%.1f", m.JobsPerHour)
-			wait = fmt.Sprintf("%.0f / %.0f", s.WaitP95, m.WaitP95)
+		w, p, s := row.result(Whole), row.result(Partition), row.result(Tessera)
+		cells := func(m Result) (string, string, string) {
+			if m.Skipped != "" {
+				return "skipped: " + m.Skipped, "—", "—"
+			}
+			ratio := "—"
 			if s.JobsPerHour > 0 {
 				ratio = fmt.Sprintf("%.2f", m.JobsPerHour/s.JobsPerHour)
 			}
+			return fmt.Sprintf("%.1f", m.JobsPerHour), ratio, fmt.Sprintf("%.0f", m.WaitP95)
 		}
+		mig, migRatio, migWait := cells(row.result(MIG))
+		sl, slRatio, slWait := cells(row.result(MIGBySlices))
 		names := make([]string, 0, len(row.Profiles))
 		for n := range row.Profiles {
 			names = append(names, n)
@@ -185,8 +191,9 @@ func (r *MIGReport) Markdown() string {
 		for _, n := range names {
 			prof = append(prof, fmt.Sprintf("%s %d", n, row.Profiles[n]))
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %s | %s | %s | %.2f vs %.2f | %s |\n",
-			row.Dist, w.JobsPerHour, p.JobsPerHour, s.JobsPerHour, mig, ratio, wait, row.Slots, row.Demand*8, strings.Join(prof, ", "))
+		fmt.Fprintf(&b, "| %s | %.1f | %.1f | %.1f | %s | %s | %s | %s | %.0f / %s / %s | %.2f vs %.2f | %s |\n",
+			row.Dist, w.JobsPerHour, p.JobsPerHour, s.JobsPerHour, mig, migRatio, sl, slRatio,
+			s.WaitP95, migWait, slWait, row.Slots, row.Demand*8, strings.Join(prof, ", "))
 	}
 	b.WriteString("\nAll figures above: simulation.\n")
 	return b.String()

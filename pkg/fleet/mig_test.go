@@ -40,6 +40,24 @@ func TestMIGProfileRounding(t *testing.T) {
 			t.Errorf("memory %.4f, cores %.3f: %s, %v; want %s", c.memory, c.cores, p.Name, err, c.want)
 		}
 	}
+	// By slices (MIGBySlices, pkg/fraction's rule): an eighth of the memory
+	// is one memory slice, a quarter two, a half four.
+	m, err := newMIGModelFor("NVIDIA H100 80GB HBM3", 81089<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.bySlices = true
+	for _, c := range []struct {
+		memory, cores float64
+		want          string
+	}{
+		{1.0 / 8, 0.1, "1g.10gb"}, {1.0 / 7, 0.1, "1g.20gb"}, {0.25, 0.25, "2g.20gb"},
+		{0.5, 0.4, "3g.40gb"}, {0.5, 0.5, "4g.40gb"}, {0.51, 0.1, "7g.80gb"},
+	} {
+		if p, err := m.profileFor(c.memory, c.cores); err != nil || p.Name != c.want {
+			t.Errorf("by slices, memory %.4f, cores %.3f: %s, %v; want %s", c.memory, c.cores, p.Name, err, c.want)
+		}
+	}
 	if _, err := MIGProfileFor("Tesla V100-SXM2-16GB", 16<<30, 0.1, 0.1); err == nil {
 		t.Error("a GPU with no MIG table got a profile")
 	}
@@ -171,13 +189,15 @@ func TestMIGRunChecked(t *testing.T) {
 	for _, m := range []float64{0.15, 0.4} {
 		w := Workload{Seed: 7, Jobs: 120, MeanDemand: m, SDDemand: 0.1, MeanRuntime: 600, GPUs: 16, Load: 1.25}
 		jobs := w.Generate()
-		a := run(t, MIG, w, jobs, Options{})
-		b := run(t, MIG, w, jobs, Options{AlwaysAsk: true})
-		if diff := cmp.Diff(a.Starts, b.Starts); diff != "" {
-			t.Fatalf("m=%.2f: skipping known answers changed the schedule:\n%s", m, diff)
-		}
-		if a.JobsPerHour <= 0 || a.MaxJobsPerGPU > 7 {
-			t.Errorf("m=%.2f: %.1f jobs/h, at most %d jobs on one GPU (MIG holds 7)", m, a.JobsPerHour, a.MaxJobsPerGPU)
+		for _, k := range []Kind{MIG, MIGBySlices} {
+			a := run(t, k, w, jobs, Options{})
+			b := run(t, k, w, jobs, Options{AlwaysAsk: true})
+			if diff := cmp.Diff(a.Starts, b.Starts); diff != "" {
+				t.Fatalf("%s, m=%.2f: skipping known answers changed the schedule:\n%s", k, m, diff)
+			}
+			if a.JobsPerHour <= 0 || a.MaxJobsPerGPU > 7 {
+				t.Errorf("%s, m=%.2f: %.1f jobs/h, at most %d jobs on one GPU (MIG holds 7)", k, m, a.JobsPerHour, a.MaxJobsPerGPU)
+			}
 		}
 	}
 }
@@ -235,7 +255,7 @@ func TestMIGBenchReport(t *testing.T) {
 		t.Errorf("%.2f memory slices per job, less than the jobs' %.2f eighths of memory", row.Slots, mem)
 	}
 	md := rep.Markdown()
-	for _, want := range []string{"simulation", "MIG/shares", "1g."} {
+	for _, want := range []string{"simulation", "÷ shares", "1g."} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}

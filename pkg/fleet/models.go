@@ -102,6 +102,12 @@ func newDeviceModel(k Kind, f Fleet) (deviceModel, error) {
 		return newTesseraModel(f)
 	case MIG:
 		return newMIGModel(f)
+	case MIGBySlices:
+		m, err := newMIGModel(f)
+		if m != nil {
+			m.bySlices = true
+		}
+		return m, err
 	}
 	return nil, fmt.Errorf("model %q has no devices", k)
 }
