@@ -25,7 +25,7 @@ import (
 // A job asking for whole GPUs (Job.GPUs > 0) is refused: a CUDA process uses
 // one MIG device and MIG devices have no peer-to-peer, so such a job needs a
 // GPU out of MIG mode, which this model's fleet does not have (Run returns
-// an error; Bench reports the row as skipped).
+// an error; MIGBench reports the row as skipped).
 const MIG Kind = "mig"
 
 // MIGBySlices is MIG with jobs rounded up by slices instead of bytes: the
