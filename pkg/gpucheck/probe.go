@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/tessera-dev/tessera/pkg/gpucheck/cuda"
@@ -263,6 +264,43 @@ const (
 	defaultClockKHz  = 1_500_000
 )
 
+// loadKernel opens the driver, makes a context, loads SpinPTX and finds
+// its kernel entry, and allocates a counter of counterBytes. release frees
+// them in reverse order; on an error nothing is left to release.
+func loadKernel(entry string, counterBytes uint64) (lib *cuda.Lib, info cuda.DeviceInfo, fn *cuda.Function, counter cuda.Ptr, release func(), err error) {
+	var undo []func()
+	release = func() {
+		for _, u := range slices.Backward(undo) {
+			u()
+		}
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
+	if lib, err = cuda.Open(); err != nil {
+		return
+	}
+	if info, err = lib.Init(); err != nil {
+		return
+	}
+	undo = append(undo, func() { _ = lib.Close() })
+	mod, err := lib.LoadPTX(SpinPTX)
+	if err != nil {
+		return
+	}
+	undo = append(undo, func() { _ = mod.Unload() })
+	if fn, err = mod.Function(entry); err != nil {
+		return
+	}
+	if counter, err = lib.Alloc(counterBytes); err != nil {
+		return
+	}
+	undo = append(undo, func() { _ = lib.Free(counter) })
+	return lib, info, fn, counter, release, nil
+}
+
 // RunComputeProbe is the compute probe process: it loads the driver and the
 // kernel, runs one kernel to warm up, reports "ready" on out, waits for a
 // line on in (the check starts both shares' probes at once), then launches
@@ -278,29 +316,11 @@ func RunComputeProbe(in io.Reader, out io.Writer, d time.Duration) error {
 	if _, err := ParsePTX(SpinPTX); err != nil {
 		return fail(err)
 	}
-	lib, err := cuda.Open()
+	lib, info, fn, counter, release, err := loadKernel(SpinEntry, 8)
 	if err != nil {
 		return fail(err)
 	}
-	info, err := lib.Init()
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = lib.Close() }()
-	mod, err := lib.LoadPTX(SpinPTX)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = mod.Unload() }()
-	fn, err := mod.Function(SpinEntry)
-	if err != nil {
-		return fail(err)
-	}
-	counter, err := lib.Alloc(8)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = lib.Free(counter) }()
+	defer release()
 
 	p := ComputeProbe{PID: os.Getpid(), Device: info, Block: spinBlock}
 	p.Grid, p.CyclesPerBlock = spinShape(info)
@@ -383,29 +403,11 @@ func RunWorkProbe(in io.Reader, out io.Writer, d time.Duration) error {
 		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
 		return err
 	}
-	lib, err := cuda.Open()
+	lib, info, fn, counter, release, err := loadKernel(WorkEntry, 16)
 	if err != nil {
 		return fail(err)
 	}
-	info, err := lib.Init()
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = lib.Close() }()
-	mod, err := lib.LoadPTX(SpinPTX)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = mod.Unload() }()
-	fn, err := mod.Function(WorkEntry)
-	if err != nil {
-		return fail(err)
-	}
-	counter, err := lib.Alloc(16)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = lib.Free(counter) }()
+	defer release()
 	p := ComputeProbe{PID: os.Getpid(), Device: info, Block: spinBlock, Kernel: WorkEntry, Grid: uint32(max(info.Multiprocessors/4, 1))}
 	launch := func(iterations uint64) (time.Duration, error) {
 		start := time.Now()
