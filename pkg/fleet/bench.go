@@ -85,23 +85,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 	rep.Nodes = len(rep.Fleet.Nodes)
 	rep.Workload.GPUs = rep.Fleet.GPUs()
 	_, homogeneous := rep.Fleet.Homogeneous()
-	var rows []Workload
-	if len(cfg.Dists) == 0 {
-		for _, m := range cfg.Means {
-			w := rep.Workload
-			w.Dist, w.MeanDemand = nil, m
-			rows = append(rows, w)
-		}
-	}
-	for _, d := range cfg.Dists {
-		w := rep.Workload
-		w.Dist, w.MeanDemand = d, 0
-		if t, ok := d.(Trace); ok {
-			w.Trace = t.Jobs
-		}
-		w.MeanDemand = w.Mean()
-		rows = append(rows, w)
-	}
+	rows := benchRows(rep.Workload, cfg.Means, cfg.Dists)
 	rep.Results = make([][]Result, len(rows))
 	rep.FIFO = make([][]Result, len(rows))
 	rep.Bounds = make([]RowBound, len(rows))
@@ -216,4 +200,28 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 	}
 	rep.CostWall = time.Since(start)
 	return rep, nil
+}
+
+// benchRows are a bench's workloads: base at each mean demand when no
+// distributions are given, else base under each distribution (a trace's
+// jobs as they are), its mean demand the distribution's.
+func benchRows(base Workload, means []float64, dists []Distribution) []Workload {
+	var rows []Workload
+	if len(dists) == 0 {
+		for _, m := range means {
+			w := base
+			w.Dist, w.MeanDemand = nil, m
+			rows = append(rows, w)
+		}
+	}
+	for _, d := range dists {
+		w := base
+		w.Dist, w.MeanDemand = d, 0
+		if t, ok := d.(Trace); ok {
+			w.Trace = t.Jobs
+		}
+		w.MeanDemand = w.Mean()
+		rows = append(rows, w)
+	}
+	return rows
 }

@@ -54,23 +54,7 @@ func MIGBench(ctx context.Context, cfg BenchConfig) (*MIGReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rows []Workload
-	if len(cfg.Dists) == 0 {
-		for _, m := range cfg.Means {
-			w := rep.Workload
-			w.Dist, w.MeanDemand = nil, m
-			rows = append(rows, w)
-		}
-	}
-	for _, d := range cfg.Dists {
-		w := rep.Workload
-		w.Dist, w.MeanDemand = d, 0
-		if t, ok := d.(Trace); ok {
-			w.Trace = t.Jobs
-		}
-		w.MeanDemand = w.Mean()
-		rows = append(rows, w)
-	}
+	rows := benchRows(rep.Workload, cfg.Means, cfg.Dists)
 	streams := make([][]Job, len(rows))
 	rep.Rows = make([]MIGRow, len(rows))
 	type task struct{ i, k int }
