@@ -42,6 +42,8 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument $1 (see ./run.sh --help; flags for the check itself go after --)" ;;
   esac
 done
+# A relative source path is the caller's directory's.
+case "$hami_src" in ''|/*) ;; *) hami_src="$PWD/$hami_src" ;; esac
 case "$timeout_s" in ''|*[!0-9]*) die "--timeout $timeout_s: want whole seconds" ;; esac
 [ "$timeout_s" -ge 60 ] || die "--timeout $timeout_s: want at least 60 seconds"
 
@@ -267,7 +269,8 @@ else
     unpacked=true
     case "$hami_src" in
       *.tar.xz|*.txz) "$bb" xz -dc "$hami_src" | "$bb" tar -x -C "$src" || unpacked=false ;;
-      *.tar.gz|*.tgz|*.tar) "$bb" tar -xf "$hami_src" -C "$src" || unpacked=false ;;
+      *.tar.gz|*.tgz) "$bb" gzip -dc "$hami_src" | "$bb" tar -x -C "$src" || unpacked=false ;;
+      *.tar) "$bb" tar -xf "$hami_src" -C "$src" || unpacked=false ;;
       *.zip) "$bb" unzip -q "$hami_src" -d "$src" || unpacked=false ;;
       *) if [ -d "$hami_src" ]; then cp -R "$hami_src/." "$src/" || unpacked=false; else hami_err="--hami-core-src $hami_src: want a .tar.gz, .tar.xz, .zip or a directory"; fi ;;
     esac
@@ -283,8 +286,13 @@ else
       [ "$budget" -le 300 ] || budget=300
       note "HAMi-core: building $top with cmake and $nvcc (at most ${budget}s)"
       set +e
+      # The options are HAMi-core's own build.sh's: its hooks, the
+      # multiprocess limit, and a Debug build, whose library exports the cu*
+      # hooks (a Release build hides all but dlsym and limits nothing: seen on
+      # an H200, driver 580). CMAKE_POLICY_VERSION_MINIMUM: CMake 4 refuses
+      # HAMi-core's cmake_minimum_required below 3.5 without it.
       # shellcheck disable=SC2016 # expanded by the inner sh
-      timeout "$budget" sh -c 'cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$3" && cmake --build "$2" -j "$(nproc 2>/dev/null || echo 4)"' \
+      timeout "$budget" sh -c 'cmake -S "$1" -B "$2" -DCMAKE_CUDA_COMPILER="$3" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DDLSYM_HOOK_ENABLE=1 -DMULTIPROCESS_LIMIT_ENABLE=1 -DHOOK_MEMINFO_ENABLE=1 -DHOOK_NVML_ENABLE=1 -DCMAKE_BUILD_TYPE=Debug && cmake --build "$2" -j "$(nproc 2>/dev/null || echo 4)"' \
         sh "$top" "$work/hami-build" "$nvcc" >"$results/hami-core-build.log" 2>&1 &
       child=$!
       wait "$child"

@@ -45,7 +45,7 @@ import (
 // ContainerNamespace is the namespace (MPS trust domain) of the container
 // check's claims: an MPS share gets a daemon of its own, started with the
 // domain's shared-memory directory as its /dev/shm, as the daemon pod is.
-const ContainerNamespace = "gpu-check-ctr"
+const ContainerNamespace = "gc-ctr"
 
 const (
 	containerProbePath  = "/tessera/tessera-gpu-probe"

@@ -121,6 +121,15 @@ func (l *LocalMPS) command(ctx context.Context, d isolation.Daemon, args ...stri
 	return cmd
 }
 
+// The control daemon binds its sockets in the pipe directory; the longest
+// name is control_privileged (seen with driver 580), and sun_path holds 107
+// bytes and a NUL. A longer path makes "nvidia-cuda-mps-control -d" exit 1
+// with nothing said.
+const (
+	mpsLongestSocket = "control_privileged"
+	maxMPSSocketPath = 107
+)
+
 // Start implements isolation.DaemonRunner: "nvidia-cuda-mps-control -d"
 // (a daemon it started is kept as it is), then it waits for the control
 // socket, at most Wait. The start command's output goes to a file in the
@@ -131,6 +140,9 @@ func (l *LocalMPS) Start(ctx context.Context, d isolation.Daemon, _ bool) error 
 	defer l.mu.Unlock()
 	if _, ok := l.running[d.Key()]; ok {
 		return nil
+	}
+	if sock := filepath.Join(d.PipeDir, mpsLongestSocket); len(sock) > maxMPSSocketPath {
+		return fmt.Errorf("mps daemon for GPU %s: its socket %s has %d bytes, more than a Unix socket path may (%d): run the check from a shorter directory (TMPDIR)", d.UUID, sock, len(sock), maxMPSSocketPath)
 	}
 	if err := makeDaemonDirs(d); err != nil {
 		return err
@@ -200,6 +212,9 @@ func (l *LocalMPS) Start(ctx context.Context, d isolation.Daemon, _ bool) error 
 			return nil
 		}
 		output := readTail(logPath, 2000)
+		if ctl := readTail(filepath.Join(d.LogDir, "control.log"), 1000); ctl != "" {
+			output += " (control.log: " + ctl + ")"
+		}
 		if i+1 < len(attempts) && permissionDenied(err, output) {
 			permErrs = append(permErrs, fmt.Sprintf("%s%s: %v %s", l.Binary, a.how, err, output))
 			continue

@@ -143,3 +143,18 @@ func TestMPSProcessesDescendants(t *testing.T) {
 		t.Errorf("got %v, want [10 11 13]", got)
 	}
 }
+
+// TestLocalMPSStartRefusesLongSocketPath: a pipe directory whose longest
+// socket would not fit a Unix socket address is refused with a message
+// (the real control daemon exits 1 and says nothing), and nothing starts.
+func TestLocalMPSStartRefusesLongSocketPath(t *testing.T) {
+	l, d := fakeLocalMPS(t)
+	d.PipeDir = filepath.Join(d.Dir, strings.Repeat("p", maxMPSSocketPath))
+	err := l.Start(context.Background(), d, false)
+	if err == nil || !strings.Contains(err.Error(), "more than a Unix socket path may") {
+		t.Fatalf("Start = %v, want the socket path refused", err)
+	}
+	if _, serr := os.Stat(d.PipeDir); !os.IsNotExist(serr) {
+		t.Errorf("the pipe directory was made (%v): Start went on", serr)
+	}
+}

@@ -35,12 +35,13 @@ import (
 //     after the server starts, and per client).
 
 // Trust domains (claim namespaces) of the MPS checks. Variables, so that a
-// test can put "two domains" into one and see the check fail.
+// test can put "two domains" into one and see the check fail. Short: each
+// names a directory in the path of the daemon's sockets (maxMPSSocketPath).
 var (
-	mpsUIDDomain = "gpu-check-uid"
-	mpsDomainA   = "gpu-check-dom-a"
-	mpsDomainB   = "gpu-check-dom-b"
-	mpsMemDomain = "gpu-check-mem"
+	mpsUIDDomain = "gc-uid"
+	mpsDomainA   = "gc-dom-a"
+	mpsDomainB   = "gc-dom-b"
+	mpsMemDomain = "gc-mem"
 )
 
 // MPSUIDWaitBound bounds how long the uid-1000 client may wait, after the
