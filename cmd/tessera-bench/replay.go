@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/fleet"
 	"github.com/tessera-dev/tessera/pkg/fleet/replay"
+	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/scalebench"
 )
 
@@ -345,9 +346,17 @@ func publishModel(ctx context.Context, c kubernetes.Interface, n int, kind fleet
 	if err := scalebench.EnsureClasses(ctx, c, classes); err != nil {
 		return err
 	}
-	err = scalebench.PublishOnNodes(ctx, c, n, 8, func(node string) ([]*resourceapi.ResourceSlice, error) {
-		slices, _, err := fleet.Published(kind, node)
-		return slices, err
+	err = scalebench.PublishOnNodes(ctx, c, n, 8, scalebench.Publisher{
+		Name:   "the " + string(kind) + " model",
+		Driver: model.DriverName,
+		Slices: func(node string) ([]resourceapi.ResourceSlice, error) {
+			slices, _, err := fleet.Published(kind, node)
+			out := make([]resourceapi.ResourceSlice, len(slices))
+			for i, s := range slices {
+				out[i] = *s
+			}
+			return out, err
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("publish the %s model's slices: %w", kind, err)

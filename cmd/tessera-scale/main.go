@@ -47,6 +47,10 @@ func scaleMain(args []string) int {
 	clusterEnv := fs.String("cluster-env", "", "key=value file describing the cluster (hack/scale/cluster.sh writes one), quoted in the report")
 	cpu := fs.String("cpu", "", "name=pid,… of processes whose CPU time each run records (kube-scheduler and kube-apiserver are shown per pod; hack/scale/cluster.sh bench passes the control plane's)")
 	render := fs.String("render", "", "only rewrite scale.md and scale.png in -out from this scale.json (no cluster needed)")
+	peerRuns := fs.Int("peer-runs", 3, "runs of the peer experiment (whole-GPU claims on Tessera's slices and on NVIDIA's DRA driver's, alternating); 0 skips it")
+	migFills := fs.String("mig-fills", "0,4,7", "GPUs of 8 taken on every node before each run of the dynamic-MIG experiment, comma-separated; empty skips it")
+	expNodes := fs.Int("experiment-nodes", 500, "fake nodes of the peer and dynamic-MIG experiments")
+	expPods := fs.Int("experiment-pods", 300, "pods per run of the peer and dynamic-MIG experiments")
 	ensure := fs.Int("ensure-nodes", -1, "only make the cluster's fake nodes exactly this many (with Tessera's DeviceClasses) and exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -62,7 +66,8 @@ func scaleMain(args []string) int {
 		}
 		return 0
 	}
-	if err := scale(args, *kubeconfig, *nodesFlag, *workloads, *pods, *profile, *namespace, *workers, *qps, *stall, *cleanupTimeout, *out, *clusterEnv, *cpu, *ensure); err != nil {
+	exp := experiments{peerRuns: *peerRuns, migFills: *migFills, nodes: *expNodes, pods: *expPods}
+	if err := scale(args, *kubeconfig, *nodesFlag, *workloads, *pods, *profile, *namespace, *workers, *qps, *stall, *cleanupTimeout, *out, *clusterEnv, *cpu, *ensure, exp); err != nil {
 		fmt.Fprintf(os.Stderr, "tessera-scale: %v\n", err)
 		return 1
 	}
@@ -70,7 +75,7 @@ func scaleMain(args []string) int {
 }
 
 func scale(args []string, kubeconfig, nodesFlag, workloads string, pods int, profile, namespace string, workers int, qps float64,
-	stall, cleanupTimeout time.Duration, out, clusterEnv, cpu string, ensure int) error {
+	stall, cleanupTimeout time.Duration, out, clusterEnv, cpu string, ensure int, exp experiments) error {
 	if kubeconfig == "" {
 		return fmt.Errorf("-kubeconfig is required (hack/scale/cluster.sh env prints it)")
 	}
@@ -118,12 +123,32 @@ func scale(args []string, kubeconfig, nodesFlag, workloads string, pods int, pro
 	if rep.Slices, err = scalebench.SliceSummary(profile); err != nil {
 		return err
 	}
-	rep.Results, err = scalebench.Bench(ctx, scalebench.Config{
-		Client: client, Nodes: nodes, Workloads: names, Pods: pods, Profile: profile, Namespace: namespace,
-		Workers: workers, Stall: stall, Cleanup: cleanupTimeout, Log: os.Stderr, Load: scalebench.Load1, Processes: procs,
-	})
+	fills, err := exp.fills()
 	if err != nil {
 		return err
+	}
+	cfg := scalebench.Config{
+		Client: client, Nodes: nodes, Workloads: names, Pods: pods, Profile: profile, Namespace: namespace,
+		Workers: workers, Stall: stall, Cleanup: cleanupTimeout, Log: os.Stderr, Load: scalebench.Load1, Processes: procs,
+	}
+	if rep.Results, err = scalebench.Bench(ctx, cfg); err != nil {
+		return err
+	}
+	if exp.peerRuns > 0 {
+		if rep.PeerSlices, err = scalebench.PublisherSummary(scalebench.NVIDIAPublisher(profile)); err != nil {
+			return err
+		}
+		if rep.Peer, err = scalebench.Peer(ctx, cfg, exp.nodes, exp.peerRuns, exp.pods); err != nil {
+			return err
+		}
+	}
+	if len(fills) > 0 {
+		if rep.MIGSlices, err = scalebench.PublisherSummary(scalebench.DynamicMIGPublisher(scalebench.DynamicMIGProfile)); err != nil {
+			return err
+		}
+		if rep.MIGFill, err = scalebench.MIGFill(ctx, cfg, exp.nodes, fills, exp.pods); err != nil {
+			return err
+		}
 	}
 	rep.Finished, rep.Host.LoadEnd = time.Now(), scalebench.LoadAvg()
 	return write(&rep, out)
@@ -185,4 +210,27 @@ func readEnv(path string) (map[string]string, error) {
 		env[k] = v
 	}
 	return env, s.Err()
+}
+
+// experiments are the peer and dynamic-MIG experiments' flags.
+type experiments struct {
+	peerRuns    int
+	migFills    string
+	nodes, pods int
+}
+
+// fills parses -mig-fills.
+func (e experiments) fills() ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(e.migFills, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		k, err := strconv.Atoi(f)
+		if err != nil || k < 0 || k > 7 {
+			return nil, fmt.Errorf("-mig-fills %q: %q is not 0 to 7 GPUs", e.migFills, f)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }

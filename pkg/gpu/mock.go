@@ -139,6 +139,12 @@ func init() {
 	p.migOn = []int{0, 1}
 	p.migInstances = map[int][]mockStaticInstance{0: {{profile: "4g.40gb", start: 0}, {profile: "3g.40gb", start: 4}}}
 	mockProfiles["hgx-h100-mig"] = p
+
+	// HGX H100 for dynamic MIG: every GPU in MIG mode without instances, the
+	// node a DaemonSet with kubeletPlugin.dynamicMIG serves on all its GPUs.
+	d := mockProfiles["hgx-h100"]
+	d.migOn = []int{0, 1, 2, 3, 4, 5, 6, 7}
+	mockProfiles["hgx-h100-dynamic-mig"] = d
 }
 
 // pairs puts two consecutive GPUs under each root: GPUs 2i and 2i+1 under

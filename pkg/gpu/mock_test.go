@@ -11,7 +11,7 @@ import (
 )
 
 func TestProfiles(t *testing.T) {
-	want := []string{"a100-pairs", "dgx-a100", "hgx-h100", "hgx-h100-mig", "l4x4"}
+	want := []string{"a100-pairs", "dgx-a100", "hgx-h100", "hgx-h100-dynamic-mig", "hgx-h100-mig", "l4x4"}
 	if got := Profiles(); !slices.Equal(got, want) {
 		t.Errorf("Profiles() = %v, want %v", got, want)
 	}
@@ -22,7 +22,7 @@ func TestNewMockUnknownProfile(t *testing.T) {
 	if lib != nil || err == nil {
 		t.Fatalf("NewMock(x) = %v, %v; want an error", lib, err)
 	}
-	const want = `unknown mock profile "x" (valid: a100-pairs, dgx-a100, hgx-h100, hgx-h100-mig, l4x4)`
+	const want = `unknown mock profile "x" (valid: a100-pairs, dgx-a100, hgx-h100, hgx-h100-dynamic-mig, hgx-h100-mig, l4x4)`
 	if err.Error() != want {
 		t.Errorf("error %q, want %q", err, want)
 	}

@@ -114,18 +114,22 @@ func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile str
 	return waitNodesReady(ctx, c, n, timeout)
 }
 
-// PublishOnNodes replaces the ResourceSlices of Tessera's driver on fake
-// nodes NodeName(0) … NodeName(n-1) with slices(node), each owned by its node
-// (EnsureNodes puts Tessera's own back: their number differs), and waits
-// until the API server lists them all.
-func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int, slices func(node string) ([]*resourceapi.ResourceSlice, error)) error {
+// PublishOnNodes replaces the ResourceSlices of the benchmark's drivers
+// (Tessera's and NVIDIA's) on fake nodes NodeName(0) … NodeName(n-1) with
+// pub's, each owned by its node (EnsureNodes puts Tessera's own back: their
+// number differs), and waits until the API server lists exactly those.
+func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int, pub Publisher) error {
 	var jobs []func() error
 	want := map[string]int{}
 	for i := range n {
 		name := NodeName(i)
-		own, err := slices(name)
+		slices, err := pub.Slices(name)
 		if err != nil {
 			return err
+		}
+		own := make([]*resourceapi.ResourceSlice, len(slices))
+		for j := range slices {
+			own[j] = &slices[j]
 		}
 		want[name] = len(own)
 		jobs = append(jobs, func() error {
@@ -141,17 +145,25 @@ func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int,
 	}
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
-		l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
-		if err != nil {
-			last = err
-			return false, nil
-		}
 		got := map[string]int{}
-		for _, s := range l.Items {
-			if s.Spec.NodeName != nil {
-				if _, ok := want[*s.Spec.NodeName]; ok {
-					got[*s.Spec.NodeName]++
+		for _, driver := range benchDrivers {
+			l, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + driver})
+			if err != nil {
+				last = err
+				return false, nil
+			}
+			for _, s := range l.Items {
+				if s.Spec.NodeName == nil {
+					continue
 				}
+				if _, ok := want[*s.Spec.NodeName]; !ok {
+					continue
+				}
+				if driver != pub.Driver {
+					last = fmt.Errorf("node %s still has a ResourceSlice of %s", *s.Spec.NodeName, driver)
+					return false, nil
+				}
+				got[*s.Spec.NodeName]++
 			}
 		}
 		if !maps.Equal(got, want) {
@@ -161,7 +173,7 @@ func PublishOnNodes(ctx context.Context, c kubernetes.Interface, n, workers int,
 		return true, nil
 	})
 	if err != nil {
-		return fmt.Errorf("publish ResourceSlices: %w (%v)", err, last)
+		return fmt.Errorf("publish %s: %w (%v)", pub.Name, err, last)
 	}
 	return nil
 }
@@ -189,13 +201,16 @@ func ensureNode(ctx context.Context, c kubernetes.Interface, i int, node *corev1
 }
 
 // putSlices creates slices on node, owned by it, after deleting the slices
-// of Tessera's driver the node has when replace is set.
+// of the benchmark's drivers the node has when replace is set.
 func putSlices(ctx context.Context, c kubernetes.Interface, node *corev1.Node, slices []*resourceapi.ResourceSlice, replace bool) error {
-	if replace {
+	for _, driver := range benchDrivers {
+		if !replace {
+			break
+		}
 		err := c.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{},
-			metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name + ",spec.driver=" + model.DriverName})
+			metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name + ",spec.driver=" + driver})
 		if err != nil {
-			return fmt.Errorf("node %s: delete ResourceSlices: %w", node.Name, err)
+			return fmt.Errorf("node %s: delete ResourceSlices of %s: %w", node.Name, driver, err)
 		}
 	}
 	for _, s := range slices {
@@ -268,7 +283,12 @@ func parallel(workers int, jobs []func() error) error {
 // SliceSummary describes the slices of one fake node for the report: slices,
 // devices by type.
 func SliceSummary(profile string) (string, error) {
-	slices, err := NodeSlices(NodeName(0), profile)
+	return PublisherSummary(TesseraPublisher(profile))
+}
+
+// PublisherSummary describes the slices pub publishes on one fake node.
+func PublisherSummary(pub Publisher) (string, error) {
+	slices, err := pub.Slices(NodeName(0))
 	if err != nil {
 		return "", err
 	}
@@ -278,7 +298,9 @@ func SliceSummary(profile string) (string, error) {
 		counterSets += len(s.Spec.SharedCounters)
 		for _, d := range s.Spec.Devices {
 			t := "?"
-			if a, ok := d.Attributes[model.AttrType]; ok && a.StringValue != nil {
+			if a, ok := d.Attributes[model.AttrType]; ok && a.StringValue != nil && pub.Driver != model.DriverName {
+				t = *a.StringValue + " (" + pub.Driver + ")"
+			} else if ok && a.StringValue != nil {
 				t = *a.StringValue
 			}
 			types[t]++

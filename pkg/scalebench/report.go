@@ -43,6 +43,14 @@ type Report struct {
 	// Slices describes one fake node's ResourceSlices.
 	Slices  string `json:"slices"`
 	Command string `json:"command"`
+	// Peer are the runs of Peer (Tessera and NVIDIA's driver, alternating).
+	Peer []Result `json:"peer,omitempty"`
+	// MIGFill are the runs of MIGFill (whole GPUs and MIG devices by fill).
+	MIGFill []Result `json:"migFill,omitempty"`
+	// PeerSlices and MIGSlices describe one fake node's slices in those
+	// experiments.
+	PeerSlices string `json:"peerSlices,omitempty"`
+	MIGSlices  string `json:"migSlices,omitempty"`
 }
 
 // Host is the machine the benchmark ran on.
@@ -178,6 +186,17 @@ func (r *Report) Targets() []Target {
 		}
 		out = append(out, t)
 	}
+	for _, fill := range sortedFills(r.MIGFill) {
+		whole, okW := findFill(r.MIGFill, "whole-claim", fill)
+		mig, okM := findFill(r.MIGFill, MIGWorkload, fill)
+		wc, mc := whole.CPUPerPod(SchedulerProcess), mig.CPUPerPod(SchedulerProcess)
+		t := Target{Name: fmt.Sprintf("%s scheduler CPU/pod ≤ whole-claim's with %.1f %% of the GPUs taken (%d nodes)", MIGWorkload, 100*fill, mig.Nodes),
+			Known: okW && okM && whole.Err == "" && mig.Err == "" && wc > 0 && mc > 0}
+		if t.Known {
+			t.Value, t.Met = fmt.Sprintf("%.1f vs %.1f ms/pod (%.2f×)", float64(mc)/float64(time.Millisecond), float64(wc)/float64(time.Millisecond), float64(mc)/float64(wc)), mc <= wc
+		}
+		out = append(out, t)
+	}
 	return out
 }
 
@@ -248,6 +267,9 @@ func (r *Report) Markdown() string {
 		w("\n")
 	}
 
+	r.peerMarkdown(w)
+	r.migMarkdown(w)
+
 	w("## Targets\n\n| target | measured | met |\n| --- | --- | --- |\n")
 	for _, t := range r.Targets() {
 		met, v := "no", t.Value
@@ -307,4 +329,110 @@ func finite(v float64) float64 {
 		return 0
 	}
 	return v
+}
+
+// findFill returns the MIGFill result of workload at fill.
+func findFill(rs []Result, workload string, fill float64) (Result, bool) {
+	for _, r := range rs {
+		if r.Workload == workload && r.Fill == fill {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+// PeerRatios are, per run of Peer that has both rows, Tessera's pods/s over
+// NVIDIA's and Tessera's scheduler CPU per pod over NVIDIA's.
+func (r *Report) PeerRatios() (rate, cpu []float64) {
+	byRun := map[int]map[string]Result{}
+	for _, res := range r.Peer {
+		if byRun[res.Run] == nil {
+			byRun[res.Run] = map[string]Result{}
+		}
+		byRun[res.Run][res.Workload] = res
+	}
+	runs := make([]int, 0, len(byRun))
+	for run := range byRun {
+		runs = append(runs, run)
+	}
+	slices.Sort(runs)
+	for _, run := range runs {
+		t, okT := byRun[run]["whole-claim"]
+		n, okN := byRun[run][NVIDIAWholeWorkload]
+		if !okT || !okN || t.Err != "" || n.Err != "" {
+			continue
+		}
+		rate = append(rate, Ratio(t.PodsPerSecond, n.PodsPerSecond))
+		tc, nc := t.CPUPerPod(SchedulerProcess), n.CPUPerPod(SchedulerProcess)
+		if tc > 0 && nc > 0 {
+			cpu = append(cpu, float64(tc)/float64(nc))
+		}
+	}
+	return rate, cpu
+}
+
+// spread is "mean (min–max over n runs)" of vs, "–" for none.
+func spread(vs []float64) string {
+	if len(vs) == 0 {
+		return "–"
+	}
+	lo, hi, sum := vs[0], vs[0], 0.0
+	for _, v := range vs {
+		lo, hi, sum = min(lo, v), max(hi, v), sum+v
+	}
+	return fmt.Sprintf("%.2f× (%.2f–%.2f over %d runs)", sum/float64(len(vs)), lo, hi, len(vs))
+}
+
+// experimentRow is one table row of an experiment's run.
+func experimentRow(w func(string, ...any), first string, res Result) {
+	w("| %s | %s | %d/%d | %.1f | %s | %s | %s | %s | %s | %.2f → %.2f |\n", first, res.Workload, res.Bound, res.Pods, res.PodsPerSecond,
+		ms(res.P50), ms(res.P99), msFrac(res.CPUPerPod(SchedulerProcess)), msFrac(res.CPUPerPod(APIServerProcess)), msFrac(res.ClusterCPUPerPod()),
+		res.LoadBefore, res.LoadAfter)
+}
+
+const experimentHeader = "| workload | bound/pods | pods/s | p50 | p99 | scheduler CPU/pod | API server CPU/pod | cluster CPU/pod | load before → after |\n" +
+	"| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n"
+
+func (r *Report) peerMarkdown(w func(string, ...any)) {
+	if len(r.Peer) == 0 {
+		return
+	}
+	w("## Peer: NVIDIA's DRA driver on the same nodes\n\n")
+	w("Whole-GPU claims (one GPU per pod, count 1, the class's selector only) on %d nodes, alternating between Tessera's slices "+
+		"(%s) and the slices NVIDIA's DRA driver publishes for the same 8 GPUs (%s; shape read from its source, "+
+		"cmd/gpu-kubelet-plugin at commit 2240711, MIG and dynamic MIG off); every node's slices are replaced before each run. "+
+		"Simulated nodes (kwok), the real kube-scheduler.\n\n", r.Peer[0].Nodes, orDash(r.Slices), orDash(r.PeerSlices))
+	w("| run " + experimentHeader)
+	for _, res := range r.Peer {
+		experimentRow(w, fmt.Sprint(res.Run), res)
+	}
+	rate, cpu := r.PeerRatios()
+	w("\nTessera ÷ NVIDIA: pods/s %s; scheduler CPU per pod %s (below 1: Tessera's pods cost the scheduler less).\n", spread(rate), spread(cpu))
+	for _, res := range r.Peer {
+		if res.Err != "" {
+			w("- run %d %s: %s\n", res.Run, res.Workload, res.Err)
+		}
+	}
+	w("\n")
+}
+
+func (r *Report) migMarkdown(w func(string, ...any)) {
+	if len(r.MIGFill) == 0 {
+		return
+	}
+	w("## Dynamic MIG at fill levels\n\n")
+	w("On %d nodes: %s pods on nodes that publish every GPU with dynamic MIG (%s) against whole-claim pods on the same GPUs "+
+		"published as usual. Before each run the benchmark takes the first k GPUs of every node with one claim per node whose "+
+		"allocation it writes itself (the GPU's largest MIG placement on the MIG nodes, the whole GPU on the others); the scheduler "+
+		"places the run's pods around them. Simulated nodes (kwok), the real kube-scheduler.\n\n", r.MIGFill[0].Nodes, MIGWorkload, orDash(r.MIGSlices))
+	w("| GPUs taken " + experimentHeader)
+	for _, res := range r.MIGFill {
+		experimentRow(w, fmt.Sprintf("%.1f %%", 100*res.Fill), res)
+	}
+	for _, res := range r.MIGFill {
+		if res.Err != "" {
+			w("- %.1f %% %s: %s\n", 100*res.Fill, res.Workload, res.Err)
+		}
+	}
+	w("\n")
 }

@@ -41,6 +41,13 @@ type Result struct {
 	CPU map[string]time.Duration `json:"cpu,omitempty"`
 	// Err is why the run stopped short, empty when every pod was bound.
 	Err string `json:"error,omitempty"`
+	// Published says what the nodes published during the run (the
+	// experiments only; empty: Tessera's slices of the report's profile).
+	Published string `json:"published,omitempty"`
+	// Run numbers the repetitions of one experiment (Peer), from 1.
+	Run int `json:"run,omitempty"`
+	// Fill is the share of every node's GPUs taken before the run (MIGFill).
+	Fill float64 `json:"fill,omitempty"`
 }
 
 // Aggregate turns one run's samples into a Result (Workload, Nodes, load, CPU and
