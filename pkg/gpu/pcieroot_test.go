@@ -57,12 +57,12 @@ func TestSysfsPCIeRootsLogsOnce(t *testing.T) {
 // those of the GPUs of the roots before it.
 func TestMockPCIeRoots(t *testing.T) {
 	want := map[string][]string{
-		"dgx-a100":     {"pci0000:00", "pci0000:00", "pci0000:40", "pci0000:40", "pci0000:80", "pci0000:80", "pci0000:a0", "pci0000:a0"},
-		"hgx-h100":     {"pci0000:15", "pci0000:15", "pci0000:4e", "pci0000:4e", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"},
-		"hgx-h100-mig": {"pci0000:15", "pci0000:15", "pci0000:4e", "pci0000:4e", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"},
+		"dgx-a100":             {"pci0000:00", "pci0000:00", "pci0000:40", "pci0000:40", "pci0000:80", "pci0000:80", "pci0000:a0", "pci0000:a0"},
+		"hgx-h100":             {"pci0000:15", "pci0000:15", "pci0000:4e", "pci0000:4e", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"},
+		"hgx-h100-mig":         {"pci0000:15", "pci0000:15", "pci0000:4e", "pci0000:4e", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"},
 		"hgx-h100-dynamic-mig": {"pci0000:15", "pci0000:15", "pci0000:4e", "pci0000:4e", "pci0000:97", "pci0000:97", "pci0000:cb", "pci0000:cb"},
-		"l4x4":         {"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
-		"a100-pairs":   {"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
+		"l4x4":                 {"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
+		"a100-pairs":           {"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
 	}
 	for _, profile := range Profiles() {
 		t.Run(profile, func(t *testing.T) {
