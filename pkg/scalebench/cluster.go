@@ -75,14 +75,22 @@ func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile str
 	for i := range nodes.Items {
 		existing[nodes.Items[i].Name] = &nodes.Items[i]
 	}
-	sliceList, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + model.DriverName})
-	if err != nil {
-		return fmt.Errorf("list ResourceSlices: %w", err)
-	}
-	slicesOf := map[string]int{}
-	for _, s := range sliceList.Items {
-		if s.Spec.NodeName != nil {
-			slicesOf[*s.Spec.NodeName]++
+	// A node's slices are right when it has perNode of Tessera's and none
+	// of another benchmark driver's (an experiment that stopped short).
+	slicesOf, foreign := map[string]int{}, map[string]bool{}
+	for _, driver := range benchDrivers {
+		sliceList, err := c.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + driver})
+		if err != nil {
+			return fmt.Errorf("list ResourceSlices: %w", err)
+		}
+		for _, s := range sliceList.Items {
+			switch {
+			case s.Spec.NodeName == nil:
+			case driver == model.DriverName:
+				slicesOf[*s.Spec.NodeName]++
+			default:
+				foreign[*s.Spec.NodeName] = true
+			}
 		}
 	}
 
@@ -92,10 +100,10 @@ func EnsureNodes(ctx context.Context, c kubernetes.Interface, n int, profile str
 		name := NodeName(i)
 		want[name] = true
 		node, ok := existing[name]
-		if ok && slicesOf[name] == perNode {
+		if ok && slicesOf[name] == perNode && !foreign[name] {
 			continue
 		}
-		jobs = append(jobs, func() error { return ensureNode(ctx, c, i, node, slicesOf[name] > 0, profile) })
+		jobs = append(jobs, func() error { return ensureNode(ctx, c, i, node, slicesOf[name] > 0 || foreign[name], profile) })
 	}
 	for name := range existing {
 		if !want[name] {

@@ -2,6 +2,7 @@ package scalebench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -27,6 +28,9 @@ const (
 	MIGProfile = "1g.10gb"
 	// DynamicMIGProfile is the mock profile of the MIG experiment's nodes.
 	DynamicMIGProfile = "hgx-h100-dynamic-mig"
+	// MIGBaselineProfile is the same node with no GPU in MIG mode, whose
+	// whole GPUs the MIG experiment compares against.
+	MIGBaselineProfile = "hgx-h100"
 )
 
 // ExperimentWorkloads are the workloads of Peer and MIGFill, their claim
@@ -91,21 +95,31 @@ func Peer(ctx context.Context, cfg Config, nodes, runs, pods int) ([]Result, err
 		return nil, err
 	}
 	tessera, nvidia := TesseraPublisher(cfg.Profile), NVIDIAPublisher(cfg.Profile)
-	var out []Result
-	for run := 1; run <= runs; run++ {
-		for _, step := range []struct {
-			pub Publisher
-			w   Workload
-		}{{tessera, whole}, {nvidia, peer}} {
-			r, err := publishAndRun(ctx, &cfg, step.pub, step.w, nodes, pods, nil)
-			if err != nil {
-				return out, err
-			}
-			r.Run = run
-			out = append(out, r)
-		}
+	type step struct {
+		pub Publisher
+		w   Workload
 	}
-	return out, PublishOnNodes(ctx, cfg.Client, nodes, cfg.Workers, tessera)
+	var out []Result
+	err = func() error {
+		for run := 1; run <= runs; run++ {
+			// Tessera first in odd runs, NVIDIA first in even ones: neither
+			// always meets the cluster just after the other's cleanup.
+			steps := []step{{tessera, whole}, {nvidia, peer}}
+			if run%2 == 0 {
+				steps[0], steps[1] = steps[1], steps[0]
+			}
+			for _, st := range steps {
+				r, err := publishAndRun(ctx, &cfg, st.pub, st.w, nodes, pods, nil)
+				if err != nil {
+					return err
+				}
+				r.Run = run
+				out = append(out, r)
+			}
+		}
+		return nil
+	}()
+	return out, errors.Join(err, PublishOnNodes(context.WithoutCancel(ctx), cfg.Client, nodes, cfg.Workers, tessera))
 }
 
 // MIGFill measures one-MIG-device pods on nodes that publish every GPU with
@@ -129,35 +143,41 @@ func MIGFill(ctx context.Context, cfg Config, nodes int, fills []int, pods int) 
 	if err := prepareExperiment(ctx, &cfg, nodes, whole, mig); err != nil {
 		return nil, err
 	}
-	plain, dynamic := TesseraPublisher(cfg.Profile), DynamicMIGPublisher(DynamicMIGProfile)
+	plain, dynamic := TesseraPublisher(MIGBaselineProfile), DynamicMIGPublisher(DynamicMIGProfile)
 	migTaken, err := largestPlacements(dynamic)
 	if err != nil {
 		return nil, err
 	}
-	var out []Result
-	for _, k := range fills {
-		if k < 0 || k >= 8 {
-			return out, fmt.Errorf("fill %d: want 0 to 7 GPUs of 8 taken", k)
-		}
-		for _, step := range []struct {
-			pub   Publisher
-			w     Workload
-			class string
-			taken func(minor int) string
-		}{
-			{plain, whole, model.WholeClassName, model.WholeDeviceName},
-			{dynamic, mig, model.MIGClassName, func(minor int) string { return migTaken[minor] }},
-		} {
-			fill := &prefill{gpus: k, class: step.class, device: step.taken}
-			r, err := publishAndRun(ctx, &cfg, step.pub, step.w, nodes, pods, fill)
-			if err != nil {
-				return out, err
-			}
-			r.Fill = float64(k) / 8
-			out = append(out, r)
-		}
+	if len(migTaken) != 8 {
+		return nil, fmt.Errorf("%s: %d GPUs with MIG placements, want 8", DynamicMIGProfile, len(migTaken))
 	}
-	return out, PublishOnNodes(ctx, cfg.Client, nodes, cfg.Workers, plain)
+	var out []Result
+	err = func() error {
+		for _, k := range fills {
+			if k < 0 || k >= 8 {
+				return fmt.Errorf("fill %d: want 0 to 7 GPUs of 8 taken", k)
+			}
+			for _, step := range []struct {
+				pub   Publisher
+				w     Workload
+				class string
+				taken func(minor int) string
+			}{
+				{plain, whole, model.WholeClassName, model.WholeDeviceName},
+				{dynamic, mig, model.MIGClassName, func(minor int) string { return migTaken[minor] }},
+			} {
+				fill := &prefill{gpus: k, class: step.class, device: step.taken}
+				r, err := publishAndRun(ctx, &cfg, step.pub, step.w, nodes, pods, fill)
+				if err != nil {
+					return err
+				}
+				r.Fill = float64(k) / 8
+				out = append(out, r)
+			}
+		}
+		return nil
+	}()
+	return out, errors.Join(err, PublishOnNodes(context.WithoutCancel(ctx), cfg.Client, nodes, cfg.Workers, TesseraPublisher(cfg.Profile)))
 }
 
 // prepareExperiment makes the classes (Tessera's and NVIDIA's), the
@@ -177,11 +197,20 @@ func prepareExperiment(ctx context.Context, cfg *Config, nodes int, ws ...Worklo
 	if err := ensureTemplates(ctx, cfg.Client, cfg.Namespace, ws...); err != nil {
 		return err
 	}
+	// Fill claims an interrupted run left would hold GPUs in every run.
+	if err := deleteClaims(ctx, cfg.Client, fillNamespace(cfg.Namespace), cfg.Cleanup); err != nil {
+		return err
+	}
 	return EnsureNodes(ctx, cfg.Client, nodes, cfg.Profile, cfg.Workers, 10*time.Minute)
 }
 
 // publishAndRun republishes every node's slices with pub, takes the fill's
 // GPUs, runs the workload once and gives the GPUs back.
+//
+// The scheduler learns of the new slices and the fill's claims through its
+// informers, after the API server has them: the run starts Settle later, so
+// that neither the scheduler's catching up nor pods it could not place yet
+// fall into the measured window.
 func publishAndRun(ctx context.Context, cfg *Config, pub Publisher, w Workload, nodes, pods int, fill *prefill) (Result, error) {
 	t0 := time.Now()
 	if err := PublishOnNodes(ctx, cfg.Client, nodes, cfg.Workers, pub); err != nil {
@@ -190,20 +219,33 @@ func publishAndRun(ctx context.Context, cfg *Config, pub Publisher, w Workload, 
 	cfg.logf("%d nodes publish %s (%s)", nodes, pub.Name, time.Since(t0).Round(time.Second))
 	ns := fillNamespace(cfg.Namespace)
 	if fill != nil && fill.gpus > 0 {
+		defer func() {
+			if err := deleteClaims(context.WithoutCancel(ctx), cfg.Client, ns, cfg.Cleanup); err != nil {
+				cfg.logf("fill claims: %v", err)
+			}
+		}()
 		if err := fill.take(ctx, cfg, ns, pub, nodes); err != nil {
 			return Result{}, err
 		}
 	}
-	r, err := runOnce(ctx, cfg, w, nodes, pods)
-	r.Published = pub.Name
-	if fill != nil && fill.gpus > 0 {
-		if cerr := deleteClaims(ctx, cfg.Client, ns, cfg.Cleanup); cerr != nil && err == nil {
-			err = cerr
-		}
+	select {
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	case <-time.After(Settle):
 	}
+	var verify func(context.Context) error
+	if fill != nil && fill.gpus > 0 {
+		verify = func(ctx context.Context) error { return fill.check(ctx, cfg.Client, cfg.Namespace) }
+	}
+	r, err := runOnce(ctx, cfg, w, nodes, pods, verify)
+	r.Published = pub.Name
 	cfg.logf("%s (load %.2f → %.2f)", r, r.LoadBefore, r.LoadAfter)
 	return r, err
 }
+
+// Settle is how long an experiment waits after publishing slices or taking
+// GPUs before it creates a run's pods.
+const Settle = 15 * time.Second
 
 // fillNamespace holds the claims that take GPUs before a run (runOnce waits
 // for every claim of its own namespace to go).
@@ -269,6 +311,27 @@ func (p *prefill) take(ctx context.Context, cfg *Config, ns string, pub Publishe
 		return err
 	}
 	cfg.logf("took %d of 8 GPUs on each of %d nodes (%s)", p.gpus, nodes, time.Since(t0).Round(time.Second))
+	return nil
+}
+
+// check fails when a claim in ns (the run's) was allocated a device of a
+// GPU the fill took: the scheduler did not count the fill's claims.
+func (p *prefill) check(ctx context.Context, c kubernetes.Interface, ns string) error {
+	claims, err := c.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("check the run's claims: %w", err)
+	}
+	for _, claim := range claims.Items {
+		if claim.Status.Allocation == nil {
+			continue
+		}
+		for _, d := range claim.Status.Allocation.Devices.Results {
+			var minor int
+			if _, err := fmt.Sscanf(d.Device, "gpu-%d", &minor); err == nil && minor < p.gpus {
+				return fmt.Errorf("claim %s/%s got %s on %s, a GPU the fill took", ns, claim.Name, d.Device, d.Pool)
+			}
+		}
+	}
 	return nil
 }
 

@@ -58,7 +58,7 @@ func DynamicMIGPublisher(profile string) Publisher {
 			}
 			var uuids []string
 			for _, g := range disc.GPUs {
-				if g.MIG != nil {
+				if g.MIGEnabled {
 					uuids = append(uuids, g.UUID)
 				}
 			}
@@ -110,6 +110,9 @@ func NVIDIAPublisher(profile string) Publisher {
 			}
 			devices := make([]resourceapi.Device, 0, len(disc.GPUs))
 			for _, g := range disc.GPUs {
+				if g.MIGEnabled {
+					return nil, fmt.Errorf("mock profile %s: GPU %d is in MIG mode, which NVIDIA's driver publishes as MIG devices, not modelled here", profile, g.Minor)
+				}
 				devices = append(devices, nvidiaDevice(g))
 			}
 			return []resourceapi.ResourceSlice{{
@@ -175,8 +178,8 @@ func semver(v string) string {
 }
 
 // NVIDIADeviceClass is its whole-GPU DeviceClass as its chart installs it on
-// resource.k8s.io/v1, without extendedResourceName (Tessera's whole class
-// does not set nvidia.com/gpu either, and the benchmark does not use it).
+// resource.k8s.io/v1, without its extendedResourceName nvidia.com/gpu (the
+// benchmark's pods use claim templates only).
 func NVIDIADeviceClass() *resourceapi.DeviceClass {
 	return &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: NVIDIAClassName},
@@ -184,4 +187,12 @@ func NVIDIADeviceClass() *resourceapi.DeviceClass {
 			Expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
 		}}}},
 	}
+}
+
+// title upper-cases the first letter ("hopper" → "Hopper").
+func title(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }

@@ -2,6 +2,7 @@ package scalebench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -102,7 +103,7 @@ func Bench(ctx context.Context, cfg Config) ([]Result, error) {
 			pods = PodsForNodes(n)
 		}
 		for _, w := range chosen {
-			r, err := runOnce(ctx, &cfg, w, n, pods)
+			r, err := runOnce(ctx, &cfg, w, n, pods, nil)
 			if err != nil {
 				return results, err
 			}
@@ -126,9 +127,10 @@ func ensureNamespace(ctx context.Context, c kubernetes.Interface, ns string) err
 }
 
 // runOnce creates pods pods of w on the n-node cluster, measures them and cleans
-// up. The error is for a failure of the benchmark itself (the API, the cleanup);
-// pods that were not bound go into the Result.
-func runOnce(ctx context.Context, cfg *Config, w Workload, n, pods int) (Result, error) {
+// up. The error is for a failure of the benchmark itself (the API, the cleanup,
+// verify, which when set runs before the cleanup); pods that were not bound go
+// into the Result.
+func runOnce(ctx context.Context, cfg *Config, w Workload, n, pods int, verify func(context.Context) error) (Result, error) {
 	run := fmt.Sprintf("%s-%d-%d", w.Name, n, time.Now().Unix())
 	ns := cfg.Namespace
 	sel := labels.Set{RunLabel: run}.String()
@@ -240,8 +242,15 @@ func runOnce(ctx context.Context, cfg *Config, w Workload, n, pods int) (Result,
 		res.Err = fmt.Sprintf("%d of %d pods not bound after %s without progress%s", res.Pods-res.Bound, res.Pods, cfg.Stall, unschedulableReason(ctx, cfg.Client, ns, sel))
 	}
 
+	var verr error
+	if verify != nil {
+		verr = verify(ctx)
+	}
 	if err := cleanup(ctx, cfg.Client, ns, sel, cfg.Cleanup); err != nil {
-		return res, fmt.Errorf("%s: %w", run, err)
+		return res, fmt.Errorf("%s: %w", run, errors.Join(verr, err))
+	}
+	if verr != nil {
+		return res, fmt.Errorf("%s: %w", run, verr)
 	}
 	return res, nil
 }
