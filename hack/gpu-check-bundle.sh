@@ -27,7 +27,15 @@ arch=$("$GO" env GOARCH)
 
 log() { echo "gpu-check-bundle: $*" >&2; }
 
-if [ ! -x /bin/busybox ] || ! /bin/busybox --list | grep -qx unxz; then
+# The applets run.sh uses to decompress and unpack.
+busybox_has_applets() {
+  local a list
+  list=$(/bin/busybox --list) || return 1
+  for a in unxz xz gzip tar unzip sha256sum; do
+    grep -qx "$a" <<<"$list" || return 1
+  done
+}
+if [ ! -x /bin/busybox ] || ! busybox_has_applets; then
   if [ "$(id -u)" != 0 ]; then
     echo "gpu-check-bundle: needs Debian's busybox-static (/bin/busybox): sudo apt-get install -y busybox-static" >&2
     exit 1
