@@ -63,6 +63,10 @@ type Server struct {
 	// Models reads the GPU models the cluster publishes, for MutatePath
 	// (MutateHandler); nil serves no MutatePath.
 	Models GPUModelReader
+	// Admitters are further paths to serve, each with its AdmitFunc, behind
+	// the same gate as ValidatePath and MutatePath (pkg/webhook/legacypods's
+	// Path). A path the Server serves itself is an error.
+	Admitters map[string]AdmitFunc
 	// MaxInFlight caps the reviews served at once (0: DefaultMaxInFlight).
 	// A review takes a slot only once its body has been read; beyond the
 	// cap it waits, at most until its request's context ends or MaxWait
@@ -116,6 +120,12 @@ func (s *Server) Run(ctx context.Context) error {
 	mux.Handle(ValidatePath, g.serve(Handler{Classes: s.Classes}))
 	if s.Models != nil {
 		mux.Handle(MutatePath, g.serve(MutateHandler{Models: s.Models}))
+	}
+	for path, admit := range s.Admitters {
+		if path == ValidatePath || path == MutatePath || path == HealthzPath || path == ReadyzPath {
+			return fmt.Errorf("webhook server: %s is served by the server itself", path)
+		}
+		mux.Handle(path, g.serve(admit))
 	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {

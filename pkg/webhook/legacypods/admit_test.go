@@ -1,0 +1,362 @@
+package legacypods
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/legacy"
+	"github.com/tessera-dev/tessera/pkg/webhook"
+)
+
+// hamiPod is HAMi's examples/nvidia/default_use.yaml with a second,
+// GPU-less container and an annotation of its own, which stay as they are.
+const hamiPod = `
+apiVersion: v1
+kind: Pod
+metadata:
+  name: gpu-pod
+  namespace: team
+  annotations: {example.com/keep: "yes", nvidia.com/use-gputype: "A100"}
+spec:
+  containers:
+  - name: ubuntu-container
+    image: ubuntu:22.04
+    resources:
+      limits:
+        cpu: "1"
+        nvidia.com/gpu: 1
+        nvidia.com/gpumem: 3000
+        nvidia.com/gpucores: 30
+  - name: sidecar
+    image: busybox
+    resources: {limits: {cpu: 100m}}
+`
+
+// clock is a fixed time for the tests.
+var clock = time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
+
+// models is a fixed GPU model, a fixture (not read from a GPU).
+type models []fraction.Model
+
+func (m models) Models(context.Context) ([]fraction.Model, error) { return m, nil }
+
+var h100 = models{{Products: []string{"NVIDIA H100 80GB HBM3"}, Memory: resource.MustParse("81089Mi"),
+	MemoryStep: resource.MustParse("1Mi"), Cores: 100, CoresStep: 1}}
+
+func podJSON(t *testing.T, manifest string) []byte {
+	t.Helper()
+	raw, err := yaml.YAMLToJSON([]byte(manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// review sends raw as a Pod CREATE AdmissionReview through the HTTP handler
+// and returns the response.
+func review(t *testing.T, tr *Translator, raw []byte, dryRun bool) *admissionv1.AdmissionResponse {
+	t.Helper()
+	body, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: "u1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+			Resource:  metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			Operation: admissionv1.Create, Namespace: "team", Name: "gpu-pod", DryRun: &dryRun,
+			Object: runtime.RawExtension{Raw: raw},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	webhook.AdmitFunc(tr.Admit).ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("status %d: %s", rec.Code, rec.Body.String())
+	}
+	var out admissionv1.AdmissionReview
+	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Response == nil || out.Response.UID != "u1" {
+		t.Fatalf("response %+v: want one for request u1", out.Response)
+	}
+	return out.Response
+}
+
+// apply applies the response's JSONPatch to raw.
+func apply(t *testing.T, raw []byte, resp *admissionv1.AdmissionResponse) []byte {
+	t.Helper()
+	if resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
+		t.Fatalf("response %+v: want a JSONPatch", resp)
+	}
+	p, err := jsonpatch.DecodePatch(resp.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Apply(raw)
+	if err != nil {
+		t.Fatalf("apply %s: %v", resp.Patch, err)
+	}
+	return out
+}
+
+func translator(objects ...runtime.Object) (*Translator, *fake.Clientset) {
+	client := fake.NewClientset(objects...)
+	return &Translator{Client: client, Models: h100, Now: func() time.Time { return clock }}, client
+}
+
+// writes are the client's create, update, patch and delete calls.
+func writes(client *fake.Clientset) []string {
+	var out []string
+	for _, a := range client.Actions() {
+		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
+			out = append(out, v+" "+a.GetResource().Resource)
+		}
+	}
+	return out
+}
+
+// TestTranslatesHAMiPod: the patch makes the pod exactly what
+// legacy.Translate returns, the template is created in the pod's namespace
+// with Tessera's labels and the admission mark, and admitting the patched
+// pod again changes and creates nothing.
+func TestTranslatesHAMiPod(t *testing.T) {
+	tr, client := translator()
+	raw := podJSON(t, hamiPod)
+	resp := review(t, tr, raw, false)
+	if !resp.Allowed {
+		t.Fatalf("denied: %v", resp.Result)
+	}
+	var got, orig corev1.Pod
+	if err := json.Unmarshal(apply(t, raw, resp), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &orig); err != nil {
+		t.Fatal(err)
+	}
+	want, errs := legacy.Translate(&corev1.PodTemplateSpec{ObjectMeta: orig.ObjectMeta, Spec: orig.Spec}, nil, legacy.Options{Models: h100})
+	if len(errs) > 0 || !want.Changed || len(want.ClaimTemplates) != 1 {
+		t.Fatalf("Translate: %v, %+v", errs, want)
+	}
+	if diff := cmp.Diff(want.Template.ObjectMeta, got.ObjectMeta); diff != "" {
+		t.Errorf("metadata (-Translate +patched):\n%s", diff)
+	}
+	if diff := cmp.Diff(want.Template.Spec, got.Spec); diff != "" {
+		t.Errorf("spec (-Translate +patched):\n%s", diff)
+	}
+	if got.Annotations["example.com/keep"] != "yes" || got.Spec.Containers[0].Resources.Limits.Cpu().String() != "1" {
+		t.Errorf("the pod's own annotation or cpu limit was lost: %+v", got.ObjectMeta.Annotations)
+	}
+	tmpl, err := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), want.ClaimTemplates[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the template was not created: %v", err)
+	}
+	if diff := cmp.Diff(want.ClaimTemplates[0].Spec, tmpl.Spec); diff != "" {
+		t.Errorf("template spec (-Translate +created):\n%s", diff)
+	}
+	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.Annotations[AnnotationAdmitted] != clock.Format(time.RFC3339) {
+		t.Errorf("template labels %v, annotations %v", tmpl.Labels, tmpl.Annotations)
+	}
+
+	// Re-admission of the translated pod: allowed, no patch, no write.
+	before := len(writes(client))
+	patched, _ := json.Marshal(got)
+	again := review(t, tr, patched, false)
+	if !again.Allowed || again.Patch != nil {
+		t.Errorf("re-admission: %+v, want allowed without a patch", again)
+	}
+	if w := writes(client)[before:]; len(w) != 0 {
+		t.Errorf("re-admission wrote %v", w)
+	}
+}
+
+// TestDryRunCreatesNothing: a dry run answers the same patch and writes
+// nothing.
+func TestDryRunCreatesNothing(t *testing.T) {
+	tr, client := translator()
+	resp := review(t, tr, podJSON(t, hamiPod), true)
+	if !resp.Allowed || resp.Patch == nil {
+		t.Fatalf("dry run: %+v, want allowed with a patch", resp)
+	}
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("a dry run wrote %v", w)
+	}
+	real := review(t, tr, podJSON(t, hamiPod), false)
+	if !bytes.Equal(real.Patch, resp.Patch) {
+		t.Errorf("dry-run patch %s differs from the real one %s", resp.Patch, real.Patch)
+	}
+}
+
+// translatedTemplate is the template hamiPod translates to.
+func translatedTemplate(t *testing.T) resourceapi.ResourceClaimTemplate {
+	t.Helper()
+	var pod corev1.Pod
+	if err := json.Unmarshal(podJSON(t, hamiPod), &pod); err != nil {
+		t.Fatal(err)
+	}
+	out, errs := legacy.Translate(&corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}, nil, legacy.Options{Models: h100})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	tmpl := out.ClaimTemplates[0]
+	tmpl.Namespace = "team"
+	return tmpl
+}
+
+// TestSquattedTemplate: a template of the translated name that lacks
+// Tessera's label, or has another spec, refuses the pod, naming it, on
+// real and dry runs alike; nothing is written.
+func TestSquattedTemplate(t *testing.T) {
+	unlabelled := translatedTemplate(t)
+	unlabelled.Labels = nil
+	other := translatedTemplate(t)
+	other.Spec.Spec.Devices.Requests[0].Exactly.Count = 2
+	for name, tc := range map[string]struct {
+		squat resourceapi.ResourceClaimTemplate
+		why   string
+	}{
+		"no label":   {unlabelled, "lacks Tessera's label"},
+		"other spec": {other, "has another spec"},
+	} {
+		for _, dryRun := range []bool{false, true} {
+			t.Run(name, func(t *testing.T) {
+				tr, client := translator(&tc.squat)
+				resp := review(t, tr, podJSON(t, hamiPod), dryRun)
+				if resp.Allowed || resp.Patch != nil {
+					t.Fatalf("allowed: %+v", resp)
+				}
+				msg := resp.Result.Message
+				if !strings.Contains(msg, "team/"+tc.squat.Name) || !strings.Contains(msg, tc.why) || resp.Result.Code != 403 {
+					t.Errorf("denial %d %q: want 403 naming team/%s and %q", resp.Result.Code, msg, tc.squat.Name, tc.why)
+				}
+				for _, w := range writes(client) {
+					if w != "create resourceclaimtemplates" { // the refused create
+						t.Errorf("wrote %s", w)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestExistingTemplateReused: a template Tessera made for an earlier pod is
+// used; when its mark is older than half the grace period it is renewed, so
+// the Cleaner keeps it.
+func TestExistingTemplateReused(t *testing.T) {
+	for name, tc := range map[string]struct {
+		marked    time.Time
+		wantWrite bool
+	}{
+		"marked just now": {clock.Add(-time.Minute), false},
+		"marked long ago": {clock.Add(-3 * time.Minute), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			existing := translatedTemplate(t)
+			existing.CreationTimestamp = metav1.NewTime(clock.Add(-time.Hour))
+			existing.Annotations = map[string]string{AnnotationAdmitted: tc.marked.Format(time.RFC3339)}
+			tr, client := translator(&existing)
+			resp := review(t, tr, podJSON(t, hamiPod), false)
+			if !resp.Allowed || resp.Patch == nil {
+				t.Fatalf("%+v: want allowed with a patch", resp)
+			}
+			patched := strings.Contains(strings.Join(writes(client), ","), "patch resourceclaimtemplates")
+			if patched != tc.wantWrite {
+				t.Errorf("writes %v; want a patch of the mark: %v", writes(client), tc.wantWrite)
+			}
+			got, _ := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), existing.Name, metav1.GetOptions{})
+			want := tc.marked
+			if tc.wantWrite {
+				want = clock
+			}
+			if got.Annotations[AnnotationAdmitted] != want.Format(time.RFC3339) {
+				t.Errorf("mark %q, want %s", got.Annotations[AnnotationAdmitted], want.Format(time.RFC3339))
+			}
+		})
+	}
+}
+
+// TestRefusedWithField: contradictory input is refused with the field, and
+// nothing is created.
+func TestRefusedWithField(t *testing.T) {
+	tr, client := translator()
+	bad := strings.Replace(hamiPod, "nvidia.com/gpucores: 30", "nvidia.com/gpumem-percentage: 50", 1)
+	resp := review(t, tr, podJSON(t, bad), false)
+	if resp.Allowed || resp.Result.Code != 422 {
+		t.Fatalf("%+v: want 422", resp)
+	}
+	const field = "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]"
+	if !strings.Contains(resp.Result.Message, field) || len(resp.Result.Details.Causes) == 0 || resp.Result.Details.Causes[0].Field != field {
+		t.Errorf("denial %+v: want the field %s", resp.Result, field)
+	}
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("wrote %v", w)
+	}
+	// Without models, a percentage of memory with other cores is refused
+	// on the cores field.
+	tr.Models = nil
+	frac := strings.Replace(strings.Replace(hamiPod, "nvidia.com/gpumem: 3000", "nvidia.com/gpumem-percentage: 50", 1), "nvidia.com/use-gputype: \"A100\"", "x: z", 1)
+	resp = review(t, tr, podJSON(t, frac), false)
+	if resp.Allowed || !strings.Contains(resp.Result.Message, "spec.containers[0].resources.limits[nvidia.com/gpucores]") {
+		t.Errorf("%+v: want a denial on gpucores without models", resp.Result)
+	}
+	// With them it is translated, shares sized per model.
+	tr.Models = h100
+	if resp = review(t, tr, podJSON(t, frac), false); !resp.Allowed {
+		t.Errorf("with models: %v", resp.Result)
+	}
+}
+
+// TestLeavesOthersAlone: pods without legacy names (the device plugin's
+// nvidia.com/gpu alone included), other operations and kinds are allowed
+// unchanged without a write.
+func TestLeavesOthersAlone(t *testing.T) {
+	tr, client := translator()
+	plain := `{"metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x","resources":{"limits":{"nvidia.com/gpu":"1","cpu":"1"}}}]}}`
+	if resp := review(t, tr, []byte(plain), false); !resp.Allowed || resp.Patch != nil {
+		t.Errorf("plain pod: %+v", resp)
+	}
+	update := &admissionv1.AdmissionRequest{UID: "u", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Operation: admissionv1.Update, Object: runtime.RawExtension{Raw: podJSON(t, hamiPod)}}
+	if resp := tr.Admit(context.Background(), update); !resp.Allowed || resp.Patch != nil {
+		t.Errorf("update: %+v", resp)
+	}
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("wrote %v", w)
+	}
+}
+
+// TestPatchKeepsUnknownFields: fields of the pod this webhook's types do not
+// know survive the patch (it edits keys, not whole objects).
+func TestPatchKeepsUnknownFields(t *testing.T) {
+	tr, _ := translator()
+	raw := podJSON(t, strings.Replace(hamiPod, "    image: ubuntu:22.04\n", "    image: ubuntu:22.04\n    futureField: kept\n", 1))
+	raw = bytes.Replace(raw, []byte(`"spec":{`), []byte(`"spec":{"futureSpecField":1,`), 1)
+	resp := review(t, tr, raw, false)
+	if !resp.Allowed {
+		t.Fatalf("denied: %v", resp.Result)
+	}
+	out := string(apply(t, raw, resp))
+	if !strings.Contains(out, `"futureField":"kept"`) || !strings.Contains(out, `"futureSpecField":1`) {
+		t.Errorf("unknown fields lost: %s", out)
+	}
+}
