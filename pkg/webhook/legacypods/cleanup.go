@@ -1,0 +1,173 @@
+package legacypods
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/legacy"
+)
+
+// byTemplate indexes pods by "namespace/template" for each
+// ResourceClaimTemplate their spec.resourceClaims name.
+const byTemplate = "template"
+
+// Cleaner deletes the ResourceClaimTemplates the Translator made
+// (legacy.LabelTranslated) once no pod of their namespace references them
+// and they were neither made nor used by an admission (AnnotationAdmitted)
+// within Grace: a pod being admitted right now, or just created and not yet
+// in the pod cache, keeps its template. It needs list and watch on pods and
+// on resourceclaimtemplates, and delete on the latter. Several replicas may
+// run one each: a delete is conditional on the version the sweep read, and
+// NotFound or Conflict means another replica or an admission came first.
+type Cleaner struct {
+	client    kubernetes.Interface
+	grace     time.Duration
+	now       func() time.Time
+	factories []informers.SharedInformerFactory
+	pods      cache.Indexer
+	templates resourcelisters.ResourceClaimTemplateLister
+	synced    []cache.InformerSynced
+}
+
+// NewCleaner returns a Cleaner over client's pods and Tessera's translated
+// templates. grace below MinGrace is raised to it; now nil is time.Now.
+func NewCleaner(client kubernetes.Interface, grace time.Duration, now func() time.Time) (*Cleaner, error) {
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	grace = max(grace, MinGrace)
+	if now == nil {
+		now = time.Now
+	}
+	pods := informers.NewSharedInformerFactory(client, 0)
+	podInformer := pods.Core().V1().Pods().Informer()
+	// The cache holds every pod of the cluster: keep only what the index
+	// reads.
+	if err := podInformer.SetTransform(slimPod); err != nil {
+		return nil, err
+	}
+	if err := podInformer.AddIndexers(cache.Indexers{byTemplate: templateKeys}); err != nil {
+		return nil, err
+	}
+	selector := labels.SelectorFromSet(labels.Set{legacy.LabelTranslated: "true"}).String()
+	templates := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	templateInformer := templates.Resource().V1().ResourceClaimTemplates()
+	return &Cleaner{
+		client: client, grace: grace, now: now,
+		factories: []informers.SharedInformerFactory{pods, templates},
+		pods:      podInformer.GetIndexer(),
+		templates: templateInformer.Lister(),
+		synced:    []cache.InformerSynced{podInformer.HasSynced, templateInformer.Informer().HasSynced},
+	}, nil
+}
+
+// slimPod keeps of a pod its identity and spec.resourceClaims.
+func slimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		Spec:       corev1.PodSpec{ResourceClaims: pod.Spec.ResourceClaims},
+	}, nil
+}
+
+func templateKeys(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	var keys []string
+	for _, c := range pod.Spec.ResourceClaims {
+		if c.ResourceClaimTemplateName != nil {
+			keys = append(keys, pod.Namespace+"/"+*c.ResourceClaimTemplateName)
+		}
+	}
+	return keys, nil
+}
+
+// Run starts the informers and sweeps every Grace/5 until ctx ends.
+func (c *Cleaner) Run(ctx context.Context) error {
+	if err := c.start(ctx); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx).WithName("legacy-template-cleaner")
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if _, err := c.Sweep(ctx); err != nil {
+			logger.Error(err, "Sweeping translated ResourceClaimTemplates")
+		}
+	}, c.grace/5)
+	return nil
+}
+
+// Sweep deletes, once, every translated template that no cached pod
+// references and that was last made or used more than Grace ago, and
+// returns the deleted ones' "namespace/name".
+func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
+	all, err := c.templates.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	now := c.now()
+	var deleted []string
+	var errs []error
+	for _, tmpl := range all {
+		key := tmpl.Namespace + "/" + tmpl.Name
+		if !c.unused(tmpl, now) {
+			continue
+		}
+		err := c.client.ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Delete(ctx, tmpl.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &tmpl.UID, ResourceVersion: &tmpl.ResourceVersion},
+		})
+		switch {
+		case err == nil:
+			deleted = append(deleted, key)
+			klog.FromContext(ctx).V(2).Info("Deleted an unused translated ResourceClaimTemplate", "template", key)
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			// Gone already, or marked by an admission since it was read.
+		default:
+			errs = append(errs, fmt.Errorf("delete ResourceClaimTemplate %s: %w", key, err))
+		}
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// unused reports whether tmpl is Tessera's translation, referenced by no
+// cached pod, and last made or used Grace or more before now.
+func (c *Cleaner) unused(tmpl *resourceapi.ResourceClaimTemplate, now time.Time) bool {
+	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.DeletionTimestamp != nil {
+		return false
+	}
+	if now.Sub(lastUsed(tmpl)) < c.grace {
+		return false
+	}
+	refs, err := c.pods.ByIndex(byTemplate, tmpl.Namespace+"/"+tmpl.Name)
+	return err == nil && len(refs) == 0
+}
+
+// start starts the informers and waits for their caches.
+func (c *Cleaner) start(ctx context.Context) error {
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return fmt.Errorf("the caches of pods and translated templates did not sync: %w", ctx.Err())
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package legacypods
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-dev/tessera/pkg/legacy"
+)
+
+func template(namespace, name string, created time.Time, labelled bool, marked *time.Time) *resourceapi.ResourceClaimTemplate {
+	t := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{
+		Namespace: namespace, Name: name, UID: types.UID(namespace + "-" + name), CreationTimestamp: metav1.NewTime(created),
+	}}
+	if labelled {
+		t.Labels = map[string]string{legacy.LabelTranslated: "true"}
+	}
+	if marked != nil {
+		t.Annotations = map[string]string{AnnotationAdmitted: marked.Format(time.RFC3339)}
+	}
+	return t
+}
+
+func podUsing(namespace, name, tmpl string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Annotations: map[string]string{"big": "dropped by the cache's transform"}},
+		Spec: corev1.PodSpec{
+			Containers:     []corev1.Container{{Name: "c", Image: "x"}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "tessera-gpu-0", ResourceClaimTemplateName: &tmpl}},
+		},
+	}
+}
+
+// TestCleaner: a sweep deletes exactly the translated templates that no pod
+// of their namespace references and that were made and last used more than
+// the grace period ago; once the last pod using a template goes, the next
+// sweep deletes it.
+func TestCleaner(t *testing.T) {
+	now := clock
+	old, young := now.Add(-time.Hour), now.Add(-time.Minute)
+	objects := []runtime.Object{
+		template("a", "orphan-old", old, true, nil),         // deleted
+		template("a", "orphan-young", young, true, nil),     // within the grace period
+		template("a", "orphan-marked", old, true, &young),   // used by an admission a minute ago
+		template("a", "orphan-marked-old", old, true, &old), // deleted
+		template("a", "in-use", old, true, nil),             // a pod of a uses it
+		template("b", "in-use", old, true, nil),             // the pod is in a, not b: deleted
+		template("a", "tenant", old, false, nil),            // not Tessera's
+		podUsing("a", "p", "in-use"),
+	}
+	client := fake.NewClientset(objects...)
+	c, err := NewCleaner(client, 5*time.Minute, func() time.Time { return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := c.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The cache keeps only what the index reads.
+	if cached, err := c.pods.ByIndex(byTemplate, "a/in-use"); err != nil || len(cached) != 1 || len(cached[0].(*corev1.Pod).Annotations) != 0 {
+		t.Fatalf("cached pods %v (%v): want one, without its annotations", cached, err)
+	}
+	deleted, err := c.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(deleted)
+	if want := []string{"a/orphan-marked-old", "a/orphan-old", "b/in-use"}; !slices.Equal(deleted, want) {
+		t.Errorf("deleted %v, want %v", deleted, want)
+	}
+	for _, ns := range []string{"a", "b"} {
+		list, _ := client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{})
+		for _, tmpl := range list.Items {
+			if slices.Contains(deleted, ns+"/"+tmpl.Name) {
+				t.Errorf("%s/%s still exists", ns, tmpl.Name)
+			}
+		}
+	}
+
+	// The pod goes: its template is deleted by the next sweep.
+	if err := client.CoreV1().Pods("a").Delete(ctx, "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		deleted, err = c.Sweep(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(deleted, "a/in-use") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a/in-use not deleted within 10s of its pod's deletion")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The young and recently used ones stay until the grace period passed.
+	now = now.Add(10 * time.Minute)
+	deleted, err = c.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(deleted)
+	if want := []string{"a/orphan-marked", "a/orphan-young"}; !slices.Equal(deleted, want) {
+		t.Errorf("after the grace period deleted %v, want %v", deleted, want)
+	}
+	if _, err := client.ResourceV1().ResourceClaimTemplates("a").Get(ctx, "tenant", metav1.GetOptions{}); err != nil {
+		t.Errorf("the tenant's template: %v", err)
+	}
+}
+
+// TestCleanerGraceFloor: a grace period below MinGrace is raised to it.
+func TestCleanerGraceFloor(t *testing.T) {
+	c, err := NewCleaner(fake.NewClientset(), time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.grace != MinGrace {
+		t.Errorf("grace %v, want %v", c.grace, MinGrace)
+	}
+}
