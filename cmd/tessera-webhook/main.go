@@ -21,7 +21,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/legacy"
 	"github.com/tessera-dev/tessera/pkg/webhook"
+	"github.com/tessera-dev/tessera/pkg/webhook/legacypods"
 )
 
 func main() {
@@ -36,6 +38,9 @@ func newCommand() *cobra.Command {
 	var kubeconfig string
 	var classTimeout time.Duration
 	var memoryLimit string
+	var translateLegacy bool
+	var gpushareUnit string
+	var templateGrace time.Duration
 	cmd := &cobra.Command{
 		Use:   "tessera-webhook",
 		Short: "Validating admission webhook for gpu.tessera.dev GpuConfig in ResourceClaims and ResourceClaimTemplates",
@@ -47,7 +52,11 @@ func newCommand() *cobra.Command {
 			"to refuse a claim whose sharing.isolation its class's sharing.allowedIsolations does not allow; " +
 			"a class that cannot be read lets the claim through with a warning (prepare checks it again). " +
 			"On " + webhook.MutatePath + " it expands ResourceClaims annotated gpu.tessera.dev/fraction into a share of each GPU model " +
-			"the cluster's ResourceSlices publish (list, watch on resourceslices.resource.k8s.io).",
+			"the cluster's ResourceSlices publish (list, watch on resourceslices.resource.k8s.io).\n" +
+			"With --translate-legacy-pods, on " + legacypods.Path + " it translates pods written for HAMi, gpushare, Koordinator " +
+			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), creating the ResourceClaimTemplates they use " +
+			"(create, get, patch on resourceclaimtemplates.resource.k8s.io), and deletes those templates once no pod uses them " +
+			"(list, watch on pods; list, watch, delete on resourceclaimtemplates).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -69,6 +78,24 @@ func newCommand() *cobra.Command {
 			models.Timeout = classTimeout
 			models.Start(ctx)
 			server.Models = models
+			if translateLegacy {
+				unit := legacy.MemoryUnit(gpushareUnit)
+				if unit != legacy.GiB && unit != legacy.MiB {
+					return fmt.Errorf("--gpushare-memory-unit %q: GiB or MiB", gpushareUnit)
+				}
+				client := classes.Client()
+				cleaner, err := legacypods.NewCleaner(client, templateGrace, nil)
+				if err != nil {
+					return err
+				}
+				translator := &legacypods.Translator{Client: client, Models: models, GPUShareUnit: unit, Grace: templateGrace}
+				server.Admitters = map[string]webhook.AdmitFunc{legacypods.Path: translator.Admit}
+				go func() {
+					if err := cleaner.Run(ctx); err != nil && ctx.Err() == nil {
+						klog.FromContext(ctx).Error(err, "The cleaner of translated ResourceClaimTemplates stopped")
+					}
+				}()
+			}
 			return server.Run(ctx)
 		},
 	}
@@ -90,6 +117,12 @@ func newCommand() *cobra.Command {
 	flags.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for the API server; empty: the pod's service account (in-cluster)")
 	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
 		"bound on reading a DeviceClass from the API server when the cache does not hold it; keep it below the webhook's timeoutSeconds")
+	flags.BoolVar(&translateLegacy, "translate-legacy-pods", false,
+		"serve "+legacypods.Path+": translate pods' legacy GPU resources (HAMi, gpushare, Koordinator) into ResourceClaimTemplates at CREATE, and delete those templates once unused")
+	flags.StringVar(&gpushareUnit, "gpushare-memory-unit", string(legacy.GiB),
+		"the unit of aliyun.com/gpu-mem in this cluster (gpushare's device plugin --memory-unit): GiB or MiB")
+	flags.DurationVar(&templateGrace, "legacy-template-grace", legacypods.DefaultGrace,
+		"a translated ResourceClaimTemplate that no pod uses is deleted this long after it was made or last used by an admission (at least "+legacypods.MinGrace.String()+")")
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	flags.AddGoFlagSet(klogFlags)

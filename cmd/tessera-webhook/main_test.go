@@ -23,6 +23,10 @@ func TestFlags(t *testing.T) {
 		"v":                    "2",
 		"kubeconfig":           "",
 		"device-class-timeout": (2 * time.Second).String(),
+		// Pod translation is opt-in.
+		"translate-legacy-pods": "false",
+		"gpushare-memory-unit":  "GiB",
+		"legacy-template-grace": (5 * time.Minute).String(),
 	} {
 		if got := cmd.Flags().Lookup(name).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", name, got, want)
