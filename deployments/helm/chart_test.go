@@ -112,6 +112,7 @@ var cases = []struct {
 	{name: "local", values: []string{"../../demo/clusters/local/overlay/values.yaml"}},
 	{name: "cert-manager", values: []string{"testdata/values-cert-manager.yaml"}},
 	{name: "servicemonitor", values: []string{"testdata/values-servicemonitor.yaml"}},
+	{name: "legacy-translation", values: []string{"testdata/values-legacy-translation.yaml"}},
 }
 
 func valueArgs(files []string) []string {
