@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
 )
 
 // writeCert writes a self-signed serving certificate for 127.0.0.1 with the
@@ -77,6 +79,9 @@ func TestServer(t *testing.T) {
 		KeyFile:    filepath.Join(dir, "tls.key"),
 		DrainDelay: 300 * time.Millisecond,
 		listening:  listening,
+		Admitters: map[string]AdmitFunc{"/extra": func(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+			return &admissionv1.AdmissionResponse{Allowed: true, Warnings: []string{"extra saw " + req.Name}}
+		}},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -130,6 +135,17 @@ func TestServer(t *testing.T) {
 		t.Fatalf("POST %s = %d %s", ValidatePath, resp.StatusCode, body)
 	}
 
+	// An Admitter is served on its path, behind the gate, with the UID set.
+	resp, err = client.Post(base+"/extra", "application/json", bytes.NewReader(review))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"warnings":["extra saw `)) || !bytes.Contains(body, []byte(`"uid":"`)) {
+		t.Fatalf("POST /extra = %d %s", resp.StatusCode, body)
+	}
+
 	// A rotated certificate is served without a restart.
 	second := writeCert(t, dir, "second", time.Now())
 	if code, err := get(clientFor(second), HealthzPath); err != nil || code != 200 {
@@ -159,6 +175,18 @@ func TestServer(t *testing.T) {
 	}
 	if _, err := get(clientFor(second), HealthzPath); err == nil {
 		t.Error("still serving after Run returned")
+	}
+}
+
+// TestServerRefusesTakenPath: an Admitter cannot replace a path the
+// server serves itself.
+func TestServerRefusesTakenPath(t *testing.T) {
+	dir := t.TempDir()
+	writeCert(t, dir, "c", time.Now())
+	s := &Server{Addr: "127.0.0.1:0", CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"),
+		Admitters: map[string]AdmitFunc{ValidatePath: nil}}
+	if err := s.Run(context.Background()); err == nil || !strings.Contains(err.Error(), ValidatePath) {
+		t.Fatalf("Run = %v, want an error naming %s", err, ValidatePath)
 	}
 }
 
