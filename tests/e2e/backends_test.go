@@ -45,6 +45,15 @@ const (
 // (fail when the suite installed it).
 func helmValues(t *testing.T, c *Cluster, overrides map[string]any) (restore func()) {
 	t.Helper()
+	return helmUpgradeValues(t, c, overrides, true)
+}
+
+// helmUpgradeValues is helmValues; with pluginRolls false the overrides
+// leave the plugin's pod template alone (webhook or DeviceClass values), so
+// only helm's --wait (the webhook Deployment's rollout) is waited for and the
+// caller checks that the change took effect.
+func helmUpgradeValues(t *testing.T, c *Cluster, overrides map[string]any, pluginRolls bool) (restore func()) {
+	t.Helper()
 	ctx := context.Background()
 	helm := helmBinary(t)
 	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
@@ -99,6 +108,10 @@ func helmValues(t *testing.T, c *Cluster, overrides map[string]any) (restore fun
 		"--reuse-values", "-f", overrideFile, "--wait", "--timeout", "4m").CombinedOutput()
 	if err != nil {
 		t.Fatalf("helm upgrade with %s: %v\n%s", raw, err, out)
+	}
+	if !pluginRolls {
+		t.Logf("helm upgrade with %s (%v)", raw, time.Since(start).Round(time.Second))
+		return restore
 	}
 	if err := c.waitPluginReplaced(ctx, before.UID); err != nil {
 		t.Fatalf("helm upgrade with %s: %v", raw, err)
