@@ -47,3 +47,52 @@ func BenchmarkAllocate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAllocateMIG is BenchmarkAllocate for one 1g.10gb claim on an
+// hgx-h100 node with every GPU published with dynamic MIG (about 25
+// placement devices per GPU), beside a whole-GPU claim on the same GPUs
+// published as usual, with 0 and 4 GPUs already taken (by their largest
+// placement, or whole).
+func BenchmarkAllocateMIG(b *testing.B) {
+	mig := discover(b, "hgx-h100-dynamic-mig")
+	var uuids []string
+	for _, g := range mig {
+		uuids = append(uuids, g.UUID)
+	}
+	plain := discover(b, "hgx-h100")
+	for _, taken := range []int{0, 4} {
+		for _, c := range []struct {
+			kind  string
+			node  *testNode
+			take  func(i int) *resourceapi.ResourceClaim
+			claim *resourceapi.ResourceClaim
+		}{
+			{"mig-1g", newTestNode(b, mig, WithDynamicMIG(uuids...)),
+				func(i int) *resourceapi.ResourceClaim { return migClaim(fmt.Sprintf("taken-%d", i), "7g.80gb") },
+				migClaim("new", "1g.10gb")},
+			{"whole", newTestNode(b, plain),
+				func(i int) *resourceapi.ResourceClaim { return wholeClaim(fmt.Sprintf("taken-%d", i), 1) },
+				wholeClaim("new", 1)},
+		} {
+			for i := range taken {
+				if c.node.allocate(c.take(i)) == nil {
+					b.Fatalf("%s: taking GPU %d failed", c.kind, i)
+				}
+			}
+			b.Run(fmt.Sprintf("%s/taken=%d", c.kind, taken), func(b *testing.B) {
+				alloc, err := structured.NewAllocator(context.Background(), SchedulerFeatures, c.node.state, c.node.classes, c.node.slices, c.node.cel)
+				if err != nil {
+					b.Fatalf("NewAllocator: %v", err)
+				}
+				claims := []*resourceapi.ResourceClaim{c.claim}
+				b.ReportAllocs()
+				for b.Loop() {
+					results, err := alloc.Allocate(context.Background(), c.node.node, claims)
+					if err != nil || len(results) != 1 {
+						b.Fatalf("Allocate: %v, %d results", err, len(results))
+					}
+				}
+			})
+		}
+	}
+}
