@@ -161,8 +161,9 @@ bench-podstart: tools
 		$(GO) test -tags e2e -count=1 -v -timeout 40m -run TestPodStartLatency ./tests/e2e/'
 
 ## bench-scale: kube-scheduler's pods/s and create→bound latency on SCALE_NODES kwok
-## nodes × 8 GPUs publishing Tessera's slices, per workload (hack/scale, docs/scale.md;
-## results/scale.md, .png, .json; about 25 min). Stops a running local cluster first.
+## nodes × 8 GPUs publishing Tessera's slices, per workload, then the NVIDIA-driver peer
+## and dynamic-MIG experiments on 500 nodes (hack/scale, docs/scale.md; results/scale.md,
+## .png, .json; about 40 min). Stops a running local cluster first.
 SCALE_NODES ?= 100,500,1000
 bench-scale: tools
 	$(LOCKED) bash -c '$(LOCAL)/cluster.sh down && trap "hack/scale/cluster.sh down" EXIT && \
