@@ -56,7 +56,7 @@ func newCommand() *cobra.Command {
 			"With --translate-legacy-pods, on " + legacypods.Path + " it translates pods written for HAMi, gpushare, Koordinator " +
 			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), creating the ResourceClaimTemplates they use " +
 			"(create, get, patch on resourceclaimtemplates.resource.k8s.io), and deletes those templates once no pod uses them " +
-			"(list, watch on pods; list, watch, delete on resourceclaimtemplates).",
+			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -85,7 +85,7 @@ func TestLegacyPodTranslation(t *testing.T) {
 		}
 	}
 	for _, g := range []struct{ resource, verb string }{
-		{"pods", "list"}, {"pods", "watch"},
+		{"pods", "list"}, {"pods", "watch"}, {"namespaces", "list"}, {"namespaces", "watch"},
 		{"resourceclaimtemplates", "create"}, {"resourceclaimtemplates", "get"}, {"resourceclaimtemplates", "list"},
 		{"resourceclaimtemplates", "watch"}, {"resourceclaimtemplates", "patch"}, {"resourceclaimtemplates", "delete"},
 	} {

@@ -25,8 +25,14 @@ const (
 	// Path is where the API server sends Pods to translate.
 	Path = "/mutate-pods"
 	// NamespaceLabel, set to "true" on a namespace, opts its pods in: the
-	// webhook configuration's namespaceSelector selects it.
+	// webhook configuration's namespaceSelector selects it. The Cleaner
+	// deletes templates only in namespaces that carry it.
 	NamespaceLabel = "gpu.tessera.dev/translate-legacy"
+	// LabelAdmission, "true", is set on every template the webhook creates,
+	// beside legacy.LabelTranslated. Templates that `tessera convert` wrote
+	// carry legacy.LabelTranslated alone: the Cleaner never deletes them (a
+	// CronJob's template between runs is referenced by no pod).
+	LabelAdmission = "gpu.tessera.dev/legacy-admission"
 	// AnnotationAdmitted is set on every template the webhook makes, and
 	// renewed when a later pod uses it: the time (RFC 3339) of the last
 	// admission that relied on it. The Cleaner counts its grace period from
@@ -177,6 +183,10 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 		if !dryRun {
 			tmpl := want.DeepCopy()
 			tmpl.Namespace = namespace
+			if tmpl.Labels == nil {
+				tmpl.Labels = map[string]string{}
+			}
+			tmpl.Labels[LabelAdmission] = "true"
 			tmpl.Annotations = map[string]string{AnnotationAdmitted: now.Format(time.RFC3339)}
 			_, err := api.Create(ctx, tmpl, metav1.CreateOptions{FieldManager: "tessera-webhook"})
 			if err == nil {
@@ -202,7 +212,9 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 				Message: fmt.Sprintf("the pod's legacy GPU resources translate to ResourceClaimTemplate %s/%s, and a template of that name exists that %s: "+
 					"Tessera never uses a template it did not make; delete or rename that template (docs/migration.md)", namespace, want.Name, why)}
 		}
-		if dryRun || recent(existing, now, t.grace()/2) {
+		// A template the webhook did not make (`tessera convert`'s) is
+		// never deleted by the Cleaner: it needs no mark.
+		if dryRun || existing.Labels[LabelAdmission] != "true" || recent(existing, now, t.grace()/2) {
 			return nil
 		}
 		// Mark it used now, so the Cleaner keeps it until the pod is seen.

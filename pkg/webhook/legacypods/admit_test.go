@@ -174,7 +174,7 @@ func TestTranslatesHAMiPod(t *testing.T) {
 	if diff := cmp.Diff(want.ClaimTemplates[0].Spec, tmpl.Spec); diff != "" {
 		t.Errorf("template spec (-Translate +created):\n%s", diff)
 	}
-	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.Annotations[AnnotationAdmitted] != clock.Format(time.RFC3339) {
+	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.Labels[LabelAdmission] != "true" || tmpl.Annotations[AnnotationAdmitted] != clock.Format(time.RFC3339) {
 		t.Errorf("template labels %v, annotations %v", tmpl.Labels, tmpl.Annotations)
 	}
 
@@ -261,19 +261,25 @@ func TestSquattedTemplate(t *testing.T) {
 
 // TestExistingTemplateReused: a template Tessera made for an earlier pod is
 // used; when its mark is older than half the grace period it is renewed, so
-// the Cleaner keeps it.
+// the Cleaner keeps it. One that `tessera convert` wrote (no LabelAdmission)
+// is used and never marked: the Cleaner does not delete it.
 func TestExistingTemplateReused(t *testing.T) {
 	for name, tc := range map[string]struct {
 		marked    time.Time
+		converted bool
 		wantWrite bool
 	}{
-		"marked just now": {clock.Add(-time.Minute), false},
-		"marked long ago": {clock.Add(-3 * time.Minute), true},
+		"marked just now":    {clock.Add(-time.Minute), false, false},
+		"marked long ago":    {clock.Add(-3 * time.Minute), false, true},
+		"by tessera convert": {clock.Add(-3 * time.Minute), true, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			existing := translatedTemplate(t)
 			existing.CreationTimestamp = metav1.NewTime(clock.Add(-time.Hour))
 			existing.Annotations = map[string]string{AnnotationAdmitted: tc.marked.Format(time.RFC3339)}
+			if !tc.converted {
+				existing.Labels[LabelAdmission] = "true"
+			}
 			tr, client := translator(&existing)
 			resp := review(t, tr, podJSON(t, hamiPod), false)
 			if !resp.Allowed || resp.Patch == nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -21,26 +22,33 @@ import (
 	"github.com/tessera-dev/tessera/pkg/legacy"
 )
 
+// webhookMade selects the templates the Translator made.
+var webhookMade = labels.SelectorFromSet(labels.Set{legacy.LabelTranslated: "true", LabelAdmission: "true"})
+
 // byTemplate indexes pods by "namespace/template" for each
 // ResourceClaimTemplate their spec.resourceClaims name.
 const byTemplate = "template"
 
-// Cleaner deletes the ResourceClaimTemplates the Translator made
-// (legacy.LabelTranslated) once no pod of their namespace references them
-// and they were neither made nor used by an admission (AnnotationAdmitted)
-// within Grace: a pod being admitted right now, or just created and not yet
-// in the pod cache, keeps its template. It needs list and watch on pods and
-// on resourceclaimtemplates, and delete on the latter. Several replicas may
-// run one each: a delete is conditional on the version the sweep read, and
+// Cleaner deletes the ResourceClaimTemplates the Translator made (both
+// legacy.LabelTranslated and LabelAdmission), in namespaces that opted in
+// (NamespaceLabel), once no pod of their namespace references them and they
+// were neither made nor used by an admission (AnnotationAdmitted) within
+// Grace: a pod being admitted right now, or just created and not yet in the
+// pod cache, keeps its template. Templates that `tessera convert` wrote lack
+// LabelAdmission and are never deleted, nor is anything in a namespace
+// without the opt-in label. It needs list and watch on pods, namespaces and
+// resourceclaimtemplates, and delete on the latter. Several replicas may run
+// one each: a delete is conditional on the version the sweep read, and
 // NotFound or Conflict means another replica or an admission came first.
 type Cleaner struct {
-	client    kubernetes.Interface
-	grace     time.Duration
-	now       func() time.Time
-	factories []informers.SharedInformerFactory
-	pods      cache.Indexer
-	templates resourcelisters.ResourceClaimTemplateLister
-	synced    []cache.InformerSynced
+	client     kubernetes.Interface
+	grace      time.Duration
+	now        func() time.Time
+	factories  []informers.SharedInformerFactory
+	pods       cache.Indexer
+	templates  resourcelisters.ResourceClaimTemplateLister
+	namespaces corelisters.NamespaceLister
+	synced     []cache.InformerSynced
 }
 
 // NewCleaner returns a Cleaner over client's pods and Tessera's translated
@@ -63,16 +71,24 @@ func NewCleaner(client kubernetes.Interface, grace time.Duration, now func() tim
 	if err := podInformer.AddIndexers(cache.Indexers{byTemplate: templateKeys}); err != nil {
 		return nil, err
 	}
-	selector := labels.SelectorFromSet(labels.Set{legacy.LabelTranslated: "true"}).String()
+	selector := webhookMade.String()
 	templates := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	templateInformer := templates.Resource().V1().ResourceClaimTemplates()
+	// Only the namespaces that opted in: one that drops the label leaves the
+	// cache, and its templates stay.
+	optedIn := labels.SelectorFromSet(labels.Set{NamespaceLabel: "true"}).String()
+	namespaces := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = optedIn }))
+	namespaceInformer := namespaces.Core().V1().Namespaces()
 	return &Cleaner{
 		client: client, grace: grace, now: now,
-		factories: []informers.SharedInformerFactory{pods, templates},
-		pods:      podInformer.GetIndexer(),
-		templates: templateInformer.Lister(),
-		synced:    []cache.InformerSynced{podInformer.HasSynced, templateInformer.Informer().HasSynced},
+		factories:  []informers.SharedInformerFactory{pods, templates, namespaces},
+		pods:       podInformer.GetIndexer(),
+		templates:  templateInformer.Lister(),
+		namespaces: namespaceInformer.Lister(),
+		synced: []cache.InformerSynced{podInformer.HasSynced, templateInformer.Informer().HasSynced,
+			namespaceInformer.Informer().HasSynced},
 	}, nil
 }
 
@@ -116,8 +132,9 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	return nil
 }
 
-// Sweep deletes, once, every translated template that no cached pod
-// references and that was last made or used more than Grace ago, and
+// Sweep deletes, once, every template the Translator made in a namespace
+// that opted in that no cached pod references and that was last made or
+// used more than Grace ago, and
 // returns the deleted ones' "namespace/name".
 func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
 	all, err := c.templates.List(labels.Everything())
@@ -148,10 +165,14 @@ func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
 	return deleted, errors.Join(errs...)
 }
 
-// unused reports whether tmpl is Tessera's translation, referenced by no
-// cached pod, and last made or used Grace or more before now.
+// unused reports whether tmpl is a template the Translator made, in a
+// namespace that opted in, referenced by no cached pod, and last made or
+// used Grace or more before now.
 func (c *Cleaner) unused(tmpl *resourceapi.ResourceClaimTemplate, now time.Time) bool {
-	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.DeletionTimestamp != nil {
+	if !webhookMade.Matches(labels.Set(tmpl.Labels)) || tmpl.DeletionTimestamp != nil {
+		return false
+	}
+	if ns, err := c.namespaces.Get(tmpl.Namespace); err != nil || ns.Labels[NamespaceLabel] != "true" {
 		return false
 	}
 	if now.Sub(lastUsed(tmpl)) < c.grace {
@@ -167,7 +188,7 @@ func (c *Cleaner) start(ctx context.Context) error {
 		f.Start(ctx.Done())
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("the caches of pods and translated templates did not sync: %w", ctx.Err())
+		return fmt.Errorf("the caches of pods, translated templates and opted-in namespaces did not sync: %w", ctx.Err())
 	}
 	return nil
 }

@@ -21,12 +21,28 @@ func template(namespace, name string, created time.Time, labelled bool, marked *
 		Namespace: namespace, Name: name, UID: types.UID(namespace + "-" + name), CreationTimestamp: metav1.NewTime(created),
 	}}
 	if labelled {
-		t.Labels = map[string]string{legacy.LabelTranslated: "true"}
+		t.Labels = map[string]string{legacy.LabelTranslated: "true", LabelAdmission: "true"}
 	}
 	if marked != nil {
 		t.Annotations = map[string]string{AnnotationAdmitted: marked.Format(time.RFC3339)}
 	}
 	return t
+}
+
+// converted is a template as `tessera convert` writes it: Tessera's
+// translation label without the webhook's.
+func converted(namespace, name string, created time.Time) *resourceapi.ResourceClaimTemplate {
+	t := template(namespace, name, created, false, nil)
+	t.Labels = map[string]string{legacy.LabelTranslated: "true", legacy.LabelManagedBy: "tessera"}
+	return t
+}
+
+func namespace(name string, optedIn bool) *corev1.Namespace {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if optedIn {
+		ns.Labels = map[string]string{NamespaceLabel: "true"}
+	}
+	return ns
 }
 
 func podUsing(namespace, name, tmpl string) *corev1.Pod {
@@ -39,10 +55,11 @@ func podUsing(namespace, name, tmpl string) *corev1.Pod {
 	}
 }
 
-// TestCleaner: a sweep deletes exactly the translated templates that no pod
-// of their namespace references and that were made and last used more than
-// the grace period ago; once the last pod using a template goes, the next
-// sweep deletes it.
+// TestCleaner: a sweep deletes exactly the templates the webhook made in
+// namespaces that opted in that no pod of their namespace references and
+// that were made and last used more than the grace period ago; once the last
+// pod using a template goes, the next sweep deletes it. Templates `tessera
+// convert` wrote, and templates in namespaces without the opt-in label, stay.
 func TestCleaner(t *testing.T) {
 	now := clock
 	old, young := now.Add(-time.Hour), now.Add(-time.Minute)
@@ -54,6 +71,10 @@ func TestCleaner(t *testing.T) {
 		template("a", "in-use", old, true, nil),             // a pod of a uses it
 		template("b", "in-use", old, true, nil),             // the pod is in a, not b: deleted
 		template("a", "tenant", old, false, nil),            // not Tessera's
+		converted("a", "gitops", old),                       // tessera convert's (a CronJob's between runs)
+		template("c", "orphan-old", old, true, nil),         // c did not opt in
+		template("gone", "orphan-old", old, true, nil),      // no such namespace
+		namespace("a", true), namespace("b", true), namespace("c", false),
 		podUsing("a", "p", "in-use"),
 	}
 	client := fake.NewClientset(objects...)
@@ -115,8 +136,10 @@ func TestCleaner(t *testing.T) {
 	if want := []string{"a/orphan-marked", "a/orphan-young"}; !slices.Equal(deleted, want) {
 		t.Errorf("after the grace period deleted %v, want %v", deleted, want)
 	}
-	if _, err := client.ResourceV1().ResourceClaimTemplates("a").Get(ctx, "tenant", metav1.GetOptions{}); err != nil {
-		t.Errorf("the tenant's template: %v", err)
+	for _, key := range [][2]string{{"a", "tenant"}, {"a", "gitops"}, {"c", "orphan-old"}, {"gone", "orphan-old"}} {
+		if _, err := client.ResourceV1().ResourceClaimTemplates(key[0]).Get(ctx, key[1], metav1.GetOptions{}); err != nil {
+			t.Errorf("template %s/%s: %v", key[0], key[1], err)
+		}
 	}
 }
 

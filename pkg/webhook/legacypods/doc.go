@@ -9,11 +9,12 @@
 // namespace before answering (nothing on a dry run), and the answer is a
 // JSONPatch that makes the pod what Translate returned. A template of the
 // same name that Tessera did not make, or whose spec differs, is never used:
-// the pod is refused, naming it. [Cleaner] deletes templates labelled
-// legacy.LabelTranslated that no pod of their namespace references once
+// the pod is refused, naming it. [Cleaner] deletes templates the webhook
+// made (legacy.LabelTranslated and LabelAdmission), in namespaces that
+// opted in (NamespaceLabel), that no pod of their namespace references once
 // they are older than a grace period (and were not used by an admission
 // since), so a template whose pod a later admission step rejected does not
-// stay.
+// stay; `tessera convert`'s templates lack LabelAdmission and stay.
 //
 // It is its own package because pkg/legacy imports pkg/webhook (its
 // templates pass webhook.ValidateDeviceClaim).
