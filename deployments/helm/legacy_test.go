@@ -9,8 +9,8 @@ import (
 	"github.com/tessera-dev/tessera/pkg/legacy"
 )
 
-// TestNvidiaGPUClass: the class serving nvidia.com/gpu is opt-in (it
-// competes with NVIDIA's device plugin), and when on it is
+// TestNvidiaGPUClass: the class serving nvidia.com/gpu is opt-in (one
+// class serves the name cluster-wide), and when on it is
 // pkg/legacy.DeviceClass(), which pkg/legacy's translation relies on.
 func TestNvidiaGPUClass(t *testing.T) {
 	for _, tc := range cases {

@@ -14,10 +14,11 @@ const DeviceClassName = "nvidia-gpu." + driverName
 // nvidia.com/gpu: with it, the scheduler turns a container's
 // nvidia.com/gpu: N into a claim for N whole Tessera GPUs (DRA extended
 // resources), and ResourceQuotas on requests.nvidia.com/gpu count them. It
-// selects what the class gpu.tessera.dev selects. It competes with NVIDIA's
-// device plugin for the same name: install it only where the device plugin
-// does not run (deployments/deviceclass-nvidia-gpu.yaml is this object, and
-// the chart renders it with deviceClasses.nvidiaGPU.create).
+// selects what the class gpu.tessera.dev selects. Only one DeviceClass may
+// serve nvidia.com/gpu (NVIDIA's DRA driver makes another); nodes whose
+// allocatable has nvidia.com/gpu (a device plugin) are served by it instead
+// (deployments/deviceclass-nvidia-gpu.yaml is this object, and the chart
+// renders it with deviceClasses.nvidiaGPU.create; docs/migration.md).
 func DeviceClass() resourceapi.DeviceClass {
 	return resourceapi.DeviceClass{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "DeviceClass"},
