@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
+	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -93,7 +95,9 @@ var podKind = metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}
 //     pod's namespace (created, or already there with an equal spec and
 //     Tessera's label; on a dry run only read), and answers with the
 //     JSONPatch from the pod to Translate's rewrite. A template of that name
-//     that is not Tessera's, or differs, refuses the pod (403), naming it.
+//     that is not Tessera's, or differs, refuses the pod (403), naming it;
+//     one the API server stored without fields Translate set (a feature
+//     gate off) is deleted and refuses the pod (500), naming the fields.
 //
 // Other kinds, operations and subresources are allowed unchanged.
 // Translating a translated pod changes nothing, so a second call is a no-op.
@@ -188,9 +192,9 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 			}
 			tmpl.Labels[LabelAdmission] = "true"
 			tmpl.Annotations = map[string]string{AnnotationAdmitted: now.Format(time.RFC3339)}
-			_, err := api.Create(ctx, tmpl, metav1.CreateOptions{FieldManager: "tessera-webhook"})
+			created, err := api.Create(ctx, tmpl, metav1.CreateOptions{FieldManager: "tessera-webhook"})
 			if err == nil {
-				return nil
+				return t.checkCreated(ctx, namespace, created, want)
 			}
 			if !apierrors.IsAlreadyExists(err) {
 				return internal("create", err)
@@ -236,6 +240,80 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 		}
 	}
 	return internal("keep", fmt.Errorf("it was deleted or changed %d times while the pod was admitted", attempts))
+}
+
+// checkCreated compares the template the API server stored with want. An
+// API server drops the fields of a disabled feature gate silently; a pod
+// admitted with such a template would get a weaker claim (no capacity: a
+// whole GPU's worth of a share), and every later pod would be refused by
+// foreign. So a template that lost fields is deleted again (only the version
+// created) and the pod is refused, naming the fields. It returns the
+// denial, or nil.
+func (t *Translator) checkCreated(ctx context.Context, namespace string, created, want *resourceapi.ResourceClaimTemplate) *metav1.Status {
+	if equality.Semantic.DeepEqual(created.Spec, want.Spec) {
+		return nil
+	}
+	lost := missingFields(want.Spec, created.Spec, field.NewPath("spec"))
+	what := "changed the spec"
+	if len(lost) > 0 {
+		what = "dropped " + strings.Join(lost, ", ")
+	}
+	msg := fmt.Sprintf("the API server %s of ResourceClaimTemplate %s/%s when the webhook created it for the pod's legacy GPU resources: "+
+		"a feature gate the translation needs is probably off on the API server (assumed: capacity and distinctAttribute need "+
+		"DRAConsumableCapacity, firstAvailable DRAPrioritizedList); the pod is refused rather than given a weaker claim (docs/migration.md)",
+		what, namespace, want.Name)
+	err := t.Client.ResourceV1().ResourceClaimTemplates(namespace).Delete(ctx, created.Name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{UID: &created.UID, ResourceVersion: &created.ResourceVersion},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		msg += fmt.Sprintf("; deleting the template failed (%v): the webhook's cleanup deletes it later", err)
+	}
+	return &metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
+		Details: &metav1.StatusDetails{Name: want.Name, Group: resourceapi.GroupName, Kind: "resourceclaimtemplates"}, Message: msg}
+}
+
+// missingFields lists the JSON paths under path that want sets and got
+// lacks (an object key absent, or a list shorter); fields only got has
+// (defaults) are ignored.
+func missingFields(want, got any, path *field.Path) []string {
+	var w, g any
+	if raw, err := json.Marshal(want); err == nil {
+		_ = json.Unmarshal(raw, &w)
+	}
+	if raw, err := json.Marshal(got); err == nil {
+		_ = json.Unmarshal(raw, &g)
+	}
+	var out []string
+	var walk func(w, g any, path *field.Path)
+	walk = func(w, g any, path *field.Path) {
+		switch w := w.(type) {
+		case map[string]any:
+			gm, _ := g.(map[string]any)
+			keys := make([]string, 0, len(w))
+			for k := range w {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				if gv, ok := gm[k]; ok {
+					walk(w[k], gv, path.Child(k))
+				} else {
+					out = append(out, path.Child(k).String())
+				}
+			}
+		case []any:
+			gl, _ := g.([]any)
+			for i := range w {
+				if i < len(gl) {
+					walk(w[i], gl[i], path.Index(i))
+				} else {
+					out = append(out, path.Index(i).String())
+				}
+			}
+		}
+	}
+	walk(w, g, path)
+	return out
 }
 
 // foreign says why existing is not the template want, or "" when it is:

@@ -18,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
@@ -364,5 +366,48 @@ func TestPatchKeepsUnknownFields(t *testing.T) {
 	out := string(apply(t, raw, resp))
 	if !strings.Contains(out, `"futureField":"kept"`) || !strings.Contains(out, `"futureSpecField":1`) {
 		t.Errorf("unknown fields lost: %s", out)
+	}
+}
+
+// TestDroppedFieldsRefused: an API server whose feature gate is off drops
+// the template's capacity when it stores it (a reactor does so here); the
+// webhook deletes that template and refuses the pod, naming the field,
+// instead of admitting it with a weaker claim.
+func TestDroppedFieldsRefused(t *testing.T) {
+	tr, client := translator()
+	client.PrependReactor("create", "resourceclaimtemplates", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		tmpl := action.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceClaimTemplate).DeepCopy()
+		tmpl.UID = "dropped"
+		for i := range tmpl.Spec.Spec.Devices.Requests {
+			if r := tmpl.Spec.Spec.Devices.Requests[i].Exactly; r != nil {
+				r.Capacity = nil
+			}
+		}
+		if err := client.Tracker().Create(resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates"), tmpl, tmpl.Namespace); err != nil {
+			return true, nil, err
+		}
+		return true, tmpl, nil
+	})
+	resp := review(t, tr, podJSON(t, hamiPod), false)
+	if resp.Allowed || resp.Patch != nil {
+		t.Fatalf("allowed with a template that lost its capacity: %+v", resp)
+	}
+	const lost = "spec.spec.devices.requests[0].exactly.capacity"
+	if !strings.Contains(resp.Result.Message, "dropped "+lost) || !strings.Contains(resp.Result.Message, "feature gate") {
+		t.Errorf("denial %q: want it to name %s and a feature gate", resp.Result.Message, lost)
+	}
+	list, err := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(list.Items) != 0 {
+		t.Errorf("templates left %v (%v): want the weakened one deleted", list, err)
+	}
+}
+
+// TestMissingFields: the paths want sets and got lacks; defaults only got
+// has are not reported.
+func TestMissingFields(t *testing.T) {
+	want := map[string]any{"a": map[string]any{"b": 1, "c": []any{1, 2}}, "d": "x"}
+	got := map[string]any{"a": map[string]any{"c": []any{1}, "e": "default"}, "d": "x"}
+	if diff := cmp.Diff([]string{"spec.a.b", "spec.a.c[1]"}, missingFields(want, got, field.NewPath("spec"))); diff != "" {
+		t.Errorf("missingFields (-want +got):\n%s", diff)
 	}
 }
