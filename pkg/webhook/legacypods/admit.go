@@ -169,8 +169,9 @@ func podName(req *admissionv1.AdmissionRequest) string {
 	return req.Namespace + "/" + meta.Metadata.GenerateName + "*"
 }
 
-// attempts bounds the create/read rounds for one template: each round that
-// fails does so because the Cleaner deleted the template in between.
+// attempts bounds the read/create rounds for one template: a round fails
+// when another admission created the template, or the Cleaner deleted it,
+// between the read and the write.
 const attempts = 3
 
 // ensure makes sure want exists in namespace, Tessera's and equal, and
@@ -184,7 +185,13 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 			Message: fmt.Sprintf("%s ResourceClaimTemplate %s/%s for the pod's legacy GPU resources: %v", what, namespace, want.Name, err)}
 	}
 	for range attempts {
-		if !dryRun {
+		// Read first: the pods of one workload share a template, and all
+		// but the first find it (no failing create each).
+		existing, err := api.Get(ctx, want.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			if dryRun {
+				return nil
+			}
 			tmpl := want.DeepCopy()
 			tmpl.Namespace = namespace
 			if tmpl.Labels == nil {
@@ -199,13 +206,7 @@ func (t *Translator) ensure(ctx context.Context, namespace string, want *resourc
 			if !apierrors.IsAlreadyExists(err) {
 				return internal("create", err)
 			}
-		}
-		existing, err := api.Get(ctx, want.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			if dryRun {
-				return nil
-			}
-			continue // deleted by the Cleaner since the create: create it again
+			continue // created by another admission since the read: read it
 		}
 		if err != nil {
 			return internal("read", err)

@@ -15,6 +15,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -251,10 +252,8 @@ func TestSquattedTemplate(t *testing.T) {
 				if !strings.Contains(msg, "team/"+tc.squat.Name) || !strings.Contains(msg, tc.why) || resp.Result.Code != 403 {
 					t.Errorf("denial %d %q: want 403 naming team/%s and %q", resp.Result.Code, msg, tc.squat.Name, tc.why)
 				}
-				for _, w := range writes(client) {
-					if w != "create resourceclaimtemplates" { // the refused create
-						t.Errorf("wrote %s", w)
-					}
+				if w := writes(client); len(w) != 0 {
+					t.Errorf("wrote %v", w)
 				}
 			})
 		}
@@ -287,9 +286,12 @@ func TestExistingTemplateReused(t *testing.T) {
 			if !resp.Allowed || resp.Patch == nil {
 				t.Fatalf("%+v: want allowed with a patch", resp)
 			}
-			patched := strings.Contains(strings.Join(writes(client), ","), "patch resourceclaimtemplates")
-			if patched != tc.wantWrite {
-				t.Errorf("writes %v; want a patch of the mark: %v", writes(client), tc.wantWrite)
+			wantWrites := []string(nil) // read, not created again
+			if tc.wantWrite {
+				wantWrites = []string{"patch resourceclaimtemplates"}
+			}
+			if diff := cmp.Diff(wantWrites, writes(client)); diff != "" {
+				t.Errorf("writes (-want +got):\n%s", diff)
 			}
 			got, _ := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), existing.Name, metav1.GetOptions{})
 			want := tc.marked
@@ -409,5 +411,37 @@ func TestMissingFields(t *testing.T) {
 	got := map[string]any{"a": map[string]any{"c": []any{1}, "e": "default"}, "d": "x"}
 	if diff := cmp.Diff([]string{"spec.a.b", "spec.a.c[1]"}, missingFields(want, got, field.NewPath("spec"))); diff != "" {
 		t.Errorf("missingFields (-want +got):\n%s", diff)
+	}
+}
+
+// TestCreateRace: another admission creates the template between this
+// one's read and create; the create's AlreadyExists leads to a second read,
+// and the pod is admitted with that template.
+func TestCreateRace(t *testing.T) {
+	tr, client := translator()
+	other := translatedTemplate(t)
+	other.Labels[LabelAdmission] = "true"
+	other.Annotations = map[string]string{AnnotationAdmitted: clock.Format(time.RFC3339)}
+	gets := 0
+	client.PrependReactor("get", "resourceclaimtemplates", func(k8stesting.Action) (bool, runtime.Object, error) {
+		gets++
+		if gets == 1 {
+			// The first read misses; the other admission's create lands.
+			if err := client.Tracker().Create(resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates"), &other, "team"); err != nil {
+				t.Error(err)
+			}
+			return true, nil, apierrors.NewNotFound(resourceapi.Resource("resourceclaimtemplates"), other.Name)
+		}
+		return false, nil, nil
+	})
+	resp := review(t, tr, podJSON(t, hamiPod), false)
+	if !resp.Allowed || resp.Patch == nil {
+		t.Fatalf("%+v: want allowed with a patch", resp)
+	}
+	if gets != 2 {
+		t.Errorf("%d reads, want 2 (before and after the refused create)", gets)
+	}
+	if diff := cmp.Diff([]string{"create resourceclaimtemplates"}, writes(client)); diff != "" {
+		t.Errorf("writes (-want +got):\n%s", diff)
 	}
 }
