@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/cel"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
@@ -211,5 +212,40 @@ func TestLegacyTranslationSchema(t *testing.T) {
 		if err == nil || !strings.Contains(out, want) {
 			t.Errorf("--set %s: %v, want a refusal naming %s\n%.400s", set, err, want, out)
 		}
+	}
+}
+
+// TestLegacyPodNamespaceSelector: the translation entry selects namespaces
+// that carry the opt-in label AND match webhook.namespaceSelector (its
+// matchLabels and matchExpressions); a selector that sets the opt-in label
+// to another value is refused.
+func TestLegacyPodNamespaceSelector(t *testing.T) {
+	w := legacyPodsWebhook(t, "--set", "webhook.legacyTranslation.enabled=true", "--set", "webhook.namespaceSelector.matchLabels.team=gpu",
+		"--set", "webhook.namespaceSelector.matchExpressions[0].key=tier", "--set", "webhook.namespaceSelector.matchExpressions[0].operator=NotIn",
+		"--set", "webhook.namespaceSelector.matchExpressions[0].values[0]=system")
+	if w == nil || w.NamespaceSelector == nil {
+		t.Fatal("no legacy-pods webhook or no namespaceSelector")
+	}
+	sel, err := metav1.LabelSelectorAsSelector(w.NamespaceSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		labels labels.Set
+		want   bool
+	}{
+		{labels.Set{legacypods.NamespaceLabel: "true", "team": "gpu"}, true},
+		{labels.Set{legacypods.NamespaceLabel: "true", "team": "gpu", "tier": "system"}, false},
+		{labels.Set{legacypods.NamespaceLabel: "true"}, false},
+		{labels.Set{"team": "gpu"}, false},
+	} {
+		if got := sel.Matches(tc.labels); got != tc.want {
+			t.Errorf("namespace labels %v: selected %v, want %v (selector %s)", tc.labels, got, tc.want, sel)
+		}
+	}
+	out, err := helm(t, "template", "tessera", chartDir, "--namespace", "tessera", "--kube-version", kubeVersion,
+		"--set", "webhook.legacyTranslation.enabled=true", "--set-string", `webhook.namespaceSelector.matchLabels.gpu\.tessera\.dev/translate-legacy=false`)
+	if err == nil || !strings.Contains(out, "gpu.tessera.dev/translate-legacy to other than") {
+		t.Errorf("a selector excluding the opt-in label rendered (%v):\n%.300s", err, out)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/legacy"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -134,6 +135,11 @@ func (t *Translator) Admit(ctx context.Context, req *admissionv1.AdmissionReques
 	if !out.Changed {
 		return resp
 	}
+	if len(opts.Models) == 0 {
+		if errs := unsizedFractions(&out, modelsErr); len(errs) > 0 {
+			return deny(webhook.Denial(req, errs))
+		}
+	}
 	patch, err := podPatch(&pod, &out.Template)
 	if err == nil {
 		err = checkPatch(req.Object.Raw, patch, &out.Template)
@@ -153,6 +159,53 @@ func (t *Translator) Admit(ctx context.Context, req *admissionv1.AdmissionReques
 	klog.FromContext(ctx).V(4).Info("Translated legacy GPU resources", "namespace", req.Namespace, "name", podName(req),
 		"templates", len(out.ClaimTemplates), "dryRun", dryRun)
 	return resp
+}
+
+// unsizedFractions refuses, on each container that uses it, a template
+// that asks for a percentage of a GPU (fraction.Annotation: HAMi's
+// gpumem-percentage, Koordinator's gpu-memory-ratio or gpu) when no GPU
+// model is known: the fraction webhook sizes such a claim per model when the
+// claim is created, and with none it refuses the claim, which would leave
+// the admitted pod pending without a word. modelsErr, when the models could
+// not be read, is named.
+func unsizedFractions(out *legacy.Translation, modelsErr error) field.ErrorList {
+	fractions := map[string]bool{} // pod claim names whose template is a fraction
+	for i := range out.ClaimTemplates {
+		tmpl := &out.ClaimTemplates[i]
+		if _, ok := tmpl.Spec.Annotations[fraction.Annotation]; !ok {
+			continue
+		}
+		for _, c := range out.Template.Spec.ResourceClaims {
+			if c.ResourceClaimTemplateName != nil && *c.ResourceClaimTemplateName == tmpl.Name {
+				fractions[c.Name] = true
+			}
+		}
+	}
+	if len(fractions) == 0 {
+		return nil
+	}
+	why := "no node publishes Tessera's shared devices yet, so no GPU model is known"
+	if modelsErr != nil {
+		why = fmt.Sprintf("the cluster's GPU models could not be read (%v)", modelsErr)
+	}
+	msg := "asks for a percentage of a GPU's memory (HAMi nvidia.com/gpumem-percentage, Koordinator gpu-memory-ratio or gpu), " +
+		"which is sized per GPU model when the claim is created, and " + why + ": the claim would be refused and the pod never start; " +
+		"create the pod once the kubelet plugin runs on a GPU node, or ask for memory in MiB (nvidia.com/gpumem)"
+	var errs field.ErrorList
+	for _, list := range []struct {
+		path       *field.Path
+		containers []corev1.Container
+	}{{field.NewPath("spec", "initContainers"), out.Template.Spec.InitContainers}, {field.NewPath("spec", "containers"), out.Template.Spec.Containers}} {
+		for i, c := range list.containers {
+			for _, claim := range c.Resources.Claims {
+				if fractions[claim.Name] {
+					errs = append(errs, field.Forbidden(list.path.Index(i).Child("resources"), msg))
+					break
+				}
+			}
+		}
+	}
+	return errs
 }
 
 // podName is the pod's name, or its generateName with "*".

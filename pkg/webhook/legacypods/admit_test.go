@@ -445,3 +445,32 @@ func TestCreateRace(t *testing.T) {
 		t.Errorf("writes (-want +got):\n%s", diff)
 	}
 }
+
+// TestFractionWithoutModels: with no GPU model known (no node publishes
+// slices), a pod asking for a percentage of a GPU's memory is refused,
+// naming its container, and nothing is created; a share in MiB needs no
+// model and is admitted; with a model the percentage is admitted.
+func TestFractionWithoutModels(t *testing.T) {
+	tr, client := translator()
+	tr.Models = models{}
+	percent := strings.Replace(strings.Replace(hamiPod, "nvidia.com/gpumem: 3000", "nvidia.com/gpumem-percentage: 50", 1), "nvidia.com/gpucores: 30", "cpu: \"1\"", 1)
+	percent = strings.Replace(percent, "        cpu: \"1\"\n        nvidia.com/gpu: 1\n", "        nvidia.com/gpu: 1\n", 1)
+	resp := review(t, tr, podJSON(t, percent), false)
+	if resp.Allowed {
+		t.Fatalf("a percentage of memory admitted without GPU models: %+v", resp)
+	}
+	const field = "spec.containers[0].resources"
+	if !strings.Contains(resp.Result.Message, field) || !strings.Contains(resp.Result.Message, "no GPU model is known") {
+		t.Errorf("denial %q: want %s and the reason", resp.Result.Message, field)
+	}
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("wrote %v", w)
+	}
+	if resp := review(t, tr, podJSON(t, hamiPod), false); !resp.Allowed {
+		t.Errorf("a share in MiB refused without models: %v", resp.Result)
+	}
+	tr.Models = h100
+	if resp := review(t, tr, podJSON(t, percent), false); !resp.Allowed {
+		t.Errorf("with a model: %v", resp.Result)
+	}
+}
