@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -90,11 +91,7 @@ func newCommand() *cobra.Command {
 				}
 				translator := &legacypods.Translator{Client: client, Models: models, GPUShareUnit: unit, Grace: templateGrace}
 				server.Admitters = map[string]webhook.AdmitFunc{legacypods.Path: translator.Admit}
-				go func() {
-					if err := cleaner.Run(ctx); err != nil && ctx.Err() == nil {
-						klog.FromContext(ctx).Error(err, "The cleaner of translated ResourceClaimTemplates stopped")
-					}
-				}()
+				return serveWith(ctx, server.Run, cleaner.Run, "the cleaner of translated ResourceClaimTemplates")
 			}
 			return server.Run(ctx)
 		},
@@ -128,6 +125,31 @@ func newCommand() *cobra.Command {
 	flags.AddGoFlagSet(klogFlags)
 	cmd.AddCommand(newLocalityCommand())
 	return cmd
+}
+
+// serveWith runs serve and, beside it, background (named what). When
+// background fails before ctx ends, serve is stopped (its context
+// cancelled: it drains as on SIGTERM) and the failure is returned, so the
+// process exits non-zero and the pod restarts, visibly, rather than serving
+// on without it.
+func serveWith(ctx context.Context, serve, background func(context.Context) error, what string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	failed := make(chan error, 1)
+	go func() {
+		if err := background(ctx); err != nil && ctx.Err() == nil {
+			klog.FromContext(ctx).Error(err, "Stopping: a background task failed", "task", what)
+			failed <- fmt.Errorf("%s stopped: %w", what, err)
+			cancel()
+		}
+	}()
+	err := serve(ctx)
+	select {
+	case bgErr := <-failed:
+		return errors.Join(bgErr, err)
+	default:
+		return err
+	}
 }
 
 // setMemoryLimit sets the Go runtime's soft memory limit (what GOMEMLIMIT

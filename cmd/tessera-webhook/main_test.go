@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -120,5 +121,21 @@ func TestMemoryLimit(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "")
 	if err := setMemoryLimit(ctx, "lots"); err == nil || !strings.Contains(err.Error(), "--memory-limit") {
 		t.Errorf("setMemoryLimit(lots) = %v, want an error naming --memory-limit", err)
+	}
+}
+
+// TestServeWithBackgroundFailure: a background task that fails stops the
+// server and its error is returned (the process exits non-zero); one that
+// ends with the context is no error.
+func TestServeWithBackgroundFailure(t *testing.T) {
+	serve := func(ctx context.Context) error { <-ctx.Done(); return nil }
+	err := serveWith(context.Background(), serve, func(context.Context) error { return errors.New("caches did not sync") }, "the cleaner")
+	if err == nil || !strings.Contains(err.Error(), "the cleaner stopped: caches did not sync") {
+		t.Errorf("serveWith: %v, want the cleaner's failure", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	if err := serveWith(ctx, serve, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, "the cleaner"); err != nil {
+		t.Errorf("serveWith after SIGTERM: %v, want nil", err)
 	}
 }

@@ -118,9 +118,22 @@ func templateKeys(obj any) ([]string, error) {
 	return keys, nil
 }
 
-// Run starts the informers and sweeps every Grace/5 until ctx ends.
+// SyncTimeout bounds how long Run waits for its caches: a webhook whose
+// RBAC lacks pods or namespaces never syncs, and Run then fails instead of
+// waiting silently.
+const SyncTimeout = 2 * time.Minute
+
+// Run starts the informers and sweeps every Grace/5 until ctx ends. It
+// returns an error when the caches do not sync within SyncTimeout.
 func (c *Cleaner) Run(ctx context.Context) error {
-	if err := c.start(ctx); err != nil {
+	return c.run(ctx, SyncTimeout)
+}
+
+func (c *Cleaner) run(ctx context.Context, syncTimeout time.Duration) error {
+	syncCtx, cancel := context.WithTimeout(ctx, syncTimeout)
+	err := c.start(syncCtx, ctx.Done())
+	cancel()
+	if err != nil {
 		return err
 	}
 	logger := klog.FromContext(ctx).WithName("legacy-template-cleaner")
@@ -133,8 +146,9 @@ func (c *Cleaner) Run(ctx context.Context) error {
 }
 
 // Sweep deletes, once, every template the Translator made in a namespace
-// that opted in that no cached pod references and that was last made or
-// used more than Grace ago, and
+// that opted in that no pod references (neither a cached pod nor one the
+// API server lists for that namespace right before) and that was last made
+// or used more than Grace ago, and
 // returns the deleted ones' "namespace/name".
 func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
 	all, err := c.templates.List(labels.Everything())
@@ -144,9 +158,25 @@ func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
 	now := c.now()
 	var deleted []string
 	var errs []error
+	live := map[string]map[string]bool{} // namespace: templates its pods reference, listed now
 	for _, tmpl := range all {
 		key := tmpl.Namespace + "/" + tmpl.Name
 		if !c.unused(tmpl, now) {
+			continue
+		}
+		// The cache may not hold a pod created just now (a watch gap): ask
+		// the API server for the namespace's pods before deleting.
+		refs, ok := live[tmpl.Namespace]
+		if !ok {
+			var err error
+			if refs, err = c.referenced(ctx, tmpl.Namespace); err != nil {
+				errs = append(errs, err)
+				live[tmpl.Namespace] = nil // no deletion in this namespace this sweep
+				continue
+			}
+			live[tmpl.Namespace] = refs
+		}
+		if refs == nil || refs[tmpl.Name] {
 			continue
 		}
 		err := c.client.ResourceV1().ResourceClaimTemplates(tmpl.Namespace).Delete(ctx, tmpl.Name, metav1.DeleteOptions{
@@ -163,6 +193,30 @@ func (c *Cleaner) Sweep(ctx context.Context) ([]string, error) {
 		}
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// referenced lists namespace's pods from the API server (not the cache)
+// and returns the templates their spec.resourceClaims name.
+func (c *Cleaner) referenced(ctx context.Context, namespace string) (map[string]bool, error) {
+	refs := map[string]bool{}
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		pods, err := c.client.CoreV1().Pods(namespace).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("list the pods of namespace %s before deleting its unused templates: %w", namespace, err)
+		}
+		for i := range pods.Items {
+			for _, claim := range pods.Items[i].Spec.ResourceClaims {
+				if claim.ResourceClaimTemplateName != nil {
+					refs[*claim.ResourceClaimTemplateName] = true
+				}
+			}
+		}
+		if pods.Continue == "" {
+			return refs, nil
+		}
+		opts.Continue = pods.Continue
+	}
 }
 
 // unused reports whether tmpl is a template the Translator made, in a
@@ -182,13 +236,15 @@ func (c *Cleaner) unused(tmpl *resourceapi.ResourceClaimTemplate, now time.Time)
 	return err == nil && len(refs) == 0
 }
 
-// start starts the informers and waits for their caches.
-func (c *Cleaner) start(ctx context.Context) error {
+// start starts the informers until stop and waits for their caches until
+// ctx ends.
+func (c *Cleaner) start(ctx context.Context, stop <-chan struct{}) error {
 	for _, f := range c.factories {
-		f.Start(ctx.Done())
+		f.Start(stop)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return fmt.Errorf("the caches of pods, translated templates and opted-in namespaces did not sync: %w", ctx.Err())
+		return fmt.Errorf("the caches of pods, translated templates and opted-in namespaces did not sync "+
+			"(does the webhook's ClusterRole allow list and watch on them?): %w", context.Cause(ctx))
 	}
 	return nil
 }

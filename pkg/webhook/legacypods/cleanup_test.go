@@ -2,16 +2,20 @@ package legacypods
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-dev/tessera/pkg/legacy"
 )
@@ -84,7 +88,7 @@ func TestCleaner(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := c.start(ctx); err != nil {
+	if err := c.start(ctx, ctx.Done()); err != nil {
 		t.Fatal(err)
 	}
 	// The cache keeps only what the index reads.
@@ -151,5 +155,66 @@ func TestCleanerGraceFloor(t *testing.T) {
 	}
 	if c.grace != MinGrace {
 		t.Errorf("grace %v, want %v", c.grace, MinGrace)
+	}
+}
+
+// TestCleanerListsLiveBeforeDelete: a pod the cache has not seen yet (a
+// watch gap; here the live list alone returns it) keeps its template; a
+// namespace whose pods cannot be listed loses nothing that sweep.
+func TestCleanerListsLiveBeforeDelete(t *testing.T) {
+	old := clock.Add(-time.Hour)
+	client := fake.NewClientset(template("a", "unseen", old, true, nil), template("b", "unlistable", old, true, nil),
+		namespace("a", true), namespace("b", true))
+	c, err := NewCleaner(client, 5*time.Minute, func() time.Time { return clock })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := c.start(ctx, ctx.Done()); err != nil {
+		t.Fatal(err)
+	}
+	// From now on a List of pods (not the informer's watch) sees a pod in a
+	// that uses the template, and fails in b.
+	client.PrependReactor("list", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		switch action.GetNamespace() {
+		case "a":
+			return true, &corev1.PodList{Items: []corev1.Pod{*podUsing("a", "new", "unseen")}}, nil
+		case "b":
+			return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New("test"))
+		}
+		return false, nil, nil
+	})
+	deleted, err := c.Sweep(ctx)
+	if len(deleted) != 0 {
+		t.Errorf("deleted %v: a/unseen is used by a pod the cache missed, b's pods could not be listed", deleted)
+	}
+	if err == nil || !strings.Contains(err.Error(), "namespace b") {
+		t.Errorf("error %v: want the failed list of namespace b", err)
+	}
+}
+
+// TestCleanerSyncTimeout: caches that never sync (the ClusterRole lacks
+// list on namespaces) make Run fail, naming RBAC, instead of waiting.
+func TestCleanerSyncTimeout(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("namespaces"), "", errors.New("test"))
+	})
+	c, err := NewCleaner(client, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.run(ctx, 200*time.Millisecond) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "did not sync") || !strings.Contains(err.Error(), "ClusterRole") {
+			t.Errorf("Run: %v, want a sync failure naming the ClusterRole", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still waiting for its caches 10s after a 200ms sync timeout")
 	}
 }
