@@ -86,6 +86,12 @@ func TestErrors(t *testing.T) {
 			"metadata.annotations[nvidia.com/use-gputype]", "no container asks for one"},
 		{"numa-bind", pod("    nvidia.com/numa-bind: \"true\"\n", ok), Options{},
 			"metadata.annotations[nvidia.com/numa-bind]", "no equivalent"},
+		{"Koordinator joint allocation", pod("    scheduling.koordinator.sh/device-joint-allocate: '{\"deviceTypes\": [\"gpu\",\"rdma\"]}'\n",
+			"      requests:\n        koordinator.sh/gpu-core: 100\n        koordinator.sh/gpu-memory-ratio: 100\n"), Options{},
+			"metadata.annotations[scheduling.koordinator.sh/device-joint-allocate]", "no Tessera equivalent"},
+		{"Koordinator device hint", pod("    scheduling.koordinator.sh/device-allocate-hint: '{\"rdma\": {\"vfSelector\": {}}}'\n",
+			"      requests:\n        koordinator.sh/gpu-memory: 8Gi\n"), Options{},
+			"metadata.annotations[scheduling.koordinator.sh/device-allocate-hint]", "no Tessera equivalent"},
 		{"percentage on a model too small for it", pod("", "      limits:\n        nvidia.com/gpumem-percentage: 1\n        nvidia.com/gpucores: 0\n"),
 			Options{Models: []fraction.Model{{Products: []string{"tiny"}, Memory: h100.Memory, MemoryStep: h100.Memory, Cores: 100, CoresStep: 1}}},
 			"spec.containers[0].resources", "less than one step"},
@@ -114,5 +120,15 @@ func TestErrorPathsUnderRoot(t *testing.T) {
 	_, errs := Translate(podTemplate(t, pod("", "      limits:\n        nvidia.com/gpumem: 0\n")), field.NewPath("spec", "template"), Options{})
 	if len(errs) != 1 || errs[0].Field != "spec.template.spec.containers[0].resources.limits[nvidia.com/gpumem]" {
 		t.Errorf("errors %v, want one on spec.template.spec.containers[0].resources.limits[nvidia.com/gpumem]", errs.ToAggregate())
+	}
+}
+
+// TestKoordinatorHintsLeftWithoutGPUs: Koordinator's allocation annotations
+// on a pod with nothing to translate (plain nvidia.com/gpu, kept) are no
+// error: Translate changes nothing.
+func TestKoordinatorHintsLeftWithoutGPUs(t *testing.T) {
+	out, errs := Translate(podTemplate(t, pod("    scheduling.koordinator.sh/device-joint-allocate: x\n", "      limits:\n        nvidia.com/gpu: 1\n")), nil, Options{})
+	if len(errs) > 0 || out.Changed {
+		t.Errorf("errors %v, changed %v: want the pod left as it is", errs.ToAggregate(), out.Changed)
 	}
 }

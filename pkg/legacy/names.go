@@ -76,6 +76,18 @@ const (
 	KoordShared = "koordinator.sh/gpu.shared"
 )
 
+// Koordinator's pod annotations that constrain where its devices are
+// allocated (Koordinator @a7a1b76b, docs/best-practices
+// gpu-and-rdma-joint-allocation): device-joint-allocate puts the GPUs and
+// the RDMA NICs it names on the same PCIe switch, device-allocate-hint
+// selects the devices (an RDMA VF). Tessera's claims cannot express either,
+// so a pod whose GPUs are translated is refused when it carries them rather
+// than placed without the constraint.
+const (
+	KoordDeviceJointAllocate = "scheduling.koordinator.sh/device-joint-allocate"
+	KoordDeviceAllocateHint  = "scheduling.koordinator.sh/device-allocate-hint"
+)
+
 // koordPrefix marks Koordinator's resources; those not listed above (rdma,
 // fpga, batch-cpu) are not GPUs and are left alone.
 const koordPrefix = "koordinator.sh/"

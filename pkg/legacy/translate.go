@@ -103,6 +103,15 @@ func Translate(in *corev1.PodTemplateSpec, root *field.Path, opts Options) (Tran
 			}
 		}
 	}
+	if len(work) > 0 {
+		for _, key := range []string{KoordDeviceJointAllocate, KoordDeviceAllocateHint} {
+			if v, ok := out.Annotations[key]; ok {
+				errs = append(errs, field.Invalid(annotationsPath.Key(key), v,
+					"Koordinator's joint allocation and device hints (GPUs on the PCIe switch of the pod's RDMA NICs, VF selection) have no Tessera equivalent: "+
+						"remove the annotation to translate the pod without them, or keep it on Koordinator"))
+			}
+		}
+	}
 	if len(consumed) > 0 && len(work) == 0 && len(errs) == 0 {
 		errs = append(errs, field.Invalid(annotationsPath.Key(consumed[0]), out.Annotations[consumed[0]], "selects GPUs, but no container asks for one"))
 	}
