@@ -2,19 +2,12 @@ package scalebench
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
-	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
@@ -104,21 +97,7 @@ func TestFakeNodeAndOwner(t *testing.T) {
 // (a typo in a selector, a capacity the model refuses) fails here rather than as
 // a stalled benchmark. It also checks the pods name their template.
 func TestWorkloadClaimsAllocate(t *testing.T) {
-	const node = "kwok-gpu-00000"
-	objs, err := NodeSlices(node, "hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var slices []*resourceapi.ResourceSlice
-	for i := range objs {
-		s := &objs[i]
-		s.Name, s.UID = s.GenerateName+"abcde", types.UID(fmt.Sprintf("slice-%d", i))
-		slices = append(slices, s)
-	}
-	classes := model.ClassLister{}
-	for _, c := range model.DeviceClasses() {
-		classes[c.Name] = &c
-	}
+	pub := TesseraPublisher("hgx-h100")
 	wantDevices := map[string]int{"whole-claim": 1, "share": 1, "share-cel": 1, "nvlink-pair": 2}
 	for _, w := range Workloads("bench") {
 		pod := w.Pod("bench", "p-0", "run-1")
@@ -134,24 +113,8 @@ func TestWorkloadClaimsAllocate(t *testing.T) {
 		if len(pod.Spec.ResourceClaims) != 1 || *pod.Spec.ResourceClaims[0].ResourceClaimTemplateName != w.Template.Name {
 			t.Errorf("%s: pod claims %+v, want one from template %s", w.Name, pod.Spec.ResourceClaims, w.Template.Name)
 		}
-		claim := &resourceapi.ResourceClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: w.Name, Namespace: "bench", UID: types.UID(w.Name)},
-			Spec:       w.Template.Spec.Spec,
-		}
-		alloc, err := structured.NewAllocator(context.Background(), model.SchedulerFeatures, structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		}, classes, slices, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		results, err := alloc.Allocate(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, []*resourceapi.ResourceClaim{claim})
-		if err != nil {
-			t.Fatalf("%s: Allocate: %v", w.Name, err)
-		}
-		if len(results) != 1 || len(results[0].Devices.Results) != wantDevices[w.Name] {
-			t.Fatalf("%s: allocation %+v, want %d devices", w.Name, results, wantDevices[w.Name])
+		if got := allocateOn(t, pub, w, nil); len(got) != wantDevices[w.Name] {
+			t.Fatalf("%s: allocated %v, want %d devices", w.Name, got, wantDevices[w.Name])
 		}
 	}
 }
