@@ -251,7 +251,8 @@ const Settle = 15 * time.Second
 // for every claim of its own namespace to go).
 func fillNamespace(ns string) string { return ns + "-fill" }
 
-// prefill takes the first gpus GPUs of every node: one claim per node of
+// prefill takes the first gpus GPUs of every node (each publisher's pool is
+// named after its node): one claim per node of
 // class, allocated to device(minor) for each, written into the claim's
 // status without the scheduler (the scheduler counts every allocated claim
 // as holding its devices, reserved or not).
@@ -267,14 +268,6 @@ func (p *prefill) take(ctx context.Context, cfg *Config, ns string, pub Publishe
 	for i := range nodes {
 		node := NodeName(i)
 		jobs[i] = func() error {
-			slices, err := pub.Slices(node)
-			if err != nil {
-				return err
-			}
-			pool := node
-			if len(slices) > 0 {
-				pool = slices[0].Spec.Pool.Name
-			}
 			claim := &resourceapi.ResourceClaim{
 				ObjectMeta: metav1.ObjectMeta{Name: "fill-" + node, Namespace: ns},
 				Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
@@ -293,7 +286,7 @@ func (p *prefill) take(ctx context.Context, cfg *Config, ns string, pub Publishe
 				if dev == "" {
 					return fmt.Errorf("fill claim %s/%s: no device to take on GPU %d", ns, claim.Name, minor)
 				}
-				results = append(results, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: pub.Driver, Pool: pool, Device: dev})
+				results = append(results, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: pub.Driver, Pool: node, Device: dev})
 			}
 			created.Status.Allocation = &resourceapi.AllocationResult{
 				Devices: resourceapi.DeviceAllocationResult{Results: results},
