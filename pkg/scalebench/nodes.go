@@ -62,18 +62,11 @@ func FakeNode(i int) *corev1.Node {
 // model.ResourceSlices. The objects carry generateName, no name, and no owner:
 // the caller sets the Node as owner once it has the Node's UID.
 func NodeSlices(nodeName, profile string) ([]resourceapi.ResourceSlice, error) {
-	lib, err := gpu.NewMockNode(profile)
+	gpus, err := mockGPUs(profile)
 	if err != nil {
 		return nil, err
 	}
-	disc, err := gpu.DiscoverNode(lib)
-	if err != nil {
-		return nil, fmt.Errorf("mock profile %s: %w", profile, err)
-	}
-	if len(disc.Failed) > 0 {
-		return nil, fmt.Errorf("mock profile %s: discovery failed for %d GPUs: %v", profile, len(disc.Failed), disc.Failed[0])
-	}
-	res, err := model.Resources(nodeName, disc.GPUs, model.WithDriverMemoryLimits(false))
+	res, err := model.Resources(nodeName, gpus, model.WithDriverMemoryLimits(false))
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", nodeName, err)
 	}
@@ -90,4 +83,21 @@ func OwnedBy(slice *resourceapi.ResourceSlice, node *corev1.Node) {
 		UID:        node.UID,
 		Controller: ptr.To(true),
 	}}
+}
+
+// mockGPUs are the GPUs discovery finds on the profile's mock node; a GPU
+// that fails discovery is an error.
+func mockGPUs(profile string) ([]gpu.GPU, error) {
+	lib, err := gpu.NewMockNode(profile)
+	if err != nil {
+		return nil, err
+	}
+	disc, err := gpu.DiscoverNode(lib)
+	if err != nil {
+		return nil, fmt.Errorf("mock profile %s: %w", profile, err)
+	}
+	if len(disc.Failed) > 0 {
+		return nil, fmt.Errorf("mock profile %s: discovery failed for %d GPUs: %v", profile, len(disc.Failed), disc.Failed[0])
+	}
+	return disc.GPUs, nil
 }

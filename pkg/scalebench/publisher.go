@@ -48,16 +48,12 @@ func DynamicMIGPublisher(profile string) Publisher {
 		Name:   "Tessera with dynamic MIG on every MIG-mode GPU, mock profile " + profile,
 		Driver: model.DriverName,
 		Slices: func(node string) ([]resourceapi.ResourceSlice, error) {
-			lib, err := gpu.NewMockNode(profile)
+			gpus, err := mockGPUs(profile)
 			if err != nil {
 				return nil, err
 			}
-			disc, err := gpu.DiscoverNode(lib)
-			if err != nil {
-				return nil, fmt.Errorf("mock profile %s: %w", profile, err)
-			}
 			var uuids []string
-			for _, g := range disc.GPUs {
+			for _, g := range gpus {
 				if g.MIGEnabled {
 					uuids = append(uuids, g.UUID)
 				}
@@ -65,7 +61,7 @@ func DynamicMIGPublisher(profile string) Publisher {
 			if len(uuids) == 0 {
 				return nil, fmt.Errorf("mock profile %s: no GPU in MIG mode to publish with dynamic MIG", profile)
 			}
-			res, err := model.Resources(node, disc.GPUs, model.WithDriverMemoryLimits(false), model.WithDynamicMIG(uuids...))
+			res, err := model.Resources(node, gpus, model.WithDriverMemoryLimits(false), model.WithDynamicMIG(uuids...))
 			if err != nil {
 				return nil, fmt.Errorf("node %s: %w", node, err)
 			}
@@ -100,16 +96,12 @@ func NVIDIAPublisher(profile string) Publisher {
 		Name:   "NVIDIA's DRA driver (gpu.nvidia.com, MIG and dynamic MIG off), mock profile " + profile,
 		Driver: NVIDIADriverName,
 		Slices: func(node string) ([]resourceapi.ResourceSlice, error) {
-			lib, err := gpu.NewMockNode(profile)
+			gpus, err := mockGPUs(profile)
 			if err != nil {
 				return nil, err
 			}
-			disc, err := gpu.DiscoverNode(lib)
-			if err != nil {
-				return nil, fmt.Errorf("mock profile %s: %w", profile, err)
-			}
-			devices := make([]resourceapi.Device, 0, len(disc.GPUs))
-			for _, g := range disc.GPUs {
+			devices := make([]resourceapi.Device, 0, len(gpus))
+			for _, g := range gpus {
 				if g.MIGEnabled {
 					return nil, fmt.Errorf("mock profile %s: GPU %d is in MIG mode, which NVIDIA's driver publishes as MIG devices, not modelled here", profile, g.Minor)
 				}
