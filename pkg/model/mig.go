@@ -428,18 +428,23 @@ func mediaExtended(p gpu.MIGProfile) int {
 }
 
 // migPlacementDevices are the devices of a dynamic-MIG GPU, in
-// migPlacementOrder.
+// migPlacementOrder, less the placements that an existing GPU instance
+// blocks (migBlocked).
 func migPlacementDevices(g gpu.GPU, o options) []resourceapi.Device {
 	m := g.MIG
 	var devices []resourceapi.Device
 	engines := map[string]bool{}
-	if full, ok := fullProfile(m); ok {
+	full, hasFull := fullProfile(m)
+	if hasFull {
 		for _, e := range migEngineCounters {
 			engines[e.name] = e.of(full) > 0
 		}
 	}
 	for _, p := range migPlacementOrder(m) {
 		for _, pl := range p.Placements {
+			if hasFull && p.ID != full.ID && migBlocked(m, o.migHeld[g.UUID], p.ID, pl) {
+				continue
+			}
 			consumed := make(map[string]resourceapi.Counter, pl.Size+1+len(migEngineCounters))
 			for i := pl.Start; i < pl.Start+pl.Size; i++ {
 				consumed[MemorySliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
@@ -461,6 +466,30 @@ func migPlacementDevices(g gpu.GPU, o options) []resourceapi.Device {
 		}
 	}
 	return devices
+}
+
+// migBlocked reports whether an existing GPU instance of m overlaps
+// placement pl of profile profileID, unless it is that very placement and
+// Tessera's claims hold it (held). Such a placement can never be allocated
+// while the instance exists: a held instance's claim consumes its memory
+// slices through its own device, a foreign one's slices are published at 0.
+// Leaving it out keeps the scheduler from evaluating the selectors of
+// devices whose counters refuse them anyway (a full GPU would otherwise
+// cost it its ~25 placements per pod, results/scale.md). A held instance's
+// own placement stays, so that the device its claim is allocated stays
+// published; the full-GPU profile's placement always stays
+// (migPlacementDevices): it carries the GPU's totals, from which tessera
+// why reads what the GPU has.
+func migBlocked(m *gpu.MIG, held []MIGHold, profileID int, pl gpu.MIGPlacement) bool {
+	for _, gi := range m.Instances {
+		if !gi.Placement.Overlaps(pl) {
+			continue
+		}
+		if gi.ProfileID != profileID || gi.Placement != pl || !migHeldBy(held, gi) {
+			return true
+		}
+	}
+	return false
 }
 
 // migStaticDevices are the devices of a static-MIG GPU: one per GPU

@@ -558,7 +558,68 @@ func TestMIGMockNode(t *testing.T) {
 		held = append(held, MIGHold{ProfileID: gi.ProfileID, Placement: gi.Placement})
 	}
 	adopted := newTestNode(t, gpus, WithDynamicMIG(gpus[0].UUID), WithMIGHeld(map[string][]MIGHold{gpus[0].UUID: held}))
-	if got := devices(adopted.allocate(migClaim("on-0", "1g.10gb", onMinor(0)))); !slices.Equal(got, []string{MIGPlacementDeviceName(0, "1g.10gb", 6)}) {
-		t.Errorf("1g.10gb on GPU 0 with its instances held (no claim allocated in this test): got %v", got)
+	// Held instances cover all eight memory slices: GPU 0 publishes their own
+	// placements (the devices their claims are allocated) and the full-GPU
+	// profile's, no other.
+	var published []string
+	for _, s := range adopted.slices {
+		for _, d := range s.Spec.Devices {
+			if strings.HasPrefix(d.Name, "gpu-0-") {
+				published = append(published, d.Name)
+			}
+		}
+	}
+	slices.Sort(published)
+	want := []string{MIGPlacementDeviceName(0, "3g.40gb", 4), MIGPlacementDeviceName(0, "4g.40gb", 0), MIGPlacementDeviceName(0, "7g.80gb", 0)}
+	slices.Sort(want)
+	if !slices.Equal(published, want) {
+		t.Errorf("GPU 0 with its instances held publishes %v, want %v", published, want)
+	}
+	if r := adopted.allocate(migClaim("on-0", "1g.10gb", onMinor(0))); r != nil {
+		t.Errorf("1g.10gb on GPU 0 with its instances held: %v", devices(r))
+	}
+	// With no claim allocated in this test the held placement itself fits.
+	if got := devices(adopted.allocate(migClaim("held-3g", "3g.40gb", onMinor(0)))); !slices.Equal(got, []string{MIGPlacementDeviceName(0, "3g.40gb", 4)}) {
+		t.Errorf("3g.40gb on GPU 0 with its instances held (no claim allocated in this test): got %v", got)
+	}
+}
+
+// An instance no claim holds (an admin's 1g.10gb at memory slice 6) takes
+// every placement over slice 6 off GPU 1 except the full-GPU profile's;
+// the placements beside it stay and still allocate.
+func TestMIGBlockedPlacementsLeftOut(t *testing.T) {
+	gpus := discover(t, "hgx-h100-mig")
+	var one gpu.MIGProfile
+	for _, p := range gpus[1].MIG.Profiles {
+		if p.Name == "1g.10gb" {
+			one = p
+		}
+	}
+	slice6 := gpu.MIGPlacement{Start: 6, Size: 1}
+	gpus[1].MIG.Instances = []gpu.MIGInstance{{ID: 9, ProfileID: one.ID, ProfileName: one.Name, Placement: slice6}}
+	n := newTestNode(t, gpus[1:2], WithDynamicMIG(gpus[1].UUID))
+	var kept int
+	for _, s := range n.slices {
+		for _, d := range s.Spec.Devices {
+			name, err := ParseMIGDevice(d.Name)
+			if err != nil {
+				continue
+			}
+			kept++
+			start, size := *d.Attributes[AttrPlacementStart].IntValue, *d.Attributes[AttrPlacementSize].IntValue
+			over := (gpu.MIGPlacement{Start: int(start), Size: int(size)}).Overlaps(slice6)
+			if over && name.ProfileSlug != MIGProfileSlug("7g.80gb") {
+				t.Errorf("%s covers memory slice 6, which an instance no claim holds takes", d.Name)
+			}
+		}
+	}
+	if kept == 0 || kept >= 25 {
+		t.Errorf("GPU 1 publishes %d placements, want fewer than the H100's 25 and some", kept)
+	}
+	if got := devices(n.allocate(migClaim("c", "1g.10gb"))); !slices.Equal(got, []string{MIGPlacementDeviceName(1, "1g.10gb", 5)}) {
+		t.Errorf("1g.10gb beside the admin's instance: got %v, want the placement at 5", got)
+	}
+	if r := n.allocate(migClaim("all", "7g.80gb")); r != nil {
+		t.Errorf("7g.80gb over the admin's instance: %v", devices(r))
 	}
 }

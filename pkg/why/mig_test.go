@@ -139,3 +139,44 @@ func TestWhyMIGForeignInstance(t *testing.T) {
 			`memory slice 6 used by a MIG instance no claim holds (made by an admin, or left behind); needs 7 compute slices, 6 free`,
 		`MIG counters of gpu-1-counters: memory slice 6 used (6 instances no claim holds); compute slices 1 of 7 used (instances no claim holds 1)`)
 }
+
+// Seven 1g.10gb instances exist and Tessera's claims hold them, as on a node
+// after prepare: the GPU publishes only their placements and the full-GPU
+// profile's. tessera why still names each placement's holder, and the
+// GPU's totals come from the full-GPU placement.
+func TestWhyMIGEighthOneGPrepared(t *testing.T) {
+	g := migGPUs(t)
+	one, _ := gpu.MockMIGTable("NVIDIA H100 80GB HBM3")
+	var p gpu.MIGProfile
+	for _, x := range one.Profiles {
+		if x.Name == "1g.10gb" {
+			p = x
+		}
+	}
+	var held []model.MIGHold
+	for start := range 7 {
+		pl := gpu.MIGPlacement{Start: start, Size: 1}
+		g[1].MIG.Instances = append(g[1].MIG.Instances, gpu.MIGInstance{ID: start + 1, ProfileID: p.ID, ProfileName: p.Name, Placement: pl,
+			ComputeInstances: []gpu.MIGComputeInstance{{ID: 0, UUID: fmt.Sprintf("MIG-%d", start), Processes: 1}}})
+		held = append(held, model.MIGHold{ProfileID: p.ID, Placement: pl})
+	}
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": g[1:2]}, model.WithDynamicMIG(g[1].UUID),
+		model.WithMIGHeld(map[string][]model.MIGHold{g[1].UUID: held}))
+	for i := range 7 {
+		c.allocate("node-1", migClaim(fmt.Sprintf("one-%d", i), "1g.10gb"))
+	}
+	c.in.Claims = append(c.in.Claims, *migClaim("eighth", "1g.10gb"))
+	r := c.why("pod-8", podFor("pod-8", "eighth"))
+	if n := nodeOf(t, r, "node-1"); n.Fits || len(n.FitsNow.MIG) != 0 {
+		t.Fatalf("node %+v: want no fit and no MIG profile free", n)
+	}
+	got := gpuReasons(t, r, "node-1", "gpu-1")
+	for i := range 7 {
+		dev := c.allocatedDevice(fmt.Sprintf("one-%d", i))
+		wantContains(t, "gpu-1", got, fmt.Sprintf(`request "mig": %s: held by default/one-%d (MIG device %s`, dev, i, dev))
+	}
+	wantContains(t, "gpu-1", got,
+		`request "mig": 1 MIG device (7g.80gb): selector device.attributes["gpu.tessera.dev"].profile == "1g.10gb" is false`,
+		"MIG counters of gpu-1-counters: memory slices 0-6 used (", "compute slices 7 of 7 used (")
+	t.Logf("\n%s", table(t, r))
+}
