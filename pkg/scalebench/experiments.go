@@ -164,7 +164,7 @@ func MIGFill(ctx context.Context, cfg Config, nodes int, fills []int, pods int) 
 				taken func(minor int) string
 			}{
 				{plain, whole, model.WholeClassName, model.WholeDeviceName},
-				{dynamic, mig, model.MIGClassName, func(minor int) string { return migTaken[minor] }},
+				{DynamicMIGPublisherTaken(DynamicMIGProfile, k), mig, model.MIGClassName, func(minor int) string { return migTaken[minor] }},
 			} {
 				fill := &prefill{gpus: k, class: step.class, device: step.taken}
 				r, err := publishAndRun(ctx, &cfg, step.pub, step.w, nodes, pods, fill)

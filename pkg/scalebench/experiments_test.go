@@ -131,6 +131,30 @@ func TestMIGFillTakesWholeGPUs(t *testing.T) {
 	if got := allocateOn(t, pub, w, taken(pub, 8, byMinor)); got != nil {
 		t.Fatalf("with every GPU taken %s got %v, want no fit", w.Name, got)
 	}
+	// As the plugin republishes once the instances exist: a taken GPU keeps
+	// only its held full-GPU placement, which the fill's claim holds.
+	held := DynamicMIGPublisherTaken(DynamicMIGProfile, 7)
+	heldSlices, err := held.Slices("kwok-gpu-00000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perGPU := map[int]int{}
+	for _, s := range heldSlices {
+		for _, d := range s.Spec.Devices {
+			if m, ok := d.Attributes[model.AttrParentMinor]; ok {
+				perGPU[int(*m.IntValue)]++
+			}
+		}
+	}
+	for m := range 8 {
+		if want := map[bool]int{true: 1, false: 25}[m < 7]; perGPU[m] != want {
+			t.Errorf("taken 7: GPU %d publishes %d placements, want %d", m, perGPU[m], want)
+		}
+	}
+	got = allocateOn(t, held, w, taken(held, 7, byMinor))
+	if len(got) != 1 || !strings.HasPrefix(got[0], "gpu-7-mig-1g-10gb-") {
+		t.Fatalf("republished with GPUs 0-6 held, %s got %v, want a 1g.10gb placement on GPU 7", w.Name, got)
+	}
 	plain := TesseraPublisher("hgx-h100")
 	whole, err := workload("bench", "whole-claim")
 	if err != nil {

@@ -43,9 +43,20 @@ func TesseraPublisher(profile string) Publisher {
 // profile when every GPU in MIG mode is named in --dynamic-mig: each valid
 // placement of each profile a device, and per GPU a counter set of memory
 // slices, compute slices and engines (model.WithDynamicMIG).
-func DynamicMIGPublisher(profile string) Publisher {
+func DynamicMIGPublisher(profile string) Publisher { return DynamicMIGPublisherTaken(profile, 0) }
+
+// DynamicMIGPublisherTaken is DynamicMIGPublisher after Tessera's claims
+// have taken the GPUs with minor below taken whole, each with one GPU
+// instance of its full-GPU profile made at prepare: what the plugin
+// republishes then (model.WithMIGHeld), where such a GPU keeps only that
+// placement.
+func DynamicMIGPublisherTaken(profile string, taken int) Publisher {
+	name := "Tessera with dynamic MIG on every MIG-mode GPU, mock profile " + profile
+	if taken > 0 {
+		name += fmt.Sprintf(", GPUs 0-%d each held by one full-GPU instance", taken-1)
+	}
 	return Publisher{
-		Name:   "Tessera with dynamic MIG on every MIG-mode GPU, mock profile " + profile,
+		Name:   name,
 		Driver: model.DriverName,
 		Slices: func(node string) ([]resourceapi.ResourceSlice, error) {
 			gpus, err := mockGPUs(profile)
@@ -53,21 +64,44 @@ func DynamicMIGPublisher(profile string) Publisher {
 				return nil, err
 			}
 			var uuids []string
-			for _, g := range gpus {
-				if g.MIGEnabled {
-					uuids = append(uuids, g.UUID)
+			held := map[string][]model.MIGHold{}
+			for i, g := range gpus {
+				if !g.MIGEnabled {
+					continue
 				}
+				uuids = append(uuids, g.UUID)
+				if g.Minor >= taken {
+					continue
+				}
+				full, ok := fullMIGProfile(g.MIG)
+				if !ok || len(full.Placements) == 0 {
+					return nil, fmt.Errorf("mock profile %s: GPU %d has no full-GPU MIG profile to take it with", profile, g.Minor)
+				}
+				pl := full.Placements[0]
+				gpus[i].MIG.Instances = []gpu.MIGInstance{{ID: 1, ProfileID: full.ID, ProfileName: full.Name, Placement: pl, AccessMinor: -1}}
+				held[g.UUID] = []model.MIGHold{{ProfileID: full.ID, Placement: pl}}
 			}
 			if len(uuids) == 0 {
 				return nil, fmt.Errorf("mock profile %s: no GPU in MIG mode to publish with dynamic MIG", profile)
 			}
-			res, err := model.Resources(node, gpus, model.WithDriverMemoryLimits(false), model.WithDynamicMIG(uuids...))
+			res, err := model.Resources(node, gpus, model.WithDriverMemoryLimits(false), model.WithDynamicMIG(uuids...), model.WithMIGHeld(held))
 			if err != nil {
 				return nil, fmt.Errorf("node %s: %w", node, err)
 			}
 			return model.ResourceSlices(node, res)
 		},
 	}
+}
+
+// fullMIGProfile is the profile of m that takes every compute and memory
+// slice.
+func fullMIGProfile(m *gpu.MIG) (gpu.MIGProfile, bool) {
+	for _, p := range m.Profiles {
+		if p.ComputeSlices == m.ComputeSlices && p.MemorySlices == m.MemorySlices {
+			return p, true
+		}
+	}
+	return gpu.MIGProfile{}, false
 }
 
 // NVIDIA's DRA driver for GPUs (github.com/NVIDIA/k8s-dra-driver-gpu), read at
