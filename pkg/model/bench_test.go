@@ -7,6 +7,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
 )
 
 // BenchmarkAllocate measures what the scheduler's Filter pays per node for one
@@ -52,7 +54,9 @@ func BenchmarkAllocate(b *testing.B) {
 // hgx-h100 node with every GPU published with dynamic MIG (about 25
 // placement devices per GPU), beside a whole-GPU claim on the same GPUs
 // published as usual, with 0 and 4 GPUs already taken (by their largest
-// placement, or whole).
+// placement, or whole). mig-1g's taken GPUs publish every placement, as
+// before their instances exist; mig-1g-made's publish what the plugin
+// republishes once prepare has made them (only the held placement).
 func BenchmarkAllocateMIG(b *testing.B) {
 	mig := discover(b, "hgx-h100-dynamic-mig")
 	var uuids []string
@@ -61,6 +65,14 @@ func BenchmarkAllocateMIG(b *testing.B) {
 	}
 	plain := discover(b, "hgx-h100")
 	for _, taken := range []int{0, 4} {
+		made := discover(b, "hgx-h100-dynamic-mig")
+		held := map[string][]MIGHold{}
+		for i := range taken {
+			full, _ := fullProfile(made[i].MIG)
+			pl := full.Placements[0]
+			made[i].MIG.Instances = []gpu.MIGInstance{{ID: 1, ProfileID: full.ID, ProfileName: full.Name, Placement: pl}}
+			held[made[i].UUID] = []MIGHold{{ProfileID: full.ID, Placement: pl}}
+		}
 		for _, c := range []struct {
 			kind  string
 			node  *testNode
@@ -68,6 +80,9 @@ func BenchmarkAllocateMIG(b *testing.B) {
 			claim *resourceapi.ResourceClaim
 		}{
 			{"mig-1g", newTestNode(b, mig, WithDynamicMIG(uuids...)),
+				func(i int) *resourceapi.ResourceClaim { return migClaim(fmt.Sprintf("taken-%d", i), "7g.80gb") },
+				migClaim("new", "1g.10gb")},
+			{"mig-1g-made", newTestNode(b, made, WithDynamicMIG(uuids...), WithMIGHeld(held)),
 				func(i int) *resourceapi.ResourceClaim { return migClaim(fmt.Sprintf("taken-%d", i), "7g.80gb") },
 				migClaim("new", "1g.10gb")},
 			{"whole", newTestNode(b, plain),
