@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -89,5 +90,54 @@ func TestAddToScheme(t *testing.T) {
 	}
 	if _, ok := obj.(*GpuConfig); !ok {
 		t.Errorf("scheme creates %T for %v", obj, want)
+	}
+}
+
+func fullBudget() *GPUBudget {
+	now := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	return &GPUBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "gpu.tessera.dev/v1alpha1", Kind: GPUBudgetKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: "team-a", Labels: map[string]string{"a": "b"}},
+		Spec: GPUBudgetSpec{
+			Hard:            BudgetLimits{Memory: ptr.To(resource.MustParse("40Gi")), Cores: ptr.To[int64](200), GPUs: ptr.To[int64](2)},
+			DeviceClassName: "shared.gpu.tessera.dev",
+		},
+		Status: GPUBudgetStatus{
+			Used: BudgetAmount{Memory: resource.MustParse("20Gi"), Cores: 50, GPUs: 1},
+			Pending: []PendingCharge{{Claim: "c", UID: "u", Expires: now,
+				Charge: BudgetAmount{Memory: resource.MustParse("1Gi"), Cores: 10}}},
+			ObservedGeneration: 3,
+			LastReconciled:     &now,
+		},
+	}
+}
+
+func TestGPUBudgetDeepCopyDoesNotAlias(t *testing.T) {
+	original := fullBudget()
+	copied := original.DeepCopy()
+	if diff := cmp.Diff(original, copied); diff != "" {
+		t.Fatalf("copy differs (-original +copy):\n%s", diff)
+	}
+	copied.Labels["a"] = "z"
+	copied.Spec.Hard.Memory.Add(resource.MustParse("1Gi"))
+	*copied.Spec.Hard.Cores = 1
+	*copied.Spec.Hard.GPUs = 9
+	copied.Status.Used.Memory.Add(resource.MustParse("1Gi"))
+	copied.Status.Pending[0].Charge.Memory.Add(resource.MustParse("1Gi"))
+	copied.Status.Pending[0].Claim = "other"
+	copied.Status.LastReconciled.Time = time.Time{}
+	if diff := cmp.Diff(fullBudget(), original); diff != "" {
+		t.Errorf("changing the copy changed the original (-want +got):\n%s", diff)
+	}
+
+	list := &GPUBudgetList{Items: []GPUBudget{*fullBudget()}}
+	copiedList := list.DeepCopyObject().(*GPUBudgetList)
+	copiedList.Items[0].Status.Pending[0].UID = "x"
+	if list.Items[0].Status.Pending[0].UID != "u" {
+		t.Error("changing the list's copy changed the original")
+	}
+	var nilBudget *GPUBudget
+	if nilBudget.DeepCopy() != nil || nilBudget.DeepCopyObject() != nil {
+		t.Error("copy of nil GPUBudget is not nil")
 	}
 }

@@ -100,3 +100,115 @@ func (in *TopologyConfig) DeepCopy() *TopologyConfig {
 	in.DeepCopyInto(out)
 	return out
 }
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *GPUBudget) DeepCopyInto(out *GPUBudget) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	in.Spec.DeepCopyInto(&out.Spec)
+	in.Status.DeepCopyInto(&out.Status)
+}
+
+// DeepCopy returns a copy of the receiver that shares no memory with it, or nil
+// for a nil receiver.
+func (in *GPUBudget) DeepCopy() *GPUBudget {
+	if in == nil {
+		return nil
+	}
+	out := new(GPUBudget)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (in *GPUBudget) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *GPUBudgetList) DeepCopyInto(out *GPUBudgetList) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ListMeta.DeepCopyInto(&out.ListMeta)
+	if in.Items != nil {
+		in, out := &in.Items, &out.Items
+		*out = make([]GPUBudget, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+}
+
+// DeepCopy returns a copy of the receiver, or nil for a nil receiver.
+func (in *GPUBudgetList) DeepCopy() *GPUBudgetList {
+	if in == nil {
+		return nil
+	}
+	out := new(GPUBudgetList)
+	in.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements runtime.Object.
+func (in *GPUBudgetList) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *GPUBudgetSpec) DeepCopyInto(out *GPUBudgetSpec) {
+	*out = *in
+	in.Hard.DeepCopyInto(&out.Hard)
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *BudgetLimits) DeepCopyInto(out *BudgetLimits) {
+	*out = *in
+	if in.Memory != nil {
+		q := in.Memory.DeepCopy()
+		out.Memory = &q
+	}
+	if in.Cores != nil {
+		v := *in.Cores
+		out.Cores = &v
+	}
+	if in.GPUs != nil {
+		v := *in.GPUs
+		out.GPUs = &v
+	}
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *BudgetAmount) DeepCopyInto(out *BudgetAmount) {
+	*out = *in
+	out.Memory = in.Memory.DeepCopy()
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *GPUBudgetStatus) DeepCopyInto(out *GPUBudgetStatus) {
+	*out = *in
+	in.Used.DeepCopyInto(&out.Used)
+	if in.Pending != nil {
+		in, out := &in.Pending, &out.Pending
+		*out = make([]PendingCharge, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+	if in.LastReconciled != nil {
+		out.LastReconciled = in.LastReconciled.DeepCopy()
+	}
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *PendingCharge) DeepCopyInto(out *PendingCharge) {
+	*out = *in
+	in.Charge.DeepCopyInto(&out.Charge)
+	in.Expires.DeepCopyInto(&out.Expires)
+}
