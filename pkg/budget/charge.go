@@ -1,0 +1,588 @@
+package budget
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/cel"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// Names of the resource model (pkg/model) the charge reads, spelled out
+// because this package is built into the webhook without cgo (pkg/model
+// imports NVML); charge_test.go holds them equal to pkg/model's.
+const (
+	driverName      = configapi.GroupName
+	wholeClassName  = driverName
+	sharedClassName = "shared." + driverName
+	lentClassName   = "lent." + driverName
+	migClassName    = "mig." + driverName
+	// nvidiaGPUClassName is pkg/legacy's DeviceClassName: whole GPUs for
+	// extendedResourceName nvidia.com/gpu.
+	nvidiaGPUClassName = "nvidia-gpu." + driverName
+
+	attrType                                 = "type"
+	capacityMemory resourceapi.QualifiedName = "memory"
+	capacityCores  resourceapi.QualifiedName = "cores"
+
+	typeWhole  = "gpu"
+	typeShared = "shared"
+	typeLent   = "lent"
+	typeMIG    = "mig"
+
+	// coresPerGPU is a whole GPU's cores (pkg/model.CoresPerGPU).
+	coresPerGPU = 100
+	// memoryStep is the shared device's memory requestPolicy step: 1Mi.
+	memoryStep = configapi.MinMemoryLimitBytes
+)
+
+// Resource is one dimension of a budget.
+type Resource string
+
+// The dimensions of a budget, as spec.hard names them.
+const (
+	Memory Resource = "memory"
+	Cores  Resource = "cores"
+	GPUs   Resource = "gpus"
+)
+
+// Resources are the dimensions in the order messages name them.
+var Resources = []Resource{Memory, Cores, GPUs}
+
+// Amount is what a claim takes from a budget: memory in bytes, cores in
+// percent of one GPU, whole GPUs.
+type Amount struct {
+	Memory, Cores, GPUs int64
+}
+
+// Get returns the amount of r.
+func (a Amount) Get(r Resource) int64 {
+	switch r {
+	case Memory:
+		return a.Memory
+	case Cores:
+		return a.Cores
+	default:
+		return a.GPUs
+	}
+}
+
+func (a *Amount) set(r Resource, v int64) {
+	switch r {
+	case Memory:
+		a.Memory = v
+	case Cores:
+		a.Cores = v
+	default:
+		a.GPUs = v
+	}
+}
+
+// Add returns a+b, saturating at math.MaxInt64.
+func (a Amount) Add(b Amount) Amount {
+	var out Amount
+	for _, r := range Resources {
+		out.set(r, addSat(a.Get(r), b.Get(r)))
+	}
+	return out
+}
+
+// Sub returns a-b, never below zero.
+func (a Amount) Sub(b Amount) Amount {
+	var out Amount
+	for _, r := range Resources {
+		out.set(r, max(a.Get(r)-b.Get(r), 0))
+	}
+	return out
+}
+
+// IsZero reports whether a takes nothing.
+func (a Amount) IsZero() bool { return a == Amount{} }
+
+func addSat(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func mulSat(a, n int64) int64 {
+	if a != 0 && n > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * n
+}
+
+// Charge is what one claim takes from a budget: the amount, and the
+// dimensions whose size cannot be known because no device the claim may get
+// is published yet (Unknown: dimension → why). The webhook refuses a claim
+// with an unknown size in a dimension the budget limits.
+type Charge struct {
+	Amount
+	Unknown map[Resource]string
+}
+
+// Alternative is one way a request may be allocated: the request itself or
+// one firstAvailable subrequest, with what it takes.
+type Alternative struct {
+	// Name is the request's name, or request/subrequest.
+	Name  string
+	Class string
+	Amount
+	Unknown map[Resource]string
+}
+
+// Request is what one request of a claim takes, each alternative apart.
+type Request struct {
+	Name         string
+	Alternatives []Alternative
+}
+
+// ClaimCharge is what each request of one claim takes. For sums it up for a
+// budget.
+type ClaimCharge []Request
+
+// For is the claim's charge against a budget of class (empty: every class):
+// per request, in each dimension, the largest of its alternatives of that
+// class (firstAvailable: any of them may be the one allocated), summed over
+// the requests.
+func (c ClaimCharge) For(class string) Charge {
+	var out Charge
+	for _, r := range c {
+		var req Amount
+		for _, a := range r.Alternatives {
+			if class != "" && a.Class != class {
+				continue
+			}
+			for _, res := range Resources {
+				req.set(res, max(req.Get(res), a.Get(res)))
+			}
+			for res, why := range a.Unknown {
+				if out.Unknown == nil {
+					out.Unknown = map[Resource]string{}
+				}
+				if _, ok := out.Unknown[res]; !ok {
+					out.Unknown[res] = why
+				}
+			}
+		}
+		out.Amount = out.Amount.Add(req)
+	}
+	return out
+}
+
+// ClassLookup returns the DeviceClass called name (NotFound when there is
+// none). The result is shared: callers must not modify it.
+type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClass, error)
+
+// Pricer computes what claims take. It evaluates the CEL selectors of each
+// request's class and of the request itself against the devices of
+// gpu.tessera.dev that the cluster's ResourceSlices publish, with the
+// scheduler's CEL library, and charges the largest of the devices that
+// match (worst case, as the quota evaluator charges the largest of what a
+// request may get):
+//
+//   - a whole GPU (type gpu): its memory capacity, 100 cores, 1 GPU;
+//   - a share (type shared or lent): the memory its capacity.requests names,
+//     rounded up to 1Mi as the scheduler allocates it, else the device's
+//     full memory (a share that names none is allocated all of it); the
+//     cores it names, rounded up to a whole percent, else 100; no GPU;
+//   - a MIG device (type mig): its memory and cores capacity as pkg/model
+//     publishes them (cores: 100 × its compute slices / the GPU's, rounded
+//     down; 100 when the device publishes none); no GPU.
+//
+// times the devices the request asks for: its count, or
+// resourceapi.AllocationResultsMaxSize for allocationMode All (the 1.37
+// quota evaluator's worst case). adminAccess requests are charged like any
+// other (the quota evaluator charges them too).
+//
+// A request of a class that matches no published device of gpu.tessera.dev
+// takes nothing, except for Tessera's own classes (gpu.tessera.dev,
+// shared., lent., mig., nvidia-gpu.gpu.tessera.dev): a share then takes what
+// its capacity.requests name and a whole GPU its count of GPUs and 100 cores
+// each; what is left (a whole GPU's memory, a MIG device's size, a share
+// that names no memory) is Unknown.
+type Pricer struct {
+	devices Devices
+	classes ClassLookup
+	cel     *cel.Cache
+
+	// matched caches the sizes of the devices a class and selectors match,
+	// for one version of the devices.
+	mu      sync.Mutex
+	version uint64
+	matched map[string]sizes
+}
+
+// Devices lists the devices of gpu.tessera.dev the cluster publishes, and
+// a version that changes whenever they may have changed.
+type Devices func(ctx context.Context) ([]resourceapi.Device, uint64, error)
+
+// maxMatched bounds Pricer's cache of matched sizes.
+const maxMatched = 4096
+
+// NewPricer returns a Pricer over devices and classes.
+func NewPricer(devices Devices, classes ClassLookup) *Pricer {
+	return &Pricer{devices: devices, classes: classes, cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true})}
+}
+
+// Claim computes what each request of devices takes. An error means a
+// class could not be read (other than not found) or devices could not be
+// listed.
+func (p *Pricer) Claim(ctx context.Context, devices *resourceapi.DeviceClaim) (ClaimCharge, error) {
+	if devices == nil || len(devices.Requests) == 0 {
+		return nil, nil
+	}
+	published, version, err := p.devices(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list the devices of %s: %w", driverName, err)
+	}
+	out := make(ClaimCharge, 0, len(devices.Requests))
+	for _, r := range devices.Requests {
+		req := Request{Name: r.Name}
+		if r.Exactly != nil {
+			e := r.Exactly
+			a, err := p.alternative(ctx, published, version, r.Name, e.DeviceClassName, e.Selectors, e.AllocationMode, e.Count, e.Capacity)
+			if err != nil {
+				return nil, err
+			}
+			req.Alternatives = append(req.Alternatives, a)
+		}
+		for _, s := range r.FirstAvailable {
+			a, err := p.alternative(ctx, published, version, r.Name+"/"+s.Name, s.DeviceClassName, s.Selectors, s.AllocationMode, s.Count, s.Capacity)
+			if err != nil {
+				return nil, err
+			}
+			req.Alternatives = append(req.Alternatives, a)
+		}
+		out = append(out, req)
+	}
+	return out, nil
+}
+
+// sizes are the largest of the matching devices, per type.
+type sizes struct {
+	any                        bool
+	whole, share, mig          bool
+	wholeMemory                int64
+	shareMemory                int64
+	migMemory, migCores        int64
+	shareMemoryKnown, migKnown bool
+}
+
+func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device, version uint64, name, className string,
+	selectors []resourceapi.DeviceSelector, mode resourceapi.DeviceAllocationMode, count int64,
+	capacity *resourceapi.CapacityRequirements) (Alternative, error) {
+	alt := Alternative{Name: name, Class: className}
+	class, err := p.classes(ctx, className)
+	if apierrors.IsNotFound(err) {
+		// A claim whose class does not exist cannot be allocated.
+		return alt, nil
+	}
+	if err != nil {
+		return alt, fmt.Errorf("request %q: read DeviceClass %s: %w", name, className, err)
+	}
+	var exprs []string
+	for _, s := range class.Spec.Selectors {
+		if s.CEL != nil {
+			exprs = append(exprs, s.CEL.Expression)
+		}
+	}
+	for _, s := range selectors {
+		if s.CEL != nil {
+			exprs = append(exprs, s.CEL.Expression)
+		}
+	}
+	sz, err := p.match(ctx, published, version, className+"\x00"+class.ResourceVersion, exprs)
+	if err != nil {
+		return alt, fmt.Errorf("request %q: %w", name, err)
+	}
+	n := max(count, 1)
+	if mode == resourceapi.DeviceAllocationModeAll {
+		n = resourceapi.AllocationResultsMaxSize
+	}
+	var requests map[resourceapi.QualifiedName]resource.Quantity
+	if capacity != nil {
+		requests = capacity.Requests
+	}
+	alt.Unknown = map[Resource]string{}
+	// none: no published device matches, only the class name tells the kind.
+	none := !sz.any
+	if none {
+		sz = ownClassSizes(className)
+		if !sz.any {
+			return Alternative{Name: name, Class: className}, nil
+		}
+	}
+	var per Amount
+	if sz.whole {
+		per.GPUs = 1
+		per.Cores = coresPerGPU
+		per.Memory = sz.wholeMemory
+		if none {
+			alt.Unknown[Memory] = fmt.Sprintf("request %q: no GPU of class %s is published yet, so its memory is unknown", name, className)
+		}
+	}
+	if sz.share {
+		memory, ok := shareMemory(requests)
+		switch {
+		case ok:
+			per.Memory = max(per.Memory, memory)
+		case sz.shareMemoryKnown:
+			per.Memory = max(per.Memory, sz.shareMemory)
+		default:
+			alt.Unknown[Memory] = fmt.Sprintf("request %q names no memory and no GPU of class %s is published yet, so the share's memory (all of its GPU's) is unknown", name, className)
+		}
+		per.Cores = max(per.Cores, shareCores(requests))
+	}
+	if sz.mig {
+		if sz.migKnown {
+			per.Memory = max(per.Memory, sz.migMemory)
+			per.Cores = max(per.Cores, sz.migCores)
+		} else {
+			why := fmt.Sprintf("request %q: no MIG device of class %s is published yet, so its size is unknown", name, className)
+			alt.Unknown[Memory], alt.Unknown[Cores] = why, why
+		}
+	}
+	alt.Memory, alt.Cores, alt.GPUs = mulSat(per.Memory, n), mulSat(per.Cores, n), mulSat(per.GPUs, n)
+	if len(alt.Unknown) == 0 {
+		alt.Unknown = nil
+	}
+	return alt, nil
+}
+
+// ownClassSizes is what a class of Tessera's own gives when none of its
+// devices is published: the device kind, sizes unknown.
+func ownClassSizes(className string) sizes {
+	switch className {
+	case wholeClassName, nvidiaGPUClassName:
+		return sizes{any: true, whole: true}
+	case sharedClassName, lentClassName:
+		return sizes{any: true, share: true}
+	case migClassName:
+		return sizes{any: true, mig: true}
+	}
+	return sizes{}
+}
+
+func (s *sizes) add(d *resourceapi.Device) {
+	s.any = true
+	memory, hasMemory := capacityValue(d, capacityMemory)
+	switch typeOf(d) {
+	case typeWhole:
+		s.whole = true
+		s.wholeMemory = max(s.wholeMemory, memory)
+	case typeShared, typeLent:
+		s.share = true
+		if hasMemory {
+			s.shareMemoryKnown = true
+			s.shareMemory = max(s.shareMemory, memory)
+		}
+	default: // typeMIG, and any type a later model adds: its capacity
+		s.mig, s.migKnown = true, true
+		s.migMemory = max(s.migMemory, memory)
+		cores, ok := capacityValue(d, capacityCores)
+		if !ok {
+			cores = coresPerGPU
+		}
+		s.migCores = max(s.migCores, cores)
+	}
+}
+
+func typeOf(d *resourceapi.Device) string {
+	if a, ok := d.Attributes[attrType]; ok && a.StringValue != nil {
+		return *a.StringValue
+	}
+	return ""
+}
+
+func capacityValue(d *resourceapi.Device, name resourceapi.QualifiedName) (int64, bool) {
+	c, ok := d.Capacity[name]
+	if !ok {
+		return 0, false
+	}
+	v, ok := c.Value.AsInt64()
+	if !ok {
+		return math.MaxInt64, true
+	}
+	return v, true
+}
+
+// shareMemory is the memory the scheduler allocates for a share's
+// capacity.requests: rounded up to whole MiB, at least 1Mi. ok is false
+// when the request names none.
+func shareMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
+	q, ok := requests[capacityMemory]
+	if !ok {
+		return 0, false
+	}
+	if q.CmpInt64(math.MaxInt64-memoryStep) > 0 {
+		return math.MaxInt64, true
+	}
+	v := max(q.Value(), memoryStep)
+	return (v + memoryStep - 1) / memoryStep * memoryStep, true
+}
+
+// shareCores is the cores a share is charged: what it names, rounded up to
+// a whole percent, else all of them (it may use them all).
+func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) int64 {
+	q, ok := requests[capacityCores]
+	if !ok {
+		return coresPerGPU
+	}
+	if q.CmpInt64(math.MaxInt64) > 0 {
+		return math.MaxInt64
+	}
+	return max(q.Value(), 0)
+}
+
+// match returns the sizes of the published devices that exprs match, from
+// the cache when the devices are of the same version.
+func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, version uint64, class string, exprs []string) (sizes, error) {
+	key := class + "\x00" + strings.Join(exprs, "\x00")
+	p.mu.Lock()
+	if p.version != version || len(p.matched) >= maxMatched {
+		p.version, p.matched = version, map[string]sizes{}
+	}
+	sz, ok := p.matched[key]
+	p.mu.Unlock()
+	if ok {
+		return sz, nil
+	}
+	for i := range published {
+		d := &published[i]
+		ok, err := p.matches(ctx, exprs, d)
+		if err != nil {
+			return sizes{}, err
+		}
+		if ok {
+			sz.add(d)
+		}
+	}
+	p.mu.Lock()
+	if p.version == version {
+		p.matched[key] = sz
+	}
+	p.mu.Unlock()
+	return sz, nil
+}
+
+// matches evaluates exprs on d as the allocator does; an expression that
+// fails to compile or evaluate matches nothing, as the allocator then
+// allocates nothing.
+func (p *Pricer) matches(ctx context.Context, exprs []string, d *resourceapi.Device) (bool, error) {
+	dev := cel.Device{Driver: driverName, AllowMultipleAllocations: d.AllowMultipleAllocations,
+		Attributes: d.Attributes, Capacity: d.Capacity}
+	for _, expr := range exprs {
+		res := p.cel.GetOrCompile(expr)
+		if res.Error != nil {
+			return false, nil
+		}
+		ok, _, err := res.DeviceMatches(ctx, dev)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			return false, nil
+		}
+		if !ok {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// Refusal is the error of a claim a budget refuses.
+type Refusal struct {
+	Namespace, Budget string
+	Resource          Resource
+	// Used, Charge and Hard are in the budget's unit (bytes, percent, GPUs).
+	Used, Charge, Hard int64
+	// Unknown, when set, says why the claim's size in Resource is unknown.
+	Unknown string
+}
+
+func (r *Refusal) Error() string {
+	if r.Unknown != "" {
+		return fmt.Sprintf("GPU budget %s/%s limits %s: %s; create the claim once such a device is published", r.Namespace, r.Budget, r.Resource, r.Unknown)
+	}
+	return fmt.Sprintf("GPU budget %s/%s: %s: used %s + this claim %s > hard %s",
+		r.Namespace, r.Budget, r.Resource, format(r.Resource, r.Used), format(r.Resource, r.Charge), format(r.Resource, r.Hard))
+}
+
+// IsRefusal reports whether err is (or wraps) a *Refusal.
+func IsRefusal(err error) bool {
+	var r *Refusal
+	return errors.As(err, &r)
+}
+
+func format(r Resource, v int64) string {
+	if r == Memory {
+		return resource.NewQuantity(v, resource.BinarySI).String()
+	}
+	return fmt.Sprint(v)
+}
+
+// Check returns the refusal of charge by a budget with hard limits and used
+// so far, nil when it fits. Dimensions are checked in Resources' order.
+func Check(namespace, name string, hard Limits, used Amount, charge Charge) *Refusal {
+	for _, r := range Resources {
+		limit, limited := hard.Get(r)
+		if !limited {
+			continue
+		}
+		if why, ok := charge.Unknown[r]; ok {
+			return &Refusal{Namespace: namespace, Budget: name, Resource: r, Unknown: why, Hard: limit}
+		}
+		if c := charge.Get(r); c > 0 && addSat(used.Get(r), c) > limit {
+			return &Refusal{Namespace: namespace, Budget: name, Resource: r, Used: used.Get(r), Charge: c, Hard: limit}
+		}
+	}
+	return nil
+}
+
+// Limits are a budget's caps; a nil dimension is unlimited.
+type Limits struct {
+	Memory, Cores, GPUs *int64
+}
+
+// Get returns the cap of r and whether there is one.
+func (l Limits) Get(r Resource) (int64, bool) {
+	var p *int64
+	switch r {
+	case Memory:
+		p = l.Memory
+	case Cores:
+		p = l.Cores
+	default:
+		p = l.GPUs
+	}
+	if p == nil {
+		return 0, false
+	}
+	return *p, true
+}
+
+// describe lists a charge's non-zero dimensions, for logs.
+func (a Amount) String() string {
+	var parts []string
+	for _, r := range Resources {
+		if v := a.Get(r); v != 0 {
+			parts = append(parts, fmt.Sprintf("%s %s", r, format(r, v)))
+		}
+	}
+	sort.Strings(parts)
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}

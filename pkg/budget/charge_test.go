@@ -1,0 +1,144 @@
+package budget
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-dev/tessera/pkg/legacy"
+	"github.com/tessera-dev/tessera/pkg/model"
+)
+
+func TestNamesMatchModel(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{driverName, model.DriverName},
+		{typeWhole, model.TypeWhole},
+		{typeShared, model.TypeShared},
+		{typeLent, model.TypeLent},
+		{typeMIG, model.TypeMIG},
+		{string(capacityMemory), string(model.Memory)},
+		{string(capacityCores), string(model.Cores)},
+		{nvidiaGPUClassName, legacy.DeviceClassName},
+	} {
+		if c.got != c.want {
+			t.Errorf("%q here, %q in pkg/model or pkg/legacy", c.got, c.want)
+		}
+	}
+	if coresPerGPU != model.CoresPerGPU {
+		t.Errorf("coresPerGPU %d, model.CoresPerGPU %d", coresPerGPU, model.CoresPerGPU)
+	}
+}
+
+func TestCharge(t *testing.T) {
+	firstAvailable := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "whole", DeviceClassName: wholeClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+		{Name: "shares", DeviceClassName: sharedClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2,
+			Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+				"memory": resource.MustParse("50Gi"), "cores": resource.MustParse("30")}}},
+	}}
+	all := exact("all", sharedClassName, 0, map[string]string{"memory": "1Gi", "cores": "5"})
+	all.Exactly.AllocationMode = resourceapi.DeviceAllocationModeAll
+	for _, tc := range []struct {
+		name    string
+		devices []resourceapi.Device
+		claim   *resourceapi.ResourceClaim
+		class   string // the budget's deviceClassName
+		want    Amount
+		unknown []Resource
+	}{
+		{name: "whole GPU: the largest model's memory", claim: claim("c", exact("gpu", wholeClassName, 1, nil)),
+			want: Amount{Memory: gi(80), Cores: 100, GPUs: 1}},
+		{name: "count 3", claim: claim("c", exact("gpu", wholeClassName, 3, nil)),
+			want: Amount{Memory: gi(240), Cores: 300, GPUs: 3}},
+		{name: "share rounded up to 1Mi", claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1500Ki", "cores": "25"})),
+			want: Amount{Memory: 2 << 20, Cores: 25}},
+		{name: "share without memory or cores: all of the largest GPU", claim: claim("c", exact("s", sharedClassName, 1, nil)),
+			want: Amount{Memory: gi(80), Cores: 100}},
+		{name: "lent share", devices: append(twoModels(), device("gpu-0-lent", typeLent, "20Gi", 100)),
+			claim: claim("c", exact("s", lentClassName, 1, map[string]string{"memory": "4Gi"})),
+			want:  Amount{Memory: gi(4), Cores: 100}},
+		{name: "MIG device: its capacity", claim: claim("c", exact("m", migClassName, 2, nil)),
+			want: Amount{Memory: gi(20), Cores: 28}},
+		{name: "legacy nvidia.com/gpu class: whole GPUs", claim: claim("c", exact("g", nvidiaGPUClassName, 1, nil)),
+			want: Amount{Memory: gi(80), Cores: 100, GPUs: 1}},
+		{name: "firstAvailable: per dimension the largest alternative", claim: claim("c", firstAvailable),
+			want: Amount{Memory: gi(100), Cores: 100, GPUs: 1}},
+		{name: "allocationMode All: AllocationResultsMaxSize devices", claim: claim("c", all),
+			want: Amount{Memory: gi(32), Cores: 160}},
+		{name: "requests are summed", claim: claim("c", exact("a", wholeClassName, 1, nil), exact("b", sharedClassName, 1, map[string]string{"memory": "10Gi", "cores": "10"})),
+			want: Amount{Memory: gi(90), Cores: 110, GPUs: 1}},
+		{name: "another driver's class: nothing", claim: claim("c", exact("x", "other.example.com", 4, nil))},
+		{name: "a class that does not exist: nothing", claim: claim("c", exact("x", "missing.example.com", 1, nil))},
+		{name: "own class selecting by size: the 80Gi GPU only", claim: claim("c", exact("x", "big.gpu.tessera.dev", 1, nil)),
+			want: Amount{Memory: gi(80), Cores: 100, GPUs: 1}},
+		{name: "request selector narrows to the 40Gi GPU", claim: func() *resourceapi.ResourceClaim {
+			r := exact("x", wholeClassName, 1, nil)
+			r.Exactly.Selectors = []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: `device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) <= 0`}}}
+			return claim("c", r)
+		}(), want: Amount{Memory: gi(40), Cores: 100, GPUs: 1}},
+		{name: "budget of one class counts only it", class: sharedClassName,
+			claim: claim("c", exact("a", wholeClassName, 1, nil), exact("b", sharedClassName, 1, map[string]string{"memory": "10Gi", "cores": "10"})),
+			want:  Amount{Memory: gi(10), Cores: 10}},
+		{name: "nothing published: a share names its size", devices: []resourceapi.Device{},
+			claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "3Gi", "cores": "30"})),
+			want:  Amount{Memory: gi(3), Cores: 30}},
+		{name: "nothing published: a whole GPU's memory is unknown", devices: []resourceapi.Device{},
+			claim: claim("c", exact("g", wholeClassName, 2, nil)),
+			want:  Amount{Cores: 200, GPUs: 2}, unknown: []Resource{Memory}},
+		{name: "nothing published: a share naming no memory is unknown", devices: []resourceapi.Device{},
+			claim: claim("c", exact("s", sharedClassName, 1, nil)),
+			want:  Amount{Cores: 100}, unknown: []Resource{Memory}},
+		{name: "nothing published: MIG unknown", devices: []resourceapi.Device{},
+			claim: claim("c", exact("m", migClassName, 1, nil)), unknown: []Resource{Memory, Cores}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devices := tc.devices
+			if devices == nil {
+				devices = twoModels()
+			}
+			cc, err := pricer(devices).Claim(context.Background(), &tc.claim.Spec.Devices)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cc.For(tc.class)
+			if got.Amount != tc.want {
+				t.Errorf("charge %+v (%s), want %+v (%s)", got.Amount, got.Amount, tc.want, tc.want)
+			}
+			if len(got.Unknown) != len(tc.unknown) {
+				t.Errorf("unknown %v, want %v", got.Unknown, tc.unknown)
+			}
+			for _, r := range tc.unknown {
+				if !strings.Contains(got.Unknown[r], "published") {
+					t.Errorf("unknown %s: %q, want a reason naming what is not published", r, got.Unknown[r])
+				}
+			}
+		})
+	}
+}
+
+func TestRefusalMessage(t *testing.T) {
+	hard := Limits{Memory: ptrInt(gi(40)), GPUs: ptrInt(1)}
+	r := Check("team-a", "gpu", hard, Amount{Memory: gi(30)}, Charge{Amount: Amount{Memory: gi(20)}})
+	if r == nil {
+		t.Fatal("30Gi + 20Gi fits 40Gi")
+	}
+	if want := "GPU budget team-a/gpu: memory: used 30Gi + this claim 20Gi > hard 40Gi"; r.Error() != want {
+		t.Errorf("message %q, want %q", r.Error(), want)
+	}
+	if r := Check("team-a", "gpu", hard, Amount{Memory: gi(20)}, Charge{Amount: Amount{Memory: gi(20), Cores: 900}}); r != nil {
+		t.Errorf("20Gi + 20Gi within 40Gi, cores unlimited: refused %v", r)
+	}
+	r = Check("team-a", "gpu", hard, Amount{}, Charge{Amount: Amount{GPUs: 1}, Unknown: map[Resource]string{Memory: "no GPU published"}})
+	if r == nil || !strings.Contains(r.Error(), "limits memory: no GPU published") {
+		t.Errorf("unknown memory against a memory limit: %v", r)
+	}
+	if r := Check("team-a", "gpu", Limits{GPUs: ptrInt(1)}, Amount{}, Charge{Amount: Amount{GPUs: 1}, Unknown: map[Resource]string{Memory: "x"}}); r != nil {
+		t.Errorf("unknown memory, memory unlimited: refused %v", r)
+	}
+}
+
+func ptrInt(v int64) *int64 { return &v }

@@ -1,0 +1,310 @@
+package budget
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// Path is where tessera-webhook serves the Charger's admission.
+const Path = "/budget"
+
+// DefaultTTL is how long a pending charge is kept while the reconciler's
+// informer has not seen its claim: far above the webhook's timeoutSeconds
+// (at most 30s) and the usual watch lag.
+const DefaultTTL = 2 * time.Minute
+
+// maxPending bounds status.pending (the CRD's maxItems): beyond it claims
+// are refused until the reconciler has caught up.
+const maxPending = 1024
+
+// rollbackTimeout bounds the removal of charges a later budget's refusal
+// left behind; what it cannot remove expires with the TTL.
+const rollbackTimeout = 5 * time.Second
+
+// Charger is the admission of ResourceClaims against GPUBudgets (Admit).
+// For each budget of the claim's namespace that the claim's charge touches,
+// in name order, it reads the budget, refuses the claim when used + charge
+// would exceed hard in a dimension the budget limits, else writes
+// status.used += charge and a status.pending entry (claim, uid, charge,
+// expires now+TTL) with UpdateStatus under the object's resourceVersion: a
+// compare-and-swap, so two admissions (of this process, of another replica,
+// or a reconciler's write) never both charge the same used. On a conflict
+// it reads the budget again and retries until the review's context ends.
+//
+// Within one process the charges of one budget are serialized (a mutex per
+// budget) and each starts from the object the last successful write
+// returned, so concurrent claims cost one write each instead of a round of
+// conflicts; replicas still race through the resourceVersion, and the
+// loser retries. A refusal is only given on an object read from the API
+// server in this admission (never on a cached one), so a stale cache does
+// not refuse a claim that fits.
+//
+// Dry runs are checked, never written. A claim already in a budget's
+// pending list (a retried review) is not charged twice. If a later budget
+// refuses, the entries written for the earlier ones are removed (best
+// effort within rollbackTimeout; otherwise they expire).
+//
+// The budgets are listed from a cache (Store.List): a budget created a
+// moment before a claim may not be charged for it; the reconciler counts
+// the claim from then on.
+type Charger struct {
+	Store  Store
+	Pricer *Pricer
+	// TTL of pending entries; zero means DefaultTTL.
+	TTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Metrics, when set, counts refusals.
+	Metrics *Metrics
+
+	mu    sync.Mutex
+	locks map[string]*budgetLock
+}
+
+// budgetLock serializes one budget's charges in this process and keeps the
+// object the last write returned.
+type budgetLock struct {
+	mu   sync.Mutex
+	last *configapi.GPUBudget
+}
+
+func (c *Charger) lock(namespace, name string) *budgetLock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.locks == nil {
+		c.locks = map[string]*budgetLock{}
+	}
+	key := namespace + "/" + name
+	l, ok := c.locks[key]
+	if !ok {
+		l = &budgetLock{}
+		c.locks[key] = l
+	}
+	return l
+}
+
+func (c *Charger) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Charger) ttl() time.Duration {
+	if c.TTL > 0 {
+		return c.TTL
+	}
+	return DefaultTTL
+}
+
+// Admit is the validating admission of a ResourceClaim CREATE (a
+// webhook.AdmitFunc). Anything else is allowed.
+func (c *Charger) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	allow := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	if req.Operation != admissionv1.Create || req.Resource.Group != resourceapi.GroupName || req.Resource.Resource != "resourceclaims" {
+		return allow
+	}
+	var claim resourceapi.ResourceClaim
+	if err := json.Unmarshal(req.Object.Raw, &claim); err != nil {
+		return deny(req, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("GPU budgets: decode the ResourceClaim: %v", err))
+	}
+	if claim.Namespace == "" {
+		claim.Namespace = req.Namespace
+	}
+	if claim.Name == "" {
+		claim.Name = req.Name
+	}
+	dryRun := req.DryRun != nil && *req.DryRun
+	err := c.ChargeClaim(ctx, &claim, dryRun)
+	if err == nil {
+		return allow
+	}
+	var refusal *Refusal
+	if errors.As(err, &refusal) {
+		c.Metrics.refused(refusal)
+		return deny(req, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error())
+	}
+	return deny(req, http.StatusInternalServerError, metav1.StatusReasonInternalError, err.Error())
+}
+
+func deny(req *admissionv1.AdmissionRequest, code int32, reason metav1.StatusReason, message string) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: false,
+		Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: message}}
+}
+
+// ChargeClaim charges claim against every budget of its namespace that its
+// charge touches (see Charger). The error is a *Refusal when a budget
+// refuses it.
+func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) error {
+	logger := klog.FromContext(ctx)
+	budgets, err := c.Store.List(ctx, claim.Namespace)
+	if err != nil {
+		return fmt.Errorf("GPU budgets of namespace %s: %w", claim.Namespace, err)
+	}
+	if len(budgets) == 0 {
+		return nil
+	}
+	slices.SortFunc(budgets, func(a, b *configapi.GPUBudget) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	cc, err := c.Pricer.Claim(ctx, &claim.Spec.Devices)
+	if err != nil {
+		return fmt.Errorf("GPU budgets: claim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	var charged []*configapi.GPUBudget
+	for _, b := range budgets {
+		charge := cc.For(b.Spec.DeviceClassName)
+		if charge.IsZero() && len(charge.Unknown) == 0 {
+			continue
+		}
+		if err := c.charge(ctx, b, claim, charge, dryRun); err != nil {
+			if !dryRun {
+				c.rollback(ctx, claim, charged)
+			}
+			return err
+		}
+		logger.V(4).Info("Charged a GPU budget", "budget", klog.KObj(b), "claim", klog.KObj(claim), "uid", claim.UID, "charge", charge.Amount.String(), "dryRun", dryRun)
+		charged = append(charged, b)
+	}
+	return nil
+}
+
+// charge charges one budget (see Charger).
+func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim, charge Charge, dryRun bool) error {
+	l := c.lock(cached.Namespace, cached.Name)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	base := cached
+	if l.last != nil && l.last.UID == cached.UID {
+		base = l.last
+	}
+	fresh := false
+	reread := func() error {
+		got, err := c.Store.Get(ctx, cached.Namespace, cached.Name)
+		if err != nil {
+			return err
+		}
+		base, fresh = got, true
+		return nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("GPU budget %s/%s: %w", cached.Namespace, cached.Name, err)
+		}
+		if claim.UID != "" && slices.ContainsFunc(base.Status.Pending, func(p configapi.PendingCharge) bool { return p.UID == string(claim.UID) }) {
+			return nil // charged by an earlier review of this claim
+		}
+		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), amount(base.Status.Used), charge)
+		if refusal == nil && len(base.Status.Pending) >= maxPending {
+			err := fmt.Errorf("GPU budget %s/%s: %d claims are being admitted; retry once the reconciler has caught up", base.Namespace, base.Name, len(base.Status.Pending))
+			if fresh {
+				return err
+			}
+			refusal = &Refusal{} // read again before refusing
+		}
+		if refusal != nil {
+			if fresh {
+				return refusal
+			}
+			if err := reread(); err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil // the budget is gone
+				}
+				return fmt.Errorf("GPU budget %s/%s: read: %w", cached.Namespace, cached.Name, err)
+			}
+			continue
+		}
+		if dryRun {
+			return nil
+		}
+		update := base.DeepCopy()
+		update.Status.Used = apiAmount(amount(update.Status.Used).Add(charge.Amount))
+		update.Status.Pending = append(update.Status.Pending, configapi.PendingCharge{
+			Claim:   claim.Name,
+			UID:     string(claim.UID),
+			Charge:  apiAmount(charge.Amount),
+			Expires: metav1.NewTime(c.now().Add(c.ttl()).Truncate(time.Second)),
+		})
+		written, err := c.Store.UpdateStatus(ctx, update)
+		if err == nil {
+			l.last = written
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("GPU budget %s/%s: charge claim %s: %w", cached.Namespace, cached.Name, claim.Name, err)
+		}
+		if err := reread(); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("GPU budget %s/%s: read after a conflict: %w", cached.Namespace, cached.Name, err)
+		}
+	}
+}
+
+// rollback removes the pending entries of claim from budgets, and their
+// charges from used.
+func (c *Charger) rollback(ctx context.Context, claim *resourceapi.ResourceClaim, budgets []*configapi.GPUBudget) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	for _, b := range budgets {
+		if err := c.uncharge(ctx, b, claim); err != nil {
+			klog.FromContext(ctx).Error(err, "Cannot remove a charge; it expires with its TTL", "budget", klog.KObj(b), "claim", klog.KObj(claim))
+		}
+	}
+}
+
+func (c *Charger) uncharge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim) error {
+	l := c.lock(cached.Namespace, cached.Name)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	base := l.last
+	for {
+		if base == nil || base.UID != cached.UID {
+			got, err := c.Store.Get(ctx, cached.Namespace, cached.Name)
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			base = got
+		}
+		i := slices.IndexFunc(base.Status.Pending, func(p configapi.PendingCharge) bool { return p.UID == string(claim.UID) })
+		if i < 0 {
+			return nil
+		}
+		update := base.DeepCopy()
+		update.Status.Used = apiAmount(amount(update.Status.Used).Sub(amount(update.Status.Pending[i].Charge)))
+		update.Status.Pending = slices.Delete(update.Status.Pending, i, i+1)
+		written, err := c.Store.UpdateStatus(ctx, update)
+		if err == nil {
+			l.last = written
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		base = nil
+	}
+}

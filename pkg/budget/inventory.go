@@ -1,0 +1,73 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Inventory lists the devices of gpu.tessera.dev the cluster's
+// ResourceSlices publish (Devices), from an informer once it has synced, a
+// LIST before. It needs list and watch on resourceslices.
+type Inventory struct {
+	client  kubernetes.Interface
+	factory informers.SharedInformerFactory
+	lister  resourcelisters.ResourceSliceLister
+	synced  cache.InformerSynced
+	version atomic.Uint64
+}
+
+var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", driverName).String()
+
+// NewInventory returns an Inventory over client's ResourceSlices.
+func NewInventory(client kubernetes.Interface) *Inventory {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sliceDriverSelector }))
+	informer := factory.Resource().V1().ResourceSlices()
+	inv := &Inventory{client: client, factory: factory, lister: informer.Lister(), synced: informer.Informer().HasSynced}
+	bump := func(any) { inv.version.Add(1) }
+	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, o any) { bump(o) },
+	})
+	return inv
+}
+
+// Start starts the informer; it runs until ctx ends.
+func (inv *Inventory) Start(ctx context.Context) { inv.factory.Start(ctx.Done()) }
+
+// Devices is a Devices function: the published devices and their version.
+func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64, error) {
+	var slices []*resourceapi.ResourceSlice
+	if inv.synced() {
+		var err error
+		if slices, err = inv.lister.List(labels.Everything()); err != nil {
+			return nil, 0, err
+		}
+	} else {
+		list, err := inv.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sliceDriverSelector})
+		if err != nil {
+			return nil, 0, fmt.Errorf("list ResourceSlices: %w", err)
+		}
+		for i := range list.Items {
+			slices = append(slices, &list.Items[i])
+		}
+		// Not cached: the next call lists again.
+		defer inv.version.Add(1)
+	}
+	var out []resourceapi.Device
+	for _, s := range slices {
+		if s.Spec.Driver == driverName {
+			out = append(out, s.Spec.Devices...)
+		}
+	}
+	return out, inv.version.Load(), nil
+}

@@ -1,0 +1,355 @@
+package budget
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// Reconciler keeps each GPUBudget's status equal to what the claims of its
+// namespace take. For a budget it computes
+//
+//	used = Σ charge(claim) over the ResourceClaims its informer holds in the namespace
+//	     + Σ charge of the pending entries whose claim the informer does not
+//	       hold yet and that have not expired,
+//
+// drops the other pending entries (their claim is counted, or its creation
+// failed and the entry expired), and writes the status with UpdateStatus
+// under the resourceVersion it computed from; on a conflict it reads the
+// budget again and recomputes. A pending entry leaves only once its claim is
+// counted or its TTL has passed, so used never falls below a charge the
+// webhook admitted and whose claim the informer has not seen yet (as long as
+// the informer lags less than the TTL). Claims being deleted count until
+// they are gone, as with ResourceQuota. Until it catches up, used may be
+// above what the claims take (a claim deleted, a creation that failed),
+// never below.
+//
+// No leader election: every write is a compare-and-swap on the
+// resourceVersion of the object the status was computed from, so two
+// replicas (or a replica and the Charger) never overwrite each other's
+// charge; the loser recomputes from the fresh object. Replicas whose
+// informers lag differently may each write their own view in turn, but both
+// views keep every charge in flight (the pending entries) and every claim
+// the informer holds, so either is an upper bound.
+//
+// It recomputes a namespace on changes to its claims or budgets (debounced:
+// changes within Debounce make one pass) and every Resync. Changing a
+// budget's annotation gpu.tessera.dev/resync makes every replica
+// recompute it at once and write its status (status.lastReconciled) even
+// when nothing changed.
+type Reconciler struct {
+	Store  Store
+	Pricer *Pricer
+	// Claims lists the ResourceClaims of a namespace from a cache.
+	Claims func(namespace string) ([]*resourceapi.ResourceClaim, error)
+	// Now is the clock; nil means time.Now.
+	Now     func() time.Time
+	Metrics *Metrics
+
+	mu sync.Mutex
+	// forced is the resync annotation each budget had when it was last
+	// written, by namespace/name.
+	forced map[string]string
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile recomputes every budget of namespace.
+func (r *Reconciler) Reconcile(ctx context.Context, namespace string) error {
+	budgets, err := r.Store.List(ctx, namespace)
+	if err != nil || len(budgets) == 0 {
+		return err
+	}
+	claims, err := r.Claims(namespace)
+	if err != nil {
+		return fmt.Errorf("list the ResourceClaims of %s: %w", namespace, err)
+	}
+	type priced struct {
+		uid    types.UID
+		charge ClaimCharge
+	}
+	var all []priced
+	for _, c := range claims {
+		cc, err := r.Pricer.Claim(ctx, &c.Spec.Devices)
+		if err != nil {
+			return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+		}
+		all = append(all, priced{uid: c.UID, charge: cc})
+	}
+	held := map[string]bool{}
+	for _, c := range all {
+		held[string(c.uid)] = true
+	}
+	var errs []error
+	for _, b := range budgets {
+		var used Amount
+		for _, c := range all {
+			used = used.Add(c.charge.For(b.Spec.DeviceClassName).Amount)
+		}
+		if err := r.reconcileBudget(ctx, b, used, held); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("GPU budgets of %s: %v", namespace, errs)
+	}
+	return nil
+}
+
+// Status is the status of budget b given what the claims the informer
+// holds take (claims) and the uids it holds (held), at now: the pending
+// entries of claims not held and not expired are kept and added.
+func Status(b *configapi.GPUBudget, claims Amount, held map[string]bool, now time.Time) configapi.GPUBudgetStatus {
+	used := claims
+	var pending []configapi.PendingCharge
+	for _, p := range b.Status.Pending {
+		if held[p.UID] || !p.Expires.Time.After(now) {
+			continue
+		}
+		var kept configapi.PendingCharge
+		p.DeepCopyInto(&kept)
+		pending = append(pending, kept)
+		used = used.Add(amount(p.Charge))
+	}
+	return configapi.GPUBudgetStatus{
+		Used:               apiAmount(used),
+		Pending:            pending,
+		ObservedGeneration: b.Generation,
+		LastReconciled:     b.Status.LastReconciled,
+	}
+}
+
+func sameStatus(a, b configapi.GPUBudgetStatus) bool {
+	a.LastReconciled, b.LastReconciled = nil, nil
+	if len(a.Pending) == 0 && len(b.Pending) == 0 {
+		a.Pending, b.Pending = nil, nil
+	}
+	return equality.Semantic.DeepEqual(a, b)
+}
+
+func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget, claims Amount, held map[string]bool) error {
+	logger := klog.FromContext(ctx)
+	key := b.Namespace + "/" + b.Name
+	for {
+		token := b.Annotations[configapi.GPUBudgetResyncAnnotation]
+		r.mu.Lock()
+		seen, known := r.forced[key]
+		r.mu.Unlock()
+		forced := token != "" && (!known || seen != token)
+		now := r.now()
+		status := Status(b, claims, held, now)
+		if !forced && sameStatus(status, b.Status) {
+			r.Metrics.observe(b)
+			return nil
+		}
+		update := b.DeepCopy()
+		update.Status = status
+		update.Status.LastReconciled = &metav1.Time{Time: now.Truncate(time.Second)}
+		written, err := r.Store.UpdateStatus(ctx, update)
+		if err == nil {
+			logger.V(3).Info("Reconciled a GPU budget", "budget", klog.KObj(b), "used", amount(status.Used).String(), "pending", len(status.Pending), "forced", forced)
+			r.mu.Lock()
+			if r.forced == nil {
+				r.forced = map[string]string{}
+			}
+			r.forced[key] = token
+			r.mu.Unlock()
+			r.Metrics.observe(written)
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return fmt.Errorf("GPU budget %s: write status: %w", key, err)
+		}
+		namespace, name := b.Namespace, b.Name
+		b, err = r.Store.Get(ctx, namespace, name)
+		if apierrors.IsNotFound(err) {
+			r.Metrics.forget(namespace, name)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("GPU budget %s: read after a conflict: %w", key, err)
+		}
+	}
+}
+
+// Controller runs a Reconciler on informers of ResourceClaims and
+// GPUBudgets (Run).
+type Controller struct {
+	Reconciler *Reconciler
+	// Resync is how often every namespace with a budget is recomputed.
+	Resync time.Duration
+	// Debounce is how long changes are gathered before a namespace is
+	// recomputed.
+	Debounce time.Duration
+
+	budgets *DynamicStore
+	claims  informers.SharedInformerFactory
+	lister  resourcelisters.ResourceClaimLister
+	synced  cache.InformerSynced
+	queue   workqueue.TypedRateLimitingInterface[string]
+}
+
+// NewController wires a Reconciler to informers over client's ResourceClaims
+// and store's GPUBudgets. It needs list and watch on resourceclaims.
+func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pricer, metrics *Metrics, resync time.Duration) *Controller {
+	factory := informers.NewSharedInformerFactory(client, 0)
+	informer := factory.Resource().V1().ResourceClaims()
+	// Only what charges read: drop managed fields and the status.
+	_ = informer.Informer().SetTransform(func(obj any) (any, error) {
+		if c, ok := obj.(*resourceapi.ResourceClaim); ok {
+			c.ManagedFields = nil
+			c.Status = resourceapi.ResourceClaimStatus{}
+		}
+		return obj, nil
+	})
+	lister := informer.Lister()
+	c := &Controller{
+		Resync:   resync,
+		Debounce: time.Second,
+		budgets:  store,
+		claims:   factory,
+		lister:   lister,
+		synced:   informer.Informer().HasSynced,
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "gpu-budgets"}),
+	}
+	c.Reconciler = &Reconciler{
+		Store:   store,
+		Pricer:  pricer,
+		Metrics: metrics,
+		Claims: func(namespace string) ([]*resourceapi.ResourceClaim, error) {
+			return lister.ResourceClaims(namespace).List(labels.Everything())
+		},
+	}
+	later := func(obj any) {
+		if ns, ok := namespaceOf(obj); ok {
+			c.queue.AddAfter(ns, c.Debounce)
+		}
+	}
+	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    later,
+		DeleteFunc: later,
+	})
+	_, _ = store.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.enqueueNow(obj) },
+		DeleteFunc: later,
+		UpdateFunc: func(old, obj any) {
+			o, err1 := FromUnstructured(old)
+			n, err2 := FromUnstructured(obj)
+			if err1 == nil && err2 == nil && (o.Generation != n.Generation ||
+				o.Annotations[configapi.GPUBudgetResyncAnnotation] != n.Annotations[configapi.GPUBudgetResyncAnnotation]) {
+				c.enqueueNow(obj)
+				return
+			}
+			later(obj)
+		},
+	})
+	return c
+}
+
+func (c *Controller) enqueueNow(obj any) {
+	if ns, ok := namespaceOf(obj); ok {
+		c.queue.Add(ns)
+	}
+}
+
+func namespaceOf(obj any) (string, bool) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, err := metaAccessor(obj)
+	if err != nil {
+		return "", false
+	}
+	return m.GetNamespace(), true
+}
+
+func metaAccessor(obj any) (metav1.Object, error) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("%T has no object metadata", obj)
+	}
+	return m, nil
+}
+
+// Run starts the informers (and the store's) and reconciles until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("gpu-budgets")
+	ctx = klog.NewContext(ctx, logger)
+	defer c.queue.ShutDown()
+	c.claims.Start(ctx.Done())
+	c.budgets.Start(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced, c.budgets.Informer().HasSynced) {
+		return ctx.Err()
+	}
+	logger.Info("Reconciling GPU budgets", "resync", c.Resync)
+	go func() {
+		if c.Resync <= 0 {
+			return
+		}
+		ticker := time.NewTicker(c.Resync)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				c.enqueueAll()
+			}
+		}
+	}()
+	c.enqueueAll()
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for {
+		ns, shutdown := c.queue.Get()
+		if shutdown {
+			return nil
+		}
+		err := c.Reconciler.Reconcile(ctx, ns)
+		if err != nil {
+			logger.Error(err, "Cannot reconcile the GPU budgets of a namespace; retrying", "namespace", ns)
+			c.queue.AddRateLimited(ns)
+		} else {
+			c.queue.Forget(ns)
+		}
+		c.queue.Done(ns)
+	}
+}
+
+// enqueueAll queues every namespace that has a budget now.
+func (c *Controller) enqueueAll() {
+	var namespaces []string
+	for _, obj := range c.budgets.Informer().GetStore().List() {
+		if ns, ok := namespaceOf(obj); ok && !slices.Contains(namespaces, ns) {
+			namespaces = append(namespaces, ns)
+		}
+	}
+	for _, ns := range namespaces {
+		c.queue.Add(ns)
+	}
+}
