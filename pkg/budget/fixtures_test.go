@@ -111,7 +111,6 @@ func claim(name string, requests ...resourceapi.DeviceRequest) *resourceapi.Reso
 	}
 }
 
-
 func gi(n int64) int64 { return n << 30 }
 
 // fakeBudgets is a dynamic fake client whose GPUBudget status updates are
