@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-dev/tessera/pkg/budget"
 	"github.com/tessera-dev/tessera/pkg/legacy"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 	"github.com/tessera-dev/tessera/pkg/webhook/legacypods"
@@ -42,6 +43,7 @@ func newCommand() *cobra.Command {
 	var translateLegacy bool
 	var gpushareUnit string
 	var templateGrace time.Duration
+	var budgets budgetFlags
 	cmd := &cobra.Command{
 		Use:   "tessera-webhook",
 		Short: "Validating admission webhook for gpu.tessera.dev GpuConfig in ResourceClaims and ResourceClaimTemplates",
@@ -57,7 +59,10 @@ func newCommand() *cobra.Command {
 			"With --translate-legacy-pods, on " + legacypods.Path + " it translates pods written for HAMi, gpushare, Koordinator " +
 			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), creating the ResourceClaimTemplates they use " +
 			"(create, get, patch on resourceclaimtemplates.resource.k8s.io), and deletes those templates once no pod uses them " +
-			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).",
+			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).\n" +
+			"With --budgets, on " + budget.Path + " it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
+			"(pkg/budget) and keeps their status up to date (get, list, watch on gpubudgets.gpu.tessera.dev, update on gpubudgets/status; " +
+			"list, watch on resourceclaims).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -68,7 +73,14 @@ func newCommand() *cobra.Command {
 			if err := setMemoryLimit(ctx, memoryLimit); err != nil {
 				return err
 			}
-			classes, err := deviceClasses(kubeconfig)
+			if err := budgets.validate(); err != nil {
+				return err
+			}
+			config, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			classes, err := deviceClasses(config)
 			if err != nil {
 				return err
 			}
@@ -79,6 +91,16 @@ func newCommand() *cobra.Command {
 			models.Timeout = classTimeout
 			models.Start(ctx)
 			server.Models = models
+			server.Admitters = map[string]webhook.AdmitFunc{}
+			var background []task
+			if budgets.enabled {
+				admit, tasks, err := budgets.start(ctx, config, classes)
+				if err != nil {
+					return err
+				}
+				server.Admitters[budget.Path] = admit
+				background = append(background, tasks...)
+			}
 			if translateLegacy {
 				unit := legacy.MemoryUnit(gpushareUnit)
 				if unit != legacy.GiB && unit != legacy.MiB {
@@ -90,10 +112,10 @@ func newCommand() *cobra.Command {
 					return err
 				}
 				translator := &legacypods.Translator{Client: client, Models: models, GPUShareUnit: unit, Grace: templateGrace}
-				server.Admitters = map[string]webhook.AdmitFunc{legacypods.Path: translator.Admit}
-				return serveWith(ctx, server.Run, cleaner.Run, "the cleaner of translated ResourceClaimTemplates")
+				server.Admitters[legacypods.Path] = translator.Admit
+				background = append(background, task{cleaner.Run, "the cleaner of translated ResourceClaimTemplates"})
 			}
-			return server.Run(ctx)
+			return serveWith(ctx, server.Run, background...)
 		},
 	}
 	flags := cmd.Flags()
@@ -120,6 +142,7 @@ func newCommand() *cobra.Command {
 		"the unit of aliyun.com/gpu-mem in this cluster (gpushare's device plugin --memory-unit): GiB or MiB")
 	flags.DurationVar(&templateGrace, "legacy-template-grace", legacypods.DefaultGrace,
 		"a translated ResourceClaimTemplate that no pod uses is deleted this long after it was made or last used by an admission (at least "+legacypods.MinGrace.String()+")")
+	budgets.add(flags)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	flags.AddGoFlagSet(klogFlags)
@@ -127,22 +150,29 @@ func newCommand() *cobra.Command {
 	return cmd
 }
 
-// serveWith runs serve and, beside it, background (named what). When
-// background fails before ctx ends, serve is stopped (its context
-// cancelled: it drains as on SIGTERM) and the failure is returned, so the
-// process exits non-zero and the pod restarts, visibly, rather than serving
-// on without it.
-func serveWith(ctx context.Context, serve, background func(context.Context) error, what string) error {
+// task is a background task and what it is, for messages.
+type task struct {
+	run  func(context.Context) error
+	what string
+}
+
+// serveWith runs serve and, beside it, the background tasks. When one
+// fails before ctx ends, serve is stopped (its context cancelled: it drains
+// as on SIGTERM) and the failure is returned, so the process exits non-zero
+// and the pod restarts, visibly, rather than serving on without it.
+func serveWith(ctx context.Context, serve func(context.Context) error, background ...task) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	failed := make(chan error, 1)
-	go func() {
-		if err := background(ctx); err != nil && ctx.Err() == nil {
-			klog.FromContext(ctx).Error(err, "Stopping: a background task failed", "task", what)
-			failed <- fmt.Errorf("%s stopped: %w", what, err)
-			cancel()
-		}
-	}()
+	failed := make(chan error, len(background))
+	for _, t := range background {
+		go func() {
+			if err := t.run(ctx); err != nil && ctx.Err() == nil {
+				klog.FromContext(ctx).Error(err, "Stopping: a background task failed", "task", t.what)
+				failed <- fmt.Errorf("%s stopped: %w", t.what, err)
+				cancel()
+			}
+		}()
+	}
 	err := serve(ctx)
 	select {
 	case bgErr := <-failed:
@@ -179,9 +209,9 @@ func setMemoryLimit(ctx context.Context, limit string) error {
 	return nil
 }
 
-// deviceClasses connects to the API server: with kubeconfig when set, else
-// with the pod's service account.
-func deviceClasses(kubeconfig string) (*webhook.DeviceClasses, error) {
+// restConfig is how to reach the API server: kubeconfig when set, else the
+// pod's service account.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	var config *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -193,6 +223,11 @@ func deviceClasses(kubeconfig string) (*webhook.DeviceClasses, error) {
 		return nil, fmt.Errorf("connect to the API server to read DeviceClasses (--kubeconfig, or the pod's service account token): %w", err)
 	}
 	config.UserAgent = "tessera-webhook"
+	return config, nil
+}
+
+// deviceClasses reads DeviceClasses through config.
+func deviceClasses(config *rest.Config) (*webhook.DeviceClasses, error) {
 	client, err := kubernetes.NewForConfig(config)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the API server: %w", err)

@@ -52,8 +52,8 @@ func TestNoAPIServer(t *testing.T) {
 // error that names it.
 func TestKubeconfig(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
-	if _, err := deviceClasses(missing); err == nil || !strings.Contains(err.Error(), "missing") {
-		t.Fatalf("deviceClasses(%s) = %v, want an error naming the file", missing, err)
+	if _, err := restConfig(missing); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("restConfig(%s) = %v, want an error naming the file", missing, err)
 	}
 	file := filepath.Join(t.TempDir(), "kubeconfig")
 	config := `apiVersion: v1
@@ -66,8 +66,21 @@ current-context: x
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := deviceClasses(file); err != nil {
+	rc, err := restConfig(file)
+	if err != nil {
+		t.Fatalf("restConfig(%s): %v", file, err)
+	}
+	if _, err := deviceClasses(rc); err != nil {
 		t.Fatalf("deviceClasses(%s): %v", file, err)
+	}
+}
+
+// TestBudgetFlags: the pending TTL must outlive the webhook's timeout.
+func TestBudgetFlags(t *testing.T) {
+	cmd := newCommand()
+	cmd.SetArgs([]string{"--budgets", "--budget-pending-ttl=5s", "--budget-webhook-timeout=10s"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--budget-pending-ttl 5s must be longer than --budget-webhook-timeout 10s") {
+		t.Errorf("Execute = %v, want the TTL refused", err)
 	}
 }
 
@@ -129,13 +142,13 @@ func TestMemoryLimit(t *testing.T) {
 // ends with the context is no error.
 func TestServeWithBackgroundFailure(t *testing.T) {
 	serve := func(ctx context.Context) error { <-ctx.Done(); return nil }
-	err := serveWith(context.Background(), serve, func(context.Context) error { return errors.New("caches did not sync") }, "the cleaner")
+	err := serveWith(context.Background(), serve, task{func(context.Context) error { return errors.New("caches did not sync") }, "the cleaner"})
 	if err == nil || !strings.Contains(err.Error(), "the cleaner stopped: caches did not sync") {
 		t.Errorf("serveWith: %v, want the cleaner's failure", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
-	if err := serveWith(ctx, serve, func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, "the cleaner"); err != nil {
+	if err := serveWith(ctx, serve, task{func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, "the cleaner"}); err != nil {
 		t.Errorf("serveWith after SIGTERM: %v, want nil", err)
 	}
 }
