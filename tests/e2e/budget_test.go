@@ -1,0 +1,283 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/pkg/budget"
+)
+
+// TestBudget is issue 24's end-to-end check of namespace GPU budgets, with
+// the release switched to budgets.enabled and
+// webhook.legacyTranslation.enabled (restored at the end): a claim over a
+// GPUBudget is refused with used and hard; 100 concurrent claim creations,
+// with the reconciler forced to resync during them, never take a budget
+// over hard (the claims that exist afterwards are counted); and the claim
+// of a translated pod is charged, a second one over the budget refused with
+// the refusal in the pod's events.
+func TestBudget(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	helmUpgradeValues(t, c, map[string]any{
+		"budgets": map[string]any{"enabled": true},
+		"webhook": map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
+	}, false)
+
+	t.Run("OverBudgetRefused", func(t *testing.T) { budgetOverRefused(t, c) })
+	t.Run("ConcurrentClaimsNeverExceed", func(t *testing.T) { budgetConcurrent(t, c) })
+	t.Run("TranslatedPodCharged", func(t *testing.T) { budgetTranslatedPod(t, c) })
+}
+
+// createBudget creates a GPUBudget "gpu" in ns capping memory, retrying
+// while the CRD is not served yet.
+func createBudget(t *testing.T, c *Cluster, ns, memory string) {
+	t.Helper()
+	b := &configapi.GPUBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GPUBudgetKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns},
+		Spec:       configapi.GPUBudgetSpec{Hard: configapi.BudgetLimits{Memory: ptr.To(resource.MustParse(memory))}},
+	}
+	u, err := budget.ToUnstructured(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Poll(context.Background(), "create a GPUBudget", time.Minute, func(ctx context.Context) (bool, error) {
+		if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			return false, retry("%v", err)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func getBudget(ctx context.Context, c *Cluster, ns string) (*configapi.GPUBudget, error) {
+	u, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Get(ctx, "gpu", metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return budget.FromUnstructured(u)
+}
+
+// shareClaim is a claim for one share of memory and 1 core.
+func shareClaim(name, memory string) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/e2e": "true"}},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "share",
+			Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: "shared.gpu.tessera.dev",
+				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+					"memory": resource.MustParse(memory), "cores": resource.MustParse("1")}},
+			},
+		}}}},
+	}
+}
+
+// waitForBudgets waits until the webhook refuses a claim over the budget
+// of ns (a dry run): helm's --wait returns when the new replicas are
+// ready, but an old one may still answer for a moment. Five in a row.
+func waitForBudgets(t *testing.T, c *Cluster, ns, over string) {
+	t.Helper()
+	inARow := 0
+	err := Poll(context.Background(), "the webhook to enforce GPU budgets", PodTimeout, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, shareClaim("probe", over), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil || !strings.Contains(err.Error(), "GPU budget") {
+			inARow = 0
+			return false, retry("dry run of a %s claim: %v", over, err)
+		}
+		inARow++
+		return inARow == 5, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// budgetOverRefused: 30Gi of a 40Gi budget is allowed, then 20Gi refused
+// with used and hard; a dry run charges nothing.
+func budgetOverRefused(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-budget")
+	createBudget(t, c, ns, "40Gi")
+	waitForBudgets(t, c, ns, "50Gi")
+	claims := c.Client.ResourceV1().ResourceClaims(ns)
+	if _, err := claims.Create(ctx, shareClaim("a", "30Gi"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("30Gi of a 40Gi budget: %v", err)
+	}
+	_, err := claims.Create(ctx, shareClaim("b", "20Gi"), metav1.CreateOptions{})
+	want := fmt.Sprintf("GPU budget %s/gpu: memory: used 30Gi + this claim 20Gi > hard 40Gi", ns)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("20Gi more: %v, want refused with %q", err, want)
+	}
+	t.Logf("refused at creation: %v", err)
+	b, err := getBudget(ctx, c, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Status.Used.Memory.Cmp(resource.MustParse("30Gi")) != 0 {
+		t.Errorf("status.used.memory %s after 30Gi admitted, the probes' dry runs and a refusal; want 30Gi", b.Status.Used.Memory.String())
+	}
+}
+
+// budgetConcurrent: 100 claims of 1Gi created at once against a 37Gi
+// budget while the resync annotation is changed every 100ms; afterwards the
+// claims that exist take at most 37Gi, and once the reconciler has caught
+// up status.used equals them with nothing pending.
+func budgetConcurrent(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-budget-race")
+	createBudget(t, c, ns, "37Gi")
+	waitForBudgets(t, c, ns, "38Gi")
+
+	stop := make(chan struct{})
+	resyncs := 0
+	var resyncWG sync.WaitGroup
+	resyncWG.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			resyncs++
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"%d"}}}`, configapi.GPUBudgetResyncAnnotation, resyncs)
+			if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Patch(ctx, "gpu", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Errorf("resync annotation: %v", err)
+				return
+			}
+		}
+	})
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted, refused := 0, 0
+	var others []string
+	start := time.Now()
+	for i := range 100 {
+		wg.Go(func() {
+			_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, shareClaim(fmt.Sprintf("c-%03d", i), "1Gi"), metav1.CreateOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				admitted++
+			case strings.Contains(err.Error(), "> hard 37Gi"):
+				refused++
+			default:
+				others = append(others, err.Error())
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	resyncWG.Wait()
+	t.Logf("100 concurrent creations in %v with %d resync annotations: %d admitted, %d refused over budget, %d other errors %v",
+		time.Since(start).Round(time.Millisecond), resyncs, admitted, refused, len(others), others)
+
+	list, err := c.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum resource.Quantity
+	for _, cl := range list.Items {
+		sum.Add(cl.Spec.Devices.Requests[0].Exactly.Capacity.Requests["memory"])
+	}
+	if sum.Cmp(resource.MustParse("37Gi")) > 0 {
+		t.Errorf("the %d claims that exist take %s memory, over the budget's 37Gi", len(list.Items), sum.String())
+	}
+	if len(list.Items) != admitted {
+		t.Errorf("%d claims exist, %d were admitted", len(list.Items), admitted)
+	}
+	if len(others) == 0 && admitted != 37 {
+		t.Errorf("%d admitted without other errors, want 37: a claim that fit was refused", admitted)
+	}
+	t.Logf("afterwards: %d claims exist, taking %s of 37Gi", len(list.Items), sum.String())
+
+	// The reconciler catches up: used is what the claims take, nothing pending.
+	err = Poll(ctx, "the reconciler to count the claims", time.Minute, func(ctx context.Context) (bool, error) {
+		b, err := getBudget(ctx, c, ns)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		if b.Status.Used.Memory.Cmp(sum) != 0 || len(b.Status.Pending) != 0 {
+			return false, retry("used %s with %d pending, want %s and none", b.Status.Used.Memory.String(), len(b.Status.Pending), sum.String())
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// budgetTranslatedPod: a HAMi vGPU pod (3000Mi share) in a translating
+// namespace with a 4000Mi budget: the claim the resourceclaim controller
+// makes from its template is charged; a second such pod's claim is refused,
+// and the pod says why in its events.
+func budgetTranslatedPod(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ns := translatingNamespace(t, c, "e2e-budget-legacy")
+	createBudget(t, c, ns, "4000Mi")
+	waitForTranslation(t, c, ns)
+	waitForBudgets(t, c, ns, "5000Mi")
+	hami := legacySystemPods[0]
+	createPod(t, t, c, ns, legacyPod("hami-1", hami.limits, hami.requests))
+	err := Poll(ctx, "the translated pod's claim to be charged", PodTimeout, func(ctx context.Context) (bool, error) {
+		b, err := getBudget(ctx, c, ns)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		if b.Status.Used.Memory.Cmp(resource.MustParse(hami.memory)) != 0 {
+			return false, retry("used %s, want %s", b.Status.Used.Memory.String(), hami.memory)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	createPod(t, t, c, ns, legacyPod("hami-2", hami.limits, hami.requests))
+	want := fmt.Sprintf("GPU budget %s/gpu: memory: used 3000Mi + this claim 3000Mi > hard 4000Mi", ns)
+	var seen string
+	err = Poll(ctx, "the second pod's event", PodTimeout, func(ctx context.Context) (bool, error) {
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hami-2"})
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		var reasons []string
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, want) {
+				seen = fmt.Sprintf("%s %s: %s", e.Type, e.Reason, e.Message)
+				return true, nil
+			}
+			reasons = append(reasons, e.Reason)
+		}
+		return false, retry("events %v", reasons)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("second HAMi pod's event: %s", seen)
+	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "hami-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase != corev1.PodPending || len(pod.Status.ResourceClaimStatuses) != 0 {
+		t.Errorf("second pod: phase %s, claims %+v; want Pending without a claim", pod.Status.Phase, pod.Status.ResourceClaimStatuses)
+	}
+}
