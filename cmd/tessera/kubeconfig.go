@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -39,4 +40,16 @@ func (k *kubeFlags) client() (kubernetes.Interface, string, error) {
 		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
 	return client, ns, nil
+}
+
+// dynamicClient is a dynamic client for the same cluster as client.
+func (k *kubeFlags) dynamicClient() (dynamic.Interface, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = k.kubeconfig
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return dynamic.NewForConfig(cfg)
 }

@@ -18,7 +18,10 @@ func newStatusCommand() *cobra.Command {
 the total, which pods and claims hold it, and whether it is healthy. A GPU in MIG
 mode shows its MIG devices (every static instance, the held placements of a
 dynamic-MIG GPU), each with its holders and health. Reads the ResourceSlices of
-gpu.tessera.dev and all ResourceClaims (needs list on both).`,
+gpu.tessera.dev and all ResourceClaims (needs list on both). Then, where the
+cluster has GPUBudgets (chart value budgets.enabled), each budget's memory,
+cores and whole GPUs used out of its hard caps ("-": unlimited) and the claims
+still pending (needs list on gpubudgets.gpu.tessera.dev).`,
 		Example: `  tessera status
   tessera status --node gpu-node-1 -o yaml`,
 		Args: cobra.NoArgs,
@@ -32,6 +35,13 @@ gpu.tessera.dev and all ResourceClaims (needs list on both).`,
 			}
 			report, err := status.Get(cmd.Context(), client, node)
 			if err != nil {
+				return err
+			}
+			dyn, err := kube.dynamicClient()
+			if err != nil {
+				return err
+			}
+			if report.Budgets, err = status.GetBudgets(cmd.Context(), dyn); err != nil {
 				return err
 			}
 			return writeReport(cmd.OutOrStdout(), output, report, report.WriteTable)

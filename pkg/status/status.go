@@ -28,6 +28,8 @@ import (
 // Report is the status of every GPU Tessera publishes, by node.
 type Report struct {
 	Nodes []Node `json:"nodes"`
+	// Budgets are the cluster's GPUBudgets (GetBudgets), when read.
+	Budgets []Budget `json:"budgets,omitempty"`
 }
 
 // Node is one node's GPUs, by ascending minor.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -274,5 +275,30 @@ func TestStatusAttestation(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), `"attestation":{"kind":"GpuAttestation","apiVersion":"gpu.tessera.dev/v1alpha1"`) ||
 		!strings.Contains(string(b), `"prepareError":"claim demo/failed`) {
 		t.Errorf("json lacks the attestation or the prepare error: %s %v", b, err)
+	}
+}
+
+func TestBudgetsTable(t *testing.T) {
+	hard := resource.MustParse("40Gi")
+	items := []configapi.GPUBudget{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "gpu"},
+			Spec: configapi.GPUBudgetSpec{Hard: configapi.BudgetLimits{GPUs: ptr.To[int64](2)}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "gpu"},
+			Spec: configapi.GPUBudgetSpec{Hard: configapi.BudgetLimits{Memory: &hard}, DeviceClassName: "shared.gpu.tessera.dev"},
+			Status: configapi.GPUBudgetStatus{Used: configapi.BudgetAmount{Memory: resource.MustParse("30Gi"), Cores: 60},
+				Pending: []configapi.PendingCharge{{Claim: "c", UID: "u"}}}},
+	}
+	var out strings.Builder
+	if err := (Report{Budgets: Budgets(items)}).WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"NAMESPACE  BUDGET  CLASS                   MEMORY     CORES  GPUS  PENDING",
+		"team-a     gpu     shared.gpu.tessera.dev  30Gi/40Gi  60/-   0/-   1",
+		"team-b     gpu     -                       0/-        0/-    0/2   0",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
 	}
 }

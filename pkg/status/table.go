@@ -50,7 +50,14 @@ func (r Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Budgets) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	return writeBudgets(w, r.Budgets)
 }
 
 // lines are the table rows of a GPU's lending: nothing for a GPU that is
