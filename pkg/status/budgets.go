@@ -34,10 +34,11 @@ type Budget struct {
 }
 
 // GetBudgets lists the GPUBudgets of every namespace. A cluster without the
-// GPUBudget CRD (budgets.enabled off) has none.
+// GPUBudget CRD (budgets.enabled off) has none, and so does a user who may
+// not list them (the GPU table is still shown).
 func GetBudgets(ctx context.Context, client dynamic.Interface) ([]Budget, error) {
 	list, err := client.Resource(configapi.GPUBudgetResourceVersion).List(ctx, metav1.ListOptions{})
-	if apierrors.IsNotFound(err) {
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
 		return nil, nil
 	}
 	if err != nil {
