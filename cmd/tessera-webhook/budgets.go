@@ -17,6 +17,9 @@ import (
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
+// budgetQPS bounds the budget client's requests per second.
+const budgetQPS = 200
+
 // budgetFlags are the flags of namespace GPU budgets (pkg/budget).
 type budgetFlags struct {
 	enabled        bool
@@ -54,6 +57,11 @@ func (b *budgetFlags) validate() error {
 // start builds the charger and the reconciler; the tasks run the
 // reconciler and the metrics server.
 func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *webhook.DeviceClasses) (webhook.AdmitFunc, []task, error) {
+	// Every admitted claim costs a status write (and a GET per conflict):
+	// client-go's default limit (5 QPS, burst 10) would make a burst of
+	// claims wait past the webhook's timeout.
+	config = rest.CopyConfig(config)
+	config.QPS, config.Burst = budgetQPS, 2*budgetQPS
 	dyn, err := dynamic.NewForConfig(config)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to the API server: %w", err)
