@@ -138,6 +138,31 @@ func waitMIGInstances(t testing.TB, index string, n int) []string {
 	return got
 }
 
+// waitDynamicPlacements waits until the driver publishes n devices whose
+// names start with prefix, and returns their names.
+func (c *Cluster) waitDynamicPlacements(t testing.TB, prefix string, n int) []string {
+	t.Helper()
+	var names []string
+	err := Poll(context.Background(), fmt.Sprintf("%d devices %s* to be published", n, prefix), PodTimeout, func(ctx context.Context) (bool, error) {
+		devices, err := c.publishedDevices(ctx)
+		if err != nil {
+			return false, err
+		}
+		names = names[:0]
+		for name := range devices {
+			if strings.HasPrefix(name, prefix) {
+				names = append(names, name)
+			}
+		}
+		return len(names) == n, nil
+	})
+	if err != nil {
+		t.Fatalf("%v (publishes %d: %v)", err, len(names), names)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // publishedDevices are the names of the driver's published devices.
 func (c *Cluster) publishedDevices(ctx context.Context) (map[string]resourceapi.Device, error) {
 	published, err := c.DriverSlices(ctx)
@@ -277,6 +302,13 @@ func TestMIG(t *testing.T) {
 		}
 		got := waitMIGInstances(t, "1", 7)
 		t.Logf("seven 1g.10gb pods running in %v on seven instances %v", time.Since(start).Round(time.Second), got)
+		// With its instances made the GPU is republished with only the
+		// held placements and the full-GPU profile's (7 + 1).
+		held := c.waitDynamicPlacements(t, "gpu-1-mig-", 8)
+		if !slices.Contains(held, "gpu-1-mig-7g-80gb-0") {
+			t.Errorf("GPU 1 republished without its full-GPU placement: %v", held)
+		}
+		t.Logf("GPU 1 republished with %d placements: %v", len(held), held)
 
 		c.Apply(t, ns, EnvPod("g1-7", "g1", true))
 		if _, err := c.WaitForUnschedulable(ctx, ns, "g1-7"); err != nil {
@@ -298,6 +330,7 @@ func TestMIG(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitMIGInstances(t, "1", 0)
+		c.waitDynamicPlacements(t, "gpu-1-mig-", 25)
 		t.Log("unprepare destroyed the seven instances")
 	})
 
