@@ -4,16 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/budget"
+	"github.com/tessera-dev/tessera/pkg/metricsserver"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
@@ -38,7 +36,9 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 	flags.DurationVar(&b.webhookTimeout, "budget-webhook-timeout", 5*time.Second,
 		"the budget webhook's timeoutSeconds in its ValidatingWebhookConfiguration (the chart passes it): --budget-pending-ttl must exceed it")
 	flags.StringVar(&b.metricsAddress, "budget-metrics-bind-address", "",
-		"serve the budgets' Prometheus metrics (tessera_gpu_budget_used, _hard, _refusals_total) over HTTP on this address at /metrics; empty: not served")
+		"serve the budgets' Prometheus metrics (tessera_gpu_budget_used, _hard, _refusals_total) over HTTPS on this address at /metrics, "+
+			"with --tls-cert-file's certificate, to bearer tokens whose user may get the non-resource URL /metrics "+
+			"(the API server is asked: create on tokenreviews and subjectaccessreviews); empty: not served")
 }
 
 func (b *budgetFlags) validate() error {
@@ -56,7 +56,9 @@ func (b *budgetFlags) validate() error {
 
 // start builds the charger and the reconciler; the tasks run the
 // reconciler and the metrics server.
-func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *webhook.DeviceClasses) (webhook.AdmitFunc, []task, error) {
+// The metrics server serves the webhook's own certificate (certFile,
+// keyFile).
+func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *webhook.DeviceClasses, certFile, keyFile string) (webhook.AdmitFunc, []task, error) {
 	// Every admitted claim costs a status write (and a GET per conflict):
 	// client-go's default limit (5 QPS, burst 10) would make a burst of
 	// claims wait past the webhook's timeout.
@@ -75,27 +77,24 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, Metrics: metrics}
 	tasks := []task{{controller.Run, "the GPU budget reconciler"}}
 	if b.metricsAddress != "" {
-		tasks = append(tasks, task{func(ctx context.Context) error { return serveMetrics(ctx, b.metricsAddress, metrics) }, "the GPU budget metrics server"})
+		// As the kubelet plugin's metrics (pkg/metricsserver): HTTPS,
+		// /metrics behind TokenReview and SubjectAccessReview, through a
+		// client of their own limited to metricsserver.DelegatedQPS.
+		auth, err := metricsserver.NewDelegatedForConfig(config)
+		if err != nil {
+			return nil, nil, err
+		}
+		srv := &metricsserver.Server{
+			Address:     b.metricsAddress,
+			Certificate: &metricsserver.Certificate{CertFile: certFile, KeyFile: keyFile},
+			Auth:        auth,
+			Metrics:     metrics.Handler(),
+			Health:      &metricsserver.Health{},
+		}
+		if _, err := srv.Handler(); err != nil {
+			return nil, nil, err
+		}
+		tasks = append(tasks, task{srv.Run, "the GPU budget metrics server"})
 	}
 	return charger.Admit, tasks, nil
-}
-
-func serveMetrics(ctx context.Context, address string, metrics *budget.Metrics) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics.Handler())
-	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	var lc net.ListenConfig
-	listener, err := lc.Listen(ctx, "tcp", address)
-	if err != nil {
-		return err
-	}
-	klog.FromContext(ctx).Info("Serving GPU budget metrics", "address", listener.Addr().String())
-	go func() {
-		<-ctx.Done()
-		_ = server.Close()
-	}()
-	if err := server.Serve(listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
 }

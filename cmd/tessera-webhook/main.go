@@ -94,7 +94,7 @@ func newCommand() *cobra.Command {
 			server.Admitters = map[string]webhook.AdmitFunc{}
 			var background []task
 			if budgets.enabled {
-				admit, tasks, err := budgets.start(ctx, config, classes)
+				admit, tasks, err := budgets.start(ctx, config, classes, server.CertFile, server.KeyFile)
 				if err != nil {
 					return err
 				}
