@@ -80,10 +80,10 @@ lint: vet helm-lint
 	@command -v shellcheck >/dev/null || { echo "shellcheck missing: apt-get install -y shellcheck"; exit 1; }
 	@scripts=$$(git ls-files '*.sh' .ci/run); for s in $$scripts; do bash -n "$$s" || exit 1; done; shellcheck $$scripts
 
-## helm-lint: the chart with default, local-cluster, cert-manager and legacy-translation values
+## helm-lint: the chart with default, local-cluster, cert-manager, legacy-translation and budgets values
 helm-lint: tools
 	@helm=$$($(LOCAL)/build-tools.sh | tail -n1)/helm; \
-	for f in "" demo/clusters/local/overlay/values.yaml deployments/helm/testdata/values-cert-manager.yaml deployments/helm/testdata/values-legacy-translation.yaml; do \
+	for f in "" demo/clusters/local/overlay/values.yaml deployments/helm/testdata/values-cert-manager.yaml deployments/helm/testdata/values-legacy-translation.yaml deployments/helm/testdata/values-budgets.yaml; do \
 	  $$helm lint --strict deployments/helm/tessera --kube-version 1.37.0 $${f:+-f $$f} || exit 1; done
 
 ## helm-golden: rewrite deployments/helm/testdata/*.golden.yaml after a chart change (review the diff)

@@ -113,6 +113,7 @@ var cases = []struct {
 	{name: "cert-manager", values: []string{"testdata/values-cert-manager.yaml"}},
 	{name: "servicemonitor", values: []string{"testdata/values-servicemonitor.yaml"}},
 	{name: "legacy-translation", values: []string{"testdata/values-legacy-translation.yaml"}},
+	{name: "budgets", values: []string{"testdata/values-budgets.yaml"}},
 }
 
 func valueArgs(files []string) []string {

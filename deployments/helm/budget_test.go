@@ -1,0 +1,145 @@
+package helm
+
+import (
+	"slices"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// TestBudgets: budgets.enabled installs the GPUBudget CRD (kept by helm),
+// the webhook's flags and RBAC, and a budgets entry that no claim can
+// avoid: every ResourceClaim CREATE, failurePolicy Fail, NoneOnDryRun, no
+// namespaceSelector, objectSelector or matchConditions, even when
+// webhook.namespaceSelector limits the other entries. Off, none of it.
+func TestBudgets(t *testing.T) {
+	budgetsEntry := func(objs []*unstructured.Unstructured) *admissionregistrationv1.ValidatingWebhook {
+		cfg := find[admissionregistrationv1.ValidatingWebhookConfiguration](t, objs, "ValidatingWebhookConfiguration", "tessera-webhook")
+		for i := range cfg.Webhooks {
+			if cfg.Webhooks[i].Name == "budgets.gpu.tessera.dev" {
+				return &cfg.Webhooks[i]
+			}
+		}
+		return nil
+	}
+	t.Run("off", func(t *testing.T) {
+		objs := objects(t, render(t))
+		if w := budgetsEntry(objs); w != nil {
+			t.Errorf("budgets entry rendered by default: %+v", w)
+		}
+		if hasKind(objs, "CustomResourceDefinition", "gpubudgets.gpu.tessera.dev") {
+			t.Error("GPUBudget CRD rendered by default")
+		}
+		_, c := webhookDeployment(t, objs)
+		if slices.Contains(c.Args, "--budgets") {
+			t.Error("--budgets by default")
+		}
+		if role := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook"); grants(role, "gpu.tessera.dev", "gpubudgets", "list") ||
+			grants(role, "resource.k8s.io", "resourceclaims", "list") {
+			t.Error("the webhook may list gpubudgets or resourceclaims by default")
+		}
+	})
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"on", []string{"-f", "testdata/values-budgets.yaml"}},
+		// webhook.namespaceSelector limits the other entries, not this one.
+		{"namespaceSelector", []string{"-f", "testdata/values-budgets.yaml", "--set", "webhook.namespaceSelector.matchLabels.team=a"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := objects(t, render(t, tc.args...))
+			w := budgetsEntry(objs)
+			if w == nil {
+				t.Fatal("no budgets.gpu.tessera.dev entry in the ValidatingWebhookConfiguration")
+			}
+			if w.FailurePolicy == nil || *w.FailurePolicy != admissionregistrationv1.Fail {
+				t.Errorf("failurePolicy %v, want Fail", w.FailurePolicy)
+			}
+			if w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {
+				t.Errorf("sideEffects %v, want NoneOnDryRun (the webhook writes the budget's status)", w.SideEffects)
+			}
+			if w.NamespaceSelector != nil || w.ObjectSelector != nil || len(w.MatchConditions) != 0 {
+				t.Errorf("namespaceSelector %+v, objectSelector %+v, matchConditions %+v: a claim could avoid its budget",
+					w.NamespaceSelector, w.ObjectSelector, w.MatchConditions)
+			}
+			if w.TimeoutSeconds == nil || *w.TimeoutSeconds != 5 {
+				t.Errorf("timeoutSeconds %v, want webhook.timeoutSeconds 5", w.TimeoutSeconds)
+			}
+			if len(w.Rules) != 1 || !slices.Equal(w.Rules[0].APIGroups, []string{"resource.k8s.io"}) ||
+				!slices.Equal(w.Rules[0].Resources, []string{"resourceclaims"}) ||
+				!slices.Equal(w.Rules[0].Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}) {
+				t.Errorf("rules %+v, want CREATE of resource.k8s.io resourceclaims", w.Rules)
+			}
+			if w.MatchPolicy == nil || *w.MatchPolicy != admissionregistrationv1.Equivalent {
+				t.Errorf("matchPolicy %v, want Equivalent (claims of every version)", w.MatchPolicy)
+			}
+			if s := w.ClientConfig.Service; s == nil || s.Path == nil || *s.Path != "/budget" || s.Name != "tessera-webhook" {
+				t.Errorf("clientConfig %+v, want the webhook Service's /budget", w.ClientConfig)
+			}
+
+			_, c := webhookDeployment(t, objs)
+			for name, v := range map[string]string{"budget-pending-ttl": "2m", "budget-resync": "1m", "budget-webhook-timeout": "5s"} {
+				if got, ok := flagValue(c.Args, name); !ok || got != v {
+					t.Errorf("--%s=%q (set: %v), want %q", name, got, ok, v)
+				}
+			}
+			if !slices.Contains(c.Args, "--budgets") {
+				t.Errorf("no --budgets in %v", c.Args)
+			}
+			role := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook")
+			for _, g := range [][3]string{
+				{"gpu.tessera.dev", "gpubudgets", "get"}, {"gpu.tessera.dev", "gpubudgets", "list"}, {"gpu.tessera.dev", "gpubudgets", "watch"},
+				{"gpu.tessera.dev", "gpubudgets/status", "update"},
+				{"resource.k8s.io", "resourceclaims", "list"}, {"resource.k8s.io", "resourceclaims", "watch"},
+			} {
+				if !grants(role, g[0], g[1], g[2]) {
+					t.Errorf("the webhook may not %s %s.%s", g[2], g[1], g[0])
+				}
+			}
+			// It writes only the status, never a budget's spec.
+			if grants(role, "gpu.tessera.dev", "gpubudgets", "update") || grants(role, "gpu.tessera.dev", "gpubudgets", "patch") {
+				t.Error("the webhook may change gpubudgets, not only their status")
+			}
+
+			checkBudgetCRD(t, find[unstructured.Unstructured](t, objs, "CustomResourceDefinition", "gpubudgets.gpu.tessera.dev"))
+		})
+	}
+}
+
+// checkBudgetCRD: the CRD serves gpu.tessera.dev/v1alpha1 GPUBudget,
+// namespaced, with a status subresource (the webhook's updates cannot
+// change the spec), kept by helm, and a schema whose hard limits cannot be
+// negative.
+func checkBudgetCRD(t *testing.T, crd *unstructured.Unstructured) {
+	t.Helper()
+	str := func(path ...string) string { v, _, _ := unstructured.NestedString(crd.Object, path...); return v }
+	if str("spec", "group") != "gpu.tessera.dev" || str("spec", "scope") != "Namespaced" || str("spec", "names", "kind") != "GPUBudget" {
+		t.Errorf("CRD group %q scope %q kind %q", str("spec", "group"), str("spec", "scope"), str("spec", "names", "kind"))
+	}
+	if crd.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("CRD annotations %v: helm would delete the budgets with it", crd.GetAnnotations())
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	if len(versions) != 1 {
+		t.Fatalf("CRD versions %v, want v1alpha1 only", versions)
+	}
+	v := versions[0].(map[string]any)
+	if v["name"] != "v1alpha1" || v["served"] != true || v["storage"] != true {
+		t.Errorf("CRD version %v %v %v", v["name"], v["served"], v["storage"])
+	}
+	if _, ok, _ := unstructured.NestedMap(v, "subresources", "status"); !ok {
+		t.Error("no status subresource")
+	}
+	hard, _, _ := unstructured.NestedMap(v, "schema", "openAPIV3Schema", "properties", "spec", "properties", "hard", "properties")
+	for _, dim := range []string{"cores", "gpus"} {
+		if m, _, _ := unstructured.NestedFieldNoCopy(hard, dim, "minimum"); m != int64(0) && m != float64(0) {
+			t.Errorf("spec.hard.%s minimum %v, want 0", dim, m)
+		}
+	}
+	if m, _, _ := unstructured.NestedFieldNoCopy(hard, "memory", "minimum"); m != int64(0) && m != float64(0) {
+		t.Errorf("spec.hard.memory minimum %v, want 0 (an integer -1 passes the string pattern)", m)
+	}
+}
