@@ -33,5 +33,6 @@
 // consuming the counter set gpu-N-counters (memory-slice-0 … memory-slice-7
 // of value 1, compute-slices, and the engines), so that the scheduler
 // allocates only placements that do not overlap and fit the GPU's compute
-// slices and engines together.
+// slices and engines together; placements that an instance held by a
+// Tessera claim blocks are left out.
 package model

@@ -31,6 +31,9 @@ import (
 //     set of placements whose counters fit, which are exactly the sets the
 //     hardware can hold at once (the memory slices of two placements never
 //     overlap, their compute slices and engines never exceed the GPU's).
+//     Placements that an instance Tessera's claims hold blocks are left out
+//     (migBlocked); each MIG-mode GPU's devices sit in slices of their own,
+//     so that this changes one slice.
 
 // TypeMIG is the type attribute of MIG devices, static and dynamic.
 const TypeMIG = "mig"
@@ -161,7 +164,8 @@ type MIGHold struct {
 //     admin's, or left behind): its memory slices are published with value
 //     0, and its compute slices and engines are taken off the totals, so
 //     that no placement over it fits. A held instance's slices stay 1: the
-//     claim that holds it already consumes them.
+//     claim that holds it already consumes them; the placements it blocks
+//     are left out (migBlocked).
 //   - On a static-MIG GPU a GPU instance that is not held and whose
 //     compute instances run processes is tainted MIGInUseTaintKey: someone
 //     outside Tessera uses it.
@@ -428,13 +432,14 @@ func mediaExtended(p gpu.MIGProfile) int {
 }
 
 // migPlacementDevices are the devices of a dynamic-MIG GPU, in
-// migPlacementOrder, less the placements that an existing GPU instance
-// blocks (migBlocked).
+// migPlacementOrder, less the placements that a held GPU instance blocks
+// (migBlocked), when the GPU has a full-GPU profile to keep.
 func migPlacementDevices(g gpu.GPU, o options) []resourceapi.Device {
 	m := g.MIG
 	var devices []resourceapi.Device
 	engines := map[string]bool{}
 	full, hasFull := fullProfile(m)
+	hasFull = hasFull && len(full.Placements) > 0
 	if hasFull {
 		for _, e := range migEngineCounters {
 			engines[e.name] = e.of(full) > 0
@@ -468,24 +473,28 @@ func migPlacementDevices(g gpu.GPU, o options) []resourceapi.Device {
 	return devices
 }
 
-// migBlocked reports whether an existing GPU instance of m overlaps
-// placement pl of profile profileID, unless it is that very placement and
-// Tessera's claims hold it (held). Such a placement can never be allocated
-// while the instance exists: a held instance's claim consumes its memory
-// slices through its own device, a foreign one's slices are published at 0.
-// Leaving it out keeps the scheduler from evaluating the selectors of
-// devices whose counters refuse them anyway (a full GPU would otherwise
-// cost it its ~25 placements per pod, results/scale.md). A held instance's
-// own placement stays, so that the device its claim is allocated stays
-// published; the full-GPU profile's placement always stays
+// migBlocked reports whether a GPU instance of m that Tessera's claims hold
+// (held) overlaps placement pl of profile profileID without being that very
+// instance. Such a placement can never be allocated while the instance
+// exists: the claim that holds the instance consumes its memory slices
+// through its own device, which stays published. Leaving it out keeps the
+// scheduler from evaluating the selectors of devices whose counters refuse
+// them anyway (a full GPU would otherwise cost it its ~25 placements per
+// pod, results/scale.md).
+//
+// Foreign instances (no claim holds them) prune nothing: one can appear
+// between a claim's allocation and its prepare, over the claim's
+// placement, and the allocator counts an allocated device's counters only
+// while the device is published. Their slices are published at 0 instead
+// (migCounterSet). Nor is the full-GPU profile's placement ever left out
 // (migPlacementDevices): it carries the GPU's totals, from which tessera
 // why reads what the GPU has.
 func migBlocked(m *gpu.MIG, held []MIGHold, profileID int, pl gpu.MIGPlacement) bool {
 	for _, gi := range m.Instances {
-		if !gi.Placement.Overlaps(pl) {
+		if !gi.Placement.Overlaps(pl) || !migHeldBy(held, gi) {
 			continue
 		}
-		if gi.ProfileID != profileID || gi.Placement != pl || !migHeldBy(held, gi) {
+		if gi.ProfileID != profileID || gi.Placement != pl {
 			return true
 		}
 	}

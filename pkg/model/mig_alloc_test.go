@@ -584,42 +584,90 @@ func TestMIGMockNode(t *testing.T) {
 	}
 }
 
-// An instance no claim holds (an admin's 1g.10gb at memory slice 6) takes
-// every placement over slice 6 off GPU 1 except the full-GPU profile's;
-// the placements beside it stay and still allocate.
-func TestMIGBlockedPlacementsLeftOut(t *testing.T) {
-	gpus := discover(t, "hgx-h100-mig")
-	var one gpu.MIGProfile
-	for _, p := range gpus[1].MIG.Profiles {
-		if p.Name == "1g.10gb" {
-			one = p
-		}
-	}
-	slice6 := gpu.MIGPlacement{Start: 6, Size: 1}
-	gpus[1].MIG.Instances = []gpu.MIGInstance{{ID: 9, ProfileID: one.ID, ProfileName: one.Name, Placement: slice6}}
-	n := newTestNode(t, gpus[1:2], WithDynamicMIG(gpus[1].UUID))
-	var kept int
+// gpuOneDevices are the names of GPU 1's devices in n's slices, by slice.
+func gpuOneDevices(n *testNode) map[string][]string {
+	out := map[string][]string{}
 	for _, s := range n.slices {
 		for _, d := range s.Spec.Devices {
-			name, err := ParseMIGDevice(d.Name)
-			if err != nil {
-				continue
-			}
-			kept++
-			start, size := *d.Attributes[AttrPlacementStart].IntValue, *d.Attributes[AttrPlacementSize].IntValue
-			over := (gpu.MIGPlacement{Start: int(start), Size: int(size)}).Overlaps(slice6)
-			if over && name.ProfileSlug != MIGProfileSlug("7g.80gb") {
-				t.Errorf("%s covers memory slice 6, which an instance no claim holds takes", d.Name)
+			if strings.HasPrefix(d.Name, "gpu-1-") {
+				out[s.Name] = append(out[s.Name], d.Name)
 			}
 		}
 	}
-	if kept == 0 || kept >= 25 {
-		t.Errorf("GPU 1 publishes %d placements, want fewer than the H100's 25 and some", kept)
+	return out
+}
+
+// Placements blocked by an instance Tessera holds are left out, in GPU 1's
+// own slice; an instance no claim holds prunes nothing: it can appear after
+// a claim was allocated a placement it overlaps, and that claim's device
+// must stay published for the allocator to count its counters.
+func TestMIGBlockedPlacementsLeftOut(t *testing.T) {
+	gpus := discover(t, "hgx-h100-mig")
+	profile := func(name string) gpu.MIGProfile {
+		for _, p := range gpus[1].MIG.Profiles {
+			if p.Name == name {
+				return p
+			}
+		}
+		t.Fatalf("no profile %s", name)
+		return gpu.MIGProfile{}
 	}
-	if got := devices(n.allocate(migClaim("c", "1g.10gb"))); !slices.Equal(got, []string{MIGPlacementDeviceName(1, "1g.10gb", 5)}) {
-		t.Errorf("1g.10gb beside the admin's instance: got %v, want the placement at 5", got)
+	one, three := profile("1g.10gb"), profile("3g.40gb")
+	before := gpuOneDevices(newTestNode(t, gpus[1:2], WithDynamicMIG(gpus[1].UUID)))
+
+	// Held: a 3g.40gb at 4 made for a claim.
+	at4 := gpu.MIGPlacement{Start: 4, Size: 4}
+	held := slices.Clone(gpus[1:2])
+	mig := *held[0].MIG
+	mig.Instances = []gpu.MIGInstance{{ID: 2, ProfileID: three.ID, ProfileName: three.Name, Placement: at4}}
+	held[0].MIG = &mig
+	n := newTestNode(t, held, WithDynamicMIG(gpus[1].UUID), WithMIGHeld(map[string][]MIGHold{gpus[1].UUID: {{ProfileID: three.ID, Placement: at4}}}))
+	after := gpuOneDevices(n)
+	if len(before) != 1 || len(after) != 1 {
+		t.Fatalf("GPU 1's devices are in %d slices before and %d after, want one slice of its own", len(before), len(after))
 	}
-	if r := n.allocate(migClaim("all", "7g.80gb")); r != nil {
-		t.Errorf("7g.80gb over the admin's instance: %v", devices(r))
+	for _, names := range after {
+		for _, name := range names {
+			d, _ := ParseMIGDevice(name)
+			pl := gpu.MIGPlacement{Start: d.Start, Size: 1}
+			if d.ProfileSlug != MIGProfileSlug(three.Name) && d.ProfileSlug != MIGProfileSlug("7g.80gb") && d.Start >= 4 {
+				t.Errorf("%s is published over the held 3g.40gb at 4 (%v)", name, pl)
+			}
+		}
+		if !slices.Contains(names, MIGPlacementDeviceName(1, three.Name, 4)) || !slices.Contains(names, MIGPlacementDeviceName(1, "7g.80gb", 0)) {
+			t.Errorf("GPU 1 with a held 3g.40gb at 4 publishes %v: want its own placement and 7g.80gb kept", names)
+		}
+		if len(names) >= 25 {
+			t.Errorf("GPU 1 with a held 3g.40gb at 4 publishes all %d placements", len(names))
+		}
+	}
+
+	// Foreign: a claim holds 3g.40gb at 4 (allocated, not yet prepared),
+	// then an admin makes a 1g.10gb at 6, inside it. Nothing is left out,
+	// so the claim's device and its counters still count: memory slice 6
+	// is overdrawn (the claim's 1 against the published 0), and the
+	// allocator then places nothing more on the GPU. Had the claim's
+	// device been left out, a 2g.20gb would get the placement at 4, over
+	// the claim's.
+	n = newTestNode(t, gpus[1:2], WithDynamicMIG(gpus[1].UUID))
+	if got := devices(n.allocate(migClaim("x", three.Name))); !slices.Equal(got, []string{MIGPlacementDeviceName(1, three.Name, 4)}) {
+		t.Fatalf("3g.40gb got %v, want the placement at 4", got)
+	}
+	foreign := slices.Clone(gpus[1:2])
+	mig = *foreign[0].MIG
+	mig.Instances = []gpu.MIGInstance{{ID: 9, ProfileID: one.ID, ProfileName: one.Name, Placement: gpu.MIGPlacement{Start: 6, Size: 1}}}
+	foreign[0].MIG = &mig
+	republished := newTestNode(t, foreign, WithDynamicMIG(gpus[1].UUID))
+	republished.state, republished.claims = n.state, n.claims
+	for _, names := range gpuOneDevices(republished) {
+		if len(names) != 25 {
+			t.Errorf("GPU 1 with a foreign instance publishes %d placements, want all 25", len(names))
+		}
+	}
+	if r := republished.allocate(migClaim("two", "2g.20gb")); r != nil {
+		t.Errorf("2g.20gb beside the allocated 3g.40gb at 4 and a foreign 1g.10gb at 6: got %v", devices(r))
+	}
+	if got := devices(republished.allocate(migClaim("four", "4g.40gb"))); got != nil {
+		t.Errorf("4g.40gb beside them: got %v, want no fit", got)
 	}
 }

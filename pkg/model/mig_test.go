@@ -168,8 +168,8 @@ func TestMIGEightH100Limits(t *testing.T) {
 	t.Logf("8×H100 80GB, all dynamic MIG: %d devices in %d device slices (≤%d each), %d counter slice(s) of 8 sets, %d counters per set (≤%d), ≤%d counters per consumption (≤%d), largest slice %d bytes of JSON",
 		devices, deviceSlices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures, counterSlices, counters,
 		resourceapi.ResourceSliceMaxCountersPerCounterSet, maxConsumed, resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption, largest)
-	if devices != 200 || deviceSlices != 4 || counterSlices != 1 || counters != 13 || maxConsumed != 13 {
-		t.Errorf("got %d devices in %d slices, %d counter slices, %d counters per set, %d per consumption; want 200 in 4, 1, 13, 13",
+	if devices != 200 || deviceSlices != 8 || counterSlices != 1 || counters != 13 || maxConsumed != 13 {
+		t.Errorf("got %d devices in %d slices, %d counter slices, %d counters per set, %d per consumption; want 200 in 8 (one per GPU), 1, 13, 13",
 			devices, deviceSlices, counterSlices, counters, maxConsumed)
 	}
 	if largest > 96<<10 {

@@ -202,8 +202,9 @@ func WithLending(lent map[string]Lent) Option {
 //     and not on the order of gpus: publishing it twice changes nothing.
 //   - Counter sets are grouped ResourceSliceMaxCounterSets per slice by ascending
 //     minor; device slices hold at most ResourceSliceMaxDevicesWithAdvancedFeatures
-//     devices. An 8-GPU node publishes 1 counter slice + 1 device slice; a 16-GPU
-//     node 2 + 1. The result passes Validate.
+//     devices, and each MIG-mode GPU's devices sit in slices of their own. An
+//     8-GPU node publishes 1 counter slice + 1 device slice; a 16-GPU node
+//     2 + 1; 8 GPUs with dynamic MIG 1 + 8. The result passes Validate.
 //   - Device order is the allocator's preference, because kube-scheduler's
 //     allocator walks slices by name and devices in slice order and takes the
 //     first that fits. Shared devices come first, by ascending minor, so shares
@@ -297,11 +298,18 @@ func Resources(nodeName string, gpus []gpu.GPU, opts ...Option) (resourceslice.D
 			devices = append(devices, d)
 		}
 	}
-	for _, g := range migGPUs {
-		devices = append(devices, migDevices(g, o)...)
-	}
 	for chunk := range slices.Chunk(devices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
 		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
+	}
+	// Each MIG-mode GPU's devices in slices of their own: a dynamic GPU's
+	// change as instances come and go (migBlocked) then rewrites only its
+	// slice, where a change to several slices of a pool makes the
+	// resourceslice controller start a new pool generation, during which
+	// the scheduler skips the whole pool.
+	for _, g := range migGPUs {
+		for chunk := range slices.Chunk(migDevices(g, o), resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
+			pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: chunk})
+		}
 	}
 	if len(pool.Slices) == 0 {
 		// A node without publishable GPUs still publishes its (empty) pool, so that

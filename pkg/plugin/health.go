@@ -98,7 +98,8 @@ func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
 
 // deviceNames are the devices the GPU publishes (besides a lending
 // device): gpu-N and gpu-N-shared, or its MIG devices in MIG mode (its GPU
-// instances, or with dynamic MIG every placement of every profile).
+// instances, or with dynamic MIG every placement of every profile, a
+// superset of what it publishes once held instances block some).
 func (p *Plugin) deviceNames(g gpu.GPU) []string {
 	if !g.MIGEnabled {
 		return []string{model.WholeDeviceName(g.Minor), model.SharedDeviceName(g.Minor)}
