@@ -424,7 +424,9 @@ func (r *Report) migMarkdown(w func(string, ...any)) {
 	w("On %d nodes: %s pods on nodes that publish every GPU with dynamic MIG (%s) against whole-claim pods on the same GPUs "+
 		"published as usual. Before each run the benchmark takes the first k GPUs of every node with one claim per node whose "+
 		"allocation it writes itself (the GPU's largest MIG placement on the MIG nodes, the whole GPU on the others); the scheduler "+
-		"places the run's pods around them. Simulated nodes (kwok), the real kube-scheduler.\n\n", r.MIGFill[0].Nodes, MIGWorkload, orDash(r.MIGSlices))
+		"places the run's pods around them. A taken MIG GPU is published as the plugin republishes it once prepare has made its "+
+		"instance (only the held full-GPU placement; see each row's published slices in the JSON): the best case, where a GPU "+
+		"full of small instances would keep one placement per instance. One run per row. Simulated nodes (kwok), the real kube-scheduler.\n\n", r.MIGFill[0].Nodes, MIGWorkload, orDash(r.MIGSlices))
 	w("| GPUs taken " + experimentHeader)
 	for _, res := range r.MIGFill {
 		experimentRow(w, fmt.Sprintf("%.1f %%", 100*res.Fill), res)
