@@ -224,7 +224,8 @@ type Pricer struct {
 }
 
 // Devices lists the devices of gpu.tessera.dev the cluster publishes, and
-// a version that changes whenever they may have changed.
+// a version that changes whenever they may have changed; version 0 means
+// "not cacheable" (each call may differ).
 type Devices func(ctx context.Context) ([]resourceapi.Device, uint64, error)
 
 // maxMatched bounds Pricer's cache of matched sizes.
@@ -232,7 +233,8 @@ const maxMatched = 4096
 
 // NewPricer returns a Pricer over devices and classes.
 func NewPricer(devices Devices, classes ClassLookup) *Pricer {
-	return &Pricer{devices: devices, classes: classes, cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true})}
+	return &Pricer{devices: devices, classes: classes, cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}),
+		matched: map[string]sizes{}}
 }
 
 // Claim computes what each request of devices takes. An error means a
@@ -446,17 +448,21 @@ func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) int64 
 }
 
 // match returns the sizes of the published devices that exprs match, from
-// the cache when the devices are of the same version.
+// the cache when the devices are of the same version (version 0 is never
+// cached).
 func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, version uint64, class string, exprs []string) (sizes, error) {
 	key := class + "\x00" + strings.Join(exprs, "\x00")
-	p.mu.Lock()
-	if p.version != version || len(p.matched) >= maxMatched {
-		p.version, p.matched = version, map[string]sizes{}
-	}
-	sz, ok := p.matched[key]
-	p.mu.Unlock()
-	if ok {
-		return sz, nil
+	var sz sizes
+	if version != 0 {
+		p.mu.Lock()
+		if p.matched == nil || p.version != version || len(p.matched) >= maxMatched {
+			p.version, p.matched = version, map[string]sizes{}
+		}
+		cached, ok := p.matched[key]
+		p.mu.Unlock()
+		if ok {
+			return cached, nil
+		}
 	}
 	for i := range published {
 		d := &published[i]
@@ -468,11 +474,13 @@ func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, vers
 			sz.add(d)
 		}
 	}
-	p.mu.Lock()
-	if p.version == version {
-		p.matched[key] = sz
+	if version != 0 {
+		p.mu.Lock()
+		if p.version == version && p.matched != nil {
+			p.matched[key] = sz
+		}
+		p.mu.Unlock()
 	}
-	p.mu.Unlock()
 	return sz, nil
 }
 

@@ -149,7 +149,8 @@ func deny(req *admissionv1.AdmissionRequest, code int32, reason metav1.StatusRea
 // ChargeClaim charges claim against every budget of its namespace that its
 // charge touches (see Charger). The error is a *Refusal when a budget
 // refuses it.
-func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) error {
+func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceClaim, dryRun bool) (err error) {
+	defer recovered(ctx, fmt.Sprintf("GPU budgets: claim %s/%s", claim.Namespace, claim.Name), &err)
 	logger := klog.FromContext(ctx)
 	budgets, err := c.Store.List(ctx, claim.Namespace)
 	if err != nil {

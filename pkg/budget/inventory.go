@@ -18,6 +18,10 @@ import (
 // Inventory lists the devices of gpu.tessera.dev the cluster's
 // ResourceSlices publish (Devices), from an informer once it has synced, a
 // LIST before. It needs list and watch on resourceslices.
+//
+// Versions: the informer's devices are of version 1 or more (it starts at
+// 1 and every slice event adds one); a LIST before the informer has synced
+// is of version 0, which the Pricer never caches under.
 type Inventory struct {
 	client  kubernetes.Interface
 	factory informers.SharedInformerFactory
@@ -34,6 +38,7 @@ func NewInventory(client kubernetes.Interface) *Inventory {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sliceDriverSelector }))
 	informer := factory.Resource().V1().ResourceSlices()
 	inv := &Inventory{client: client, factory: factory, lister: informer.Lister(), synced: informer.Informer().HasSynced}
+	inv.version.Store(1)
 	bump := func(any) { inv.version.Add(1) }
 	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, o any) { bump(o) },
@@ -47,7 +52,12 @@ func (inv *Inventory) Start(ctx context.Context) { inv.factory.Start(ctx.Done())
 // Devices is a Devices function: the published devices and their version.
 func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64, error) {
 	var slices []*resourceapi.ResourceSlice
+	var version uint64
 	if inv.synced() {
+		// The version is read before the list: a change between the two
+		// bumps it again, so what is cached under this version is never
+		// older than the version says.
+		version = inv.version.Load()
 		var err error
 		if slices, err = inv.lister.List(labels.Everything()); err != nil {
 			return nil, 0, err
@@ -60,8 +70,7 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 		for i := range list.Items {
 			slices = append(slices, &list.Items[i])
 		}
-		// Not cached: the next call lists again.
-		defer inv.version.Add(1)
+		// Version 0: not cached, the next call lists again.
 	}
 	var out []resourceapi.Device
 	for _, s := range slices {
@@ -69,5 +78,5 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 			out = append(out, s.Spec.Devices...)
 		}
 	}
-	return out, inv.version.Load(), nil
+	return out, version, nil
 }

@@ -76,8 +76,10 @@ func (r *Reconciler) now() time.Time {
 	return time.Now()
 }
 
-// Reconcile recomputes every budget of namespace.
-func (r *Reconciler) Reconcile(ctx context.Context, namespace string) error {
+// Reconcile recomputes every budget of namespace. A panic is its error (see
+// recovered): the Controller retries the namespace and goes on with others.
+func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error) {
+	defer recovered(ctx, "GPU budgets of "+namespace, &err)
 	budgets, err := r.Store.List(ctx, namespace)
 	if err != nil || len(budgets) == 0 {
 		return err

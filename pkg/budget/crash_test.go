@@ -1,0 +1,71 @@
+package budget
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// Version 0 of the devices (what a fresh Inventory reported before it had
+// seen a slice) must not crash the Pricer: its cache map was nil then.
+func TestPricerVersionZero(t *testing.T) {
+	p := NewPricer(func(context.Context) ([]resourceapi.Device, uint64, error) { return nil, 0, nil }, pricer(nil).classes)
+	for range 2 {
+		if _, err := p.Claim(context.Background(), &claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1Gi"})).Spec.Devices); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The zero Pricer's cache too (a Pricer made without NewPricer).
+	z := &Pricer{devices: p.devices, classes: p.classes, cel: p.cel}
+	if _, err := z.Claim(context.Background(), &claim("c", exact("g", wholeClassName, 1, nil)).Spec.Devices); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An Inventory over a cluster without Tessera slices, before its informer
+// runs: no devices, and a version the Pricer does not cache under.
+func TestInventoryNoSlices(t *testing.T) {
+	inv := NewInventory(fake.NewClientset())
+	devices, version, err := inv.Devices(context.Background())
+	if err != nil || len(devices) != 0 {
+		t.Fatalf("devices %v, err %v", devices, err)
+	}
+	if version != 0 {
+		t.Errorf("version %d of an uncached LIST, want 0 (not cacheable)", version)
+	}
+	p := NewPricer(inv.Devices, pricer(nil).classes)
+	if _, err := p.Claim(context.Background(), &claim("c", exact("g", wholeClassName, 1, nil)).Spec.Devices); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// panicking is a Pricer whose device list panics.
+func panicking() *Pricer {
+	return NewPricer(func(context.Context) ([]resourceapi.Device, uint64, error) { panic("boom") }, pricer(nil).classes)
+}
+
+// A panic while pricing is an error of the review (refused), not a crash.
+func TestAdmitRecoversPanic(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	c := newCharger(f)
+	c.Pricer = panicking()
+	resp := c.Admit(context.Background(), review(t, share("a", "1Gi"), false))
+	if resp.Allowed || resp.Result.Code != 500 || !strings.Contains(resp.Result.Message, "boom") {
+		t.Errorf("panic in the pricer: %+v", resp.Result)
+	}
+}
+
+// A panic while reconciling is the namespace's error, not a crash.
+func TestReconcileRecoversPanic(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	now := clock
+	held := []*resourceapi.ResourceClaim{share("a", "1Gi")}
+	r := newReconciler(f, &held, &now)
+	r.Pricer = panicking()
+	if err := r.Reconcile(context.Background(), "team-a"); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("panic in the pricer: err %v", err)
+	}
+}
