@@ -31,7 +31,8 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 	flags.BoolVar(&b.enabled, "budgets", false,
 		"serve "+budget.Path+": charge every ResourceClaim at CREATE against the GPUBudgets of its namespace, and reconcile their status")
 	flags.DurationVar(&b.ttl, "budget-pending-ttl", budget.DefaultTTL,
-		"how long an admitted claim's charge stays pending while the informer has not seen the claim; above --budget-webhook-timeout and the watch lag")
+		"how long an admitted claim's charge stays pending at least (pkg/budget.Reconciler); at least "+budget.MinTTL.String()+
+			" (the API server's 60s request timeout and a margin) and above --budget-webhook-timeout and the watch lag")
 	flags.DurationVar(&b.resync, "budget-resync", time.Minute, "how often every GPUBudget is recomputed from the claims without a change")
 	flags.DurationVar(&b.webhookTimeout, "budget-webhook-timeout", 5*time.Second,
 		"the budget webhook's timeoutSeconds in its ValidatingWebhookConfiguration (the chart passes it): --budget-pending-ttl must exceed it")
@@ -44,6 +45,10 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 func (b *budgetFlags) validate() error {
 	if !b.enabled {
 		return nil
+	}
+	if b.ttl < budget.MinTTL {
+		return fmt.Errorf("--budget-pending-ttl %v must be at least %v: a charge must outlive the API server's request timeout (60s by default), "+
+			"so that a claim not found once it expires was never created", b.ttl, budget.MinTTL)
 	}
 	if b.ttl <= b.webhookTimeout {
 		return fmt.Errorf("--budget-pending-ttl %v must be longer than --budget-webhook-timeout %v: a charge must outlive the admission that made it", b.ttl, b.webhookTimeout)

@@ -62,7 +62,7 @@ func newCommand() *cobra.Command {
 			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).\n" +
 			"With --budgets, on " + budget.Path + " it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
 			"(pkg/budget) and keeps their status up to date (get, list, watch on gpubudgets.gpu.tessera.dev, update on gpubudgets/status; " +
-			"list, watch on resourceclaims).",
+			"get, list, watch on resourceclaims).",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

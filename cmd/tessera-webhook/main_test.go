@@ -75,12 +75,19 @@ current-context: x
 	}
 }
 
-// TestBudgetFlags: the pending TTL must outlive the webhook's timeout.
+// TestBudgetFlags: the pending TTL must outlive the webhook's timeout and
+// the API server's request timeout.
 func TestBudgetFlags(t *testing.T) {
 	cmd := newCommand()
-	cmd.SetArgs([]string{"--budgets", "--budget-pending-ttl=5s", "--budget-webhook-timeout=10s"})
-	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--budget-pending-ttl 5s must be longer than --budget-webhook-timeout 10s") {
+	cmd.SetArgs([]string{"--budgets", "--budget-pending-ttl=100s", "--budget-webhook-timeout=100s"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--budget-pending-ttl 1m40s must be longer than --budget-webhook-timeout 1m40s") {
 		t.Errorf("Execute = %v, want the TTL refused", err)
+	}
+	// Below the API server's request timeout and a margin.
+	cmd = newCommand()
+	cmd.SetArgs([]string{"--budgets", "--budget-pending-ttl=60s"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--budget-pending-ttl 1m0s must be at least 1m30s") {
+		t.Errorf("Execute = %v, want a 60s TTL refused", err)
 	}
 }
 

@@ -22,10 +22,18 @@ import (
 // Path is where tessera-webhook serves the Charger's admission.
 const Path = "/budget"
 
-// DefaultTTL is how long a pending charge is kept while the reconciler's
-// informer has not seen its claim: far above the webhook's timeoutSeconds
-// (at most 30s) and the usual watch lag.
+// DefaultTTL is how long a pending charge is kept at least (see
+// Reconciler): above MinTTL and the usual watch lag.
 const DefaultTTL = 2 * time.Minute
+
+// MinTTL is the least TTL a pending charge may have: the API server's
+// request timeout (kube-apiserver --request-timeout, 60s by default), after
+// which the CREATE the charge was admitted for has ended (the claim exists
+// or never will), plus a 30s margin for clock skew between the replica
+// that wrote the entry and the one that drops it. Only then does a live
+// read that finds no claim prove that the charge is not needed. Assumed: a
+// cluster that raises --request-timeout raises the TTL too.
+const MinTTL = 90 * time.Second
 
 // maxPending bounds status.pending (the CRD's maxItems): beyond it claims
 // are refused until the reconciler has caught up.

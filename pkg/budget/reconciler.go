@@ -27,27 +27,31 @@ import (
 // namespace take. For a budget it computes
 //
 //	used = Σ charge(claim) over the ResourceClaims its informer holds in the namespace
-//	     + Σ charge of the pending entries whose claim the informer does not
-//	       hold yet and that have not expired,
+//	     + Σ charge of the pending entries whose claim the informer does not hold
 //
-// drops the other pending entries (their claim is counted, or its creation
-// failed and the entry expired), and writes the status with UpdateStatus
-// under the resourceVersion it computed from; on a conflict it reads the
-// budget again and recomputes. A pending entry leaves only once its claim is
-// counted or its TTL has passed, so used never falls below a charge the
-// webhook admitted and whose claim the informer has not seen yet (as long as
-// the informer lags less than the TTL). Claims being deleted count until
-// they are gone, as with ResourceQuota. Until it catches up, used may be
-// above what the claims take (a claim deleted, a creation that failed),
-// never below.
+// and writes the status with UpdateStatus under the resourceVersion it
+// computed from; on a conflict it reads the budget again and recomputes.
+//
+// A pending entry is never dropped merely because this replica's informer
+// holds its claim: another replica, whose informer has not seen the claim
+// yet, reads this write and must still count it. An entry leaves only once
+// it has expired (TTL, at least MinTTL: past the API server's request
+// timeout, so the claim's CREATE has ended one way or the other) and either
+// this informer holds its claim (it is counted as a claim here, and every
+// informer that lags less than the TTL holds it too) or a live read of the
+// claim (Lookup) finds none of that uid (its creation failed, or it was
+// deleted). An expired entry whose claim exists but is not in this informer
+// stays and counts. So used never falls below a charge the webhook admitted,
+// in either replica's write, as long as informers lag less than the TTL.
+// Claims being deleted count until they are gone, as with ResourceQuota.
+// Until it catches up, used may be above what the claims take (a claim
+// deleted, a creation that failed, an entry whose claim is also counted by
+// another replica), never below.
 //
 // No leader election: every write is a compare-and-swap on the
 // resourceVersion of the object the status was computed from, so two
 // replicas (or a replica and the Charger) never overwrite each other's
-// charge; the loser recomputes from the fresh object. Replicas whose
-// informers lag differently may each write their own view in turn, but both
-// views keep every charge in flight (the pending entries) and every claim
-// the informer holds, so either is an upper bound.
+// charge; the loser recomputes from the fresh object.
 //
 // It recomputes a namespace on changes to its claims or budgets (debounced:
 // changes within Debounce make one pass) and every Resync. Changing a
@@ -59,6 +63,10 @@ type Reconciler struct {
 	Pricer *Pricer
 	// Claims lists the ResourceClaims of a namespace from a cache.
 	Claims func(namespace string) ([]*resourceapi.ResourceClaim, error)
+	// Lookup reads a claim from the API server (not a cache): its uid, or a
+	// NotFound error. nil: no pending entry of a claim the informer does
+	// not hold is ever dropped.
+	Lookup func(ctx context.Context, namespace, name string) (types.UID, error)
 	// Now is the clock; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -121,19 +129,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 }
 
 // Status is the status of budget b given what the claims the informer
-// holds take (claims) and the uids it holds (held), at now: the pending
-// entries of claims not held and not expired are kept and added.
-func Status(b *configapi.GPUBudget, claims Amount, held map[string]bool, now time.Time) configapi.GPUBudgetStatus {
+// holds take (claims), the uids it holds (held) and the uids of expired
+// entries whose claim a live read found gone (gone), at now. Each pending
+// entry is
+//
+//   - dropped once expired, when its claim is held or gone;
+//   - kept, not counted, while its claim is held (the claim is counted);
+//   - kept and counted otherwise.
+func Status(b *configapi.GPUBudget, claims Amount, held, gone map[string]bool, now time.Time) configapi.GPUBudgetStatus {
 	used := claims
 	var pending []configapi.PendingCharge
 	for _, p := range b.Status.Pending {
-		if held[p.UID] || !p.Expires.Time.After(now) {
+		expired := !p.Expires.Time.After(now)
+		if expired && (held[p.UID] || gone[p.UID]) {
 			continue
 		}
 		var kept configapi.PendingCharge
 		p.DeepCopyInto(&kept)
 		pending = append(pending, kept)
-		used = used.Add(amount(p.Charge))
+		if !held[p.UID] {
+			used = used.Add(amount(p.Charge))
+		}
 	}
 	return configapi.GPUBudgetStatus{
 		Used:               apiAmount(used),
@@ -141,6 +157,37 @@ func Status(b *configapi.GPUBudget, claims Amount, held map[string]bool, now tim
 		ObservedGeneration: b.Generation,
 		LastReconciled:     b.Status.LastReconciled,
 	}
+}
+
+// gone reads, for each expired pending entry of b whose claim the informer
+// does not hold, whether the claim is gone: a live read finds none of its
+// name or one of another uid. An entry whose read fails is kept (logged).
+// checked holds the answers of earlier reads in this pass.
+func (r *Reconciler) gone(ctx context.Context, b *configapi.GPUBudget, held map[string]bool, now time.Time, checked map[string]bool) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range b.Status.Pending {
+		if held[p.UID] || p.Expires.Time.After(now) || r.Lookup == nil {
+			continue
+		}
+		isGone, ok := checked[p.UID]
+		if !ok {
+			uid, err := r.Lookup(ctx, b.Namespace, p.Claim)
+			switch {
+			case apierrors.IsNotFound(err):
+				isGone = true
+			case err != nil:
+				klog.FromContext(ctx).Error(err, "Cannot read the claim of an expired pending charge; keeping the charge", "budget", klog.KObj(b), "claim", p.Claim)
+				continue
+			default:
+				isGone = string(uid) != p.UID
+			}
+			checked[p.UID] = isGone
+		}
+		if isGone {
+			out[p.UID] = true
+		}
+	}
+	return out
 }
 
 func sameStatus(a, b configapi.GPUBudgetStatus) bool {
@@ -154,6 +201,7 @@ func sameStatus(a, b configapi.GPUBudgetStatus) bool {
 func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget, claims Amount, held map[string]bool) error {
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
+	checked := map[string]bool{}
 	for {
 		token := b.Annotations[configapi.GPUBudgetResyncAnnotation]
 		r.mu.Lock()
@@ -161,7 +209,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget
 		r.mu.Unlock()
 		forced := token != "" && (!known || seen != token)
 		now := r.now()
-		status := Status(b, claims, held, now)
+		status := Status(b, claims, held, r.gone(ctx, b, held, now, checked), now)
 		if !forced && sameStatus(status, b.Status) {
 			r.Metrics.observe(b)
 			return nil
@@ -214,7 +262,7 @@ type Controller struct {
 }
 
 // NewController wires a Reconciler to informers over client's ResourceClaims
-// and store's GPUBudgets. It needs list and watch on resourceclaims.
+// and store's GPUBudgets. It needs get, list and watch on resourceclaims.
 func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pricer, metrics *Metrics, resync time.Duration) *Controller {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	informer := factory.Resource().V1().ResourceClaims()
@@ -243,6 +291,14 @@ func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pri
 		Metrics: metrics,
 		Claims: func(namespace string) ([]*resourceapi.ResourceClaim, error) {
 			return lister.ResourceClaims(namespace).List(labels.Everything())
+		},
+		// It needs get on resourceclaims.
+		Lookup: func(ctx context.Context, namespace, name string) (types.UID, error) {
+			c, err := client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return "", err
+			}
+			return c.UID, nil
 		},
 	}
 	later := func(obj any) {

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
@@ -15,7 +17,16 @@ func newReconciler(f *fakeBudgets, claims *[]*resourceapi.ResourceClaim, now *ti
 		Store:  NewDynamicStore(f.client, 0),
 		Pricer: pricer(twoModels()),
 		Claims: func(string) ([]*resourceapi.ResourceClaim, error) { return *claims, nil },
-		Now:    func() time.Time { return *now },
+		// The cluster's claims are the informer's.
+		Lookup: func(_ context.Context, _, name string) (types.UID, error) {
+			for _, c := range *claims {
+				if c.Name == name {
+					return c.UID, nil
+				}
+			}
+			return "", apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), name)
+		},
+		Now: func() time.Time { return *now },
 	}
 }
 
@@ -45,20 +56,22 @@ func TestReconcilerKeepsChargesInFlight(t *testing.T) {
 		t.Errorf("nothing seen: used %v, %d pending; want 15Gi, 2", got, len(st.Pending))
 	}
 
-	// The informer holds a: its entry goes, it is counted as a claim.
+	// The informer holds a: it is counted as a claim, its entry stays
+	// (uncounted) until it expires, for replicas that have not seen a.
 	held = []*resourceapi.ResourceClaim{a}
 	if err := r.Reconcile(ctx, "team-a"); err != nil {
 		t.Fatal(err)
 	}
 	st = f.get(t, "gpu").Status
-	if got := amount(st.Used); got.Memory != gi(15) || len(st.Pending) != 1 || st.Pending[0].UID != "uid-b" {
-		t.Errorf("a seen: used %v, pending %+v; want 15Gi and b pending", got, st.Pending)
+	if got := amount(st.Used); got.Memory != gi(15) || len(st.Pending) != 2 {
+		t.Errorf("a seen: used %v, pending %+v; want 15Gi and both pending", got, st.Pending)
 	}
 	if st.LastReconciled == nil || st.ObservedGeneration != 1 {
 		t.Errorf("lastReconciled %v, observedGeneration %d", st.LastReconciled, st.ObservedGeneration)
 	}
 
-	// b's creation failed after admission: its entry expires with the TTL.
+	// b's creation failed after admission: its entry expires with the TTL
+	// (a live read finds no b), and a's too (held).
 	now = clock.Add(time.Minute + time.Second)
 	if err := r.Reconcile(ctx, "team-a"); err != nil {
 		t.Fatal(err)
@@ -118,5 +131,84 @@ func TestReconcilerResyncAnnotationForcesWrite(t *testing.T) {
 	}
 	if lr := f.get(t, "gpu").Status.LastReconciled; lr == nil || !lr.Time.Equal(clock) {
 		t.Errorf("lastReconciled %v, want %v", lr, clock)
+	}
+}
+
+// Two replicas whose informers differ: A holds claim x, B does not yet. A's
+// write must keep x's pending entry, so that B, counting from A's write
+// without x, still counts x, and a second claim over hard is refused.
+func TestTwoReconcilersDifferentViews(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "10Gi", nil, nil))
+	ctx := context.Background()
+	now := clock
+	x := share("x", "8Gi")
+	heldA := []*resourceapi.ResourceClaim{x}
+	var heldB []*resourceapi.ResourceClaim
+	a, b := newReconciler(f, &heldA, &now), newReconciler(f, &heldB, &now)
+	charger := newCharger(f)
+	if resp := charger.Admit(ctx, review(t, x, false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	for _, r := range []*Reconciler{a, b, a, b} {
+		if err := r.Reconcile(ctx, "team-a"); err != nil {
+			t.Fatal(err)
+		}
+		if got := amount(f.get(t, "gpu").Status.Used); got.Memory != gi(8) {
+			t.Fatalf("used %v after a reconciler pass, want x's 8Gi", got)
+		}
+	}
+	if resp := charger.Admit(ctx, review(t, share("y", "8Gi"), false)); resp.Allowed {
+		t.Fatal("8Gi + 8Gi admitted under a 10Gi budget")
+	}
+
+	// Once expired, the entry leaves through A (its informer holds x), not
+	// through B while the claim exists (a live GET finds it).
+	now = clock.Add(2 * time.Minute)
+	live := map[string]*resourceapi.ResourceClaim{"x": x}
+	for _, r := range []*Reconciler{a, b} {
+		r.Lookup = func(_ context.Context, _, name string) (types.UID, error) {
+			if c, ok := live[name]; ok {
+				return c.UID, nil
+			}
+			return "", apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), name)
+		}
+	}
+	if err := b.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.get(t, "gpu").Status; amount(st.Used).Memory != gi(8) || len(st.Pending) != 1 {
+		t.Errorf("B, x expired but alive: used %v, %d pending; want 8Gi, 1", amount(st.Used), len(st.Pending))
+	}
+	if err := a.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.get(t, "gpu").Status; amount(st.Used).Memory != gi(8) || len(st.Pending) != 0 {
+		t.Errorf("A, x expired and held: used %v, %d pending; want 8Gi, 0", amount(st.Used), len(st.Pending))
+	}
+
+	// A claim whose creation failed: B's GET finds nothing, the entry goes.
+	if resp := charger.Admit(ctx, review(t, share("z", "1Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	now = clock.Add(4 * time.Minute)
+	heldB = []*resourceapi.ResourceClaim{x}
+	if err := b.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.get(t, "gpu").Status; amount(st.Used).Memory != gi(8) || len(st.Pending) != 0 {
+		t.Errorf("B, z never created: used %v, %d pending; want 8Gi (x), 0", amount(st.Used), len(st.Pending))
+	}
+	// A claim of the same name but another uid is not the one charged.
+	live["w"] = share("w", "1Gi")
+	live["w"].UID = "other"
+	if resp := charger.Admit(ctx, review(t, share("w", "1Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	now = clock.Add(6 * time.Minute)
+	if err := b.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.get(t, "gpu").Status; len(st.Pending) != 0 {
+		t.Errorf("w recreated with another uid: %d pending, want 0", len(st.Pending))
 	}
 }

@@ -78,8 +78,10 @@ type GPUBudgetStatus struct {
 	// to. It may be above the claims that exist until the reconciler has
 	// seen them (never below).
 	Used BudgetAmount `json:"used"`
-	// Pending are charges the webhook admitted whose claim the reconciler
-	// has not seen yet; each is dropped once it has, or once it expires.
+	// Pending are charges the webhook admitted. Each counts in Used while
+	// the writing replica's informer does not hold its claim, and is
+	// dropped only once it has expired and its claim is either held by the
+	// informer or not found by a live read (pkg/budget.Reconciler).
 	Pending []PendingCharge `json:"pending,omitempty"`
 	// ObservedGeneration is the generation the reconciler last computed
 	// Used for.
