@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -12,44 +13,62 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/budget"
+	"github.com/tessera-dev/tessera/pkg/legacy"
 )
 
 // TestBudget is issue 24's end-to-end check of namespace GPU budgets, with
-// the release switched to budgets.enabled and
-// webhook.legacyTranslation.enabled (restored at the end): a claim over a
+// the release switched to budgets.enabled, webhook.legacyTranslation.enabled
+// and deviceClasses.nvidiaGPU.create (restored at the end): a claim over a
 // GPUBudget is refused with used and hard; 100 concurrent claim creations,
 // with the reconciler forced to resync during them, never take a budget
-// over hard (the claims that exist afterwards are counted); and the claim
-// of a translated pod is charged, a second one over the budget refused with
-// the refusal in the pod's events.
+// over hard (the claims that exist afterwards are counted); the claim of a
+// translated pod is charged, a second one over the budget refused with the
+// refusal in the pod's events; the claim kube-scheduler makes for a pod's
+// plain nvidia.com/gpu is refused by a budget of 0 GPUs (the pod stays
+// Pending, the refusal in its events) and, once the budget allows it,
+// charged a whole GPU at its full memory, which the budget metrics show;
+// and a GPUBudget with a negative limit is refused by the CRD's schema.
 func TestBudget(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	helmUpgradeValues(t, c, map[string]any{
-		"budgets": map[string]any{"enabled": true},
-		"webhook": map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
+		"budgets":       map[string]any{"enabled": true},
+		"webhook":       map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
+		"deviceClasses": map[string]any{"nvidiaGPU": map[string]any{"create": true}},
 	}, false)
+	c.RequireDriver(t, legacy.DeviceClassName)
 
 	t.Run("OverBudgetRefused", func(t *testing.T) { budgetOverRefused(t, c) })
 	t.Run("ConcurrentClaimsNeverExceed", func(t *testing.T) { budgetConcurrent(t, c) })
 	t.Run("TranslatedPodCharged", func(t *testing.T) { budgetTranslatedPod(t, c) })
+	t.Run("SchedulerClaimCharged", func(t *testing.T) { budgetSchedulerClaim(t, c) })
+	t.Run("SchemaRejectsNegative", func(t *testing.T) { budgetSchemaRejects(t, c) })
 }
 
 // createBudget creates a GPUBudget "gpu" in ns capping memory, retrying
 // while the CRD is not served yet.
 func createBudget(t *testing.T, c *Cluster, ns, memory string) {
 	t.Helper()
+	createBudgetLimits(t, c, ns, configapi.BudgetLimits{Memory: ptr.To(resource.MustParse(memory))})
+}
+
+// createBudgetLimits creates a GPUBudget "gpu" in ns with these limits,
+// retrying while the CRD is not served yet.
+func createBudgetLimits(t *testing.T, c *Cluster, ns string, hard configapi.BudgetLimits) {
+	t.Helper()
 	b := &configapi.GPUBudget{
 		TypeMeta:   metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GPUBudgetKind},
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns},
-		Spec:       configapi.GPUBudgetSpec{Hard: configapi.BudgetLimits{Memory: ptr.To(resource.MustParse(memory))}},
+		Spec:       configapi.GPUBudgetSpec{Hard: hard},
 	}
 	u, err := budget.ToUnstructured(b)
 	if err != nil {
@@ -94,12 +113,19 @@ func shareClaim(name, memory string) *resourceapi.ResourceClaim {
 // ready, but an old one may still answer for a moment. Five in a row.
 func waitForBudgets(t *testing.T, c *Cluster, ns, over string) {
 	t.Helper()
+	waitForRefusal(t, c, ns, shareClaim("probe", over))
+}
+
+// waitForRefusal waits until five dry runs of probe in a row are refused
+// by a GPU budget.
+func waitForRefusal(t *testing.T, c *Cluster, ns string, probe *resourceapi.ResourceClaim) {
+	t.Helper()
 	inARow := 0
 	err := Poll(context.Background(), "the webhook to enforce GPU budgets", PodTimeout, func(ctx context.Context) (bool, error) {
-		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, shareClaim("probe", over), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err == nil || !strings.Contains(err.Error(), "GPU budget") {
 			inARow = 0
-			return false, retry("dry run of a %s claim: %v", over, err)
+			return false, retry("dry run of claim %s: %v", probe.Name, err)
 		}
 		inARow++
 		return inARow == 5, nil
@@ -281,5 +307,222 @@ func budgetTranslatedPod(t *testing.T, c *Cluster) {
 	}
 	if pod.Status.Phase != corev1.PodPending || len(pod.Status.ResourceClaimStatuses) != 0 {
 		t.Errorf("second pod: phase %s, claims %+v; want Pending without a claim", pod.Status.Phase, pod.Status.ResourceClaimStatuses)
+	}
+}
+
+// wholeGPUClaim is a claim for one whole GPU of the class that serves
+// nvidia.com/gpu.
+func wholeGPUClaim(name string) *resourceapi.ResourceClaim {
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/e2e": "true"}},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name:    "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: legacy.DeviceClassName},
+		}}}},
+	}
+}
+
+// budgetMetricsURL is the webhook's budget metrics: on the local cluster
+// the webhook runs in the host's network namespace on 127.0.0.1
+// (demo/clusters/local/overlay/values.yaml) and serves them over HTTPS on
+// the chart's budgets.metrics.port, 9479; scrapeMetrics sends a token.
+func budgetMetricsURL() string {
+	if u := os.Getenv("TESSERA_E2E_BUDGET_METRICS_URL"); u != "" {
+		return u
+	}
+	return "https://127.0.0.1:9479/metrics"
+}
+
+// budgetSchedulerClaim: in a namespace whose GPUBudget allows 0 whole
+// GPUs, a pod asking for plain nvidia.com/gpu: 1 (served by the
+// extendedResourceName of nvidia-gpu.gpu.tessera.dev) is admitted, but the
+// claim kube-scheduler makes for it is refused by the budget webhook: the
+// pod stays Pending with no claim in its namespace, and its events carry
+// the refusal. With the budget raised to 1 GPU a later try of the
+// scheduler succeeds: the pod runs on a whole GPU, status.used counts 1
+// GPU, 100 cores and the GPU's full memory, and the webhook's budget
+// metrics say the same.
+func budgetSchedulerClaim(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-budget-gpu")
+	createBudgetLimits(t, c, ns, configapi.BudgetLimits{GPUs: ptr.To[int64](0)})
+	waitForRefusal(t, c, ns, wholeGPUClaim("probe"))
+
+	createPod(t, t, c, ns, legacyPod("gpu", map[string]string{legacy.NvidiaGPU: "1"}, nil))
+	want := fmt.Sprintf("GPU budget %s/gpu: gpus: used 0 + this claim 1 > hard 0", ns)
+	var seen string
+	var messages []string
+	err := Poll(ctx, "the budget's refusal in the pod's events", PodTimeout, func(ctx context.Context) (bool, error) {
+		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gpu"})
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		messages = messages[:0]
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, want) {
+				seen = fmt.Sprintf("%s %s (%s%s): %s", e.Type, e.Reason, e.Source.Component, e.ReportingController, e.Message)
+				return true, nil
+			}
+			messages = append(messages, e.Reason+": "+e.Message)
+		}
+		return false, retry("events %q", messages)
+	})
+	claims, lerr := c.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if err != nil {
+		// Not refused: say what the scheduler made instead.
+		for _, cl := range claims.Items {
+			t.Logf("claim %s (annotations %v): requests %+v, allocated %v", cl.Name, cl.Annotations, cl.Spec.Devices.Requests, cl.Status.Allocation != nil)
+		}
+		t.Fatalf("%v; events %q", err, messages)
+	}
+	t.Logf("nvidia.com/gpu: 1 under a budget of 0 GPUs: %s", seen)
+	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "gpu", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Status.Phase != corev1.PodPending || pod.Status.ExtendedResourceClaimStatus != nil || len(claims.Items) != 0 {
+		t.Errorf("pod: phase %s, extendedResourceClaimStatus %+v, %d claims in the namespace; want Pending without a claim",
+			pod.Status.Phase, pod.Status.ExtendedResourceClaimStatus, len(claims.Items))
+	}
+	b, err := getBudget(ctx, c, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Status.Used.GPUs != 0 {
+		t.Errorf("status.used.gpus %d after the refusal, want 0", b.Status.Used.GPUs)
+	}
+
+	// Room for one GPU: the scheduler's next try is admitted and charged.
+	raised := time.Now()
+	if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Patch(ctx, "gpu", types.MergePatchType,
+		[]byte(`{"spec":{"hard":{"gpus":1}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sp, err := c.WaitForEnvPod(ctx, ns, "gpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSpecPod(t, sp)
+	t.Logf("the pod ran %v after the budget was raised to 1 GPU", time.Since(raised).Round(time.Second))
+	checkDevicePluginPod(t, c, sp)
+	ers := sp.Pod.Status.ExtendedResourceClaimStatus
+	if ers == nil {
+		t.FailNow()
+	}
+	devs, err := c.AllocatedDevices(ctx, ns, ers.ResourceClaimName)
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("claim %s: devices %+v, %v", ers.ResourceClaimName, devs, err)
+	}
+	memory := devs[0].Device.Capacity["memory"].Value
+	if memory.IsZero() {
+		t.Fatalf("device %s publishes no memory capacity", devs[0].Result.Device)
+	}
+	err = Poll(ctx, "the budget to count the scheduler's claim", time.Minute, func(ctx context.Context) (bool, error) {
+		b, err := getBudget(ctx, c, ns)
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		u := b.Status.Used
+		if u.GPUs != 1 || u.Cores != 100 || u.Memory.Cmp(memory) != 0 || len(b.Status.Pending) != 0 {
+			return false, retry("used %s memory, %d cores, %d GPUs with %d pending; want %s, 100, 1 and none",
+				u.Memory.String(), u.Cores, u.GPUs, len(b.Status.Pending), memory.String())
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("status.used: 1 GPU, 100 cores, %s (device %s's memory capacity)", memory.String(), devs[0].Result.Device)
+
+	// The budget metrics of the replica that serves them (on the host
+	// network one replica holds the port).
+	var series []string
+	err = Poll(ctx, "the budget metrics to show the charge", time.Minute, func(ctx context.Context) (bool, error) {
+		samples, err := scrapeMetrics(ctx, budgetMetricsURL())
+		if err != nil {
+			return false, retry("%v", err)
+		}
+		got := map[string]float64{}
+		series = series[:0]
+		for _, s := range samples {
+			if s.labels["namespace"] == ns && s.labels["budget"] == "gpu" {
+				got[s.name+"/"+s.labels["resource"]] = s.value
+				series = append(series, fmt.Sprintf("%s{resource=%q} %g", s.name, s.labels["resource"], s.value))
+			}
+		}
+		wantSeries := map[string]float64{
+			"tessera_gpu_budget_used/gpus": 1, "tessera_gpu_budget_hard/gpus": 1,
+			"tessera_gpu_budget_used/cores": 100, "tessera_gpu_budget_used/memory": float64(memory.Value()),
+		}
+		for k, v := range wantSeries {
+			if got[k] != v {
+				return false, retry("%s = %g, want %g (series %v)", k, got[k], v, series)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("budget metrics at %s: %v", budgetMetricsURL(), series)
+}
+
+// budgetSchemaRejects: the CRD's schema refuses a GPUBudget with a negative
+// limit at creation (memory as a quantity string or an integer, gpus), and
+// accepts the same budget with 1Gi.
+func budgetSchemaRejects(t *testing.T, c *Cluster) {
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-budget-schema")
+	budgets := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns)
+	obj := func(hard map[string]any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": configapi.SchemeGroupVersion.String(),
+			"kind":       configapi.GPUBudgetKind,
+			"metadata":   map[string]any{"name": "gpu"},
+			"spec":       map[string]any{"hard": hard},
+		}}
+	}
+	create := func(hard map[string]any) error {
+		var err error
+		perr := Poll(ctx, "the GPUBudget CRD to be served", time.Minute, func(ctx context.Context) (bool, error) {
+			_, err = budgets.Create(ctx, obj(hard), metav1.CreateOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, retry("%v", err)
+			}
+			return true, nil
+		})
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		return err
+	}
+	for _, tc := range []struct {
+		name  string
+		hard  map[string]any
+		field string
+	}{
+		{"memory -1Gi", map[string]any{"memory": "-1Gi"}, "spec.hard.memory"},
+		{"memory -1", map[string]any{"memory": int64(-1)}, "spec.hard.memory"},
+		{"gpus -1", map[string]any{"gpus": int64(-1)}, "spec.hard.gpus"},
+	} {
+		err := create(tc.hard)
+		if err == nil {
+			t.Errorf("a GPUBudget with %s was created", tc.name)
+			if err := budgets.Delete(ctx, "gpu", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("a GPUBudget with %s: %v; want Invalid naming %s", tc.name, err, tc.field)
+			continue
+		}
+		t.Logf("%s refused: %v", tc.name, err)
+	}
+	if err := create(map[string]any{"memory": "1Gi"}); err != nil {
+		t.Errorf("a GPUBudget with memory 1Gi: %v", err)
 	}
 }
