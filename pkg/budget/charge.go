@@ -193,9 +193,11 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 //
 //   - a whole GPU (type gpu): its memory capacity, 100 cores, 1 GPU;
 //   - a share (type shared or lent): the memory its capacity.requests names,
-//     rounded up to 1Mi as the scheduler allocates it, else the device's
-//     full memory (a share that names none is allocated all of it); the
-//     cores it names, rounded up to a whole percent, else 100; no GPU;
+//     rounded as the scheduler allocates it by the largest over the matched
+//     devices of their published requestPolicy (pkg/model: at least 1Gi,
+//     then 1Mi steps; those constants when none is published), else the
+//     device's full memory (a share that names none is allocated all of
+//     it); the cores it names, rounded likewise, else 100; no GPU;
 //   - a MIG device (type mig): its memory and cores capacity as pkg/model
 //     publishes them (cores: 100 × its compute slices / the GPU's, rounded
 //     down; 100 when the device publishes none); no GPU.
@@ -279,6 +281,8 @@ type sizes struct {
 	shareMemory                int64
 	migMemory, migCores        int64
 	shareMemoryKnown, migKnown bool
+	// The requestPolicies the matched shares publish, per dimension.
+	shareMemoryPolicies, shareCoresPolicies []policy
 }
 
 func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device, version uint64, name, className string,
@@ -338,13 +342,17 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 		memory, ok := shareMemory(requests)
 		switch {
 		case ok:
-			per.Memory = max(per.Memory, memory)
+			per.Memory = max(per.Memory, roundUpAll(sz.shareMemoryPolicies, modelMemoryPolicy, memory))
 		case sz.shareMemoryKnown:
 			per.Memory = max(per.Memory, sz.shareMemory)
 		default:
 			alt.Unknown[Memory] = fmt.Sprintf("request %q names no memory and no GPU of class %s is published yet, so the share's memory (all of its GPU's) is unknown", name, className)
 		}
-		per.Cores = max(per.Cores, shareCores(requests))
+		cores, ok := shareCores(requests)
+		if ok {
+			cores = roundUpAll(sz.shareCoresPolicies, modelCoresPolicy, cores)
+		}
+		per.Cores = max(per.Cores, cores)
 	}
 	if sz.mig {
 		if sz.migKnown {
@@ -388,6 +396,12 @@ func (s *sizes) add(d *resourceapi.Device) {
 		if hasMemory {
 			s.shareMemoryKnown = true
 			s.shareMemory = max(s.shareMemory, memory)
+			if p, ok := policyOf(d.Capacity[capacityMemory]); ok {
+				s.shareMemoryPolicies = addPolicy(s.shareMemoryPolicies, p)
+			}
+		}
+		if p, ok := policyOf(d.Capacity[capacityCores]); ok {
+			s.shareCoresPolicies = addPolicy(s.shareCoresPolicies, p)
 		}
 	default: // typeMIG, and any type a later model adds: its capacity
 		s.mig, s.migKnown = true, true
@@ -419,32 +433,27 @@ func capacityValue(d *resourceapi.Device, name resourceapi.QualifiedName) (int64
 	return v, true
 }
 
-// shareMemory is the memory the scheduler allocates for a share's
-// capacity.requests: rounded up to whole MiB, at least 1Mi. ok is false
-// when the request names none.
+// shareMemory is the memory a share's capacity.requests names, in bytes
+// (rounded up; saturating); the scheduler then allocates it rounded by the
+// device's requestPolicy (roundUpAll). ok is false when the request names
+// none.
 func shareMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
 	q, ok := requests[capacityMemory]
 	if !ok {
 		return 0, false
 	}
-	if q.CmpInt64(math.MaxInt64-memoryStep) > 0 {
-		return math.MaxInt64, true
-	}
-	v := max(q.Value(), memoryStep)
-	return (v + memoryStep - 1) / memoryStep * memoryStep, true
+	return max(quantityValue(q), 0), true
 }
 
-// shareCores is the cores a share is charged: what it names, rounded up to
-// a whole percent, else all of them (it may use them all).
-func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) int64 {
+// shareCores is the cores a share names, rounded up to a whole percent
+// (ok), else all of a GPU's: a share that names none gets no guarantee but
+// may use them all, so a budget counts them all.
+func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
 	q, ok := requests[capacityCores]
 	if !ok {
-		return coresPerGPU
+		return coresPerGPU, false
 	}
-	if q.CmpInt64(math.MaxInt64) > 0 {
-		return math.MaxInt64
-	}
-	return max(q.Value(), 0)
+	return max(quantityValue(q), 0), true
 }
 
 // match returns the sizes of the published devices that exprs match, from

@@ -27,6 +27,9 @@ func TestNamesMatchModel(t *testing.T) {
 			t.Errorf("%q here, %q in pkg/model or pkg/legacy", c.got, c.want)
 		}
 	}
+	if modelMemoryPolicy.min != model.MinShareMemory.Value() {
+		t.Errorf("the fallback memory minimum %d, model.MinShareMemory %s", modelMemoryPolicy.min, model.MinShareMemory.String())
+	}
 	if coresPerGPU != model.CoresPerGPU {
 		t.Errorf("coresPerGPU %d, model.CoresPerGPU %d", coresPerGPU, model.CoresPerGPU)
 	}
@@ -53,8 +56,23 @@ func TestCharge(t *testing.T) {
 			want: Amount{Memory: gi(80), Cores: 100, GPUs: 1}},
 		{name: "count 3", claim: claim("c", exact("gpu", wholeClassName, 3, nil)),
 			want: Amount{Memory: gi(240), Cores: 300, GPUs: 3}},
-		{name: "share rounded up to 1Mi", claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1500Ki", "cores": "25"})),
-			want: Amount{Memory: 2 << 20, Cores: 25}},
+		{name: "share of 1500Ki: the model's 1Gi minimum (no policy published)", claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1500Ki", "cores": "25"})),
+			want: Amount{Memory: gi(1), Cores: 25}},
+		{name: "share of 1Mi: charged 1Gi", claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1Mi", "cores": "1"})),
+			want: Amount{Memory: gi(1), Cores: 1}},
+		{name: "share above the minimum: the model's 1Mi step", claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1025Mi", "cores": "1"})),
+			want: Amount{Memory: gi(1) + 1<<20, Cores: 1}},
+		{name: "share: the published policy, the largest over the matched devices",
+			devices: []resourceapi.Device{
+				withPolicy(withPolicy(device("gpu-0-shared", typeShared, "80Gi", 100), capacityMemory, "1Gi", "1Mi"), capacityCores, "0", "1"),
+				withPolicy(withPolicy(device("gpu-1-shared", typeShared, "40Gi", 100), capacityMemory, "2Gi", "512Mi"), capacityCores, "5", "5"),
+			},
+			claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "2100Mi", "cores": "7"})),
+			want:  Amount{Memory: 2560 << 20, Cores: 10}},
+		{name: "share below the published minimum", devices: []resourceapi.Device{
+			withPolicy(device("gpu-0-shared", typeShared, "80Gi", 100), capacityMemory, "1Gi", "1Mi")},
+			claim: claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1Mi", "cores": "3"})),
+			want:  Amount{Memory: gi(1), Cores: 3}},
 		{name: "share without memory or cores: all of the largest GPU", claim: claim("c", exact("s", sharedClassName, 1, nil)),
 			want: Amount{Memory: gi(80), Cores: 100}},
 		{name: "lent share", devices: append(twoModels(), device("gpu-0-lent", typeLent, "20Gi", 100)),

@@ -43,6 +43,16 @@ func device(name, typ string, memory string, cores int64) resourceapi.Device {
 	return d
 }
 
+// withPolicy gives d's capacity name a requestPolicy validRange of min and
+// step, as pkg/model publishes for the shared device.
+func withPolicy(d resourceapi.Device, name resourceapi.QualifiedName, min, step string) resourceapi.Device {
+	c := d.Capacity[name]
+	c.RequestPolicy = &resourceapi.CapacityRequestPolicy{ValidRange: &resourceapi.CapacityRequestPolicyRange{
+		Min: ptr.To(resource.MustParse(min)), Step: ptr.To(resource.MustParse(step))}}
+	d.Capacity[name] = c
+	return d
+}
+
 // twoModels: an 80Gi GPU and a 40Gi GPU, each whole and shared, and a MIG
 // device of 10Gi and 14 cores.
 func twoModels() []resourceapi.Device {
