@@ -137,6 +137,9 @@ type Alternative struct {
 	// Name is the request's name, or request/subrequest.
 	Name  string
 	Class string
+	// ClassMissing: the DeviceClass does not exist (the request takes
+	// nothing, it cannot be allocated; see ClaimCharge.MissingClass).
+	ClassMissing bool
 	Amount
 	Unknown map[Resource]string
 }
@@ -180,6 +183,19 @@ func (c ClaimCharge) For(class string) Charge {
 	return out
 }
 
+// MissingClass is the first alternative of c whose DeviceClass does not
+// exist, nil when every class exists.
+func (c ClaimCharge) MissingClass() *Alternative {
+	for _, r := range c {
+		for i := range r.Alternatives {
+			if r.Alternatives[i].ClassMissing {
+				return &r.Alternatives[i]
+			}
+		}
+	}
+	return nil
+}
+
 // ClassLookup returns the DeviceClass called name (NotFound when there is
 // none). The result is shared: callers must not modify it.
 type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClass, error)
@@ -208,11 +224,20 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 // other (the quota evaluator charges them too).
 //
 // A request of a class that matches no published device of gpu.tessera.dev
-// takes nothing, except for Tessera's own classes (gpu.tessera.dev,
-// shared., lent., mig., nvidia-gpu.gpu.tessera.dev): a share then takes what
-// its capacity.requests name and a whole GPU its count of GPUs and 100 cores
-// each; what is left (a whole GPU's memory, a MIG device's size, a share
-// that names no memory) is Unknown.
+// now (its node pool scaled to zero, the plugin restarting) is charged the
+// largest sizes this Pricer has seen that class match (kept per class name,
+// never lowered). A class it never saw match anything:
+//
+//   - Tessera's own classes (gpu.tessera.dev, shared., lent., mig.,
+//     nvidia-gpu.gpu.tessera.dev): a share takes what its capacity.requests
+//     name and a whole GPU its count of GPUs and 100 cores each; what is
+//     left (a whole GPU's memory, a MIG device's size, a share that names
+//     no memory) is Unknown;
+//   - another class whose selectors name this driver (selectsDriver):
+//     Unknown in every dimension;
+//   - any other class takes nothing (another driver's devices).
+//
+// A class that does not exist takes nothing and is marked ClassMissing.
 type Pricer struct {
 	devices Devices
 	classes ClassLookup
@@ -223,6 +248,10 @@ type Pricer struct {
 	mu      sync.Mutex
 	version uint64
 	matched map[string]sizes
+	// largest are the largest sizes seen matched per class name, over every
+	// version (never lowered): what a request of a class that matches
+	// nothing now is charged.
+	largest map[string]sizes
 }
 
 // Devices lists the devices of gpu.tessera.dev the cluster publishes, and
@@ -291,7 +320,10 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	alt := Alternative{Name: name, Class: className}
 	class, err := p.classes(ctx, className)
 	if apierrors.IsNotFound(err) {
-		// A claim whose class does not exist cannot be allocated.
+		// A claim whose class does not exist cannot be allocated: it takes
+		// nothing, and the Charger refuses it where a budget limits
+		// anything (its size would be unknown once the class appears).
+		alt.ClassMissing = true
 		return alt, nil
 	}
 	if err != nil {
@@ -312,6 +344,12 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	if err != nil {
 		return alt, fmt.Errorf("request %q: %w", name, err)
 	}
+	if sz.any {
+		p.remember(className, sz)
+	} else if seen, ok := p.seen(className); ok {
+		// Nothing matches now (slices gone for a while): the largest seen.
+		sz = seen
+	}
 	n := max(count, 1)
 	if mode == resourceapi.DeviceAllocationModeAll {
 		n = resourceapi.AllocationResultsMaxSize
@@ -326,7 +364,13 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	if none {
 		sz = ownClassSizes(className)
 		if !sz.any {
-			return Alternative{Name: name, Class: className}, nil
+			if !selectsDriver(exprs) {
+				// Another driver's class.
+				return Alternative{Name: name, Class: className}, nil
+			}
+			why := fmt.Sprintf("request %q: class %s selects devices of %s, none of which it matches is published now or was seen, so its size is unknown", name, className, driverName)
+			alt.Unknown = map[Resource]string{Memory: why, Cores: why, GPUs: why}
+			return alt, nil
 		}
 	}
 	var per Amount
@@ -368,6 +412,57 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 		alt.Unknown = nil
 	}
 	return alt, nil
+}
+
+// selectsDriver reports whether a class's expressions name this driver (a
+// string literal "gpu.tessera.dev": device.driver == it, or an attribute or
+// capacity of its domain), so that it can select devices of this driver.
+// A heuristic: an expression may name the driver and select none of its
+// devices, which then only over-counts.
+func selectsDriver(exprs []string) bool {
+	for _, e := range exprs {
+		if strings.Contains(e, `"`+driverName+`"`) || strings.Contains(e, `'`+driverName+`'`) {
+			return true
+		}
+	}
+	return false
+}
+
+// remember merges sz into the largest sizes seen for class (never lowered).
+func (p *Pricer) remember(class string, sz sizes) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.largest == nil {
+		p.largest = map[string]sizes{}
+	}
+	old, ok := p.largest[class]
+	if !ok && len(p.largest) >= maxMatched {
+		return
+	}
+	p.largest[class] = old.merge(sz)
+}
+
+// seen is the largest sizes seen for class.
+func (p *Pricer) seen(class string) (sizes, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sz, ok := p.largest[class]
+	return sz, ok
+}
+
+// merge is the larger of s and o in every field.
+func (s sizes) merge(o sizes) sizes {
+	s.any, s.whole, s.share, s.mig = s.any || o.any, s.whole || o.whole, s.share || o.share, s.mig || o.mig
+	s.wholeMemory, s.shareMemory = max(s.wholeMemory, o.wholeMemory), max(s.shareMemory, o.shareMemory)
+	s.migMemory, s.migCores = max(s.migMemory, o.migMemory), max(s.migCores, o.migCores)
+	s.shareMemoryKnown, s.migKnown = s.shareMemoryKnown || o.shareMemoryKnown, s.migKnown || o.migKnown
+	for _, p := range o.shareMemoryPolicies {
+		s.shareMemoryPolicies = addPolicy(s.shareMemoryPolicies, p)
+	}
+	for _, p := range o.shareCoresPolicies {
+		s.shareCoresPolicies = addPolicy(s.shareCoresPolicies, p)
+	}
+	return s
 }
 
 // ownClassSizes is what a class of Tessera's own gives when none of its
@@ -526,9 +621,16 @@ type Refusal struct {
 	Used, Charge, Hard int64
 	// Unknown, when set, says why the claim's size in Resource is unknown.
 	Unknown string
+	// MissingClass, when set, is a DeviceClass the claim names that does
+	// not exist.
+	MissingClass, Request string
 }
 
 func (r *Refusal) Error() string {
+	if r.MissingClass != "" {
+		return fmt.Sprintf("GPU budget %s/%s: request %q: DeviceClass %s not found: such a claim could not be allocated and its size cannot be known; create the DeviceClass first",
+			r.Namespace, r.Budget, r.Request, r.MissingClass)
+	}
 	if r.Unknown != "" {
 		return fmt.Sprintf("GPU budget %s/%s limits %s: %s; create the claim once such a device is published", r.Namespace, r.Budget, r.Resource, r.Unknown)
 	}
@@ -571,6 +673,9 @@ func Check(namespace, name string, hard Limits, used Amount, charge Charge) *Ref
 type Limits struct {
 	Memory, Cores, GPUs *int64
 }
+
+// Any reports whether l limits any dimension.
+func (l Limits) Any() bool { return l.Memory != nil || l.Cores != nil || l.GPUs != nil }
 
 // Get returns the cap of r and whether there is one.
 func (l Limits) Get(r Resource) (int64, bool) {

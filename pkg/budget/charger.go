@@ -180,6 +180,13 @@ func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if err != nil {
 		return fmt.Errorf("GPU budgets: claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
+	if missing := cc.MissingClass(); missing != nil {
+		for _, b := range budgets {
+			if limits(b.Spec.Hard).Any() {
+				return &Refusal{Namespace: b.Namespace, Budget: b.Name, MissingClass: missing.Class, Request: missing.Name}
+			}
+		}
+	}
 	var charged []*configapi.GPUBudget
 	for _, b := range budgets {
 		charge := cc.For(b.Spec.DeviceClassName)

@@ -115,10 +115,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 	var errs []error
 	for _, b := range budgets {
 		var used Amount
+		unknown := map[Resource]bool{}
 		for _, c := range all {
-			used = used.Add(c.charge.For(b.Spec.DeviceClassName).Amount)
+			charge := c.charge.For(b.Spec.DeviceClassName)
+			used = used.Add(charge.Amount)
+			for res := range charge.Unknown {
+				unknown[res] = true
+			}
 		}
-		if err := r.reconcileBudget(ctx, b, used, held); err != nil {
+		if err := r.reconcileBudget(ctx, b, used, held, unknown); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -198,7 +203,11 @@ func sameStatus(a, b configapi.GPUBudgetStatus) bool {
 	return equality.Semantic.DeepEqual(a, b)
 }
 
-func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget, claims Amount, held map[string]bool) error {
+// reconcileBudget writes b's status (Status). In a dimension where some
+// claim's size is unknown (unknown: no device its class matches is
+// published now and this process never saw one), used is not lowered below
+// what the status says: slices briefly gone must not free budget.
+func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget, claims Amount, held map[string]bool, unknown map[Resource]bool) error {
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
 	checked := map[string]bool{}
@@ -210,6 +219,13 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget
 		forced := token != "" && (!known || seen != token)
 		now := r.now()
 		status := Status(b, claims, held, r.gone(ctx, b, held, now, checked), now)
+		if len(unknown) > 0 {
+			used, was := amount(status.Used), amount(b.Status.Used)
+			for res := range unknown {
+				used.set(res, max(used.Get(res), was.Get(res)))
+			}
+			status.Used = apiAmount(used)
+		}
 		if !forced && sameStatus(status, b.Status) {
 			r.Metrics.observe(b)
 			return nil
