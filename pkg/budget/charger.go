@@ -61,6 +61,11 @@ const rollbackTimeout = 5 * time.Second
 // server in this admission (never on a cached one), so a stale cache does
 // not refuse a claim that fits.
 //
+// A budget whose status.observedGeneration is not its generation (the
+// reconciler has not counted it since it was created or changed) refuses
+// every claim it would charge with a Busy error ("is being counted, retry
+// in a few seconds"), read fresh before refusing, dry runs too.
+//
 // Dry runs are checked, never written. A claim already in a budget's
 // pending list (a retried review) is not charged twice. If a later budget
 // refuses, the entries written for the earlier ones are removed (best
@@ -146,12 +151,26 @@ func (c *Charger) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) 
 		c.Metrics.refused(refusal)
 		return deny(req, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error())
 	}
+	var busy *Busy
+	if errors.As(err, &busy) {
+		return deny(req, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests, err.Error())
+	}
 	return deny(req, http.StatusInternalServerError, metav1.StatusReasonInternalError, err.Error())
 }
 
 func deny(req *admissionv1.AdmissionRequest, code int32, reason metav1.StatusReason, message string) *admissionv1.AdmissionResponse {
 	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: false,
 		Result: &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: message}}
+}
+
+// Busy is the error of a claim that cannot be checked against a budget
+// now, and may be created again in a few seconds.
+type Busy struct {
+	Namespace, Budget, Why string
+}
+
+func (b *Busy) Error() string {
+	return fmt.Sprintf("GPU budget %s/%s %s, retry in a few seconds", b.Namespace, b.Budget, b.Why)
 }
 
 // ChargeClaim charges claim against every budget of its namespace that its
@@ -229,6 +248,20 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		}
 		if claim.UID != "" && slices.ContainsFunc(base.Status.Pending, func(p configapi.PendingCharge) bool { return p.UID == string(claim.UID) }) {
 			return nil // charged by an earlier review of this claim
+		}
+		if base.Status.ObservedGeneration != base.Generation {
+			// Never counted for this spec (a new budget, a changed
+			// deviceClassName): used is not what the claims take yet.
+			if !fresh {
+				if err := reread(); err != nil {
+					if apierrors.IsNotFound(err) {
+						return nil
+					}
+					return fmt.Errorf("GPU budget %s/%s: read: %w", cached.Namespace, cached.Name, err)
+				}
+				continue
+			}
+			return &Busy{Namespace: base.Namespace, Budget: base.Name, Why: "is being counted"}
 		}
 		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), amount(base.Status.Used), charge)
 		if refusal == nil && len(base.Status.Pending) >= maxPending {

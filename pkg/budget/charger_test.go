@@ -188,3 +188,31 @@ func TestConcurrentChargesNeverExceed(t *testing.T) {
 	}
 	t.Logf("admitted %d of 100 in %d status writes", admitted, f.updates)
 }
+
+// A budget the reconciler has not counted yet for its generation (new, or
+// its deviceClassName changed) would enforce against a used it never
+// computed: claims are refused with a retry until it has.
+func TestUnreconciledBudgetRefusesWithRetry(t *testing.T) {
+	b := budget("gpu", "", "40Gi", nil, nil)
+	b.Generation, b.Status.ObservedGeneration = 2, 1
+	f := newFakeBudgets(t, b)
+	c := newCharger(f)
+	ctx := context.Background()
+	for _, dryRun := range []bool{false, true} {
+		resp := c.Admit(ctx, review(t, share("a", "1Gi"), dryRun))
+		if resp.Allowed || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "GPU budget team-a/gpu is being counted, retry in a few seconds") {
+			t.Errorf("dry run %v: %+v, want a retry refusal", dryRun, resp.Result)
+		}
+	}
+	now := clock
+	held := []*resourceapi.ResourceClaim{share("old", "39Gi")}
+	if err := newReconciler(f, &held, &now).Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if resp := c.Admit(ctx, review(t, share("a", "2Gi"), false)); resp.Allowed {
+		t.Error("39Gi counted + 2Gi > 40Gi allowed")
+	}
+	if resp := c.Admit(ctx, review(t, share("a", "1Gi"), false)); !resp.Allowed {
+		t.Errorf("counted budget: %+v", resp.Result)
+	}
+}

@@ -197,6 +197,8 @@ func budget(name, class string, memory string, cores, gpus *int64) *configapi.GP
 		TypeMeta:   metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GPUBudgetKind},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a", UID: types.UID("budget-" + name), Generation: 1},
 		Spec:       configapi.GPUBudgetSpec{DeviceClassName: class, Hard: configapi.BudgetLimits{Cores: cores, GPUs: gpus}},
+		// Counted by the reconciler for its generation.
+		Status: configapi.GPUBudgetStatus{ObservedGeneration: 1},
 	}
 	if memory != "" {
 		b.Spec.Hard.Memory = ptr.To(resource.MustParse(memory))

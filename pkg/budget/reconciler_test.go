@@ -66,9 +66,6 @@ func TestReconcilerKeepsChargesInFlight(t *testing.T) {
 	if got := amount(st.Used); got.Memory != gi(15) || len(st.Pending) != 2 {
 		t.Errorf("a seen: used %v, pending %+v; want 15Gi and both pending", got, st.Pending)
 	}
-	if st.LastReconciled == nil || st.ObservedGeneration != 1 {
-		t.Errorf("lastReconciled %v, observedGeneration %d", st.LastReconciled, st.ObservedGeneration)
-	}
 
 	// b's creation failed after admission: its entry expires with the TTL
 	// (a live read finds no b), and a's too (held).
@@ -79,6 +76,9 @@ func TestReconcilerKeepsChargesInFlight(t *testing.T) {
 	st = f.get(t, "gpu").Status
 	if got := amount(st.Used); got.Memory != gi(10) || len(st.Pending) != 0 {
 		t.Errorf("b expired: used %v, %d pending; want 10Gi, none", got, len(st.Pending))
+	}
+	if st.LastReconciled == nil || st.ObservedGeneration != 1 {
+		t.Errorf("lastReconciled %v, observedGeneration %d", st.LastReconciled, st.ObservedGeneration)
 	}
 
 	// a deleted: used drops to nothing.
