@@ -79,7 +79,10 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	store := budget.NewDynamicStore(dyn, 0)
 	metrics := budget.NewMetrics()
 	controller := budget.NewController(classes.Client(), store, pricer, metrics, b.resync)
-	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, Metrics: metrics}
+	// The per-budget lock is waited for at most a fifth of the webhook's
+	// timeout (1s of the default 5s), leaving the rest for the slot, the
+	// reads and the write.
+	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, Metrics: metrics, LockWait: b.webhookTimeout / 5}
 	tasks := []task{{controller.Run, "the GPU budget reconciler"}}
 	if b.metricsAddress != "" {
 		// As the kubelet plugin's metrics (pkg/metricsserver): HTTPS,

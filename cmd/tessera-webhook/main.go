@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -60,7 +61,7 @@ func newCommand() *cobra.Command {
 			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), creating the ResourceClaimTemplates they use " +
 			"(create, get, patch on resourceclaimtemplates.resource.k8s.io), and deletes those templates once no pod uses them " +
 			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).\n" +
-			"With --budgets, on " + budget.Path + " it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
+			"On " + budget.Path + " it allows every review unless --budgets is set; with --budgets it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
 			"(pkg/budget) and keeps their status up to date (get, list, watch on gpubudgets.gpu.tessera.dev, update on gpubudgets/status; " +
 			"get, list, watch on resourceclaims).",
 		Args:          cobra.NoArgs,
@@ -92,15 +93,24 @@ func newCommand() *cobra.Command {
 			models.Start(ctx)
 			server.Models = models
 			server.Admitters = map[string]webhook.AdmitFunc{}
+			// budget.Path is always served, behind review slots of its own
+			// (its reviews wait on per-budget locks): without --budgets it
+			// allows everything, so that replicas of a version or
+			// configuration without budgets answer a webhook configuration
+			// that already sends claims there (a helm upgrade that turns
+			// budgets on) instead of 404, which failurePolicy Fail turns
+			// into refusals.
 			var background []task
+			var charge webhook.AdmitFunc
 			if budgets.enabled {
 				admit, tasks, err := budgets.start(ctx, config, classes, server.CertFile, server.KeyFile)
 				if err != nil {
 					return err
 				}
-				server.Admitters[budget.Path] = admit
+				charge = admit
 				background = append(background, tasks...)
 			}
+			server.Isolated = isolated(charge)
 			if translateLegacy {
 				unit := legacy.MemoryUnit(gpushareUnit)
 				if unit != legacy.GiB && unit != legacy.MiB {
@@ -148,6 +158,20 @@ func newCommand() *cobra.Command {
 	flags.AddGoFlagSet(klogFlags)
 	cmd.AddCommand(newLocalityCommand())
 	return cmd
+}
+
+// isolated are the Server's Isolated paths: budget.Path with charge, or
+// allowAll when charge is nil (no --budgets).
+func isolated(charge webhook.AdmitFunc) map[string]webhook.AdmitFunc {
+	if charge == nil {
+		charge = allowAll
+	}
+	return map[string]webhook.AdmitFunc{budget.Path: charge}
+}
+
+// allowAll is budget.Path's admission without --budgets.
+func allowAll(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 }
 
 // task is a background task and what it is, for messages.

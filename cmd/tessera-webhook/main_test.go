@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/tessera-dev/tessera/pkg/budget"
 )
 
 func TestFlags(t *testing.T) {
@@ -157,5 +161,19 @@ func TestServeWithBackgroundFailure(t *testing.T) {
 	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
 	if err := serveWith(ctx, serve, task{func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, "the cleaner"}); err != nil {
 		t.Errorf("serveWith after SIGTERM: %v, want nil", err)
+	}
+}
+
+// TestBudgetPathAlwaysServed: without --budgets, budget.Path allows every
+// review (replicas without budgets answer a webhook configuration that
+// already sends claims there).
+func TestBudgetPathAlwaysServed(t *testing.T) {
+	admit, ok := isolated(nil)[budget.Path]
+	if !ok {
+		t.Fatalf("%s not served without --budgets", budget.Path)
+	}
+	resp := admit(context.Background(), &admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create})
+	if !resp.Allowed || resp.UID != "u" {
+		t.Errorf("without --budgets: %+v, want allowed", resp)
 	}
 }

@@ -83,31 +83,62 @@ type Charger struct {
 	Now func() time.Time
 	// Metrics, when set, counts refusals.
 	Metrics *Metrics
+	// LockWait bounds the wait for a budget's lock in this process; zero
+	// means DefaultLockWait.
+	LockWait time.Duration
 
 	mu    sync.Mutex
 	locks map[string]*budgetLock
 }
 
 // budgetLock serializes one budget's charges in this process and keeps the
-// object the last write returned.
+// object the last write returned (last: read and written only while sem is
+// held).
 type budgetLock struct {
-	mu   sync.Mutex
+	sem  chan struct{}
 	last *configapi.GPUBudget
 }
 
-func (c *Charger) lock(namespace, name string) *budgetLock {
+// DefaultLockWait bounds the wait for a budget's lock in this process:
+// well below the webhook's default timeoutSeconds (5s), which also covers
+// the wait for a review slot and the writes.
+const DefaultLockWait = time.Second
+
+// lock takes the lock of a budget, waiting at most LockWait (or until ctx
+// ends): a burst of claims on one budget then gets a clear Busy refusal
+// instead of the API server's timeout. unlock releases it.
+func (c *Charger) lock(ctx context.Context, namespace, name string) (l *budgetLock, unlock func(), err error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.locks == nil {
 		c.locks = map[string]*budgetLock{}
 	}
 	key := namespace + "/" + name
 	l, ok := c.locks[key]
 	if !ok {
-		l = &budgetLock{}
+		l = &budgetLock{sem: make(chan struct{}, 1)}
 		c.locks[key] = l
 	}
-	return l
+	c.mu.Unlock()
+	unlock = func() { <-l.sem }
+	select {
+	case l.sem <- struct{}{}:
+		return l, unlock, nil
+	default:
+	}
+	wait := c.LockWait
+	if wait <= 0 {
+		wait = DefaultLockWait
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case l.sem <- struct{}{}:
+		return l, unlock, nil
+	case <-timer.C:
+		return nil, nil, &Busy{Namespace: namespace, Budget: name, Why: fmt.Sprintf("is busy with other claims (waited %v)", wait)}
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("GPU budget %s: %w", key, ctx.Err())
+	}
 }
 
 func (c *Charger) now() time.Time {
@@ -226,9 +257,11 @@ func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceCl
 
 // charge charges one budget (see Charger).
 func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim, charge Charge, dryRun bool) error {
-	l := c.lock(cached.Namespace, cached.Name)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l, unlock, err := c.lock(ctx, cached.Namespace, cached.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	base := cached
 	if l.last != nil && l.last.UID == cached.UID {
 		base = l.last
@@ -324,9 +357,11 @@ func (c *Charger) rollback(ctx context.Context, claim *resourceapi.ResourceClaim
 }
 
 func (c *Charger) uncharge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim) error {
-	l := c.lock(cached.Namespace, cached.Name)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	l, unlock, err := c.lock(ctx, cached.Namespace, cached.Name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	base := l.last
 	for {
 		if base == nil || base.UID != cached.UID {

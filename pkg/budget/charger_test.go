@@ -216,3 +216,29 @@ func TestUnreconciledBudgetRefusesWithRetry(t *testing.T) {
 		t.Errorf("counted budget: %+v", resp.Result)
 	}
 }
+
+// A claim that cannot get its budget's lock within LockWait (a burst on
+// that budget) is refused with a retry, well before the webhook's timeout.
+func TestBusyBudgetRefusesWithRetry(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	c := newCharger(f)
+	c.LockWait = 20 * time.Millisecond
+	ctx := context.Background()
+	_, unlock, err := c.lock(ctx, "team-a", "gpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	resp := c.Admit(ctx, review(t, share("a", "1Gi"), false))
+	if resp.Allowed || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "GPU budget team-a/gpu is busy with other claims") ||
+		!strings.Contains(resp.Result.Message, "retry in a few seconds") {
+		t.Errorf("lock held: %+v, want a busy refusal", resp.Result)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("waited %v for a 20ms LockWait", waited)
+	}
+	unlock()
+	if resp := c.Admit(ctx, review(t, share("a", "1Gi"), false)); !resp.Allowed {
+		t.Errorf("lock free: %+v", resp.Result)
+	}
+}

@@ -67,6 +67,13 @@ type Server struct {
 	// the same gate as ValidatePath and MutatePath (pkg/webhook/legacypods's
 	// Path). A path the Server serves itself is an error.
 	Admitters map[string]AdmitFunc
+	// Isolated are further paths served like Admitters but with review
+	// slots of their own (MaxInFlight more, same MaxWait; the body budget
+	// is shared), for reviews that may wait long: GPU budgets
+	// (pkg/budget) wait on a per-budget lock, and a burst of them must not
+	// take the slots of the other paths (a 429 there is a refusal under
+	// failurePolicy Fail).
+	Isolated map[string]AdmitFunc
 	// MaxInFlight caps the reviews served at once (0: DefaultMaxInFlight).
 	// A review takes a slot only once its body has been read; beyond the
 	// cap it waits, at most until its request's context ends or MaxWait
@@ -114,27 +121,10 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	var shuttingDown atomic.Bool
-	mux := http.NewServeMux()
-	// One gate for both paths: the slots and the budget bound the process.
-	g := s.gate()
-	mux.Handle(ValidatePath, g.serve(Handler{Classes: s.Classes}))
-	if s.Models != nil {
-		mux.Handle(MutatePath, g.serve(MutateHandler{Models: s.Models}))
+	mux, err := s.mux(&shuttingDown)
+	if err != nil {
+		return err
 	}
-	for path, admit := range s.Admitters {
-		if path == ValidatePath || path == MutatePath || path == HealthzPath || path == ReadyzPath {
-			return fmt.Errorf("webhook server: %s is served by the server itself", path)
-		}
-		mux.Handle(path, g.serve(admit))
-	}
-	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
-		if shuttingDown.Load() {
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
 
 	var lc net.ListenConfig
 	if s.ReusePort {
@@ -208,6 +198,55 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	logger.Info("Stopped")
 	return nil
+}
+
+// mux routes the Server's paths: ValidatePath, MutatePath and Admitters
+// behind one gate; each Isolated path behind slots of its own (sharing the
+// body budget); HealthzPath and ReadyzPath (failing once shuttingDown).
+func (s *Server) mux(shuttingDown *atomic.Bool) (*http.ServeMux, error) {
+	mux := http.NewServeMux()
+	// One gate for the paths whose reviews are quick: the slots and the
+	// body budget bound the process.
+	g := s.gate()
+	mux.Handle(ValidatePath, g.serve(Handler{Classes: s.Classes}))
+	if s.Models != nil {
+		mux.Handle(MutatePath, g.serve(MutateHandler{Models: s.Models}))
+	}
+	own := func(path string) error {
+		if path == ValidatePath || path == MutatePath || path == HealthzPath || path == ReadyzPath {
+			return fmt.Errorf("webhook server: %s is served by the server itself", path)
+		}
+		return nil
+	}
+	for path, admit := range s.Admitters {
+		if err := own(path); err != nil {
+			return nil, err
+		}
+		mux.Handle(path, g.serve(admit))
+	}
+	for path, admit := range s.Isolated {
+		if err := own(path); err != nil {
+			return nil, err
+		}
+		if _, dup := s.Admitters[path]; dup {
+			return nil, fmt.Errorf("webhook server: %s is both an Admitter and Isolated", path)
+		}
+		// The same limits, its own slots: a burst that waits here does not
+		// take the other paths' slots. The body budget stays shared, so
+		// the process's memory bound is unchanged.
+		isolated := *g
+		isolated.slots = make(chan struct{}, cap(g.slots))
+		mux.Handle(path, isolated.serve(admit))
+	}
+	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc(ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
+		if shuttingDown.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	return mux, nil
 }
 
 // gate is the Server's gate, with its limits or their defaults.

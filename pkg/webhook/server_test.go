@@ -14,9 +14,11 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,5 +260,50 @@ func TestServerReusePort(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("request %d: %d", i, resp.StatusCode)
 		}
+	}
+}
+
+// An Isolated path whose reviews wait (all its slots held) leaves the
+// other paths their slots.
+func TestIsolatedPathHasOwnSlots(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	s := &Server{MaxInFlight: 1, MaxWait: 50 * time.Millisecond,
+		Isolated: map[string]AdmitFunc{"/slow": func(context.Context, *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+			entered <- struct{}{}
+			<-release
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}}}
+	var down atomic.Bool
+	mux, err := s.mux(&down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := os.ReadFile(filepath.Join("testdata", "template-v1-typo.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(path string) int {
+		r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(review))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w.Code
+	}
+	done := make(chan int, 1)
+	go func() { done <- post("/slow") }()
+	<-entered
+	if code := post(ValidatePath); code != http.StatusOK {
+		t.Errorf("%s while /slow holds its only slot: %d, want 200", ValidatePath, code)
+	}
+	if code := post("/slow"); code != http.StatusTooManyRequests {
+		t.Errorf("/slow while its only slot is held: %d, want 429", code)
+	}
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("/slow: %d", code)
+	}
+	if _, err := (&Server{Admitters: map[string]AdmitFunc{"/x": nil}, Isolated: map[string]AdmitFunc{"/x": nil}}).mux(&down); err == nil {
+		t.Error("a path both Admitter and Isolated accepted")
 	}
 }
