@@ -4,9 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 )
 
 // Version 0 of the devices (what a fresh Inventory reported before it had
@@ -67,5 +70,44 @@ func TestReconcileRecoversPanic(t *testing.T) {
 	r.Pricer = panicking()
 	if err := r.Reconcile(context.Background(), "team-a"); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Errorf("panic in the pricer: err %v", err)
+	}
+}
+
+// Once its informer has synced, the Inventory flattens the slices once per
+// change, not once per call.
+func TestInventoryCachesPerVersion(t *testing.T) {
+	slice := func(name string, devices ...resourceapi.Device) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driverName, Pool: resourceapi.ResourcePool{Name: name}, Devices: devices}}
+	}
+	client := fake.NewClientset(slice("a", twoModels()...))
+	inv := NewInventory(client)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	inv.Start(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), inv.synced) {
+		t.Fatal("not synced")
+	}
+	first, v1, err := inv.Devices(ctx)
+	if err != nil || len(first) != len(twoModels()) || v1 == 0 {
+		t.Fatalf("devices %d, version %d, err %v", len(first), v1, err)
+	}
+	again, v2, _ := inv.Devices(ctx)
+	if v2 != v1 || &again[0] != &first[0] {
+		t.Errorf("a second call at version %d copied the devices again (version %d)", v1, v2)
+	}
+	if _, err := client.ResourceV1().ResourceSlices().Create(ctx, slice("b", device("gpu-9", typeWhole, "96Gi", 100)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, v, _ := inv.Devices(ctx)
+		if len(got) == len(twoModels())+1 && v > v1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new slice never seen: %d devices, version %d", len(got), v)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ package budget
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -28,6 +29,13 @@ type Inventory struct {
 	lister  resourcelisters.ResourceSliceLister
 	synced  cache.InformerSynced
 	version atomic.Uint64
+
+	// flat is the informer's devices flattened, for flatVersion: the
+	// reconciler prices every claim of a namespace per pass, so the copy is
+	// made once per change of the slices, not once per claim.
+	mu          sync.Mutex
+	flat        []resourceapi.Device
+	flatVersion uint64
 }
 
 var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", driverName).String()
@@ -50,6 +58,7 @@ func NewInventory(client kubernetes.Interface) *Inventory {
 func (inv *Inventory) Start(ctx context.Context) { inv.factory.Start(ctx.Done()) }
 
 // Devices is a Devices function: the published devices and their version.
+// The list is shared between callers: they must not modify it.
 func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64, error) {
 	var slices []*resourceapi.ResourceSlice
 	var version uint64
@@ -58,6 +67,11 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 		// bumps it again, so what is cached under this version is never
 		// older than the version says.
 		version = inv.version.Load()
+		inv.mu.Lock()
+		defer inv.mu.Unlock()
+		if inv.flat != nil && inv.flatVersion == version {
+			return inv.flat, version, nil
+		}
 		var err error
 		if slices, err = inv.lister.List(labels.Everything()); err != nil {
 			return nil, 0, err
@@ -72,11 +86,14 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 		}
 		// Version 0: not cached, the next call lists again.
 	}
-	var out []resourceapi.Device
+	out := []resourceapi.Device{}
 	for _, s := range slices {
 		if s.Spec.Driver == driverName {
 			out = append(out, s.Spec.Devices...)
 		}
+	}
+	if version != 0 {
+		inv.flat, inv.flatVersion = out, version
 	}
 	return out, version, nil
 }
