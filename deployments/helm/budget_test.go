@@ -2,6 +2,7 @@ package helm
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -93,7 +94,7 @@ func TestBudgets(t *testing.T) {
 			for _, g := range [][3]string{
 				{"gpu.tessera.dev", "gpubudgets", "get"}, {"gpu.tessera.dev", "gpubudgets", "list"}, {"gpu.tessera.dev", "gpubudgets", "watch"},
 				{"gpu.tessera.dev", "gpubudgets/status", "update"},
-				{"resource.k8s.io", "resourceclaims", "list"}, {"resource.k8s.io", "resourceclaims", "watch"},
+				{"resource.k8s.io", "resourceclaims", "get"}, {"resource.k8s.io", "resourceclaims", "list"}, {"resource.k8s.io", "resourceclaims", "watch"},
 			} {
 				if !grants(role, g[0], g[1], g[2]) {
 					t.Errorf("the webhook may not %s %s.%s", g[2], g[1], g[0])
@@ -105,6 +106,23 @@ func TestBudgets(t *testing.T) {
 			}
 
 			checkBudgetCRD(t, find[unstructured.Unstructured](t, objs, "CustomResourceDefinition", "gpubudgets.gpu.tessera.dev"))
+
+			// Only the webhook's service account writes the ledger, and
+			// whoever may view a namespace may read its budgets.
+			policy := find[admissionregistrationv1.ValidatingAdmissionPolicy](t, objs, "ValidatingAdmissionPolicy", "tessera-webhook-budget-status")
+			if len(policy.Spec.MatchConstraints.ResourceRules) != 1 || !slices.Equal(policy.Spec.MatchConstraints.ResourceRules[0].Resources, []string{"gpubudgets/status"}) ||
+				len(policy.Spec.Validations) != 1 || !strings.Contains(policy.Spec.Validations[0].Expression, `"system:serviceaccount:tessera:tessera-webhook"`) {
+				t.Errorf("budget status policy %+v: want gpubudgets/status writable only by system:serviceaccount:tessera:tessera-webhook", policy.Spec)
+			}
+			binding := find[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, objs, "ValidatingAdmissionPolicyBinding", "tessera-webhook-budget-status")
+			if binding.Spec.PolicyName != policy.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+				t.Errorf("budget status binding %+v", binding.Spec)
+			}
+			view := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook-budgets-view")
+			if view.Labels["rbac.authorization.k8s.io/aggregate-to-view"] != "true" || !grants(view, "gpu.tessera.dev", "gpubudgets", "list") ||
+				grants(view, "gpu.tessera.dev", "gpubudgets", "update") {
+				t.Errorf("budgets view role %+v: want list on gpubudgets, aggregated to view, no writes", view)
+			}
 		})
 	}
 }
