@@ -37,27 +37,22 @@ func ToUnstructured(b *configapi.GPUBudget) (*unstructured.Unstructured, error) 
 	return u, nil
 }
 
-// limits converts spec.hard.
+// limits converts spec.hard. A memory beyond int64 saturates to
+// math.MaxInt64 bytes (Quantity.Value of such a quantity is not it, 1e30
+// reads as 0, which would refuse every claim); negative reads as 0.
 func limits(h configapi.BudgetLimits) Limits {
 	var l Limits
 	if h.Memory != nil {
-		v, ok := h.Memory.AsInt64()
-		if !ok {
-			v = h.Memory.Value()
-		}
+		v := max(quantityValue(*h.Memory), 0)
 		l.Memory = &v
 	}
 	l.Cores, l.GPUs = h.Cores, h.GPUs
 	return l
 }
 
-// amount converts a BudgetAmount.
+// amount converts a BudgetAmount; memory saturates as in limits.
 func amount(a configapi.BudgetAmount) Amount {
-	m, ok := a.Memory.AsInt64()
-	if !ok {
-		m = a.Memory.Value()
-	}
-	return Amount{Memory: m, Cores: a.Cores, GPUs: a.GPUs}
+	return Amount{Memory: max(quantityValue(a.Memory), 0), Cores: a.Cores, GPUs: a.GPUs}
 }
 
 // apiAmount converts an Amount.

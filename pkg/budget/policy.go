@@ -37,9 +37,14 @@ var (
 // charge falls back to the largest of those kept and the model's.
 const maxPolicies = 16
 
+// quantityValue is q in whole units, rounded up, saturating at
+// math.MaxInt64 (and math.MinInt64) instead of Quantity.Value's wrap.
 func quantityValue(q resource.Quantity) int64 {
 	if q.CmpInt64(math.MaxInt64) > 0 {
 		return math.MaxInt64
+	}
+	if q.CmpInt64(math.MinInt64) < 0 {
+		return math.MinInt64
 	}
 	return q.Value()
 }
