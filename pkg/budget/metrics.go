@@ -2,6 +2,7 @@ package budget
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -17,6 +18,41 @@ type Metrics struct {
 	used     *prometheus.GaugeVec
 	hard     *prometheus.GaugeVec
 	refusals *prometheus.CounterVec
+
+	mu sync.Mutex
+	// budgets with series, by namespace.
+	budgets map[string]map[string]bool
+}
+
+func (m *Metrics) track(namespace, name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.budgets == nil {
+		m.budgets = map[string]map[string]bool{}
+	}
+	if m.budgets[namespace] == nil {
+		m.budgets[namespace] = map[string]bool{}
+	}
+	m.budgets[namespace][name] = true
+}
+
+// retain drops the series of the budgets of namespace not in names (deleted
+// since they were recorded).
+func (m *Metrics) retain(namespace string, names map[string]bool) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	var gone []string
+	for name := range m.budgets[namespace] {
+		if !names[name] {
+			gone = append(gone, name)
+		}
+	}
+	m.mu.Unlock()
+	for _, name := range gone {
+		m.forget(namespace, name)
+	}
 }
 
 // NewMetrics returns metrics in a registry of their own (Handler serves it).
@@ -44,6 +80,7 @@ func (m *Metrics) refused(r *Refusal) {
 	if m == nil {
 		return
 	}
+	m.track(r.Namespace, r.Budget)
 	m.refusals.WithLabelValues(r.Namespace, r.Budget, string(r.Resource)).Inc()
 }
 
@@ -52,6 +89,7 @@ func (m *Metrics) observe(b *configapi.GPUBudget) {
 	if m == nil {
 		return
 	}
+	m.track(b.Namespace, b.Name)
 	used := amount(b.Status.Used)
 	hard := limits(b.Spec.Hard)
 	for _, r := range Resources {
@@ -69,8 +107,14 @@ func (m *Metrics) forget(namespace, name string) {
 	if m == nil {
 		return
 	}
-	for _, r := range Resources {
-		m.used.DeleteLabelValues(namespace, name, string(r))
-		m.hard.DeleteLabelValues(namespace, name, string(r))
+	m.mu.Lock()
+	delete(m.budgets[namespace], name)
+	if len(m.budgets[namespace]) == 0 {
+		delete(m.budgets, namespace)
 	}
+	m.mu.Unlock()
+	budget := prometheus.Labels{"namespace": namespace, "budget": name}
+	m.used.DeletePartialMatch(budget)
+	m.hard.DeletePartialMatch(budget)
+	m.refusals.DeletePartialMatch(budget)
 }

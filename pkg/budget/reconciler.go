@@ -89,8 +89,18 @@ func (r *Reconciler) now() time.Time {
 func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error) {
 	defer recovered(ctx, "GPU budgets of "+namespace, &err)
 	budgets, err := r.Store.List(ctx, namespace)
-	if err != nil || len(budgets) == 0 {
+	if err != nil {
 		return err
+	}
+	// Series of budgets deleted since they were recorded go, also when the
+	// namespace has none left.
+	names := map[string]bool{}
+	for _, b := range budgets {
+		names[b.Name] = true
+	}
+	r.Metrics.retain(namespace, names)
+	if len(budgets) == 0 {
+		return nil
 	}
 	claims, err := r.Claims(namespace)
 	if err != nil {

@@ -212,3 +212,48 @@ func TestTwoReconcilersDifferentViews(t *testing.T) {
 		t.Errorf("w recreated with another uid: %d pending, want 0", len(st.Pending))
 	}
 }
+
+// A deleted budget's series go at the next pass over its namespace, also
+// when it was the namespace's last budget.
+func TestMetricsOfDeletedBudgetRemoved(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", ptrInt(100), nil), budget("more", "", "80Gi", nil, nil))
+	ctx := context.Background()
+	now := clock
+	var held []*resourceapi.ResourceClaim
+	r := newReconciler(f, &held, &now)
+	r.Metrics = NewMetrics()
+	r.Metrics.refused(&Refusal{Namespace: "team-a", Budget: "gpu", Resource: Memory})
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := series(t, r.Metrics)["tessera_gpu_budget_used"]; n != 6 {
+		t.Fatalf("%d used series for 2 budgets, want 6", n)
+	}
+	for _, name := range []string{"gpu", "more"} {
+		if err := f.client.Tracker().Delete(configapi.GPUBudgetResourceVersion, "team-a", name); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Reconcile(ctx, "team-a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := series(t, r.Metrics); len(n) != 0 {
+		t.Errorf("series after both budgets were deleted: %v, want none", n)
+	}
+}
+
+// series counts m's series by metric name.
+func series(t *testing.T, m *Metrics) map[string]int {
+	t.Helper()
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, f := range families {
+		if len(f.GetMetric()) > 0 {
+			out[f.GetName()] = len(f.GetMetric())
+		}
+	}
+	return out
+}
