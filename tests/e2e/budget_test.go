@@ -123,7 +123,7 @@ func waitForRefusal(t *testing.T, c *Cluster, ns string, probe *resourceapi.Reso
 	inARow := 0
 	err := Poll(context.Background(), "the webhook to enforce GPU budgets", PodTimeout, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err == nil || !strings.Contains(err.Error(), "GPU budget") {
+		if err == nil || !strings.Contains(err.Error(), "GPU budget") || !strings.Contains(err.Error(), "> hard") {
 			inARow = 0
 			return false, retry("dry run of claim %s: %v", probe.Name, err)
 		}
@@ -192,12 +192,24 @@ func budgetConcurrent(t *testing.T, c *Cluster) {
 
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	admitted, refused := 0, 0
+	admitted, refused, retried := 0, 0, 0
 	var others []string
 	start := time.Now()
 	for i := range 100 {
 		wg.Go(func() {
-			_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, shareClaim(fmt.Sprintf("c-%03d", i), "1Gi"), metav1.CreateOptions{})
+			// A budget that is busy or being counted answers 429 "retry":
+			// retry as a controller would.
+			var err error
+			for range 10 {
+				_, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, shareClaim(fmt.Sprintf("c-%03d", i), "1Gi"), metav1.CreateOptions{})
+				if err == nil || !strings.Contains(err.Error(), "retry in a few seconds") {
+					break
+				}
+				mu.Lock()
+				retried++
+				mu.Unlock()
+				time.Sleep(time.Second)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -213,8 +225,11 @@ func budgetConcurrent(t *testing.T, c *Cluster) {
 	wg.Wait()
 	close(stop)
 	resyncWG.Wait()
-	t.Logf("100 concurrent creations in %v with %d resync annotations: %d admitted, %d refused over budget, %d other errors %v",
-		time.Since(start).Round(time.Millisecond), resyncs, admitted, refused, len(others), others)
+	t.Logf("100 concurrent creations in %v with %d resync annotations: %d admitted, %d refused over budget, %d retries after busy, %d other errors %v",
+		time.Since(start).Round(time.Millisecond), resyncs, admitted, refused, retried, len(others), others)
+	if resyncs == 0 {
+		t.Error("no resync annotation was written during the creations")
+	}
 
 	list, err := c.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -237,15 +252,18 @@ func budgetConcurrent(t *testing.T, c *Cluster) {
 	}
 	t.Logf("afterwards: %d claims exist, taking %s of 37Gi", len(list.Items), sum.String())
 
-	// The reconciler catches up: used is what the claims take, nothing pending.
+	// The reconciler catches up: used is what the claims take. Pending
+	// charges stay in the ledger until their TTL passes, uncounted once the
+	// reconciler's informer holds their claims.
 	err = Poll(ctx, "the reconciler to count the claims", time.Minute, func(ctx context.Context) (bool, error) {
 		b, err := getBudget(ctx, c, ns)
 		if err != nil {
 			return false, retry("%v", err)
 		}
-		if b.Status.Used.Memory.Cmp(sum) != 0 || len(b.Status.Pending) != 0 {
-			return false, retry("used %s with %d pending, want %s and none", b.Status.Used.Memory.String(), len(b.Status.Pending), sum.String())
+		if b.Status.Used.Memory.Cmp(sum) != 0 {
+			return false, retry("used %s with %d pending, want %s", b.Status.Used.Memory.String(), len(b.Status.Pending), sum.String())
 		}
+		t.Logf("the reconciler counts %s with %d charges still in the ledger", b.Status.Used.Memory.String(), len(b.Status.Pending))
 		return true, nil
 	})
 	if err != nil {
@@ -426,8 +444,8 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 			return false, retry("%v", err)
 		}
 		u := b.Status.Used
-		if u.GPUs != 1 || u.Cores != 100 || u.Memory.Cmp(memory) != 0 || len(b.Status.Pending) != 0 {
-			return false, retry("used %s memory, %d cores, %d GPUs with %d pending; want %s, 100, 1 and none",
+		if u.GPUs != 1 || u.Cores != 100 || u.Memory.Cmp(memory) != 0 {
+			return false, retry("used %s memory, %d cores, %d GPUs with %d pending; want %s, 100, 1",
 				u.Memory.String(), u.Cores, u.GPUs, len(b.Status.Pending), memory.String())
 		}
 		return true, nil
