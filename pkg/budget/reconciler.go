@@ -102,38 +102,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 	if len(budgets) == 0 {
 		return nil
 	}
-	claims, err := r.Claims(namespace)
-	if err != nil {
-		return fmt.Errorf("list the ResourceClaims of %s: %w", namespace, err)
-	}
-	type priced struct {
-		uid    types.UID
-		charge ClaimCharge
-	}
-	var all []priced
-	for _, c := range claims {
-		cc, err := r.Pricer.Claim(ctx, &c.Spec.Devices)
-		if err != nil {
-			return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
-		}
-		all = append(all, priced{uid: c.UID, charge: cc})
-	}
-	held := map[string]bool{}
-	for _, c := range all {
-		held[string(c.uid)] = true
-	}
+	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}}
 	var errs []error
 	for _, b := range budgets {
-		var used Amount
-		unknown := map[Resource]bool{}
-		for _, c := range all {
-			charge := c.charge.For(b.Spec.DeviceClassName)
-			used = used.Add(charge.Amount)
-			for res := range charge.Unknown {
-				unknown[res] = true
-			}
-		}
-		if err := r.reconcileBudget(ctx, b, used, held, unknown); err != nil {
+		if err := r.reconcileBudget(ctx, pass, b); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -141,6 +113,43 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 		return fmt.Errorf("GPU budgets of %s: %v", namespace, errs)
 	}
 	return nil
+}
+
+// pass is what one Reconcile of a namespace keeps between its budgets: the
+// charge of each claim priced so far, by uid (a claim's spec is immutable).
+type pass struct {
+	namespace string
+	priced    map[types.UID]ClaimCharge
+}
+
+// count is what the claims the informer holds now take from budget b (as
+// b's spec says now): used, the uids held, and the dimensions in which some
+// claim's size is unknown.
+func (r *Reconciler) count(ctx context.Context, p *pass, b *configapi.GPUBudget) (Amount, map[string]bool, map[Resource]bool, error) {
+	claims, err := r.Claims(p.namespace)
+	if err != nil {
+		return Amount{}, nil, nil, fmt.Errorf("list the ResourceClaims of %s: %w", p.namespace, err)
+	}
+	var used Amount
+	held := map[string]bool{}
+	unknown := map[Resource]bool{}
+	for _, c := range claims {
+		cc, ok := p.priced[c.UID]
+		if !ok {
+			cc, err = r.Pricer.Claim(ctx, &c.Spec.Devices)
+			if err != nil {
+				return Amount{}, nil, nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+			}
+			p.priced[c.UID] = cc
+		}
+		held[string(c.UID)] = true
+		charge := cc.For(b.Spec.DeviceClassName)
+		used = used.Add(charge.Amount)
+		for res := range charge.Unknown {
+			unknown[res] = true
+		}
+	}
+	return used, held, unknown, nil
 }
 
 // Status is the status of budget b given what the claims the informer
@@ -217,11 +226,20 @@ func sameStatus(a, b configapi.GPUBudgetStatus) bool {
 // claim's size is unknown (unknown: no device its class matches is
 // published now and this process never saw one), used is not lowered below
 // what the status says: slices briefly gone must not free budget.
-func (r *Reconciler) reconcileBudget(ctx context.Context, b *configapi.GPUBudget, claims Amount, held map[string]bool, unknown map[Resource]bool) error {
+//
+// used, held and unknown are computed from the informer for the budget as
+// read in each attempt: after a conflict the budget read again may have
+// another spec (deviceClassName) and generation, and claims may have come
+// or gone since.
+func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.GPUBudget) error {
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
 	checked := map[string]bool{}
 	for {
+		claims, held, unknown, err := r.count(ctx, p, b)
+		if err != nil {
+			return err
+		}
 		token := b.Annotations[configapi.GPUBudgetResyncAnnotation]
 		r.mu.Lock()
 		seen, known := r.forced[key]

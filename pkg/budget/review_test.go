@@ -1,0 +1,75 @@
+package budget
+
+import (
+	"context"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+)
+
+// hookStore is a Store whose UpdateStatus runs before first: a test changes
+// the cluster there (another writer racing the reconciler).
+type hookStore struct {
+	Store
+	before func()
+}
+
+func (h *hookStore) UpdateStatus(ctx context.Context, b *configapi.GPUBudget) (*configapi.GPUBudget, error) {
+	if h.before != nil {
+		before := h.before
+		h.before = nil
+		before()
+	}
+	return h.Store.UpdateStatus(ctx, b)
+}
+
+// A budget whose deviceClassName changes (generation 2) while the
+// reconciler writes it: the write conflicts, and the status written for
+// generation 2 counts the claims of the new class, and a claim created
+// meanwhile, not what was computed for the old spec.
+func TestReconcilerConflictRecountsForNewSpec(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", migClassName, "40Gi", nil, nil))
+	ctx := context.Background()
+	now := clock
+	held := []*resourceapi.ResourceClaim{share("a", "10Gi")}
+	r := newReconciler(f, &held, &now)
+	store := &hookStore{Store: r.Store}
+	r.Store = store
+	// The first pass counts nothing of class mig; before its write the
+	// budget is changed to the shared class and claim b appears.
+	store.before = func() {
+		b := f.get(t, "gpu")
+		b.Spec.DeviceClassName = sharedClassName
+		b.Generation = 2
+		u, err := ToUnstructured(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.mu.Lock()
+		f.rv++
+		u.SetResourceVersion("changed")
+		err = f.client.Tracker().Update(configapi.GPUBudgetResourceVersion, u, "team-a")
+		f.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, share("b", "5Gi"))
+	}
+	// Make the first pass write: a stale used in its status.
+	b := f.get(t, "gpu")
+	b.Status.Used = apiAmount(Amount{Memory: gi(1)})
+	if _, err := NewDynamicStore(f.client, 0).UpdateStatus(ctx, b); err != nil && !apierrors.IsConflict(err) {
+		t.Fatal(err)
+	}
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	st := f.get(t, "gpu").Status
+	if st.ObservedGeneration != 2 || amount(st.Used).Memory != gi(15) {
+		t.Errorf("status after a conflict with a spec change: observedGeneration %d, used %v; want 2 and 15Gi (a and b, shared)",
+			st.ObservedGeneration, amount(st.Used))
+	}
+}
