@@ -223,10 +223,10 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 // quota evaluator's worst case). adminAccess requests are charged like any
 // other (the quota evaluator charges them too).
 //
-// A request of a class that matches no published device of gpu.tessera.dev
-// now (its node pool scaled to zero, the plugin restarting) is charged the
-// largest sizes this Pricer has seen that class match (kept per class name,
-// never lowered). A class it never saw match anything:
+// Every request is charged at least the largest sizes this Pricer has seen
+// its class match (kept per class name, never lowered), also when the
+// devices published now are smaller or none (a node pool scaled to zero,
+// the plugin restarting). A class it never saw match anything:
 //
 //   - Tessera's own classes (gpu.tessera.dev, shared., lent., mig.,
 //     nvidia-gpu.gpu.tessera.dev): a share takes what its capacity.requests
@@ -346,9 +346,12 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	}
 	if sz.any {
 		p.remember(className, sz)
-	} else if seen, ok := p.seen(className); ok {
-		// Nothing matches now (slices gone for a while): the largest seen.
-		sz = seen
+	}
+	if seen, ok := p.seen(className); ok {
+		// The largest sizes seen for the class, also when smaller devices
+		// still match: the larger ones' slices may be gone for a while
+		// (plugin restart, node drained) and their claims still hold them.
+		sz = sz.merge(seen)
 	}
 	n := max(count, 1)
 	if mode == resourceapi.DeviceAllocationModeAll {

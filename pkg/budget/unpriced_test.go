@@ -79,8 +79,14 @@ func TestClassOfThisDriverMatchingNothing(t *testing.T) {
 			t.Errorf("%s with its slices gone: %+v, want %+v (the largest seen)", class, got, want)
 		}
 	}
-	// Never lowered: a smaller model comes back alone.
+	// Never lowered: a smaller model comes back alone, priced while it is
+	// the only one published, and after it is gone again.
 	m.set([]resourceapi.Device{device("gpu-1", typeWhole, "40Gi", 100)})
+	for _, class := range []string{"custom.example.com", wholeClassName} {
+		if got := price(exact("g", class, 1, nil)); got.Amount != want {
+			t.Errorf("%s with only a smaller GPU published: %+v, want %+v (the largest seen)", class, got, want)
+		}
+	}
 	m.set(nil)
 	if got := price(exact("g", wholeClassName, 1, nil)); got.Amount != want {
 		t.Errorf("after a smaller GPU: %+v, want %+v", got, want)
