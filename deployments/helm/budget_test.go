@@ -161,3 +161,25 @@ func checkBudgetCRD(t *testing.T, crd *unstructured.Unstructured) {
 		t.Errorf("spec.hard.memory minimum %v, want 0 (an integer -1 passes the string pattern)", m)
 	}
 }
+
+// TestBudgetDurations: a pendingTTL below 90s or a resyncPeriod of 0 fails
+// the render with the value's name, rather than a webhook that crash-loops
+// while every claim CREATE is refused.
+func TestBudgetDurations(t *testing.T) {
+	for _, c := range []struct{ set, want string }{
+		{"budgets.pendingTTL=60s", "budgets.pendingTTL 60s: at least 90s"},
+		{"budgets.pendingTTL=1m", "budgets.pendingTTL 1m: at least 90s"},
+		{"budgets.resyncPeriod=0s", "budgets.resyncPeriod 0s: above 0"},
+		{"budgets.pendingTTL=1.5m", "/budgets/pendingTTL"},
+	} {
+		out, err := helm(t, "template", "tessera", chartDir, "--namespace", "tessera", "--kube-version", kubeVersion,
+			"-f", "testdata/values-budgets.yaml", "--set", c.set)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("--set %s: err %v, output does not say %q", c.set, err, c.want)
+		}
+	}
+	_, c := webhookDeployment(t, objects(t, render(t, "-f", "testdata/values-budgets.yaml", "--set", "budgets.pendingTTL=90s")))
+	if got, ok := flagValue(c.Args, "budget-pending-ttl"); !ok || got != "90s" {
+		t.Errorf("pendingTTL 90s: --budget-pending-ttl=%q", got)
+	}
+}
