@@ -9,6 +9,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/cel-go/common"
+	celast "github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/operators"
+	"github.com/google/cel-go/parser"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -233,9 +237,10 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 //     name and a whole GPU its count of GPUs and 100 cores each; what is
 //     left (a whole GPU's memory, a MIG device's size, a share that names
 //     no memory) is Unknown;
-//   - another class whose selectors name this driver (selectsDriver):
-//     Unknown in every dimension;
-//   - any other class takes nothing (another driver's devices).
+//   - a class whose selectors (or the request's) require device.driver ==
+//     another driver (otherDriverOnly) takes nothing;
+//   - any other class (no selectors, selectors that name no driver, or
+//     this one): Unknown in every dimension.
 //
 // A class that does not exist takes nothing and is marked ClassMissing.
 type Pricer struct {
@@ -367,11 +372,11 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	if none {
 		sz = ownClassSizes(className)
 		if !sz.any {
-			if !selectsDriver(exprs) {
+			if _, ok := otherDriverOnly(exprs); ok {
 				// Another driver's class.
 				return Alternative{Name: name, Class: className}, nil
 			}
-			why := fmt.Sprintf("request %q: class %s selects devices of %s, none of which it matches is published now or was seen, so its size is unknown", name, className, driverName)
+			why := fmt.Sprintf("request %q: class %s may select devices of %s (its selectors do not require device.driver == another driver), none of which it matches is published now or was seen, so its size is unknown", name, className, driverName)
 			alt.Unknown = map[Resource]string{Memory: why, Cores: why, GPUs: why}
 			return alt, nil
 		}
@@ -417,18 +422,63 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	return alt, nil
 }
 
-// selectsDriver reports whether a class's expressions name this driver (a
-// string literal "gpu.tessera.dev": device.driver == it, or an attribute or
-// capacity of its domain), so that it can select devices of this driver.
-// A heuristic: an expression may name the driver and select none of its
-// devices, which then only over-counts.
-func selectsDriver(exprs []string) bool {
+// otherDriverOnly reports whether exprs provably select only devices of
+// another driver: one of them is, or is a conjunct (&&, at any depth) of,
+// device.driver == "<driver>" (either operand order) with a driver other
+// than this one, parsed with cel-go's parser. All of a request's
+// selectors must match a device, so such a conjunct excludes this driver's
+// devices. Anything else (no selectors, selectors that name no driver, an
+// expression that does not parse) may select this driver's devices.
+func otherDriverOnly(exprs []string) (string, bool) {
 	for _, e := range exprs {
-		if strings.Contains(e, `"`+driverName+`"`) || strings.Contains(e, `'`+driverName+`'`) {
-			return true
+		tree, errs := parser.Parse(common.NewTextSource(e))
+		if errs != nil && len(errs.GetErrors()) > 0 {
+			continue
+		}
+		if d, ok := requiredDriver(tree.Expr()); ok && d != driverName {
+			return d, true
 		}
 	}
-	return false
+	return "", false
+}
+
+// requiredDriver finds a conjunct device.driver == "<driver>" of e.
+func requiredDriver(e celast.Expr) (string, bool) {
+	if e.Kind() != celast.CallKind {
+		return "", false
+	}
+	call := e.AsCall()
+	args := call.Args()
+	switch call.FunctionName() {
+	case operators.LogicalAnd:
+		for _, a := range args {
+			if d, ok := requiredDriver(a); ok {
+				return d, true
+			}
+		}
+	case operators.Equals:
+		if len(args) != 2 {
+			return "", false
+		}
+		for i := range 2 {
+			if isDeviceDriver(args[i]) && args[1-i].Kind() == celast.LiteralKind {
+				if v, ok := args[1-i].AsLiteral().Value().(string); ok {
+					return v, true
+				}
+			}
+		}
+	}
+	return "", false
+}
+
+// isDeviceDriver reports whether e is device.driver.
+func isDeviceDriver(e celast.Expr) bool {
+	if e.Kind() != celast.SelectKind {
+		return false
+	}
+	sel := e.AsSelect()
+	op := sel.Operand()
+	return !sel.IsTestOnly() && sel.FieldName() == "driver" && op.Kind() == celast.IdentKind && op.AsIdent() == "device"
 }
 
 // remember merges sz into the largest sizes seen for class (never lowered).

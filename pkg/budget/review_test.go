@@ -6,6 +6,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 )
@@ -71,5 +73,46 @@ func TestReconcilerConflictRecountsForNewSpec(t *testing.T) {
 	if st.ObservedGeneration != 2 || amount(st.Used).Memory != gi(15) {
 		t.Errorf("status after a conflict with a spec change: observedGeneration %d, used %v; want 2 and 15Gi (a and b, shared)",
 			st.ObservedGeneration, amount(st.Used))
+	}
+}
+
+// With no device of this driver published and none ever seen (a restart
+// while the slices are gone), a class is free only when its selectors
+// require another driver; any other class's size is unknown, and a budget
+// that limits the dimension refuses it.
+func TestClassNotProvablyAnotherDriversIsUnknown(t *testing.T) {
+	cs := classes()
+	add := func(name string, exprs ...string) {
+		c := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		for _, e := range exprs {
+			c.Spec.Selectors = append(c.Spec.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: e}})
+		}
+		cs[name] = c
+	}
+	add("all.example.com")
+	add("attr.example.com", `device.attributes["gpu.tessera.dev"].type == "gpu"`)
+	add("either.example.com", `device.driver == "other.example.com" || device.capacity.size() > 0`)
+	add("and.example.com", `device.attributes["x.example.com"].y && 'other.example.com' == device.driver`)
+	add("two.example.com", `true`, `(device.driver == "other.example.com")`)
+	p := NewPricer(func(context.Context) ([]resourceapi.Device, uint64, error) { return nil, 1, nil },
+		func(_ context.Context, name string) (*resourceapi.DeviceClass, error) { return cs[name], nil })
+	for class, free := range map[string]bool{
+		"all.example.com": false, "attr.example.com": false, "either.example.com": false,
+		"other.example.com": true, "and.example.com": true, "two.example.com": true,
+	} {
+		cc, err := p.Claim(context.Background(), &claim("c", exact("g", class, 1, nil)).Spec.Devices)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := cc.For("")
+		if free && (len(got.Unknown) != 0 || !got.IsZero()) {
+			t.Errorf("%s: %+v, want nothing (another driver's)", class, got)
+		}
+		if !free && len(got.Unknown) != 3 {
+			t.Errorf("%s: %+v, want every dimension unknown", class, got)
+		}
+		if r := Check("team-a", "gpu", Limits{Memory: ptr.To(gi(40))}, Amount{}, got); (r == nil) != free {
+			t.Errorf("%s: refusal %v, want refused %v", class, r, !free)
+		}
 	}
 }
