@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/tessera-dev/tessera/pkg/budget"
@@ -73,12 +74,18 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to the API server: %w", err)
 	}
+	// The reconciler's live claim reads (pending entries that expired)
+	// share that limit.
+	kube, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to the API server: %w", err)
+	}
 	inventory := budget.NewInventory(classes.Client())
 	inventory.Start(ctx)
 	pricer := budget.NewPricer(inventory.Devices, classes.Get)
 	store := budget.NewDynamicStore(dyn, 0)
 	metrics := budget.NewMetrics()
-	controller := budget.NewController(classes.Client(), store, pricer, metrics, b.resync)
+	controller := budget.NewController(kube, store, pricer, metrics, b.resync)
 	// The per-budget lock is waited for at most a fifth of the webhook's
 	// timeout (1s of the default 5s), leaving the rest for the slot, the
 	// reads and the write.

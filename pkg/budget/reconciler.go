@@ -75,6 +75,45 @@ type Reconciler struct {
 	// forced is the resync annotation each budget had when it was last
 	// written, by namespace/name.
 	forced map[string]string
+	// deleted are the uids of claims the informer saw deleted, with when
+	// (ClaimDeleted); kept deletedKeep.
+	deleted map[string]time.Time
+}
+
+// deletedKeep is how long the uid of a deleted claim is remembered: past
+// the TTL of the pending entries it may have (DefaultTTL); an entry that
+// outlives it is checked with a live read instead.
+const deletedKeep = time.Hour
+
+// ClaimDeleted records that the informer saw the claim of uid deleted: a
+// pending entry of that uid is dropped once expired without a live read
+// (a uid is never reused).
+func (r *Reconciler) ClaimDeleted(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.deleted == nil {
+		r.deleted = map[string]time.Time{}
+	}
+	r.deleted[string(uid)] = r.now()
+}
+
+// wasDeleted reports whether the informer saw the claim of uid deleted.
+func (r *Reconciler) wasDeleted(uid string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.deleted[uid]
+	return ok
+}
+
+// pruneDeleted forgets the deleted uids older than deletedKeep.
+func (r *Reconciler) pruneDeleted(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, at := range r.deleted {
+		if now.Sub(at) > deletedKeep {
+			delete(r.deleted, uid)
+		}
+	}
 }
 
 func (r *Reconciler) now() time.Time {
@@ -102,7 +141,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 	if len(budgets) == 0 {
 		return nil
 	}
-	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}}
+	r.pruneDeleted(r.now())
+	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}}
 	var errs []error
 	for _, b := range budgets {
 		if err := r.reconcileBudget(ctx, pass, b); err != nil {
@@ -116,10 +156,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 }
 
 // pass is what one Reconcile of a namespace keeps between its budgets: the
-// charge of each claim priced so far, by uid (a claim's spec is immutable).
+// charge of each claim priced so far, by uid (a claim's spec is immutable),
+// and whether the claim of each pending entry read live so far is gone
+// (checked, by uid), so that budgets sharing an entry cost one read.
 type pass struct {
 	namespace string
 	priced    map[types.UID]ClaimCharge
+	checked   map[string]bool
 }
 
 // count is what the claims the informer holds now take from budget b (as
@@ -194,6 +237,9 @@ func (r *Reconciler) gone(ctx context.Context, b *configapi.GPUBudget, held map[
 			continue
 		}
 		isGone, ok := checked[p.UID]
+		if !ok && r.wasDeleted(p.UID) {
+			isGone, ok = true, true
+		}
 		if !ok {
 			uid, err := r.Lookup(ctx, b.Namespace, p.Claim)
 			switch {
@@ -234,7 +280,7 @@ func sameStatus(a, b configapi.GPUBudgetStatus) bool {
 func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.GPUBudget) error {
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
-	checked := map[string]bool{}
+	checked := p.checked
 	for {
 		claims, held, unknown, err := r.count(ctx, p, b)
 		if err != nil {
@@ -351,8 +397,16 @@ func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pri
 		}
 	}
 	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    later,
-		DeleteFunc: later,
+		AddFunc: later,
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if m, err := metaAccessor(obj); err == nil {
+				c.Reconciler.ClaimDeleted(m.GetUID())
+			}
+			later(obj)
+		},
 	})
 	_, _ = store.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.enqueueNow(obj) },

@@ -3,10 +3,12 @@ package budget
 import (
 	"context"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -113,6 +115,40 @@ func TestClassNotProvablyAnotherDriversIsUnknown(t *testing.T) {
 		}
 		if r := Check("team-a", "gpu", Limits{Memory: ptr.To(gi(40))}, Amount{}, got); (r == nil) != free {
 			t.Errorf("%s: refusal %v, want refused %v", class, r, !free)
+		}
+	}
+}
+
+// Two budgets hold the same expired entry of a claim the informer does not
+// hold: one pass reads the claim once. A claim the informer saw deleted is
+// gone without a read.
+func TestExpiredEntryReadOncePerPass(t *testing.T) {
+	f := newFakeBudgets(t, budget("a", "", "40Gi", nil, nil), budget("b", "", "40Gi", nil, nil))
+	ctx := context.Background()
+	for _, name := range []string{"x", "y"} {
+		if resp := newCharger(f).Admit(ctx, review(t, share(name, "10Gi"), false)); !resp.Allowed {
+			t.Fatal(resp.Result)
+		}
+	}
+	now := clock.Add(time.Hour)
+	var held []*resourceapi.ResourceClaim
+	r := newReconciler(f, &held, &now)
+	reads := map[string]int{}
+	lookup := r.Lookup
+	r.Lookup = func(ctx context.Context, namespace, name string) (types.UID, error) {
+		reads[name]++
+		return lookup(ctx, namespace, name)
+	}
+	r.ClaimDeleted("uid-y")
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if reads["x"] != 1 || reads["y"] != 0 {
+		t.Errorf("live reads %v, want x once (two budgets, one pass) and y never (seen deleted)", reads)
+	}
+	for _, name := range []string{"a", "b"} {
+		if st := f.get(t, name).Status; len(st.Pending) != 0 || !amount(st.Used).IsZero() {
+			t.Errorf("budget %s: used %v, pending %+v; want both entries dropped", name, amount(st.Used), st.Pending)
 		}
 	}
 }
