@@ -36,7 +36,8 @@ const DefaultTTL = 2 * time.Minute
 const MinTTL = 90 * time.Second
 
 // maxPending bounds status.pending (the CRD's maxItems): beyond it claims
-// are refused until the reconciler has caught up.
+// get a Busy refusal (429, retry) until entries have expired and the
+// reconciler has dropped them.
 const maxPending = 1024
 
 // rollbackTimeout bounds the removal of charges a later budget's refusal
@@ -298,9 +299,12 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		}
 		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), amount(base.Status.Used), charge)
 		if refusal == nil && len(base.Status.Pending) >= maxPending {
-			err := fmt.Errorf("GPU budget %s/%s: %d claims are being admitted; retry once the reconciler has caught up", base.Namespace, base.Name, len(base.Status.Pending))
+			// The pending list is full: its entries leave as they expire
+			// (the reconciler requeues the namespace at the earliest).
+			busy := &Busy{Namespace: base.Namespace, Budget: base.Name,
+				Why: fmt.Sprintf("has %d claims being admitted, the most it records", len(base.Status.Pending))}
 			if fresh {
-				return err
+				return busy
 			}
 			refusal = &Refusal{} // read again before refusing
 		}

@@ -70,6 +70,11 @@ type Reconciler struct {
 	// Now is the clock; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
+	// Requeue, when set, asks for namespace to be reconciled again after
+	// a while: called after each budget's pass with the time until its
+	// earliest pending entry expires (plus a second), so that entries
+	// leave on time and a full pending list frees up.
+	Requeue func(namespace string, after time.Duration)
 
 	mu sync.Mutex
 	// forced is the resync annotation each budget had when it was last
@@ -302,6 +307,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		}
 		if !forced && sameStatus(status, b.Status) {
 			r.Metrics.observe(b)
+			r.requeue(b.Namespace, status.Pending, now)
 			return nil
 		}
 		update := b.DeepCopy()
@@ -317,6 +323,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 			r.forced[key] = token
 			r.mu.Unlock()
 			r.Metrics.observe(written)
+			r.requeue(b.Namespace, status.Pending, now)
 			return nil
 		}
 		if !apierrors.IsConflict(err) {
@@ -331,6 +338,22 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		if err != nil {
 			return fmt.Errorf("GPU budget %s: read after a conflict: %w", key, err)
 		}
+	}
+}
+
+// requeue calls Requeue for the earliest of pending to expire after now.
+func (r *Reconciler) requeue(namespace string, pending []configapi.PendingCharge, now time.Time) {
+	if r.Requeue == nil {
+		return
+	}
+	var next time.Time
+	for _, p := range pending {
+		if t := p.Expires.Time; t.After(now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	if !next.IsZero() {
+		r.Requeue(namespace, next.Sub(now)+time.Second)
 	}
 }
 
@@ -391,6 +414,7 @@ func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pri
 			return c.UID, nil
 		},
 	}
+	c.Reconciler.Requeue = func(namespace string, after time.Duration) { c.queue.AddAfter(namespace, after) }
 	later := func(obj any) {
 		if ns, ok := namespaceOf(obj); ok {
 			c.queue.AddAfter(ns, c.Debounce)

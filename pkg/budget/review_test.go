@@ -2,6 +2,8 @@ package budget
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,5 +152,33 @@ func TestExpiredEntryReadOncePerPass(t *testing.T) {
 		if st := f.get(t, name).Status; len(st.Pending) != 0 || !amount(st.Used).IsZero() {
 			t.Errorf("budget %s: used %v, pending %+v; want both entries dropped", name, amount(st.Used), st.Pending)
 		}
+	}
+}
+
+// A full pending list is a Busy refusal (429, retry), and the reconciler
+// asks to come back when the earliest entry expires.
+func TestFullPendingListIsBusy(t *testing.T) {
+	b := budget("gpu", "", "4000Gi", nil, nil)
+	for i := range maxPending {
+		b.Status.Pending = append(b.Status.Pending, configapi.PendingCharge{Claim: fmt.Sprint("p", i), UID: fmt.Sprint("uid-p", i),
+			Charge: apiAmount(Amount{Memory: gi(1)}), Expires: metav1.NewTime(clock.Add(time.Duration(i+30) * time.Second))})
+	}
+	b.Status.Used = apiAmount(Amount{Memory: gi(maxPending)})
+	f := newFakeBudgets(t, b)
+	ctx := context.Background()
+	resp := newCharger(f).Admit(ctx, review(t, share("x", "1Gi"), false))
+	if resp.Allowed || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "retry") {
+		t.Errorf("a full pending list: %+v, want 429 and retry", resp.Result)
+	}
+	now := clock
+	var held []*resourceapi.ResourceClaim
+	r := newReconciler(f, &held, &now)
+	var after []time.Duration
+	r.Requeue = func(ns string, d time.Duration) { after = append(after, d) }
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 1 || after[0] != 31*time.Second {
+		t.Errorf("requeued after %v, want once after 31s (the earliest entry expires in 30s)", after)
 	}
 }
