@@ -286,7 +286,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
 	checked := p.checked
-	for {
+	for attempt := 1; ; attempt++ {
 		claims, held, unknown, err := r.count(ctx, p, b)
 		if err != nil {
 			return err
@@ -329,6 +329,10 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		if !apierrors.IsConflict(err) {
 			return fmt.Errorf("GPU budget %s: write status: %w", key, err)
 		}
+		if attempt >= maxAttempts {
+			// The Controller retries the namespace, rate limited.
+			return fmt.Errorf("GPU budget %s: write status: %d conflicts in a row: %w", key, attempt, err)
+		}
 		namespace, name := b.Namespace, b.Name
 		b, err = r.Store.Get(ctx, namespace, name)
 		if apierrors.IsNotFound(err) {
@@ -340,6 +344,15 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		}
 	}
 }
+
+// maxAttempts bounds the status writes of one budget in one pass: under
+// a stream of charges each write may conflict; the namespace is then
+// retried later (rate limited) instead of holding a worker.
+const maxAttempts = 5
+
+// Workers is how many namespaces a Controller reconciles at once; the
+// workqueue never hands out one namespace to two workers at once.
+const Workers = 4
 
 // requeue calls Requeue for the earliest of pending to expire after now.
 func (r *Reconciler) requeue(namespace string, pending []configapi.PendingCharge, now time.Time) {
@@ -505,20 +518,32 @@ func (c *Controller) Run(ctx context.Context) error {
 		<-ctx.Done()
 		c.queue.ShutDown()
 	}()
-	for {
-		ns, shutdown := c.queue.Get()
-		if shutdown {
-			return nil
-		}
-		err := c.Reconciler.Reconcile(ctx, ns)
-		if err != nil {
-			logger.Error(err, "Cannot reconcile the GPU budgets of a namespace; retrying", "namespace", ns)
-			c.queue.AddRateLimited(ns)
-		} else {
-			c.queue.Forget(ns)
-		}
-		c.queue.Done(ns)
+	var wg sync.WaitGroup
+	for range Workers {
+		wg.Go(func() {
+			for c.next(ctx) {
+			}
+		})
 	}
+	wg.Wait()
+	return nil
+}
+
+// next reconciles the next namespace of the queue; false once the queue is
+// shut down.
+func (c *Controller) next(ctx context.Context) bool {
+	ns, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(ns)
+	if err := c.Reconciler.Reconcile(ctx, ns); err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot reconcile the GPU budgets of a namespace; retrying", "namespace", ns)
+		c.queue.AddRateLimited(ns)
+		return true
+	}
+	c.queue.Forget(ns)
+	return true
 }
 
 // enqueueAll queues every namespace that has a budget now.

@@ -182,3 +182,33 @@ func TestFullPendingListIsBusy(t *testing.T) {
 		t.Errorf("requeued after %v, want once after 31s (the earliest entry expires in 30s)", after)
 	}
 }
+
+// Conflicts without end: the reconciler gives up after maxAttempts writes
+// and returns an error (the Controller retries the namespace later).
+func TestReconcilerConflictsBounded(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	f.inject = 1000
+	ctx := context.Background()
+	now := clock
+	held := []*resourceapi.ResourceClaim{share("a", "10Gi")}
+	r := newReconciler(f, &held, &now)
+	done := make(chan error, 1)
+	go func() { done <- r.Reconcile(ctx, "team-a") }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("no error after endless conflicts")
+		}
+	case <-time.After(5 * time.Second):
+		f.mu.Lock()
+		f.inject = 0
+		f.mu.Unlock()
+		<-done
+		t.Fatal("the reconciler retried conflicts for 5s")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if tried := 1000 - f.inject; tried != maxAttempts {
+		t.Errorf("%d writes tried, want %d", tried, maxAttempts)
+	}
+}
