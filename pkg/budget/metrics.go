@@ -18,6 +18,7 @@ type Metrics struct {
 	used     *prometheus.GaugeVec
 	hard     *prometheus.GaugeVec
 	refusals *prometheus.CounterVec
+	errors   *prometheus.CounterVec
 
 	mu sync.Mutex
 	// budgets with series, by namespace.
@@ -67,7 +68,10 @@ func NewMetrics() *Metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_refusals_total",
 			Help: "ResourceClaims refused at admission because a GPUBudget would be exceeded, by the dimension that refused them."}, labels),
 	}
-	m.registry.MustRegister(m.used, m.hard, m.refusals)
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_errors_total",
+		Help: "Errors of the GPU budget reconciler, by reason (claim_read_forbidden: a live read of a ResourceClaim was refused, RBAC; claim_read: it failed otherwise)."},
+		[]string{"reason"})
+	m.registry.MustRegister(m.used, m.hard, m.refusals, m.errors)
 	return m
 }
 
@@ -82,6 +86,14 @@ func (m *Metrics) refused(r *Refusal) {
 	}
 	m.track(r.Namespace, r.Budget)
 	m.refusals.WithLabelValues(r.Namespace, r.Budget, string(r.Resource)).Inc()
+}
+
+// failed counts an error of the reconciler.
+func (m *Metrics) failed(reason string) {
+	if m == nil {
+		return
+	}
+	m.errors.WithLabelValues(reason).Inc()
 }
 
 // observe records a budget's used and hard.

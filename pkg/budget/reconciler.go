@@ -147,7 +147,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 		return nil
 	}
 	r.pruneDeleted(r.now())
-	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}}
+	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}, logged: map[string]bool{}}
 	var errs []error
 	for _, b := range budgets {
 		if err := r.reconcileBudget(ctx, pass, b); err != nil {
@@ -168,6 +168,8 @@ type pass struct {
 	namespace string
 	priced    map[types.UID]ClaimCharge
 	checked   map[string]bool
+	// logged are the reasons of the read errors logged in this pass.
+	logged map[string]bool
 }
 
 // count is what the claims the informer holds now take from budget b (as
@@ -233,9 +235,12 @@ func Status(b *configapi.GPUBudget, claims Amount, held, gone map[string]bool, n
 
 // gone reads, for each expired pending entry of b whose claim the informer
 // does not hold, whether the claim is gone: a live read finds none of its
-// name or one of another uid. An entry whose read fails is kept (logged).
-// checked holds the answers of earlier reads in this pass.
-func (r *Reconciler) gone(ctx context.Context, b *configapi.GPUBudget, held map[string]bool, now time.Time, checked map[string]bool) map[string]bool {
+// name or one of another uid. An entry whose read fails is kept; the
+// failure is counted (tessera_gpu_budget_errors_total, reason
+// claim_read_forbidden or claim_read) and logged once per pass and reason.
+// pass.checked holds the answers of earlier reads in this pass.
+func (r *Reconciler) gone(ctx context.Context, pass *pass, b *configapi.GPUBudget, held map[string]bool, now time.Time) map[string]bool {
+	checked := pass.checked
 	out := map[string]bool{}
 	for _, p := range b.Status.Pending {
 		if held[p.UID] || p.Expires.Time.After(now) || r.Lookup == nil {
@@ -251,7 +256,16 @@ func (r *Reconciler) gone(ctx context.Context, b *configapi.GPUBudget, held map[
 			case apierrors.IsNotFound(err):
 				isGone = true
 			case err != nil:
-				klog.FromContext(ctx).Error(err, "Cannot read the claim of an expired pending charge; keeping the charge", "budget", klog.KObj(b), "claim", p.Claim)
+				reason := "claim_read"
+				if apierrors.IsForbidden(err) {
+					reason = "claim_read_forbidden"
+				}
+				r.Metrics.failed(reason)
+				if !pass.logged[reason] {
+					pass.logged[reason] = true
+					klog.FromContext(ctx).Error(err, "Cannot read the claim of an expired pending charge; keeping the charge (logged once per pass)",
+						"budget", klog.KObj(b), "claim", p.Claim, "forbidden", apierrors.IsForbidden(err))
+				}
 				continue
 			default:
 				isGone = string(uid) != p.UID
@@ -285,7 +299,6 @@ func sameStatus(a, b configapi.GPUBudgetStatus) bool {
 func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.GPUBudget) error {
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
-	checked := p.checked
 	for attempt := 1; ; attempt++ {
 		claims, held, unknown, err := r.count(ctx, p, b)
 		if err != nil {
@@ -297,7 +310,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		r.mu.Unlock()
 		forced := token != "" && (!known || seen != token)
 		now := r.now()
-		status := Status(b, claims, held, r.gone(ctx, b, held, now, checked), now)
+		status := Status(b, claims, held, r.gone(ctx, p, b, held, now), now)
 		if len(unknown) > 0 {
 			used, was := amount(status.Used), amount(b.Status.Used)
 			for res := range unknown {
@@ -350,6 +363,10 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 // retried later (rate limited) instead of holding a worker.
 const maxAttempts = 5
 
+// DefaultSyncTimeout bounds the wait for the Controller's caches: missing
+// list or watch permission never lets them sync.
+const DefaultSyncTimeout = 2 * time.Minute
+
 // Workers is how many namespaces a Controller reconciles at once; the
 // workqueue never hands out one namespace to two workers at once.
 const Workers = 4
@@ -379,6 +396,9 @@ type Controller struct {
 	// Debounce is how long changes are gathered before a namespace is
 	// recomputed.
 	Debounce time.Duration
+	// SyncTimeout bounds the wait for the informers' first sync in Run
+	// (zero: DefaultSyncTimeout).
+	SyncTimeout time.Duration
 
 	budgets *DynamicStore
 	claims  informers.SharedInformerFactory
@@ -494,8 +514,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	c.claims.Start(ctx.Done())
 	c.budgets.Start(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced, c.budgets.Informer().HasSynced) {
-		return ctx.Err()
+	timeout := c.SyncTimeout
+	if timeout <= 0 {
+		timeout = DefaultSyncTimeout
+	}
+	syncCtx, cancel := context.WithTimeout(ctx, timeout)
+	synced := cache.WaitForCacheSync(syncCtx.Done(), c.synced, c.budgets.Informer().HasSynced)
+	cancel()
+	if !synced {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Fail (the process exits non-zero) rather than wait unseen.
+		return fmt.Errorf("the caches of ResourceClaims and GPUBudgets did not sync within %v: may the service account list and watch resourceclaims and gpubudgets?", timeout)
 	}
 	logger.Info("Reconciling GPU budgets", "resync", c.Resync)
 	go func() {

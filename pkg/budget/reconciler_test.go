@@ -105,7 +105,7 @@ func TestReconcilerConflictKeepsNewCharge(t *testing.T) {
 		t.Fatal(resp.Result)
 	}
 	// Reconcile from the stale copy (as an informer that lags would).
-	if err := r.reconcileBudget(ctx, &pass{namespace: "team-a", priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}}, stale); err != nil {
+	if err := r.reconcileBudget(ctx, &pass{namespace: "team-a", priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}, logged: map[string]bool{}}, stale); err != nil {
 		t.Fatal(err)
 	}
 	if got := amount(f.get(t, "gpu").Status.Used); got.Memory != gi(10) {

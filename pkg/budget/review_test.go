@@ -10,7 +10,10 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -211,4 +214,71 @@ func TestReconcilerConflictsBounded(t *testing.T) {
 	if tried := 1000 - f.inject; tried != maxAttempts {
 		t.Errorf("%d writes tried, want %d", tried, maxAttempts)
 	}
+}
+
+// Without list permission on resourceclaims the caches never sync: Run
+// fails after SyncTimeout instead of waiting unseen.
+func TestRunFailsWhenCachesDoNotSync(t *testing.T) {
+	client := kubefake.NewClientset()
+	client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(resourceapi.Resource("resourceclaims"), "", fmt.Errorf("RBAC"))
+	})
+	f := newFakeBudgets(t)
+	c := NewController(client, NewDynamicStore(f.client, 0), pricer(twoModels()), nil, time.Minute)
+	c.SyncTimeout = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := c.Run(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "did not sync") {
+		t.Errorf("Run: %v (context %v), want a sync failure before the context ends", err, ctx.Err())
+	}
+}
+
+// A live claim read refused (403) keeps the entry and counts
+// tessera_gpu_budget_errors_total{reason="claim_read_forbidden"}.
+func TestForbiddenClaimReadCounted(t *testing.T) {
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	ctx := context.Background()
+	for _, name := range []string{"x", "y"} {
+		if resp := newCharger(f).Admit(ctx, review(t, share(name, "10Gi"), false)); !resp.Allowed {
+			t.Fatal(resp.Result)
+		}
+	}
+	now := clock.Add(time.Hour)
+	var held []*resourceapi.ResourceClaim
+	r := newReconciler(f, &held, &now)
+	r.Metrics = NewMetrics()
+	r.Lookup = func(_ context.Context, _, name string) (types.UID, error) {
+		return "", apierrors.NewForbidden(resourceapi.Resource("resourceclaims"), name, fmt.Errorf("RBAC"))
+	}
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, r.Metrics, "tessera_gpu_budget_errors_total", "claim_read_forbidden"); got != 2 {
+		t.Errorf("tessera_gpu_budget_errors_total{reason=claim_read_forbidden} %v, want 2", got)
+	}
+	if st := f.get(t, "gpu").Status; len(st.Pending) != 2 {
+		t.Errorf("%d entries pending, want both kept", len(st.Pending))
+	}
+}
+
+// counter is the value of the series of counter name whose first label is
+// label, from m's registry.
+func counter(t *testing.T, m *Metrics, name, label string) float64 {
+	t.Helper()
+	families, err := m.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			if len(s.GetLabel()) > 0 && s.GetLabel()[0].GetValue() == label {
+				return s.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
