@@ -38,7 +38,7 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 	flags.DurationVar(&b.webhookTimeout, "budget-webhook-timeout", 5*time.Second,
 		"the budget webhook's timeoutSeconds in its ValidatingWebhookConfiguration (the chart passes it): --budget-pending-ttl must exceed it")
 	flags.StringVar(&b.metricsAddress, "budget-metrics-bind-address", "",
-		"serve the budgets' Prometheus metrics (tessera_gpu_budget_used, _hard, _refusals_total) over HTTPS on this address at /metrics, "+
+		"serve the budgets' Prometheus metrics (tessera_gpu_budget_used, _hard, _refusals_total, _errors_total) over HTTPS on this address at /metrics, "+
 			"with --tls-cert-file's certificate, to bearer tokens whose user may get the non-resource URL /metrics "+
 			"(the API server is asked: create on tokenreviews and subjectaccessreviews); empty: not served")
 }
@@ -90,6 +90,9 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	// timeout (1s of the default 5s), leaving the rest for the slot, the
 	// reads and the write.
 	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, Metrics: metrics, LockWait: b.webhookTimeout / 5}
+	if err := charger.WatchDeletions(store.Informer()); err != nil {
+		return nil, nil, err
+	}
 	tasks := []task{{controller.Run, "the GPU budget reconciler"}}
 	if b.metricsAddress != "" {
 		// As the kubelet plugin's metrics (pkg/metricsserver): HTTPS,

@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -142,6 +143,28 @@ func (c *Charger) lock(ctx context.Context, namespace, name string) (l *budgetLo
 	}
 }
 
+// Forget drops what the Charger keeps for a budget (its lock): called when
+// the budget is deleted (WatchDeletions) or found gone.
+func (c *Charger) Forget(namespace, name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.locks, namespace+"/"+name)
+}
+
+// WatchDeletions makes the Charger Forget each budget that informer (of
+// GPUBudgets) sees deleted.
+func (c *Charger) WatchDeletions(informer cache.SharedIndexInformer) error {
+	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if m, err := metaAccessor(obj); err == nil {
+			c.Forget(m.GetNamespace(), m.GetName())
+		}
+	}})
+	return err
+}
+
 func (c *Charger) now() time.Time {
 	if c.Now != nil {
 		return c.Now()
@@ -263,6 +286,10 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		return err
 	}
 	defer unlock()
+	gone := func() error {
+		c.Forget(cached.Namespace, cached.Name)
+		return nil
+	}
 	base := cached
 	if l.last != nil && l.last.UID == cached.UID {
 		base = l.last
@@ -289,7 +316,7 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			if !fresh {
 				if err := reread(); err != nil {
 					if apierrors.IsNotFound(err) {
-						return nil
+						return gone()
 					}
 					return fmt.Errorf("GPU budget %s/%s: read: %w", cached.Namespace, cached.Name, err)
 				}
@@ -314,7 +341,7 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			}
 			if err := reread(); err != nil {
 				if apierrors.IsNotFound(err) {
-					return nil // the budget is gone
+					return gone()
 				}
 				return fmt.Errorf("GPU budget %s/%s: read: %w", cached.Namespace, cached.Name, err)
 			}
@@ -336,12 +363,15 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			l.last = written
 			return nil
 		}
+		if apierrors.IsNotFound(err) {
+			return gone() // deleted since it was read: nothing to charge
+		}
 		if !apierrors.IsConflict(err) {
 			return fmt.Errorf("GPU budget %s/%s: charge claim %s: %w", cached.Namespace, cached.Name, claim.Name, err)
 		}
 		if err := reread(); err != nil {
 			if apierrors.IsNotFound(err) {
-				return nil
+				return gone()
 			}
 			return fmt.Errorf("GPU budget %s/%s: read after a conflict: %w", cached.Namespace, cached.Name, err)
 		}

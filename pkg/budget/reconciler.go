@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -143,6 +144,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 		names[b.Name] = true
 	}
 	r.Metrics.retain(namespace, names)
+	r.mu.Lock()
+	for key := range r.forced {
+		if ns, name, _ := strings.Cut(key, "/"); ns == namespace && !names[name] {
+			delete(r.forced, key)
+		}
+	}
+	r.mu.Unlock()
 	if len(budgets) == 0 {
 		return nil
 	}
@@ -350,6 +358,9 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		b, err = r.Store.Get(ctx, namespace, name)
 		if apierrors.IsNotFound(err) {
 			r.Metrics.forget(namespace, name)
+			r.mu.Lock()
+			delete(r.forced, key)
+			r.mu.Unlock()
 			return nil
 		}
 		if err != nil {

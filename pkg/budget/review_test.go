@@ -282,3 +282,50 @@ func counter(t *testing.T, m *Metrics, name, label string) float64 {
 	}
 	return 0
 }
+
+// A budget deleted leaves nothing behind: the Charger's lock (Forget, or a
+// NotFound while charging) and the Reconciler's resync record.
+func TestDeletedBudgetForgotten(t *testing.T) {
+	b := budget("gpu", "", "40Gi", nil, nil)
+	b.Annotations = map[string]string{configapi.GPUBudgetResyncAnnotation: "1"}
+	f := newFakeBudgets(t, b)
+	ctx := context.Background()
+	c := newCharger(f)
+	if resp := c.Admit(ctx, review(t, share("a", "1Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	if len(c.locks) != 1 {
+		t.Fatalf("%d locks after one charge, want 1", len(c.locks))
+	}
+	c.Forget("team-a", "gpu")
+	if len(c.locks) != 0 {
+		t.Errorf("%d locks after Forget, want 0", len(c.locks))
+	}
+	cached := f.get(t, "gpu")
+	now := clock
+	held := []*resourceapi.ResourceClaim{share("a", "1Gi")}
+	r := newReconciler(f, &held, &now)
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.forced) != 1 {
+		t.Fatalf("%d resync records after a write, want 1", len(r.forced))
+	}
+	if err := f.client.Tracker().Delete(configapi.GPUBudgetResourceVersion, "team-a", "gpu"); err != nil {
+		t.Fatal(err)
+	}
+	// Charged from a cache that still holds it: the write finds it gone.
+	cached.Status.Used = apiAmount(Amount{})
+	if err := c.charge(ctx, cached, share("b", "1Gi"), Charge{Amount: Amount{Memory: gi(1)}}, false); err != nil {
+		t.Errorf("charging a budget deleted meanwhile: %v, want nothing to charge", err)
+	}
+	if len(c.locks) != 0 {
+		t.Errorf("%d locks after the budget was found gone, want 0", len(c.locks))
+	}
+	if err := r.Reconcile(ctx, "team-a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.forced) != 0 {
+		t.Errorf("%d resync records after the budget was deleted, want 0", len(r.forced))
+	}
+}
