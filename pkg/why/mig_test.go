@@ -40,6 +40,19 @@ func migClaim(name, profile string) *resourceapi.ResourceClaim {
 	}}})
 }
 
+// h100Profile is the H100 80GB's MIG profile called name (the mock table).
+func h100Profile(t *testing.T, name string) gpu.MIGProfile {
+	t.Helper()
+	table, _ := gpu.MockMIGTable("NVIDIA H100 80GB HBM3")
+	for _, p := range table.Profiles {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no H100 MIG profile %s", name)
+	return gpu.MIGProfile{}
+}
+
 // allocatedDevice is the device a recorded claim holds.
 func (c *cluster) allocatedDevice(claim string) string {
 	for _, cl := range c.in.Claims {
@@ -122,13 +135,7 @@ func TestWhyMIGFourGBlocked(t *testing.T) {
 // is told that memory slice 6 is used by an instance no claim holds.
 func TestWhyMIGForeignInstance(t *testing.T) {
 	g := migGPUs(t)
-	one, _ := gpu.MockMIGTable("NVIDIA H100 80GB HBM3")
-	var p gpu.MIGProfile
-	for _, x := range one.Profiles {
-		if x.Name == "1g.10gb" {
-			p = x
-		}
-	}
+	p := h100Profile(t, "1g.10gb")
 	g[1].MIG.Instances = []gpu.MIGInstance{{ID: 9, ProfileID: p.ID, ProfileName: p.Name, Placement: gpu.MIGPlacement{Start: 6, Size: 1},
 		ComputeInstances: []gpu.MIGComputeInstance{{ID: 0, UUID: "MIG-admin", Processes: 1}}}}
 	c := newCluster(t, map[string][]gpu.GPU{"node-1": g[1:2]}, model.WithDynamicMIG(g[1].UUID))
@@ -146,13 +153,7 @@ func TestWhyMIGForeignInstance(t *testing.T) {
 // GPU's totals come from the full-GPU placement.
 func TestWhyMIGEighthOneGPrepared(t *testing.T) {
 	g := migGPUs(t)
-	one, _ := gpu.MockMIGTable("NVIDIA H100 80GB HBM3")
-	var p gpu.MIGProfile
-	for _, x := range one.Profiles {
-		if x.Name == "1g.10gb" {
-			p = x
-		}
-	}
+	p := h100Profile(t, "1g.10gb")
 	var held []model.MIGHold
 	for start := range 7 {
 		pl := gpu.MIGPlacement{Start: start, Size: 1}
