@@ -94,7 +94,7 @@ helm-golden: tools
 ## quick fleet simulation with its scheduler cost grid and node side
 ## (results/fleet-quick.md, .png) and the lending simulation (bench-lending). Measured
 ## on the project's two cores under load 6: the quick fleet run 4 min (2 min of it the
-## simulation), pkg/fleet's Go benchmarks 3.5 min, the lending run 16 s; the other
+## simulation), internal/bench/fleet's Go benchmarks 3.5 min, the lending run 16 s; the other
 ## packages' benchmarks add their own (not timed there)
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

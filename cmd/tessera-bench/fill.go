@@ -10,7 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
 
 // fillFlags are the fill experiment's flags.

@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
 
-// lendingConfig is the -lending run: the lending sweep of pkg/fleet.
+// lendingConfig is the -lending run: the lending sweep of internal/bench/fleet.
 type lendingConfig struct {
 	seed            int64
 	evictionLatency time.Duration

@@ -1,5 +1,5 @@
 // Command tessera-bench runs the fleet simulation and the scheduler cost
-// measurement of pkg/fleet, and the node-side measurement of pkg/nodebench,
+// measurement of internal/bench/fleet, and the node-side measurement of internal/bench/node,
 // and writes a Markdown report and a PNG plot.
 //
 //	tessera-bench -quick -out results   # results/fleet-quick.{md,png}, minutes on two busy cores
@@ -12,6 +12,7 @@
 //	tessera-bench -quick -dist 'discrete:1/8=2,1/4=1,1/2=1' -dist 'pareto:0.05,1.5|cores=0.5*mem'
 //	tessera-bench -quick -trace jobs.csv -queue fifo -node-choice first
 //	tessera-bench -replay -kubeconfig /tmp/tessera-scale/admin.kubeconfig  # on hack/scale's cluster
+//	tessera-bench scale -kubeconfig /tmp/tessera-scale/admin.kubeconfig -nodes 100  # kube-scheduler at scale (scale.go)
 //
 // The node side runs in child processes (this binary re-executed with
 // -node-child as its first argument), one per repetition, so that the
@@ -32,8 +33,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
-	"github.com/tessera-dev/tessera/pkg/nodebench"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/node"
 )
 
 func main() {
@@ -44,7 +45,7 @@ func main() {
 	jobs := flag.Int("jobs", 0, "override the number of jobs per mean demand")
 	parallel := flag.Int("parallel", 0, "simulations run at once (0: GOMAXPROCS); results do not depend on it")
 	noCost := flag.Bool("no-cost", false, "skip the scheduler cost measurement")
-	node := flag.Bool("node", true, "measure the node side (prepare/unprepare latency, plugin RSS, API writes) in child processes")
+	nodeSide := flag.Bool("node", true, "measure the node side (prepare/unprepare latency, plugin RSS, API writes) in child processes")
 	nodeRuns := flag.Int("node-runs", 3, "child processes for the node side; the report shows the spread over them")
 	migOnly := flag.Bool("mig", false, "run only the dynamic-MIG comparison (whole, partitions, shares, dynamic MIG) on the rows -quick, -dist, -nodes and -jobs give, into fleet-mig.{md,json}")
 	lend := flag.Bool("lending", false, "run only the lending simulation (idle periods × graces) into fleet-lending.{md,json}")
@@ -54,6 +55,9 @@ func main() {
 	sim := registerSimFlags(flag.CommandLine)
 	rep := registerReplayFlags(flag.CommandLine)
 	fill := registerFillFlags(flag.CommandLine)
+	if len(os.Args) > 1 && os.Args[1] == "scale" {
+		os.Exit(scaleMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == nodeChildArg {
 		os.Exit(nodeChild(os.Args[2:]))
 	}
@@ -120,7 +124,7 @@ func main() {
 		return
 	}
 	var nodeCfg *nodeConfig
-	if *node {
+	if *nodeSide {
 		nodeCfg = &nodeConfig{runs: *nodeRuns, opts: fullNode}
 		if *quick {
 			nodeCfg.opts = quickNode
@@ -134,7 +138,7 @@ func main() {
 
 func run(cfg fleet.BenchConfig, nodeCfg *nodeConfig, out, name string) error {
 	ctx := context.Background()
-	var nodeReports []nodebench.Report
+	var nodeReports []node.Report
 	if nodeCfg != nil {
 		var err error
 		if nodeReports, err = nodeCfg.measure(ctx); err != nil {

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
 
 // runMIG runs the dynamic-MIG comparison (fleet.MIGBench: whole GPUs,

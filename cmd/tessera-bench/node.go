@@ -9,7 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 
-	"github.com/tessera-dev/tessera/pkg/nodebench"
+	"github.com/tessera-dev/tessera/internal/bench/node"
 )
 
 // nodeChildArg, as the first argument, makes the binary run one node-side
@@ -19,22 +19,22 @@ const nodeChildArg = "-node-child"
 // The node-side sizes: 500 sequential claims and rounds of 100 concurrent
 // claims per isolation backend.
 var (
-	quickNode = nodebench.Options{Sequential: 500, Concurrent: 100, Rounds: 3}
-	fullNode  = nodebench.Options{Sequential: 500, Concurrent: 100, Rounds: 10}
+	quickNode = node.Options{Sequential: 500, Concurrent: 100, Rounds: 3}
+	fullNode  = node.Options{Sequential: 500, Concurrent: 100, Rounds: 10}
 )
 
 type nodeConfig struct {
 	runs int
-	opts nodebench.Options
+	opts node.Options
 }
 
 // measure runs the child runs times, one after the other.
-func (c *nodeConfig) measure(ctx context.Context) ([]nodebench.Report, error) {
+func (c *nodeConfig) measure(ctx context.Context) ([]node.Report, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own binary to re-execute: %w", err)
 	}
-	var out []nodebench.Report
+	var out []node.Report
 	for i := range max(c.runs, 1) {
 		cmd := exec.CommandContext(ctx, self, nodeChildArg,
 			"-sequential", strconv.Itoa(c.opts.Sequential),
@@ -45,7 +45,7 @@ func (c *nodeConfig) measure(ctx context.Context) ([]nodebench.Report, error) {
 		if err := cmd.Run(); err != nil {
 			return nil, fmt.Errorf("run %d (%s): %w: %s", i+1, cmd, err, bytes.TrimSpace(stderr.Bytes()))
 		}
-		rep, err := nodebench.ParseReport(stdout.Bytes())
+		rep, err := node.ParseReport(stdout.Bytes())
 		if err != nil {
 			return nil, fmt.Errorf("run %d: %w", i+1, err)
 		}
@@ -58,7 +58,7 @@ func (c *nodeConfig) measure(ctx context.Context) ([]nodebench.Report, error) {
 // nodeChild is the child's main: it measures and writes JSON to stdout.
 func nodeChild(args []string) int {
 	fs := flag.NewFlagSet(nodeChildArg, flag.ContinueOnError)
-	var opts nodebench.Options
+	var opts node.Options
 	fs.IntVar(&opts.Sequential, "sequential", 0, "claims prepared one at a time per backend")
 	fs.IntVar(&opts.Concurrent, "concurrent", 0, "claims prepared at once per round")
 	fs.IntVar(&opts.Rounds, "rounds", 0, "concurrent rounds per backend")
@@ -66,7 +66,7 @@ func nodeChild(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	rep, err := nodebench.Run(context.Background(), opts)
+	rep, err := node.Run(context.Background(), opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tessera-bench %s: %v\n", nodeChildArg, err)
 		return 1

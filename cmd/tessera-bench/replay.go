@@ -20,10 +20,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
-	"github.com/tessera-dev/tessera/pkg/fleet/replay"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/replay"
+	"github.com/tessera-dev/tessera/internal/bench/scale"
 	"github.com/tessera-dev/tessera/pkg/model"
-	"github.com/tessera-dev/tessera/pkg/scalebench"
 )
 
 // replayFlags drive -replay: the KubeShare stream through the real
@@ -194,7 +194,7 @@ func (r *replayFlags) run(seed int64, out, command string) error {
 	if err != nil {
 		return err
 	}
-	if err := scalebench.EnsureNodes(ctx, c, r.nodes, fleet.Profile, 8, 5*time.Minute); err != nil {
+	if err := scale.EnsureNodes(ctx, c, r.nodes, fleet.Profile, 8, 5*time.Minute); err != nil {
 		return fmt.Errorf("fake nodes: %w", err)
 	}
 	if err := ensureNamespace(ctx, c, r.namespace); err != nil {
@@ -278,7 +278,7 @@ func replayMarkdown(rows []replayRow, r *replayFlags, seed int64, command string
 		"(hack/scale: %d kwok fake nodes × 8 GPUs, each with the ResourceSlices Tessera publishes for the hgx-h100 mock profile; "+
 		"for the partition rows, the fixed partitions' slices and DeviceClasses the simulator uses, published in their place). "+
 		"Each job is a ResourceClaim with the spec the simulator gives the allocator (fleet.ClaimSpec) and a pod using it, created at its arrival; "+
-		"when the pod is bound it runs for its run time, then pod and claim are deleted (pkg/fleet/replay). The same stream is simulated with "+
+		"when the pod is bound it runs for its run time, then pod and claim are deleted (internal/bench/replay). The same stream is simulated with "+
 		"kube-scheduler's queue and node choice (the default model) and with the earlier model (FIFO with head-of-line blocking, first node first). "+
 		"The simulator's scheduling attempts take %.3g simulated seconds each. "+
 		"All three are measured by fleet.Summarize: jobs completed per hour in the window (arrival of the first tenth of the jobs to the last arrival) "+
@@ -319,7 +319,7 @@ func (r *replayFlags) replayOne(ctx context.Context, c kubernetes.Interface, kin
 	if kind == fleet.Partition {
 		defer func() {
 			restore := context.WithoutCancel(ctx)
-			if rerr := scalebench.EnsureNodes(restore, c, r.nodes, fleet.Profile, 8, 5*time.Minute); rerr != nil {
+			if rerr := scale.EnsureNodes(restore, c, r.nodes, fleet.Profile, 8, 5*time.Minute); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("fake nodes: put Tessera's slices back: %w", rerr))
 			}
 		}()
@@ -339,14 +339,14 @@ func publishModel(ctx context.Context, c kubernetes.Interface, n int, kind fleet
 	if kind != fleet.Partition {
 		return fmt.Errorf("replay: model %s replays on Tessera's slices, not its own", kind)
 	}
-	_, classes, err := fleet.Published(kind, scalebench.NodeName(0))
+	_, classes, err := fleet.Published(kind, scale.NodeName(0))
 	if err != nil {
 		return err
 	}
-	if err := scalebench.EnsureClasses(ctx, c, classes); err != nil {
+	if err := scale.EnsureClasses(ctx, c, classes); err != nil {
 		return err
 	}
-	err = scalebench.PublishOnNodes(ctx, c, n, 8, scalebench.Publisher{
+	err = scale.PublishOnNodes(ctx, c, n, 8, scale.Publisher{
 		Name:   "the " + string(kind) + " model",
 		Driver: model.DriverName,
 		Slices: func(node string) ([]resourceapi.ResourceSlice, error) {

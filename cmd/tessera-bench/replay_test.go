@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
 
 // TestReplayReportRoundTrip: a replay's rows are written as Markdown and JSON,

@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/tessera-dev/tessera/pkg/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
 
 // simFlags are the fleet simulation's model and workload flags.

@@ -1,7 +1,7 @@
 // Command tessera-gpu-probe is Tessera's real-GPU check (make gpu-check):
 // "check" runs the plugin's path on this machine's GPU without Kubernetes and
 // measures each backend's limits with probe processes; "probe" is such a
-// process. It only parses flags and wires pkg/gpucheck; see
+// process. It only parses flags and wires internal/gpucheck; see
 // docs/gpu-check.md.
 package main
 
@@ -23,9 +23,9 @@ import (
 	"k8s.io/klog/v2"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+	"github.com/tessera-dev/tessera/internal/gpucheck"
+	"github.com/tessera-dev/tessera/internal/gpucheck/cuda"
 	"github.com/tessera-dev/tessera/pkg/gpu"
-	"github.com/tessera-dev/tessera/pkg/gpucheck"
-	"github.com/tessera-dev/tessera/pkg/gpucheck/cuda"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 

@@ -8,7 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-dev/tessera/pkg/claimtemplate"
+	"github.com/tessera-dev/tessera/internal/cli/claimtemplate"
 	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 )

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/tessera-dev/tessera/pkg/status"
+	"github.com/tessera-dev/tessera/internal/cli/clusterview"
 )
 
 func newStatusCommand() *cobra.Command {
@@ -33,7 +33,7 @@ still pending (needs list on gpubudgets.gpu.tessera.dev).`,
 			if err != nil {
 				return err
 			}
-			report, err := status.Get(cmd.Context(), client, node)
+			report, err := clusterview.Get(cmd.Context(), client, node)
 			if err != nil {
 				return err
 			}
@@ -41,7 +41,7 @@ still pending (needs list on gpubudgets.gpu.tessera.dev).`,
 			if err != nil {
 				return err
 			}
-			if report.Budgets, err = status.GetBudgets(cmd.Context(), dyn); err != nil {
+			if report.Budgets, err = clusterview.GetBudgets(cmd.Context(), dyn); err != nil {
 				return err
 			}
 			return writeReport(cmd.OutOrStdout(), output, report, report.WriteTable)

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/pkg/why"
+	"github.com/tessera-dev/tessera/internal/cli/why"
 )
 
 func newWhyCommand() *cobra.Command {

@@ -5,7 +5,7 @@
 # ports) plus kwok, which keeps fake nodes Ready and turns pods bound to them
 # Running. There is no kubelet and no container runtime: no node of this cluster
 # runs anything. Fake nodes, each with the ResourceSlices Tessera's kubelet plugin
-# publishes for a mock profile, are made by cmd/tessera-scale (-ensure-nodes N).
+# publishes for a mock profile, are made by "tessera-bench scale -ensure-nodes N".
 #
 #   cluster.sh up [NODES]  take the machine's cluster lock, start the control plane
 #                          and kwok, install Tessera's DeviceClasses and make NODES
@@ -13,7 +13,7 @@
 #   cluster.sh down        stop what `up` started (pids in the state dir), delete the
 #                          state dir, release the lock
 #   cluster.sh status      which components run, and the node count
-#   cluster.sh bench ARGS  run the benchmark (cmd/tessera-scale) on it, e.g.
+#   cluster.sh bench ARGS  run the benchmark ("tessera-bench scale") on it, e.g.
 #                          `cluster.sh bench -nodes 100,500,1000 -out results`
 #   cluster.sh env         print `export KUBECONFIG=...` for the admin kubeconfig
 #
@@ -228,11 +228,11 @@ leaderElection:
 EOF
 }
 
-# bench ARGS: cmd/tessera-scale, built from this checkout into the state dir.
+# bench ARGS: "tessera-bench scale ARGS", tessera-bench built from this checkout into the state dir.
 bench() {
   mkdir -p "$STATE/bin"
-  (cd "$repo" && go build -o "$STATE/bin/tessera-scale" ./cmd/tessera-scale) >&2
-  "$STATE/bin/tessera-scale" "$@"
+  (cd "$repo" && go build -o "$STATE/bin/tessera-bench" ./cmd/tessera-bench) >&2
+  "$STATE/bin/tessera-bench" scale "$@"
 }
 
 cmd_up() {

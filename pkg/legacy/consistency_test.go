@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-dev/tessera/pkg/claimtemplate"
+	"github.com/tessera-dev/tessera/internal/cli/claimtemplate"
 	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
@@ -178,7 +178,7 @@ func TestDeviceClassFile(t *testing.T) {
 
 // TestNoNVML: the package builds without cgo, so that the admission webhook
 // (CGO_ENABLED=0) can call it: it must not import pkg/model or
-// pkg/claimtemplate, which link NVML.
+// internal/cli/claimtemplate, which link NVML.
 func TestNoNVML(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -188,7 +188,7 @@ func TestNoNVML(t *testing.T) {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	for _, dep := range strings.Fields(string(out)) {
-		if strings.Contains(dep, "go-nvml") || strings.HasSuffix(dep, "tessera/pkg/model") || strings.HasSuffix(dep, "tessera/pkg/claimtemplate") {
+		if strings.Contains(dep, "go-nvml") || strings.HasSuffix(dep, "tessera/pkg/model") || strings.HasSuffix(dep, "tessera/internal/cli/claimtemplate") {
 			t.Errorf("pkg/legacy depends on %s", dep)
 		}
 	}

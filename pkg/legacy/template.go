@@ -17,7 +17,7 @@ import (
 
 // The names of pkg/model's resource model that templates use. They are
 // repeated here (a test keeps them equal) because pkg/model, and
-// pkg/claimtemplate with it, link NVML through cgo, and the admission
+// internal/cli/claimtemplate with it, link NVML through cgo, and the admission
 // webhook that calls this package is built with CGO_ENABLED=0.
 const (
 	driverName      = "gpu.tessera.dev"

@@ -17,7 +17,7 @@ import (
 
 // Names of the resource model (pkg/model) the checks read. They are spelled out
 // here because the webhook is built without cgo and pkg/model imports NVML
-// (through pkg/gpu); the tests of pkg/claimtemplate, which builds templates
+// (through pkg/gpu); the tests of internal/cli/claimtemplate, which builds templates
 // with pkg/model's names and checks them with ValidateDeviceClaim, keep them
 // equal.
 const (

@@ -4,7 +4,7 @@
 // moment they are written and with the field path of each problem.
 //
 // [ValidateDeviceClaim] is the check, on the resource.k8s.io/v1 types, shared
-// with `tessera claim-template` (pkg/claimtemplate) so that the CLI never prints
+// with `tessera claim-template` (internal/cli/claimtemplate) so that the CLI never prints
 // a template the webhook refuses. [Review] is the decision, a pure function of
 // one AdmissionRequest. [Handler] serves it as AdmissionReview v1 over HTTP.
 // [Server] runs the handler with TLS (certificates reloaded from disk when they

@@ -258,7 +258,7 @@ func sumSamples(samples []sample, name string, match func(map[string]string) boo
 	return sum, lines
 }
 
-// operateStatus mirrors pkg/status's JSON (the CLI's -o json).
+// operateStatus mirrors internal/cli/clusterview's JSON (the CLI's -o json).
 type operateStatus struct {
 	Nodes []struct {
 		Name string `json:"name"`

@@ -20,7 +20,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/why"
+	"github.com/tessera-dev/tessera/internal/cli/why"
 	"github.com/tessera-dev/tessera/tests/e2e/fakenic"
 )
 

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/why"
+	"github.com/tessera-dev/tessera/internal/cli/why"
 )
 
 // TestWhyExplainsPendingPods: tessera why, run against the cluster, names
