@@ -10,16 +10,43 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 )
 
+// claimVerdict is what explainClaim finds for one claim on one node.
+type claimVerdict struct {
+	// reasons concern the node, in the order found.
+	reasons []string
+	// informing counts the reasons that only inform (another driver's
+	// devices that fit) rather than say what fails.
+	informing int
+	// gpuReasons concern one GPU, by GPU name, in the order found.
+	gpuReasons map[string][]string
+	// migUsage is, per GPU, the use of the MIG counters of placements
+	// that do not fit: said once per GPU for all claims.
+	migUsage map[string]string
+}
+
+// mergeInto adds the verdict to the node's reasons and to gpuReasons, and
+// returns how many of the reasons it added only inform.
+func (v claimVerdict) mergeInto(n *Node, gpuReasons map[string][]string) (informing int) {
+	n.Reasons = append(n.Reasons, v.reasons...)
+	for gpu, reasons := range v.gpuReasons {
+		gpuReasons[gpu] = append(gpuReasons[gpu], reasons...)
+	}
+	for _, gpu := range slices.SortedFunc(maps.Keys(v.migUsage), compareDeviceNames) {
+		if usage := v.migUsage[gpu]; !slices.Contains(gpuReasons[gpu], usage) {
+			gpuReasons[gpu] = append(gpuReasons[gpu], usage)
+		}
+	}
+	return v.informing
+}
+
 // explainClaim looks at every request of c on every device of the node and
-// adds what fails: to n.Reasons what concerns the node, to gpuReasons what
+// returns what fails: in reasons what concerns the node, in gpuReasons what
 // concerns one GPU. A request for another driver's devices (a NIC beside a
 // GPU) is looked at on that driver's devices of the node, for what the
 // allocator checks of any device: the class, the selectors, taints and
 // whether another claim holds it; that driver's own rules are not known here.
-//
-// It returns how many of the reasons it added only inform (another driver's
-// devices that fit) rather than say what fails.
-func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceapi.ResourceClaim, nameClaim bool, n *Node, gpuReasons map[string][]string) (informing int) {
+func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceapi.ResourceClaim, nameClaim bool) claimVerdict {
+	v := claimVerdict{gpuReasons: map[string][]string{}, migUsage: map[string]string{}}
 	devices := e.nodeDevices(node)
 	var foreign []device
 	foreignRead := false
@@ -30,15 +57,6 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 	// migShort are the MIG counter sets (by pool and name) of placements
 	// whose counters do not fit, keyed by GPU: their use is said once.
 	migShort := map[string][2]string{}
-	defer func() {
-		mismatches.flush(gpuReasons)
-		for _, gpu := range slices.SortedFunc(maps.Keys(migShort), compareDeviceNames) {
-			usage := e.migUsage(migShort[gpu][0], migShort[gpu][1])
-			if usage != "" && !slices.Contains(gpuReasons[gpu], usage) {
-				gpuReasons[gpu] = append(gpuReasons[gpu], usage)
-			}
-		}
-	}()
 	for _, r := range c.Spec.Devices.Requests {
 		for _, a := range alternatives(r) {
 			label := fmt.Sprintf("request %q", a.name)
@@ -53,7 +71,7 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 			for _, d := range devices {
 				match, err := e.classMatches(ctx, class, d)
 				if err != nil {
-					gpuReasons[d.gpuName()] = append(gpuReasons[d.gpuName()], fmt.Sprintf("%s: %s: DeviceClass %s: %v", label, d.dev.Name, class.Name, err))
+					v.gpuReasons[d.gpuName()] = append(v.gpuReasons[d.gpuName()], fmt.Sprintf("%s: %s: DeviceClass %s: %v", label, d.dev.Name, class.Name, err))
 					continue
 				}
 				if !match {
@@ -80,17 +98,19 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 					}
 				}
 				for _, why := range reasons {
-					gpuReasons[d.gpuName()] = append(gpuReasons[d.gpuName()], fmt.Sprintf("%s: %s: %s", label, d.dev.Name, why))
+					v.gpuReasons[d.gpuName()] = append(v.gpuReasons[d.gpuName()], fmt.Sprintf("%s: %s: %s", label, d.dev.Name, why))
 				}
 			}
 			if len(candidates) == 0 {
 				if !foreignRead {
 					foreign, foreignRead = e.foreignDevices(node), true
 				}
-				candidates, fitting = e.explainForeign(ctx, label, class, a, foreign, n)
+				var reason string
+				candidates, fitting, reason = e.explainForeign(ctx, label, class, a, foreign)
+				v.reasons = append(v.reasons, reason)
 				fittingBy[r.Name] = append(fittingBy[r.Name], fitting...)
 				if len(fitting) > 0 {
-					informing++
+					v.informing++
 				}
 				continue
 			}
@@ -101,14 +121,14 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 			}
 			shareable := slices.ContainsFunc(fitting, device.multi)
 			if len(fitting) > 0 && int64(len(fitting)) < need && !shareable {
-				n.Reasons = append(n.Reasons, fmt.Sprintf("%s: needs %d devices, %d fit (%s)", label, need, len(fitting), names(fitting)))
+				v.reasons = append(v.reasons, fmt.Sprintf("%s: needs %d devices, %d fit (%s)", label, need, len(fitting), names(fitting)))
 			}
 			for _, k := range c.Spec.Devices.Constraints {
 				if k.MatchAttribute == nil || !constraintApplies(k, r.Name, a.name) || len(fitting) == 0 {
 					continue
 				}
 				if why := matchAttributeShort(*k.MatchAttribute, fitting, need, shareable); why != "" {
-					n.Reasons = append(n.Reasons, label+": "+why)
+					v.reasons = append(v.reasons, label+": "+why)
 				}
 			}
 		}
@@ -122,18 +142,24 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 			if nameClaim {
 				label = "claim " + c.Name + " constraint"
 			}
-			n.Reasons = append(n.Reasons, label+": "+why)
+			v.reasons = append(v.reasons, label+": "+why)
 		}
 	}
-	return informing
+	mismatches.flush(v.gpuReasons)
+	for gpu, set := range migShort {
+		if usage := e.migUsage(set[0], set[1]); usage != "" {
+			v.migUsage[gpu] = usage
+		}
+	}
+	return v
 }
 
 // explainForeign looks at a request whose class selects no device of this
 // driver on the devices of the others, and returns the candidates (the
-// class selects them) and the fitting ones. It adds one reason to the node:
-// that the request is another driver's and what fits of it, or why nothing
+// class selects them), the fitting ones, and one reason for the node: that
+// the request is another driver's and what fits of it, or why nothing
 // does, device by device.
-func (e *explainer) explainForeign(ctx context.Context, label string, class *resourceapi.DeviceClass, a alternative, foreign []device, n *Node) (candidates, fitting []device) {
+func (e *explainer) explainForeign(ctx context.Context, label string, class *resourceapi.DeviceClass, a alternative, foreign []device) (candidates, fitting []device, reason string) {
 	var refusals []string
 	drivers := map[string]bool{}
 	for _, d := range foreign {
@@ -151,15 +177,12 @@ func (e *explainer) explainForeign(ctx context.Context, label string, class *res
 		refusals = append(refusals, d.dev.Name+": "+strings.Join(reasons, "; "))
 	}
 	if len(candidates) == 0 {
-		n.Reasons = append(n.Reasons, fmt.Sprintf("%s: no device of class %s on this node", label, a.class))
-		return nil, nil
+		return nil, nil, fmt.Sprintf("%s: no device of class %s on this node", label, a.class)
 	}
 	what := fmt.Sprintf("%s: devices of driver %s (class %s; tessera why checks another driver's devices for class, selectors, taints and holders only)",
 		label, strings.Join(slices.Sorted(maps.Keys(drivers)), ", "), a.class)
 	if len(fitting) == 0 {
-		n.Reasons = append(n.Reasons, fmt.Sprintf("%s: none of %d fits: %s", what, len(candidates), strings.Join(refusals, "; ")))
-		return candidates, nil
+		return candidates, nil, fmt.Sprintf("%s: none of %d fits: %s", what, len(candidates), strings.Join(refusals, "; "))
 	}
-	n.Reasons = append(n.Reasons, fmt.Sprintf("%s: %d of %d fit (%s)", what, len(fitting), len(candidates), names(fitting)))
-	return candidates, fitting
+	return candidates, fitting, fmt.Sprintf("%s: %d of %d fit (%s)", what, len(fitting), len(candidates), names(fitting))
 }

@@ -544,7 +544,7 @@ func (e *explainer) explainNode(ctx context.Context, node *v1.Node, claims []*re
 	gpuReasons := map[string][]string{}
 	informing := 0
 	for _, c := range claims {
-		informing += e.explainClaim(ctx, node.Name, c, len(claims) > 1, &n, gpuReasons)
+		informing += e.explainClaim(ctx, node.Name, c, len(claims) > 1).mergeInto(&n, gpuReasons)
 	}
 	for name, reasons := range gpuReasons {
 		n.GPUs = append(n.GPUs, GPU{Name: name, Reasons: reasons})
