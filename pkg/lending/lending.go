@@ -42,8 +42,8 @@ type Phase string
 const (
 	// NotHeld: no owner holds the GPU.
 	NotHeld Phase = "NotHeld"
-	// NotLending: an owner did not opt in to lending.
-	NotLending Phase = "OwnerDoesNotLend"
+	// OwnerDoesNotLend: an owner did not opt in to lending.
+	OwnerDoesNotLend Phase = "OwnerDoesNotLend"
 	// OwnerUsesMPS: an owner's share runs under MPS. Its clients may be
 	// invisible to per-process accounting, and borrowers would join (and
 	// could disturb) the owners' MPS server: the GPU is not lent.
@@ -52,8 +52,8 @@ const (
 	WaitingForIdle Phase = "WaitingForIdle"
 	// NoSpareMemory: the owners are idle, but use too much memory to lend.
 	NoSpareMemory Phase = "NoSpareMemory"
-	// Busy: an owner uses the GPU and nothing is lent.
-	Busy Phase = "OwnerBusy"
+	// OwnerBusy: an owner uses the GPU and nothing is lent.
+	OwnerBusy Phase = "OwnerBusy"
 	// Lent: borrowers may be placed on the GPU's lending device.
 	Lent Phase = "Lent"
 	// Reclaiming: the GPU is taken back; borrowers remain to be evicted.
@@ -229,24 +229,24 @@ func decide(p Policy, s State, o Observation, now time.Time) (Phase, string) {
 		return Reclaiming, s.Reason
 	}
 	var reason string
-	phase := Busy
+	phase := OwnerBusy
 	switch {
 	case o.OwnerWaiting:
-		phase, reason = NotLending, ReasonOwnerDoesNotLend
+		phase, reason = OwnerDoesNotLend, ReasonOwnerDoesNotLend
 	case len(o.Owners) == 0:
 		phase, reason = NotHeld, ReasonOwnerReleased
 	case slices.ContainsFunc(o.Owners, func(w Owner) bool { return !w.Lend }):
-		phase, reason = NotLending, ReasonOwnerDoesNotLend
+		phase, reason = OwnerDoesNotLend, ReasonOwnerDoesNotLend
 	case slices.ContainsFunc(o.Owners, func(w Owner) bool { return w.MPS }):
 		phase, reason = OwnerUsesMPS, ReasonOwnerUsesMPS
 	case !o.Observed:
-		phase, reason = Busy, ReasonUnobservable
+		phase, reason = OwnerBusy, ReasonUnobservable
 	case s.Phase == Lent && !slices.Equal(ownerClaims(o.Owners), s.Owners):
-		phase, reason = Busy, ReasonOwnersChanged
+		phase, reason = OwnerBusy, ReasonOwnersChanged
 	case busy(p, s, o):
-		phase, reason = Busy, ReasonOwnerBusy
+		phase, reason = OwnerBusy, ReasonOwnerBusy
 	case s.Phase == Lent && o.BorrowerMemory > s.Lendable+p.MemorySlack:
-		phase, reason = Busy, ReasonBorrowerOverLimit
+		phase, reason = OwnerBusy, ReasonBorrowerOverLimit
 	case s.Phase == Lent:
 		return Lent, ""
 	default:

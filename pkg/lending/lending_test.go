@@ -66,13 +66,13 @@ func TestStep(t *testing.T) {
 		{"no owner", State{}, []Observation{{Observed: true, Memory: 80 * gib}}, []Phase{NotHeld}},
 		{"an owner that does not lend", State{}, []Observation{with(idle(), func(o *Observation) {
 			o.Owners = append(o.Owners, Owner{Claim: "other"})
-		})}, []Phase{NotLending}},
+		})}, []Phase{OwnerDoesNotLend}},
 		{"activity restarts the idle period", State{}, []Observation{idle(), idle(), idle(), with(idle(), busyOwner), idle(), idle(), idle(), idle(), idle(), idle()},
-			[]Phase{WaitingForIdle, WaitingForIdle, WaitingForIdle, Busy, WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, Lent}},
+			[]Phase{WaitingForIdle, WaitingForIdle, WaitingForIdle, OwnerBusy, WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, Lent}},
 		{"busy owner with a borrower reclaims until the borrower is gone", lent[5],
 			[]Observation{with(idle(), borrowed), with(with(idle(), borrowed), busyOwner), with(idle(), borrowed), idle(), idle()},
 			[]Phase{Lent, Reclaiming, Reclaiming, WaitingForIdle, WaitingForIdle}},
-		{"busy owner without borrowers closes the GPU", lent[5], []Observation{with(idle(), busyOwner)}, []Phase{Busy}},
+		{"busy owner without borrowers closes the GPU", lent[5], []Observation{with(idle(), busyOwner)}, []Phase{OwnerBusy}},
 		{"a new owner process is activity", lent[5], []Observation{with(with(idle(), borrowed), func(o *Observation) {
 			o.OwnerProcesses = []uint32{100, 101}
 		})}, []Phase{Reclaiming}},
@@ -89,10 +89,10 @@ func TestStep(t *testing.T) {
 		}, []Phase{WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, WaitingForIdle, NoSpareMemory, Lent}},
 		{"an owner loading memory while waiting is busy", State{}, []Observation{
 			idle(), idle(), with(idle(), func(o *Observation) { o.OwnerMemory += 20 * gib }), idle(),
-		}, []Phase{WaitingForIdle, WaitingForIdle, Busy, WaitingForIdle}},
+		}, []Phase{WaitingForIdle, WaitingForIdle, OwnerBusy, WaitingForIdle}},
 		{"a new owner process while waiting is busy", State{}, []Observation{
 			idle(), with(idle(), func(o *Observation) { o.OwnerProcesses = []uint32{100, 102} }),
-		}, []Phase{WaitingForIdle, Busy}},
+		}, []Phase{WaitingForIdle, OwnerBusy}},
 		{"an owner joining a lent GPU takes it back", lent[5], []Observation{with(with(idle(), borrowed), func(o *Observation) {
 			o.Owners = append(o.Owners, Owner{Claim: "second", Lend: true})
 		})}, []Phase{Reclaiming}},
@@ -223,8 +223,8 @@ func TestOwnerWaitingTakesTheGPUBack(t *testing.T) {
 		t.Fatalf("%s (%s), want Reclaiming (%s)", got.Phase, got.Reason, ReasonOwnerDoesNotLend)
 	}
 	gone := with(idle(), func(o *Observation) { o.OwnerWaiting = true })
-	if got = Step(policy(), got, gone, t0.Add(time.Hour+time.Minute)); got.Phase != NotLending {
-		t.Fatalf("borrowers gone: %s, want %s until the waiting claim is prepared", got.Phase, NotLending)
+	if got = Step(policy(), got, gone, t0.Add(time.Hour+time.Minute)); got.Phase != OwnerDoesNotLend {
+		t.Fatalf("borrowers gone: %s, want %s until the waiting claim is prepared", got.Phase, OwnerDoesNotLend)
 	}
 	// The GPU without owners (the last owner left) and a waiting claim.
 	noOwners := with(waiting, func(o *Observation) { o.Owners = nil })

@@ -142,8 +142,8 @@ func TestLendingLifecycle(t *testing.T) {
 	// The borrower's pod is evicted and its claim unprepared: the GPU is the owner's.
 	mustUnprepare(t, e.i.Plugin, "borrower")
 	e.tick(t, time.Second)
-	if s := e.l.States()[uuid]; s.Phase != lending.Busy {
-		t.Fatalf("after the reclaim: %s, want %s", s.Phase, lending.Busy)
+	if s := e.l.States()[uuid]; s.Phase != lending.OwnerBusy {
+		t.Fatalf("after the reclaim: %s, want %s", s.Phase, lending.OwnerBusy)
 	}
 
 	// The owner's unprepare ends lending on the GPU.
@@ -162,8 +162,8 @@ func TestLendingNeedsEveryOwnersConsent(t *testing.T) {
 	mustPrepare(t, e.i.Plugin, newClaim("b", []result{share("gpu", shared, "b-1", "10Gi", "20")}))
 	e.tick(t, time.Second)
 	e.tick(t, 2*time.Minute)
-	if s := e.l.States()[uuidOf(1)]; s.Phase != lending.NotLending {
-		t.Fatalf("one owner does not lend: %s, want %s", s.Phase, lending.NotLending)
+	if s := e.l.States()[uuidOf(1)]; s.Phase != lending.OwnerDoesNotLend {
+		t.Fatalf("one owner does not lend: %s, want %s", s.Phase, lending.OwnerDoesNotLend)
 	}
 	mustUnprepare(t, e.i.Plugin, "b")
 	e.tick(t, time.Second)
@@ -230,8 +230,8 @@ func TestLendingIgnoresServicePods(t *testing.T) {
 	}
 	e.act.pods[uuid]["unknown"] = lending.Activity{SM: 90, PIDs: []uint32{8}}
 	e.tick(t, time.Second)
-	if s := e.l.States()[uuid]; s.Phase != lending.Busy {
-		t.Fatalf("an unknown pod computing: %s, want %s", s.Phase, lending.Busy)
+	if s := e.l.States()[uuid]; s.Phase != lending.OwnerBusy {
+		t.Fatalf("an unknown pod computing: %s, want %s", s.Phase, lending.OwnerBusy)
 	}
 	if calls != 2 {
 		t.Errorf("ServicePods called %d times by ticks at 1 s, 61 s and 62 s; want 2 (answers are kept 30 s)", calls)
@@ -346,8 +346,8 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 	if len(calls) != 2 {
 		t.Errorf("kills after the borrower was unprepared: %v", calls[2:])
 	}
-	if s := e.l.States()[uuid]; s.Phase != lending.Busy {
-		t.Fatalf("after the kill: %s, want %s", s.Phase, lending.Busy)
+	if s := e.l.States()[uuid]; s.Phase != lending.OwnerBusy {
+		t.Fatalf("after the kill: %s, want %s", s.Phase, lending.OwnerBusy)
 	}
 }
 
@@ -435,13 +435,13 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	}
 	mustUnprepare(t, e.i.Plugin, "borrower")
 	e.tick(t, time.Second)
-	if s := e.l.States()[uuid]; s.Phase != lending.NotLending {
-		t.Fatalf("borrower gone, owner still waiting: %s, want %s", s.Phase, lending.NotLending)
+	if s := e.l.States()[uuid]; s.Phase != lending.OwnerDoesNotLend {
+		t.Fatalf("borrower gone, owner still waiting: %s, want %s", s.Phase, lending.OwnerDoesNotLend)
 	}
 	mustPrepare(t, e.i.Plugin, second)
 	e.tick(t, time.Second)
-	if s := e.l.States()[uuid]; s.Phase != lending.NotLending {
-		t.Fatalf("with the second owner: %s, want %s", s.Phase, lending.NotLending)
+	if s := e.l.States()[uuid]; s.Phase != lending.OwnerDoesNotLend {
+		t.Fatalf("with the second owner: %s, want %s", s.Phase, lending.OwnerDoesNotLend)
 	}
 	// A claim that lends is not refused on a lent GPU (the loan ends by
 	// OwnersChanged instead), nor one on another GPU.
