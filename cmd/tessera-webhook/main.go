@@ -1,7 +1,11 @@
-// Command tessera-webhook is Tessera's validating admission webhook for the
-// GpuConfig in ResourceClaims and ResourceClaimTemplates (pkg/webhook). It
-// parses flags, connects to the API server (in-cluster, or --kubeconfig) to
-// read DeviceClasses, and runs webhook.Server until SIGTERM or SIGINT.
+// Command tessera-webhook is Tessera's admission webhook (pkg/webhook): it
+// validates the GpuConfig in ResourceClaims, ResourceClaimTemplates and
+// DeviceClasses, expands claims annotated with a GPU fraction, and, when
+// turned on, translates pods written for other GPU-sharing systems
+// (pkg/webhook/legacypods) and charges claims against namespace GPU budgets
+// (pkg/budget). It parses flags, connects to the API server (in-cluster, or
+// --kubeconfig) and runs webhook.Server until SIGTERM or SIGINT. Its
+// subcommand locality-controller runs the locality controller (pkg/locality).
 package main
 
 import (

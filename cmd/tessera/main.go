@@ -1,10 +1,11 @@
 // Command tessera is Tessera's command line for users and admins. Each subcommand
 // lives in its own file and only parses flags and wires packages together; the
-// logic is in pkg/.
+// logic is in pkg/ and, for what only the CLI runs, internal/cli.
 //
 //	tessera slices --profile hgx-h100 [--node NAME] [-o yaml|json]
 //	tessera deviceclasses [-o yaml|json]
-//	tessera claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT] [--nvlink prefer|require]
+//	tessera claim-template --name NAME [--gpus N] [--memory Q] [--cores PCT | --fraction 1/K] [--mig [PROFILE]] [--nvlink prefer|require]
+//	tessera convert -f FILE [--gpushare-unit GiB|MiB] [--profile PROFILE]
 //	tessera status [--node NAME] [-o table|json|yaml]
 //	tessera why (POD | pod/NAME | claim/NAME) [-n NAMESPACE] [-o table|json|yaml]
 //	tessera version [-o table|json|yaml]   (also tessera --version)

@@ -12,7 +12,7 @@
 // The claim UID in every device name means a name is never reused by a later
 // claim, so a runtime's spec cache can never return stale edits for it.
 //
-// # Contract
+// # Guarantees
 //
 //   - [Dir.Write] validates the spec with the CDI library before anything
 //     touches the disk and replaces the file atomically (temporary file and

@@ -1,7 +1,7 @@
 // Package checkpoint is the kubelet plugin's durable record of the resource
 // claims it has prepared on this node, so that a plugin restart loses nothing.
 //
-// # Contract
+// # Guarantees
 //
 // A [Store] holds one [Claim] per claim UID. When [Store.Put] or
 // [Store.Delete] returns nil the change is durable (it survives a crash of

@@ -18,7 +18,8 @@
 // claim and tries again). Controller is the single writer of these verdicts:
 // one leader, one worker, judging one claim at a time against the Ledger of
 // every share it accepted before, so two placements made concurrently on one
-// GPU are never both accepted (docs/ARCHITECTURE.md, "Locality verdicts").
+// GPU are never both accepted (docs/locality.md, "Locality verdicts and the
+// race between placements").
 package locality
 
 import (

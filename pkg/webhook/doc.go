@@ -1,7 +1,9 @@
-// Package webhook is Tessera's validating admission webhook: it rejects
-// ResourceClaims and ResourceClaimTemplates whose opaque config for driver
-// gpu.tessera.dev would fail when the kubelet plugin prepares the claim, at the
-// moment they are written and with the field path of each problem.
+// Package webhook is Tessera's admission webhook: it rejects ResourceClaims
+// and ResourceClaimTemplates whose opaque config for driver gpu.tessera.dev
+// would fail when the kubelet plugin prepares the claim, at the moment they
+// are written and with the field path of each problem, and [Mutate] expands a
+// ResourceClaim annotated with a GPU fraction into a request for that
+// fraction of each GPU model (pkg/fraction).
 //
 // [ValidateDeviceClaim] is the check, on the resource.k8s.io/v1 types, shared
 // with `tessera claim-template` (internal/cli/claimtemplate) so that the CLI never prints

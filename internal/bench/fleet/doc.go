@@ -44,7 +44,7 @@
 //
 // # Lending
 //
-// RunLending models issue #11's lending of idle GPUs (LendingBench sweeps it;
+// RunLending models lending idle GPUs to preemptible borrowers (LendingBench sweeps it;
 // `make bench-lending`, results/fleet-lending.md): owners that hold a GPU
 // whole all horizon long and are busy part of the time in bursts, and a
 // queue of preemptible batch borrowers that checkpoint. What the caller may
