@@ -7,6 +7,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
 )
@@ -59,3 +60,17 @@ func fixtureGPUs(n int, memGiB uint64, domain func(minor int) string) []gpu.GPU 
 }
 
 func oneDomain(int) string { return "nvl-0" }
+
+// validResources publishes gpus on node-1 and fails the test unless the
+// result is valid.
+func validResources(t testing.TB, gpus []gpu.GPU, opts ...Option) resourceslice.DriverResources {
+	t.Helper()
+	res, err := Resources("node-1", gpus, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Validate(res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}

@@ -26,14 +26,8 @@ func borrowerClaim(name, memory string) *resourceapi.ResourceClaim {
 // what is lent, and both lending taints unless the GPU is lent.
 func TestWithLending(t *testing.T) {
 	gpus := discover(t, "hgx-h100")
-	res, err := Resources("node-1", gpus, WithLending(map[string]Lent{gpus[1].UUID: {Open: true, Memory: 40 << 30}}),
+	res := validResources(t, gpus, WithLending(map[string]Lent{gpus[1].UUID: {Open: true, Memory: 40 << 30}}),
 		WithTaints(map[string][]resourceapi.DeviceTaint{gpus[2].UUID: {unhealthy}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
 	lent := map[string]resourceapi.Device{}
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {
@@ -103,13 +97,7 @@ func TestBorrowersInTheAllocator(t *testing.T) {
 // 32-GPU node publishes 96 devices in slices of at most 64.
 func TestLendingOnLargeNodes(t *testing.T) {
 	gpus := fixtureGPUs(32, 80, oneDomain)
-	res, err := Resources("node-1", gpus, WithLending(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
+	res := validResources(t, gpus, WithLending(nil))
 	devices := 0
 	for _, s := range res.Pools["node-1"].Slices {
 		if len(s.Devices) > resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures {

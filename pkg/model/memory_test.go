@@ -71,16 +71,10 @@ func TestMemoryPublishedInWholeMiB(t *testing.T) {
 // allocated, and a minimum above the capacity is not a valid policy).
 func TestLendingBelowMinimumShare(t *testing.T) {
 	gpus := discover(t, "hgx-h100")
-	res, err := Resources("node-1", gpus, WithLending(map[string]Lent{
+	res := validResources(t, gpus, WithLending(map[string]Lent{
 		gpus[1].UUID: {Open: true, Memory: 512 << 20},
 		gpus[2].UUID: {Open: true, Memory: 2 << 30},
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
 	lent := map[string]resourceapi.Device{}
 	for _, s := range res.Pools["node-1"].Slices {
 		for _, d := range s.Devices {

@@ -38,29 +38,6 @@ import (
 // TypeMIG is the type attribute of MIG devices, static and dynamic.
 const TypeMIG = "mig"
 
-// Attributes of MIG devices, besides type, uuid, index, minor and the GPU's
-// product, architecture and versions (index and minor are the parent GPU's,
-// so that selectors on them keep meaning the GPU).
-const (
-	// AttrParentUUID is the parent GPU's "GPU-…" UUID.
-	AttrParentUUID resourceapi.QualifiedName = "parentUUID"
-	// AttrParentMinor is the parent GPU's minor (the same value as minor).
-	AttrParentMinor resourceapi.QualifiedName = "parentMinor"
-	// AttrProfile is the GPU-instance profile as nvidia-smi names it:
-	// "3g.40gb", "1g.10gb+me".
-	AttrProfile resourceapi.QualifiedName = "profile"
-	// AttrPlacementStart and AttrPlacementSize are the memory slices the
-	// GPU instance covers: start, start+1, …, start+size-1.
-	AttrPlacementStart resourceapi.QualifiedName = "placementStart"
-	AttrPlacementSize  resourceapi.QualifiedName = "placementSize"
-	// AttrMultiprocessors is the SM count of the MIG device.
-	AttrMultiprocessors resourceapi.QualifiedName = "multiprocessors"
-	// AttrComputeInstances is the number of compute instances of a static
-	// MIG device's GPU instance (1 unless an admin split it: 1c.3g.40gb).
-	// A CUDA process uses only one of them.
-	AttrComputeInstances resourceapi.QualifiedName = "computeInstances"
-)
-
 // MIGInUseTaintKey (effect NoSchedule) is on a static MIG device whose
 // compute instances run processes that no Tessera claim accounts for
 // (another device plugin's pods, an admin's job); its value is

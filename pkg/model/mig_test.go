@@ -23,13 +23,7 @@ import (
 func TestMIGDynamicDevicesAndCounters(t *testing.T) {
 	tb := migTables[h100]
 	gpus := tb.migGPUs(1, nil)
-	res, err := Resources("node-1", gpus, WithDynamicMIG(gpus[0].UUID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
+	res := validResources(t, gpus, WithDynamicMIG(gpus[0].UUID))
 	pool := res.Pools["node-1"]
 	if len(pool.Slices) != 2 || len(pool.Slices[0].SharedCounters) != 1 || len(pool.Slices[1].Devices) != 25 {
 		t.Fatalf("slices: %d, want one counter slice (1 set) and one device slice (25 devices)", len(pool.Slices))
@@ -192,13 +186,7 @@ func TestMIGStaticDevices(t *testing.T) {
 		return []gpu.MIGInstance{tb.instance(minor, 1, tb.three, 4), split, tb.instance(minor, 9, tb.small, 6)}
 	})
 	taint := resourceapi.DeviceTaint{Key: DriverName + "/mig-pending", Effect: resourceapi.DeviceTaintEffectNoSchedule}
-	res, err := Resources("node-1", gpus, WithTaints(map[string][]resourceapi.DeviceTaint{gpus[0].UUID: {taint}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
+	res := validResources(t, gpus, WithTaints(map[string][]resourceapi.DeviceTaint{gpus[0].UUID: {taint}}))
 	pool := res.Pools["node-1"]
 	if len(pool.Slices) != 1 {
 		t.Fatalf("%d slices, want 1 (devices only: a static GPU has no counter set)", len(pool.Slices))

@@ -13,13 +13,7 @@ var unhealthy = resourceapi.DeviceTaint{Key: "gpu.tessera.dev/unhealthy", Value:
 func TestWithTaints(t *testing.T) {
 	gpus := discover(t, "hgx-h100")
 	in := map[string][]resourceapi.DeviceTaint{gpus[2].UUID: {unhealthy}, "GPU-unknown": {unhealthy}}
-	res, err := Resources("node-1", gpus, WithTaints(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(res); err != nil {
-		t.Fatal(err)
-	}
+	res := validResources(t, gpus, WithTaints(in))
 	in[gpus[2].UUID][0].Value = "changed"
 	tainted := map[string]bool{}
 	for _, s := range res.Pools["node-1"].Slices {
