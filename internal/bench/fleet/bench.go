@@ -3,8 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"sync"
 	"time"
 )
 
@@ -129,60 +127,43 @@ func Bench(ctx context.Context, cfg BenchConfig) (*Report, error) {
 	}
 
 	start := time.Now()
-	parallel := cfg.Parallel
-	if parallel <= 0 {
-		parallel = runtime.GOMAXPROCS(0)
-	}
-	ch := make(chan int)
-	errs := make([]error, len(tasks))
-	var wg sync.WaitGroup
-	for range parallel {
-		wg.Go(func() {
-			for a := range ch {
-				t := tasks[a]
-				if t.bound {
-					jobs := streams[t.i]
-					if len(jobs) == 0 {
-						continue
-					}
-					w0, w1 := jobs[len(jobs)/10].Arrival, jobs[len(jobs)-1].Arrival
-					sb, err := ServedBound(rep.Fleet, jobs, w0, w1)
-					if err == nil {
-						var rb Bound
-						rb, err = RunningBound(rep.Fleet, jobs, w0, w1)
-						rep.Bounds[t.i] = RowBound{Served: sb, Running: rb}
-					}
-					if err != nil {
-						errs[a] = fmt.Errorf("bound, %s: %w", rep.Dists[t.i], err)
-					}
-					continue
-				}
-				opt, kind := rep.Sim, AllKinds[t.k]
-				if t.fifo {
-					opt.Queue, kind = QueueFIFO, FIFOKinds[t.k]
-				}
-				r, err := Run(ctx, kind, rows[t.i], streams[t.i], opt)
-				r.Starts = nil
-				if t.fifo {
-					rep.FIFO[t.i][t.k] = r
-				} else {
-					rep.Results[t.i][t.k] = r
-				}
-				if err != nil {
-					errs[a] = fmt.Errorf("%s (%s queue), %s: %w", kind, opt.Queue, rep.Dists[t.i], err)
-				}
+	err := runEach(len(tasks), cfg.Parallel, func(a int) error {
+		t := tasks[a]
+		if t.bound {
+			jobs := streams[t.i]
+			if len(jobs) == 0 {
+				return nil
 			}
-		})
-	}
-	for a := range tasks {
-		ch <- a
-	}
-	close(ch)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
+			w0, w1 := jobs[len(jobs)/10].Arrival, jobs[len(jobs)-1].Arrival
+			sb, err := ServedBound(rep.Fleet, jobs, w0, w1)
+			if err == nil {
+				var rb Bound
+				rb, err = RunningBound(rep.Fleet, jobs, w0, w1)
+				rep.Bounds[t.i] = RowBound{Served: sb, Running: rb}
+			}
+			if err != nil {
+				return fmt.Errorf("bound, %s: %w", rep.Dists[t.i], err)
+			}
+			return nil
 		}
+		opt, kind := rep.Sim, AllKinds[t.k]
+		if t.fifo {
+			opt.Queue, kind = QueueFIFO, FIFOKinds[t.k]
+		}
+		r, err := Run(ctx, kind, rows[t.i], streams[t.i], opt)
+		r.Starts = nil
+		if t.fifo {
+			rep.FIFO[t.i][t.k] = r
+		} else {
+			rep.Results[t.i][t.k] = r
+		}
+		if err != nil {
+			return fmt.Errorf("%s (%s queue), %s: %w", kind, opt.Queue, rep.Dists[t.i], err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	rep.SimWall = time.Since(start)
 

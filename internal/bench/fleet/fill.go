@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
-	"sync"
 	"time"
 )
 
@@ -141,26 +139,16 @@ func Fill(ctx context.Context, cfg FillConfig) (*FillReport, error) {
 	for i := range seq {
 		rep.Arrived += seq[i].gpuRequest() / float64(gpus)
 	}
-	parallel := cfg.Parallel
-	if parallel <= 0 {
-		parallel = runtime.GOMAXPROCS(0)
-	}
 	start := time.Now()
-	errs := make([]error, len(cfg.Kinds))
-	sem := make(chan struct{}, parallel)
-	var wg sync.WaitGroup
-	for k, kind := range cfg.Kinds {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			rep.Results[k], errs[k] = fillOne(ctx, kind, cfg, seq)
-		})
-	}
-	wg.Wait()
-	for k, err := range errs {
-		if err != nil {
-			return nil, fmt.Errorf("fill, %s: %w", cfg.Kinds[k], err)
+	err := runEach(len(cfg.Kinds), cfg.Parallel, func(k int) error {
+		var err error
+		if rep.Results[k], err = fillOne(ctx, cfg.Kinds[k], cfg, seq); err != nil {
+			return fmt.Errorf("fill, %s: %w", cfg.Kinds[k], err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	rep.Wall = time.Since(start)
 	return rep, nil

@@ -2,9 +2,7 @@ package fleet
 
 import (
 	"fmt"
-	"runtime"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -59,32 +57,16 @@ func LendingBench(cfg LendingBenchConfig) (*LendingReport, error) {
 	owners, borrowers := cfg.Workload.Generate()
 	rep := &LendingReport{Command: cfg.Command, Workload: cfg.Workload, Options: cfg.Options}
 	rep.Results = make([]LendingResult, len(cfg.IdlePeriods)*len(cfg.Graces))
-	errs := make([]error, len(rep.Results))
-	parallel := cfg.Parallel
-	if parallel <= 0 {
-		parallel = runtime.GOMAXPROCS(0)
-	}
-	ch := make(chan int)
-	var wg sync.WaitGroup
-	for range parallel {
-		wg.Go(func() {
-			for i := range ch {
-				opt := cfg.Options
-				opt.Policy.IdlePeriod = cfg.IdlePeriods[i/len(cfg.Graces)]
-				opt.Grace = cfg.Graces[i%len(cfg.Graces)]
-				rep.Results[i], errs[i] = RunLending(owners, borrowers, cfg.Workload.Horizon, cfg.Workload.GPUMemory, opt)
-			}
-		})
-	}
-	for i := range rep.Results {
-		ch <- i
-	}
-	close(ch)
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	err := runEach(len(rep.Results), cfg.Parallel, func(i int) error {
+		opt := cfg.Options
+		opt.Policy.IdlePeriod = cfg.IdlePeriods[i/len(cfg.Graces)]
+		opt.Grace = cfg.Graces[i%len(cfg.Graces)]
+		var err error
+		rep.Results[i], err = RunLending(owners, borrowers, cfg.Workload.Horizon, cfg.Workload.GPUMemory, opt)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	rep.Wall = time.Since(start)
 	return rep, nil

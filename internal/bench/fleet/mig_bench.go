@@ -3,10 +3,8 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -95,35 +93,18 @@ func MIGBench(ctx context.Context, cfg BenchConfig) (*MIGReport, error) {
 		}
 	}
 	start := time.Now()
-	parallel := cfg.Parallel
-	if parallel <= 0 {
-		parallel = runtime.GOMAXPROCS(0)
-	}
-	ch := make(chan int)
-	errs := make([]error, len(tasks))
-	var wg sync.WaitGroup
-	for range parallel {
-		wg.Go(func() {
-			for a := range ch {
-				t := tasks[a]
-				r, err := Run(ctx, MIGKinds[t.k], rows[t.i], streams[t.i], rep.Sim)
-				r.Starts = nil
-				rep.Rows[t.i].Results[t.k] = r
-				if err != nil {
-					errs[a] = fmt.Errorf("%s, %s: %w", MIGKinds[t.k], rep.Rows[t.i].Dist, err)
-				}
-			}
-		})
-	}
-	for a := range tasks {
-		ch <- a
-	}
-	close(ch)
-	wg.Wait()
-	for _, err := range errs {
+	err = runEach(len(tasks), cfg.Parallel, func(a int) error {
+		t := tasks[a]
+		r, err := Run(ctx, MIGKinds[t.k], rows[t.i], streams[t.i], rep.Sim)
+		r.Starts = nil
+		rep.Rows[t.i].Results[t.k] = r
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("%s, %s: %w", MIGKinds[t.k], rep.Rows[t.i].Dist, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	rep.Wall = time.Since(start)
 	return rep, nil
