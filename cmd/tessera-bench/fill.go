@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -120,7 +119,7 @@ func (f *fillFlags) run(seed int64, parallel int, out, command string) error {
 	if err := rep.WritePNG(&png); err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(struct {
+	js, err := jsonFile("fleet-fill.json", struct {
 		Command  string
 		Source   string
 		Fleet    string
@@ -128,17 +127,12 @@ func (f *fillFlags) run(seed int64, parallel int, out, command string) error {
 		Sequence int
 		Points   []float64
 		Results  []fleet.FillResult
-	}{command, source, fl.String(), fl.GPUs(), rep.Sequence, fleet.FillPoints, rep.Results}, "", "  ")
+	}{command, source, fl.String(), fl.GPUs(), rep.Sequence, fleet.FillPoints, rep.Results})
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
+	if err := writeFiles(out, outFile{"fleet-fill.md", []byte(rep.Markdown())}, outFile{"fleet-fill.png", png.Bytes()}, js); err != nil {
 		return err
-	}
-	for name, data := range map[string][]byte{"fleet-fill.md": []byte(rep.Markdown()), "fleet-fill.png": png.Bytes(), "fleet-fill.json": append(js, '\n')} {
-		if err := os.WriteFile(filepath.Join(out, name), data, 0o644); err != nil {
-			return err
-		}
 	}
 	fmt.Printf("wrote %s (fleet-fill.{md,png,json}; %d pods on %d GPUs, %.1fs)\n", out, rep.Sequence, fl.GPUs(), rep.Wall.Seconds())
 	return nil

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/tessera-dev/tessera/internal/bench/fleet"
@@ -33,18 +30,8 @@ func runLending(c lendingConfig, out string) error {
 	if err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(rep, "", "  ")
+	md, err := writeMarkdownJSON(out, "fleet-lending", rep.Markdown(), rep)
 	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
-	md := filepath.Join(out, "fleet-lending.md")
-	if err := os.WriteFile(md, []byte(rep.Markdown()), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(out, "fleet-lending.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	fmt.Printf("wrote %s and fleet-lending.json (%d configurations, %.1fs)\n", md, len(rep.Results), rep.Wall.Seconds())

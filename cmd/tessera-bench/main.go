@@ -154,16 +154,10 @@ func run(cfg fleet.BenchConfig, nodeCfg *nodeConfig, out, name string) error {
 	if err := rep.WritePNG(&png); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
+	if err := writeFiles(out, outFile{name + ".md", []byte(rep.Markdown())}, outFile{name + ".png", png.Bytes()}); err != nil {
 		return err
 	}
 	md := filepath.Join(out, name+".md")
-	if err := os.WriteFile(md, []byte(rep.Markdown()), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(out, name+".png"), png.Bytes(), 0o644); err != nil {
-		return err
-	}
 	fmt.Printf("wrote %s and %s.png (simulation %.1fs, scheduler cost %.1fs)\n", md, name, rep.SimWall.Seconds(), rep.CostWall.Seconds())
 	return nil
 }

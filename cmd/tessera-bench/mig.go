@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/tessera-dev/tessera/internal/bench/fleet"
 )
@@ -18,18 +15,8 @@ func runMIG(cfg fleet.BenchConfig, out string) error {
 	if err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(rep, "", "  ")
+	md, err := writeMarkdownJSON(out, "fleet-mig", rep.Markdown(), rep)
 	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
-	md := filepath.Join(out, "fleet-mig.md")
-	if err := os.WriteFile(md, []byte(rep.Markdown()), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(out, "fleet-mig.json"), append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	fmt.Println("wrote", md)

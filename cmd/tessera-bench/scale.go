@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -169,17 +168,12 @@ func write(rep *scale.Report, out string) error {
 	if err := rep.WritePNG(&png); err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(rep, "", "  ")
+	js, err := jsonFile("scale.json", rep)
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
+	if err := writeFiles(out, outFile{"scale.md", []byte(rep.Markdown())}, outFile{"scale.png", png.Bytes()}, js); err != nil {
 		return err
-	}
-	for name, data := range map[string][]byte{"scale.md": []byte(rep.Markdown()), "scale.png": png.Bytes(), "scale.json": append(js, '\n')} {
-		if err := os.WriteFile(filepath.Join(out, name), data, 0o644); err != nil {
-			return err
-		}
 	}
 	fmt.Printf("wrote %s/scale.md, scale.png and scale.json\n", out)
 	return nil
