@@ -103,31 +103,31 @@ command line, read from /proc); give other plugin flags after "--".`,
 // doctorConfig is what the doctor checks for a plugin run with f.
 func doctorConfig(f flags, containerdConfig string) doctor.Config {
 	c := doctor.Config{
-		Node:              f.nodeName,
-		MockProfile:       f.mockProfile,
-		DriverRoot:        f.driverRoot,
-		HostRoot:          f.hostRoot,
-		RegistrarDir:      f.registrarDir,
-		PluginDataDir:     f.pluginDataDir,
-		CDIRoot:           f.cdiRoot,
-		ToolkitSpecDirs:   f.nvidiaCDISpecDirs,
-		LegacyRuntime:     f.legacyRuntime,
+		Node:              f.node.name,
+		MockProfile:       f.mock.profile,
+		DriverRoot:        f.node.driverRoot,
+		HostRoot:          f.node.hostRoot,
+		RegistrarDir:      f.kubelet.registrarDir,
+		PluginDataDir:     f.kubelet.pluginDataDir,
+		CDIRoot:           f.kubelet.cdiRoot,
+		ToolkitSpecDirs:   f.isolation.nvidiaCDISpecDirs,
+		LegacyRuntime:     f.isolation.legacyRuntime,
 		ContainerdConfig:  containerdConfig,
-		HostProc:          f.procRoot,
-		NVIDIACDIHookPath: f.nvidiaCDIHookPath,
-		HAMiCoreLibrary:   f.hamiCoreLibrary,
+		HostProc:          f.node.procRoot,
+		NVIDIACDIHookPath: f.isolation.nvidiaCDIHookPath,
+		HAMiCoreLibrary:   f.isolation.hamiCoreLibrary,
 		MPSImage:          f.mps.image,
-		DefaultIsolation:  configapi.Isolation(f.defaultIsolation),
+		DefaultIsolation:  configapi.Isolation(f.isolation.defaultIsolation),
 		OpenNVML:          func() (nvml.Interface, error) { return openNVML(f) },
 	}
 	// A bad --expected-compute-mode stops the plugin; the doctor then
 	// checks against the default (Default).
-	c.ComputeModes, _ = f.computeModes()
+	c.ComputeModes, _ = f.node.computeModes()
 	// As the plugin connects: --kubeconfig, else in-cluster (quietly
 	// nothing outside a pod).
 	load := rest.InClusterConfig
-	if f.kubeconfig != "" {
-		load = func() (*rest.Config, error) { return clientcmd.BuildConfigFromFlags("", f.kubeconfig) }
+	if f.kubelet.kubeconfig != "" {
+		load = func() (*rest.Config, error) { return clientcmd.BuildConfigFromFlags("", f.kubelet.kubeconfig) }
 	}
 	if cfg, err := load(); err == nil {
 		if client, err := rest.HTTPClientFor(cfg); err == nil {

@@ -15,11 +15,9 @@ import (
 func testFlags(t *testing.T) flags {
 	dir := t.TempDir()
 	return flags{
-		nodeName:         "node-a",
-		pluginDataDir:    filepath.Join(dir, "plugin"),
-		driverRoot:       filepath.Join(dir, "driver-root"), // no NVML in it
-		defaultIsolation: "Advisory",
-		kubeconfig:       filepath.Join(dir, "no-such-kubeconfig"),
+		node:      nodeFlags{name: "node-a", driverRoot: filepath.Join(dir, "driver-root")}, // no NVML in it
+		kubelet:   kubeletFlags{pluginDataDir: filepath.Join(dir, "plugin"), kubeconfig: filepath.Join(dir, "no-such-kubeconfig")},
+		isolation: isolationFlags{defaultIsolation: "Advisory"},
 	}
 }
 
@@ -27,7 +25,7 @@ func testFlags(t *testing.T) flags {
 // next step (here the missing kubeconfig), instead of failing on NVML.
 func TestRunWithoutNVMLKeepsGoing(t *testing.T) {
 	f := testFlags(t)
-	if err := os.MkdirAll(f.driverRoot, 0o755); err != nil {
+	if err := os.MkdirAll(f.node.driverRoot, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	_, ctx := ktesting.NewTestContext(t)
@@ -40,7 +38,7 @@ func TestRunWithoutNVMLKeepsGoing(t *testing.T) {
 // A configuration error of the driver root is still fatal.
 func TestRunRelativeDriverRootFails(t *testing.T) {
 	f := testFlags(t)
-	f.driverRoot = "run/nvidia/driver"
+	f.node.driverRoot = "run/nvidia/driver"
 	_, ctx := ktesting.NewTestContext(t)
 	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "not an absolute path") {
 		t.Fatalf("run = %v, want the driver root refused", err)
@@ -49,7 +47,7 @@ func TestRunRelativeDriverRootFails(t *testing.T) {
 
 func TestMockKnobsNeedMockProfile(t *testing.T) {
 	f := testFlags(t)
-	f.mockFailDiscovery = []string{"3"}
+	f.mock.failDiscovery = []string{"3"}
 	_, ctx := ktesting.NewTestContext(t)
 	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--mock-profile") {
 		t.Fatalf("run = %v, want --mock-fail-discovery refused without --mock-profile", err)
@@ -58,8 +56,8 @@ func TestMockKnobsNeedMockProfile(t *testing.T) {
 
 func TestOpenNVMLMockFailDiscovery(t *testing.T) {
 	f := testFlags(t)
-	f.mockProfile = "l4x4"
-	f.mockFailDiscovery = []string{"1", "2:nvmlDeviceGetPciInfo"}
+	f.mock.profile = "l4x4"
+	f.mock.failDiscovery = []string{"1", "2:nvmlDeviceGetPciInfo"}
 	lib, err := openNVML(f)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +66,7 @@ func TestOpenNVMLMockFailDiscovery(t *testing.T) {
 	if err != nil || len(d.GPUs) != 2 || len(d.Failed) != 2 || d.Failed[0].Partial != nil || d.Failed[1].Partial == nil {
 		t.Errorf("discovery %+v, %v; want GPUs 1 and 2 failed, 2 partly described", d, err)
 	}
-	f.mockFailDiscovery = []string{"7"}
+	f.mock.failDiscovery = []string{"7"}
 	if _, err := openNVML(f); err == nil || !strings.Contains(err.Error(), "--mock-fail-discovery") {
 		t.Errorf("openNVML with GPU 7 of 4: %v", err)
 	}
@@ -79,8 +77,8 @@ func TestOpenNVMLMockFailDiscovery(t *testing.T) {
 // NVML is there in the next.
 func TestOpenNVMLMockMIGState(t *testing.T) {
 	f := testFlags(t)
-	f.mockProfile = "hgx-h100-mig"
-	f.mockMIGStateFile = filepath.Join(t.TempDir(), "mig.json")
+	f.mock.profile = "hgx-h100-mig"
+	f.mock.migStateFile = filepath.Join(t.TempDir(), "mig.json")
 	lib, err := openNVML(f)
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +99,12 @@ func TestOpenNVMLMockMIGState(t *testing.T) {
 func TestMIGFlagsChecked(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	f := testFlags(t)
-	f.mockMIGStateFile = "/tmp/x.json"
+	f.mock.migStateFile = "/tmp/x.json"
 	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--mock-profile") {
 		t.Errorf("run = %v, want --mock-mig-state-file refused without --mock-profile", err)
 	}
 	f = testFlags(t)
-	f.dynamicMIG = []string{"all", "0"}
+	f.node.dynamicMIG = []string{"all", "0"}
 	if err := run(ctx, f); err == nil || !strings.Contains(err.Error(), "--dynamic-mig") {
 		t.Errorf("run = %v, want --dynamic-mig refused", err)
 	}
