@@ -56,7 +56,7 @@ var (
 func h200Node(t *testing.T) *MockNode {
 	t.Helper()
 	p := mockProfiles["hgx-h100"]
-	p.product, p.memoryMiB, p.migTable = "NVIDIA H200", mockH200MemoryMiB, mockMIGTables["NVIDIA H200"]
+	p.product, p.memoryMiB = "NVIDIA H200", mockH200MemoryMiB
 	node := newMockNode("h200-test", p)
 	must(t, node.initMIG(p, MockOptions{}))
 	return node

@@ -3,6 +3,7 @@ package gpu
 import (
 	"crypto/sha256"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -32,9 +33,6 @@ type mockProfile struct {
 	reservedMiB uint64
 	sms         uint32
 	pciDeviceID uint32
-	// migTable is the MIG profile table of GPUs that support MIG; nil for
-	// a product without MIG.
-	migTable *mockMIGTable
 	// migOn are the GPUs (NVML indexes) that start in MIG mode; the others
 	// start with MIG disabled.
 	migOn []int
@@ -66,6 +64,10 @@ func hopperStandalone(int) nvml.GpuFabricInfo {
 	return nvml.GpuFabricInfo{State: nvml.GPU_FABRIC_STATE_NOT_SUPPORTED}
 }
 
+// migTable is the MIG profile table of the profile's product; nil for a
+// product without MIG.
+func (p mockProfile) migTable() *mockMIGTable { return mockMIGTables[p.product] }
+
 // mockProfiles are the built-in node profiles, by name.
 var mockProfiles = map[string]mockProfile{
 	// DGX A100: 8 SXM4 GPUs, 12 NVLinks each, to 6 NVSwitches. Two GPUs
@@ -79,11 +81,9 @@ var mockProfiles = map[string]mockProfile{
 		// total_memory=40536MB, computed in MiB); CUDA's total leaves the
 		// reserved memory out: 40960 - 40536.
 		memoryMiB: 40960, reservedMiB: 424, sms: 108, pciDeviceID: 0x20B010DE,
-		migTable: mockMIGTables["NVIDIA A100-SXM4-40GB"],
-		buses:    []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
-		roots:    pairs("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:a0"),
-		links:    12,
-		switches: []uint8{0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9},
+		buses: []uint8{0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD},
+		roots: pairs("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:a0"),
+		links: 12, switches: []uint8{0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9},
 	},
 	// HGX H100: 8 SXM5 GPUs, 18 NVLinks each, to 4 NVSwitches; no NVLink
 	// network. Two GPUs (and their NICs) per PCIe switch, one switch per root
@@ -96,12 +96,10 @@ var mockProfiles = map[string]mockProfile{
 		// version; e.g. 81089 with torch 2.7/CUDA 12.8): CUDA's total, which
 		// leaves the reserved memory out, so 81559 - 81089.
 		memoryMiB: 81559, reservedMiB: 470, sms: 132, pciDeviceID: 0x233010DE,
-		migTable: mockMIGTables["NVIDIA H100 80GB HBM3"],
-		buses:    []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
-		roots:    pairs("pci0000:15", "pci0000:4e", "pci0000:97", "pci0000:cb"),
-		links:    18,
-		switches: []uint8{0x05, 0x06, 0x07, 0x08},
-		fabric:   hopperStandalone,
+		buses: []uint8{0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF},
+		roots: pairs("pci0000:15", "pci0000:4e", "pci0000:97", "pci0000:cb"),
+		links: 18, switches: []uint8{0x05, 0x06, 0x07, 0x08},
+		fabric: hopperStandalone,
 	},
 	// Four L4 cards, PCIe only, each in a CPU-attached slot of its own root
 	// complex: pci0000:16, pci0000:30, pci0000:b0, pci0000:c9.
@@ -123,10 +121,9 @@ var mockProfiles = map[string]mockProfile{
 		// is reported as 81221.8 MiB (cudaDeviceProp.totalGlobalMem), so
 		// 81920 - 81222.
 		memoryMiB: 81920, reservedMiB: 698, sms: 108, pciDeviceID: 0x20B510DE,
-		migTable: mockMIGTables["NVIDIA A100 80GB PCIe"],
-		buses:    []uint8{0x17, 0x31, 0xB1, 0xCA},
-		roots:    []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
-		links:    12,
+		buses: []uint8{0x17, 0x31, 0xB1, 0xCA},
+		roots: []string{"pci0000:16", "pci0000:30", "pci0000:b0", "pci0000:c9"},
+		links: 12,
 	},
 }
 
@@ -159,12 +156,7 @@ func pairs(roots ...string) []string {
 
 // Profiles returns the names of the built-in mock node profiles, sorted.
 func Profiles() []string {
-	names := make([]string, 0, len(mockProfiles))
-	for name := range mockProfiles {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
+	return slices.Sorted(maps.Keys(mockProfiles))
 }
 
 // MockNode is a mock NVML (nvml.Interface) for one of the built-in node profiles.

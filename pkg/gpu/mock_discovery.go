@@ -91,54 +91,36 @@ func (n *MockNode) failing(i int, call string) (nvml.Return, bool) {
 func (n *MockNode) installDiscoveryFailures() {
 	n.state.failures = map[int]mockFailure{}
 	for i, d := range n.Devices {
-		uuid := d.GetUUIDFunc
-		d.GetUUIDFunc = func() (string, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetUUID"); failed {
-				return "", ret
-			}
-			return uuid()
+		d.GetUUIDFunc = failable(n, i, "nvmlDeviceGetUUID", d.GetUUIDFunc)
+		d.GetMemoryInfoFunc = failable(n, i, "nvmlDeviceGetMemoryInfo", d.GetMemoryInfoFunc)
+		d.GetPciInfoFunc = failable(n, i, "nvmlDeviceGetPciInfo", d.GetPciInfoFunc)
+		d.GetComputeModeFunc = failable(n, i, "nvmlDeviceGetComputeMode", d.GetComputeModeFunc)
+		d.GetNvLinkStateFunc = failableWith(n, i, "nvmlDeviceGetNvLinkState", d.GetNvLinkStateFunc)
+		d.GetGpuFabricInfoFunc = failable(n, i, "nvmlDeviceGetGpuFabricInfo", d.GetGpuFabricInfoFunc)
+		d.GetGpuInstancesFunc = failableWith(n, i, "nvmlDeviceGetGpuInstances", d.GetGpuInstancesFunc)
+	}
+}
+
+// failable wraps GPU i's mock of call so that a failure FailDiscovery
+// injected answers instead, with the zero value (nvml.FEATURE_DISABLED for
+// an EnableState).
+func failable[T any](n *MockNode, i int, call string, f func() (T, nvml.Return)) func() (T, nvml.Return) {
+	return func() (T, nvml.Return) {
+		if ret, failed := n.failing(i, call); failed {
+			var zero T
+			return zero, ret
 		}
-		memory := d.GetMemoryInfoFunc
-		d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetMemoryInfo"); failed {
-				return nvml.Memory{}, ret
-			}
-			return memory()
+		return f()
+	}
+}
+
+// failableWith is failable for a call with an argument.
+func failableWith[A, T any](n *MockNode, i int, call string, f func(A) (T, nvml.Return)) func(A) (T, nvml.Return) {
+	return func(a A) (T, nvml.Return) {
+		if ret, failed := n.failing(i, call); failed {
+			var zero T
+			return zero, ret
 		}
-		pci := d.GetPciInfoFunc
-		d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetPciInfo"); failed {
-				return nvml.PciInfo{}, ret
-			}
-			return pci()
-		}
-		computeMode := d.GetComputeModeFunc
-		d.GetComputeModeFunc = func() (nvml.ComputeMode, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetComputeMode"); failed {
-				return 0, ret
-			}
-			return computeMode()
-		}
-		linkState := d.GetNvLinkStateFunc
-		d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetNvLinkState"); failed {
-				return nvml.FEATURE_DISABLED, ret
-			}
-			return linkState(link)
-		}
-		fabric := d.GetGpuFabricInfoFunc
-		d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetGpuFabricInfo"); failed {
-				return nvml.GpuFabricInfo{}, ret
-			}
-			return fabric()
-		}
-		gpuInstances := d.GetGpuInstancesFunc
-		d.GetGpuInstancesFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
-			if ret, failed := n.failing(i, "nvmlDeviceGetGpuInstances"); failed {
-				return nil, ret
-			}
-			return gpuInstances(info)
-		}
+		return f(a)
 	}
 }

@@ -77,16 +77,20 @@ func (n *MockNode) FaultHandler() http.Handler {
 		}
 		return n, nil
 	}
+	// instance reads the optional gi and ci parameters; -1 when absent.
+	instance := func(r *http.Request) (gi, ci int, err error) {
+		if gi, err = id(r, "gi", -1); err != nil {
+			return 0, 0, err
+		}
+		ci, err = id(r, "ci", -1)
+		return gi, ci, err
+	}
 	handle("/mock/xid", func(i int, r *http.Request) (string, error) {
 		xid, err := strconv.ParseUint(r.URL.Query().Get("xid"), 10, 64)
 		if err != nil {
 			return "", fmt.Errorf("xid=%q: want an XID code", r.URL.Query().Get("xid"))
 		}
-		gi, err := id(r, "gi", -1)
-		if err != nil {
-			return "", err
-		}
-		ci, err := id(r, "ci", -1)
+		gi, ci, err := instance(r)
 		if err != nil {
 			return "", err
 		}
@@ -141,11 +145,7 @@ func (n *MockNode) FaultHandler() http.Handler {
 		return fmt.Sprintf("GPU %d: GPU instance %d destroyed", i, gi), n.DestroyMIGInstance(i, gi)
 	})
 	handle("/mock/mig-process", func(i int, r *http.Request) (string, error) {
-		gi, err := id(r, "gi", -1)
-		if err != nil {
-			return "", err
-		}
-		ci, err := id(r, "ci", -1)
+		gi, ci, err := instance(r)
 		if err != nil {
 			return "", err
 		}

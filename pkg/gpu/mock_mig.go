@@ -185,7 +185,7 @@ func (gi *mockGI) ciProfileInfo(c uint32) nvml.ComputeInstanceProfileInfo {
 func (n *MockNode) installMIG(p mockProfile) {
 	n.state.mig = map[int]*mockMIGGPU{}
 	for i, d := range n.Devices {
-		s := &mockMIGGPU{table: p.migTable}
+		s := &mockMIGGPU{table: p.migTable()}
 		n.state.mig[i] = s
 		d.GetMigModeFunc = func() (int, int, nvml.Return) {
 			n.state.mu.Lock()
@@ -240,13 +240,8 @@ func (n *MockNode) installMIG(p mockProfile) {
 			}
 			n.state.mu.Lock()
 			defer n.state.mu.Unlock()
-			var out []nvml.GpuInstance
-			for _, gi := range s.instances {
-				if gi.profile == prof {
-					out = append(out, n.giHandle(i, s, gi))
-				}
-			}
-			return out, nvml.SUCCESS
+			return handlesOf(s.instances, func(gi *mockGI) bool { return gi.profile == prof },
+				func(gi *mockGI) nvml.GpuInstance { return n.giHandle(i, s, gi) }), nvml.SUCCESS
 		}
 		d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
 			if ret := n.migReady(i, s); ret != nvml.SUCCESS {
@@ -472,19 +467,45 @@ func (s *mockMIGGPU) create(prof *mockMIGProfile, pl *nvml.GpuInstancePlacement)
 		}
 	}
 	gi := &mockGI{id: s.giID(prof, start), profile: prof, start: start}
-	s.instances = append(s.instances, gi)
-	slices.SortFunc(s.instances, func(a, b *mockGI) int { return cmp.Compare(a.id, b.id) })
+	s.instances = insertByID(s.instances, gi)
 	return gi, nvml.SUCCESS
 }
 
 func (s *mockMIGGPU) remove(gi *mockGI) {
-	s.instances = slices.DeleteFunc(s.instances, func(g *mockGI) bool { return g == gi })
+	s.instances = without(s.instances, gi)
 }
 
 // insert puts a removed instance back (undoing a destroy).
 func (s *mockMIGGPU) insert(gi *mockGI) {
-	s.instances = append(s.instances, gi)
-	slices.SortFunc(s.instances, func(a, b *mockGI) int { return cmp.Compare(a.id, b.id) })
+	s.instances = insertByID(s.instances, gi)
+}
+
+func (gi *mockGI) ident() int { return gi.id }
+func (ci *mockCI) ident() int { return ci.id }
+
+// insertByID adds x to list, kept in ascending ID order (GPU instances of a
+// GPU, compute instances of a GPU instance).
+func insertByID[T interface{ ident() int }](list []T, x T) []T {
+	list = append(list, x)
+	slices.SortFunc(list, func(a, b T) int { return cmp.Compare(a.ident(), b.ident()) })
+	return list
+}
+
+// handlesOf is the handles of the instances of list that match, in list's
+// order; nil if none does.
+func handlesOf[E, H any](list []E, match func(E) bool, handle func(E) H) []H {
+	var out []H
+	for _, e := range list {
+		if match(e) {
+			out = append(out, handle(e))
+		}
+	}
+	return out
+}
+
+// without is list less x.
+func without[T comparable](list []T, x T) []T {
+	return slices.DeleteFunc(list, func(y T) bool { return y == x })
 }
 
 // giHandle is gi's nvml.GpuInstance, made once. Call it with the lock held.
@@ -562,13 +583,8 @@ func (n *MockNode) giHandle(i int, s *mockMIGGPU, gi *mockGI) *mock.GpuInstance 
 		if ret != nvml.SUCCESS {
 			return nil, ret
 		}
-		var out []nvml.ComputeInstance
-		for _, ci := range gi.cis {
-			if ci.slices == c {
-				out = append(out, n.ciHandle(i, s, ci))
-			}
-		}
-		return out, nvml.SUCCESS
+		return handlesOf(gi.cis, func(ci *mockCI) bool { return ci.slices == c },
+			func(ci *mockCI) nvml.ComputeInstance { return n.ciHandle(i, s, ci) }), nvml.SUCCESS
 	}
 	h.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
 		n.state.mu.Lock()
@@ -640,20 +656,18 @@ func (gi *mockGI) createCI(c uint32) (*mockCI, nvml.Return) {
 			id++
 		}
 		ci := &mockCI{id: id, gi: gi, slices: c, start: start}
-		gi.cis = append(gi.cis, ci)
-		slices.SortFunc(gi.cis, func(a, b *mockCI) int { return cmp.Compare(a.id, b.id) })
+		gi.cis = insertByID(gi.cis, ci)
 		return ci, nvml.SUCCESS
 	}
 	return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 }
 
 func (gi *mockGI) removeCI(ci *mockCI) {
-	gi.cis = slices.DeleteFunc(gi.cis, func(c *mockCI) bool { return c == ci })
+	gi.cis = without(gi.cis, ci)
 }
 
 func (gi *mockGI) insertCI(ci *mockCI) {
-	gi.cis = append(gi.cis, ci)
-	slices.SortFunc(gi.cis, func(a, b *mockCI) int { return cmp.Compare(a.id, b.id) })
+	gi.cis = insertByID(gi.cis, ci)
 }
 
 // ciHandle is ci's nvml.ComputeInstance, made once. Call it with the lock

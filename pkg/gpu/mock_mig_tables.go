@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -55,6 +56,50 @@ var (
 	firstOnly      = []uint32{0}
 )
 
+// eightSliceGeometry is the geometry of the products here, all of eight
+// memory slices: profile, ID, compute slices, instances and placements of
+// the seven GPU-instance profiles, largest first. A product's table adds
+// names, memory, SMs and engines in this order (eightSliceTable).
+var eightSliceGeometry = [7]mockMIGProfile{
+	{index: nvml.GPU_INSTANCE_PROFILE_7_SLICE, id: 0, slices: 7, max: 1, size: 8, starts: firstOnly},
+	{index: nvml.GPU_INSTANCE_PROFILE_4_SLICE, id: 5, slices: 4, max: 1, size: 4, starts: firstOnly},
+	{index: nvml.GPU_INSTANCE_PROFILE_3_SLICE, id: 9, slices: 3, max: 2, size: 4, starts: fourStarts},
+	{index: nvml.GPU_INSTANCE_PROFILE_2_SLICE, id: 14, slices: 2, max: 3, size: 2, starts: twoGStarts},
+	{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, id: 15, slices: 1, max: 4, size: 2, starts: twoSliceStarts},
+	{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE, id: 19, slices: 1, max: 7, size: 1, starts: oneSliceStarts},
+	{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, id: 20, slices: 1, max: 1, size: 1, starts: oneSliceStarts},
+}
+
+// mockEngines are a profile's copy engines, decoders, JPEG decoders and OFAs.
+type mockEngines struct{ ce, dec, jpeg, ofa uint32 }
+
+// The engines of the seven profiles in eightSliceGeometry's order: the A100s
+// share one set, the H100 and H200 another.
+var (
+	mockAmpereEngines = [7]mockEngines{{7, 5, 1, 1}, {4, 2, 0, 0}, {3, 2, 0, 0}, {2, 1, 0, 0}, {1, 1, 0, 0}, {1, 0, 0, 0}, {1, 1, 1, 1}}
+	mockHopperEngines = [7]mockEngines{{8, 7, 7, 1}, {4, 4, 4, 0}, {3, 3, 3, 0}, {2, 2, 2, 0}, {1, 1, 1, 0}, {1, 1, 1, 0}, {1, 1, 1, 1}}
+)
+
+// mockFigures are a profile's name, memory (MiB) and SMs.
+type mockFigures struct {
+	name   string
+	memMiB uint64
+	sms    uint32
+}
+
+// eightSliceTable is the table of a product with eightSliceGeometry: the
+// engines and figures of its profiles in that order.
+func eightSliceTable(product string, engines [7]mockEngines, figures [7]mockFigures) *mockMIGTable {
+	t := &mockMIGTable{product: product, memorySlices: 8}
+	for i, p := range eightSliceGeometry {
+		e, f := engines[i], figures[i]
+		p.name, p.memMiB, p.sms = f.name, f.memMiB, f.sms
+		p.ce, p.dec, p.jpeg, p.ofa = e.ce, e.dec, e.jpeg, e.ofa
+		t.profiles = append(t.profiles, p)
+	}
+	return t
+}
+
 // mockMIGTables are the profile tables by product name.
 var mockMIGTables = map[string]*mockMIGTable{
 	// A100-SXM4-40GB: IDs, memory, SMs and engines from the guide's
@@ -62,18 +107,8 @@ var mockMIGTables = map[string]*mockMIGTable{
 	// SMs, 1g.10gb 9.62 GiB 14, 2g.10gb 9.62 GiB 28, 3g.20gb 19.50 GiB 42,
 	// 4g.20gb 19.50 GiB 56, 7g.40gb 39.25 GiB 98; the MiB figures are those
 	// of go-nvml's dgxa100 mock (4864, 9856).
-	"NVIDIA A100-SXM4-40GB": {
-		product: "NVIDIA A100-SXM4-40GB", memorySlices: 8,
-		profiles: []mockMIGProfile{
-			{index: nvml.GPU_INSTANCE_PROFILE_7_SLICE, id: 0, name: "7g.40gb", slices: 7, memMiB: 40192, sms: 98, ce: 7, dec: 5, jpeg: 1, ofa: 1, max: 1, size: 8, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_4_SLICE, id: 5, name: "4g.20gb", slices: 4, memMiB: 19968, sms: 56, ce: 4, dec: 2, max: 1, size: 4, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_3_SLICE, id: 9, name: "3g.20gb", slices: 3, memMiB: 19968, sms: 42, ce: 3, dec: 2, max: 2, size: 4, starts: fourStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_2_SLICE, id: 14, name: "2g.10gb", slices: 2, memMiB: 9856, sms: 28, ce: 2, dec: 1, max: 3, size: 2, starts: twoGStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, id: 15, name: "1g.10gb", slices: 1, memMiB: 9856, sms: 14, ce: 1, dec: 1, max: 4, size: 2, starts: twoSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE, id: 19, name: "1g.5gb", slices: 1, memMiB: 4864, sms: 14, ce: 1, max: 7, size: 1, starts: oneSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, id: 20, name: "1g.5gb+me", slices: 1, memMiB: 4864, sms: 14, ce: 1, dec: 1, jpeg: 1, ofa: 1, max: 1, size: 1, starts: oneSliceStarts},
-		},
-	},
+	"NVIDIA A100-SXM4-40GB": eightSliceTable("NVIDIA A100-SXM4-40GB", mockAmpereEngines,
+		[7]mockFigures{{"7g.40gb", 40192, 98}, {"4g.20gb", 19968, 56}, {"3g.20gb", 19968, 42}, {"2g.10gb", 9856, 28}, {"1g.10gb", 9856, 14}, {"1g.5gb", 4864, 14}, {"1g.5gb+me", 4864, 14}}),
 	// A100 80GB: a published `nvidia-smi mig -lgip` of an A100 80GB PCIe
 	// (driver 515.86.01): 1g.10gb 9.50 GiB 14 SMs, 2g.20gb 19.50 GiB 28,
 	// 3g.40gb 39.25 GiB 42, 4g.40gb 39.25 GiB 56, 7g.80gb 79.00 GiB 98, with
@@ -81,34 +116,14 @@ var mockMIGTables = map[string]*mockMIGTable{
 	// 15), which the guide names for the 80GB product: its figures are
 	// assumed to be those of the 40GB product's 1g.10gb scaled to 80GB (the
 	// memory of 2g.20gb, 14 SMs, 1 decoder).
-	"NVIDIA A100 80GB PCIe": {
-		product: "NVIDIA A100 80GB PCIe", memorySlices: 8,
-		profiles: []mockMIGProfile{
-			{index: nvml.GPU_INSTANCE_PROFILE_7_SLICE, id: 0, name: "7g.80gb", slices: 7, memMiB: 80896, sms: 98, ce: 7, dec: 5, jpeg: 1, ofa: 1, max: 1, size: 8, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_4_SLICE, id: 5, name: "4g.40gb", slices: 4, memMiB: 40192, sms: 56, ce: 4, dec: 2, max: 1, size: 4, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_3_SLICE, id: 9, name: "3g.40gb", slices: 3, memMiB: 40192, sms: 42, ce: 3, dec: 2, max: 2, size: 4, starts: fourStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_2_SLICE, id: 14, name: "2g.20gb", slices: 2, memMiB: 19968, sms: 28, ce: 2, dec: 1, max: 3, size: 2, starts: twoGStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, id: 15, name: "1g.20gb", slices: 1, memMiB: 19968, sms: 14, ce: 1, dec: 1, max: 4, size: 2, starts: twoSliceStarts}, // assumed
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE, id: 19, name: "1g.10gb", slices: 1, memMiB: 9728, sms: 14, ce: 1, max: 7, size: 1, starts: oneSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, id: 20, name: "1g.10gb+me", slices: 1, memMiB: 9728, sms: 14, ce: 1, dec: 1, jpeg: 1, ofa: 1, max: 1, size: 1, starts: oneSliceStarts},
-		},
-	},
+	"NVIDIA A100 80GB PCIe": eightSliceTable("NVIDIA A100 80GB PCIe", mockAmpereEngines,
+		[7]mockFigures{{"7g.80gb", 80896, 98}, {"4g.40gb", 40192, 56}, {"3g.40gb", 40192, 42}, {"2g.20gb", 19968, 28}, {"1g.20gb", 19968, 14}, {"1g.10gb", 9728, 14}, {"1g.10gb+me", 9728, 14}}),
 	// H100 80GB HBM3: published `nvidia-smi mig -lgip` output of H100 80GB
 	// HBM3 nodes: 1g.10gb 9.75 GiB 16 SMs, 1g.20gb 19.62 GiB 26, 2g.20gb
 	// 19.62 GiB 32, 3g.40gb 39.50 GiB 60, 4g.40gb 39.50 GiB 64, 7g.80gb
 	// 79.25 GiB 132 (another driver reports 39.38 and 79.12 GiB).
-	"NVIDIA H100 80GB HBM3": {
-		product: "NVIDIA H100 80GB HBM3", memorySlices: 8,
-		profiles: []mockMIGProfile{
-			{index: nvml.GPU_INSTANCE_PROFILE_7_SLICE, id: 0, name: "7g.80gb", slices: 7, memMiB: 81152, sms: 132, ce: 8, dec: 7, jpeg: 7, ofa: 1, max: 1, size: 8, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_4_SLICE, id: 5, name: "4g.40gb", slices: 4, memMiB: 40448, sms: 64, ce: 4, dec: 4, jpeg: 4, max: 1, size: 4, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_3_SLICE, id: 9, name: "3g.40gb", slices: 3, memMiB: 40448, sms: 60, ce: 3, dec: 3, jpeg: 3, max: 2, size: 4, starts: fourStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_2_SLICE, id: 14, name: "2g.20gb", slices: 2, memMiB: 20096, sms: 32, ce: 2, dec: 2, jpeg: 2, max: 3, size: 2, starts: twoGStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, id: 15, name: "1g.20gb", slices: 1, memMiB: 20096, sms: 26, ce: 1, dec: 1, jpeg: 1, max: 4, size: 2, starts: twoSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE, id: 19, name: "1g.10gb", slices: 1, memMiB: 9984, sms: 16, ce: 1, dec: 1, jpeg: 1, max: 7, size: 1, starts: oneSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, id: 20, name: "1g.10gb+me", slices: 1, memMiB: 9984, sms: 16, ce: 1, dec: 1, jpeg: 1, ofa: 1, max: 1, size: 1, starts: oneSliceStarts},
-		},
-	},
+	"NVIDIA H100 80GB HBM3": eightSliceTable("NVIDIA H100 80GB HBM3", mockHopperEngines,
+		[7]mockFigures{{"7g.80gb", 81152, 132}, {"4g.40gb", 40448, 64}, {"3g.40gb", 40448, 60}, {"2g.20gb", 20096, 32}, {"1g.20gb", 20096, 26}, {"1g.10gb", 9984, 16}, {"1g.10gb+me", 9984, 16}}),
 	// H200 141GB: names, counts and engines from the guide; the profile IDs
 	// are assumed to be the H100's (the guide lists none for the H200).
 	// Memory and SMs of 1g.18gb (16.00 GiB, 16 SMs), 2g.35gb (32.50 GiB, 32)
@@ -116,18 +131,8 @@ var mockMIGTables = map[string]*mockMIGTable{
 	// in a public test suite; 1g.35gb (the memory of 2g.35gb, 26 SMs),
 	// 3g.71gb and 4g.71gb (69.75 GiB, 60 and 64 SMs) are assumed from the
 	// H100's proportions.
-	"NVIDIA H200": {
-		product: "NVIDIA H200", memorySlices: 8,
-		profiles: []mockMIGProfile{
-			{index: nvml.GPU_INSTANCE_PROFILE_7_SLICE, id: 0, name: "7g.141gb", slices: 7, memMiB: 143360, sms: 132, ce: 8, dec: 7, jpeg: 7, ofa: 1, max: 1, size: 8, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_4_SLICE, id: 5, name: "4g.71gb", slices: 4, memMiB: 71424, sms: 64, ce: 4, dec: 4, jpeg: 4, max: 1, size: 4, starts: firstOnly},
-			{index: nvml.GPU_INSTANCE_PROFILE_3_SLICE, id: 9, name: "3g.71gb", slices: 3, memMiB: 71424, sms: 60, ce: 3, dec: 3, jpeg: 3, max: 2, size: 4, starts: fourStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_2_SLICE, id: 14, name: "2g.35gb", slices: 2, memMiB: 33280, sms: 32, ce: 2, dec: 2, jpeg: 2, max: 3, size: 2, starts: twoGStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, id: 15, name: "1g.35gb", slices: 1, memMiB: 33280, sms: 26, ce: 1, dec: 1, jpeg: 1, max: 4, size: 2, starts: twoSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE, id: 19, name: "1g.18gb", slices: 1, memMiB: 16384, sms: 16, ce: 1, dec: 1, jpeg: 1, max: 7, size: 1, starts: oneSliceStarts},
-			{index: nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, id: 20, name: "1g.18gb+me", slices: 1, memMiB: 16384, sms: 16, ce: 1, dec: 1, jpeg: 1, ofa: 1, max: 1, size: 1, starts: oneSliceStarts},
-		},
-	},
+	"NVIDIA H200": eightSliceTable("NVIDIA H200", mockHopperEngines,
+		[7]mockFigures{{"7g.141gb", 143360, 132}, {"4g.71gb", 71424, 64}, {"3g.71gb", 71424, 60}, {"2g.35gb", 33280, 32}, {"1g.35gb", 33280, 26}, {"1g.18gb", 16384, 16}, {"1g.18gb+me", 16384, 16}}),
 }
 
 // mockH200MemoryMiB is the total an H200 (SXM) reports: nvidia-smi's
@@ -195,12 +200,7 @@ func (p *mockMIGProfile) placements() []nvml.GpuInstancePlacement {
 // MockMIGProducts are the products the mock has MIG profile tables for,
 // sorted.
 func MockMIGProducts() []string {
-	out := make([]string, 0, len(mockMIGTables))
-	for name := range mockMIGTables {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(mockMIGTables))
 }
 
 // MockMIGTable is the mock's MIG geometry of a product (see
