@@ -101,7 +101,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 		o.HealthResend = 20 * time.Millisecond
 	})
 	pub := &lockedPublisher{}
-	inv := &Inventory{NodeName: testNode, Discover: func() ([]gpu.GPU, error) { return gpu.Discover(node) },
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil),
 		Publisher: pub, OnChange: p.SetGPUs, Taints: tracker.Taints}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -199,8 +199,8 @@ func TestInventoryPublishesTaintsWhenDiscoveryFails(t *testing.T) {
 	taints := map[string][]resourceapi.DeviceTaint{}
 	pub := &lockedPublisher{}
 	inv := &Inventory{NodeName: testNode, Publisher: pub,
-		Discover: func() ([]gpu.GPU, error) { return gpus, discoverErr },
-		Taints:   func() map[string][]resourceapi.DeviceTaint { return taints }}
+		DiscoverNode: func() (gpu.Discovery, error) { return gpu.Discovery{GPUs: gpus}, discoverErr },
+		Taints:       func() map[string][]resourceapi.DeviceTaint { return taints }}
 	ctx := ctxFor(t)
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestHealthTaintsSharedBetweenInstances(t *testing.T) {
 	young.Persist(ctx, store)
 	pub := &lockedPublisher{}
 	inv := &Inventory{NodeName: testNode, Publisher: pub, Taints: HealthTaints(young),
-		Discover: func() ([]gpu.GPU, error) { return testGPUs(), nil }}
+		DiscoverNode: func() (gpu.Discovery, error) { return gpu.Discovery{GPUs: testGPUs()}, nil }}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}

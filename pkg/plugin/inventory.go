@@ -71,10 +71,6 @@ func NVMLDiscovery(lib nvml.Interface, openErr error) func() (gpu.Discovery, err
 // in every case, so that claims prepared earlier can be unprepared.
 type Inventory struct {
 	NodeName string
-	// Discover lists every GPU or fails (gpu.Discover). It is used when
-	// DiscoverNode is nil; its error counts as a failure of the whole
-	// discovery.
-	Discover func() ([]gpu.GPU, error)
 	// DiscoverNode lists the GPUs it could describe and those it could not
 	// (gpu.DiscoverNode; NVMLDiscovery makes one). Its error is a failure of
 	// the whole discovery (NVML unavailable, no GPU count).
@@ -290,14 +286,10 @@ func (i *Inventory) Synced() bool {
 }
 
 func (i *Inventory) discover() (gpu.Discovery, error) {
-	switch {
-	case i.DiscoverNode != nil:
-		return i.DiscoverNode()
-	case i.Discover != nil:
-		gpus, err := i.Discover()
-		return gpu.Discovery{GPUs: gpus}, err
+	if i.DiscoverNode == nil {
+		return gpu.Discovery{}, fmt.Errorf("no discovery configured")
 	}
-	return gpu.Discovery{}, fmt.Errorf("no discovery configured")
+	return i.DiscoverNode()
 }
 
 // withFailed returns the GPUs to publish, sorted by minor (nil for none),

@@ -37,10 +37,10 @@ func TestInventorySync(t *testing.T) {
 	pub := &fakePublisher{}
 	var seen [][]gpu.GPU
 	inv := &Inventory{
-		NodeName:  testNode,
-		Discover:  func() ([]gpu.GPU, error) { return gpus, discoverErr },
-		Publisher: pub,
-		OnChange:  func(g []gpu.GPU) { seen = append(seen, g) },
+		NodeName:     testNode,
+		DiscoverNode: func() (gpu.Discovery, error) { return gpu.Discovery{GPUs: gpus}, discoverErr },
+		Publisher:    pub,
+		OnChange:     func(g []gpu.GPU) { seen = append(seen, g) },
 	}
 	ctx := ctxFor(t)
 	for step, want := range []bool{true, false, false} {

@@ -101,7 +101,7 @@ func startNode(ctx context.Context, profile, dir, runDir string) (*node, error) 
 		plugin: p, store: store, specs: specs, gpus: gpus, api: api,
 		pub: &slicePublisher{ctx: ctx, nodeName: nodeName, client: api.client, syncDelay: syncDelay, cacheTTL: cacheTTL},
 	}
-	n.inv = &plugin.Inventory{NodeName: nodeName, Discover: discover, Publisher: n.pub, OnChange: p.SetGPUs, Taints: n.currentTaints}
+	n.inv = &plugin.Inventory{NodeName: nodeName, DiscoverNode: plugin.NVMLDiscovery(lib, nil), Publisher: n.pub, OnChange: p.SetGPUs, Taints: n.currentTaints}
 	return n, nil
 }
 
