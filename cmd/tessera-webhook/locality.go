@@ -4,16 +4,11 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/locality"
@@ -37,13 +32,11 @@ func newLocalityCommand() *cobra.Command {
 			"(a coordination.k8s.io Lease); it needs get, list, watch on resourceclaims, patch on resourceclaims/status, " +
 			"arbitrary-node:patch on resourceclaims/driver named gpu.tessera.dev, get, create, update on leases, " +
 			"and (--fences) create, delete, list on devicetaintrules.",
-		Args:          cobra.NoArgs,
-		SilenceUsage:  true,
-		SilenceErrors: true,
+		// Errors and usage are silenced by the root command.
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			ctx, stop := signalContext("tessera-locality")
 			defer stop()
-			ctx = klog.NewContext(ctx, klog.Background().WithName("tessera-locality"))
 			client, err := connect(kubeconfig)
 			if err != nil {
 				return err
@@ -93,16 +86,9 @@ func newLocalityCommand() *cobra.Command {
 // connect returns a client: with kubeconfig when set, else with the pod's
 // service account.
 func connect(kubeconfig string) (kubernetes.Interface, error) {
-	var config *rest.Config
-	var err error
-	if kubeconfig != "" {
-		config, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		config, err = rest.InClusterConfig()
-	}
+	config, err := restConfig(kubeconfig, "tessera-locality-controller", "")
 	if err != nil {
-		return nil, fmt.Errorf("connect to the API server (--kubeconfig, or the pod's service account token): %w", err)
+		return nil, err
 	}
-	config.UserAgent = "tessera-locality-controller"
 	return kubernetes.NewForConfig(config)
 }

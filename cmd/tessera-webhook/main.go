@@ -72,16 +72,15 @@ func newCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			ctx, stop := signalContext("tessera-webhook")
 			defer stop()
-			ctx = klog.NewContext(ctx, klog.Background().WithName("tessera-webhook"))
 			if err := setMemoryLimit(ctx, memoryLimit); err != nil {
 				return err
 			}
 			if err := budgets.validate(); err != nil {
 				return err
 			}
-			config, err := restConfig(kubeconfig)
+			config, err := webhookConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -237,9 +236,17 @@ func setMemoryLimit(ctx context.Context, limit string) error {
 	return nil
 }
 
-// restConfig is how to reach the API server: kubeconfig when set, else the
-// pod's service account.
-func restConfig(kubeconfig string) (*rest.Config, error) {
+// signalContext is the context a command runs in: cancelled on SIGTERM or
+// an interrupt, its logger named name.
+func signalContext(name string) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	return klog.NewContext(ctx, klog.Background().WithName(name)), stop
+}
+
+// restConfig is how userAgent reaches the API server: kubeconfig when set,
+// else the pod's service account. purpose, when set, says in an error what
+// the connection is for (" to read DeviceClasses").
+func restConfig(kubeconfig, userAgent, purpose string) (*rest.Config, error) {
 	var config *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -248,10 +255,15 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		config, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("connect to the API server to read DeviceClasses (--kubeconfig, or the pod's service account token): %w", err)
+		return nil, fmt.Errorf("connect to the API server%s (--kubeconfig, or the pod's service account token): %w", purpose, err)
 	}
-	config.UserAgent = "tessera-webhook"
+	config.UserAgent = userAgent
 	return config, nil
+}
+
+// webhookConfig is the webhook's restConfig.
+func webhookConfig(kubeconfig string) (*rest.Config, error) {
+	return restConfig(kubeconfig, "tessera-webhook", " to read DeviceClasses")
 }
 
 // deviceClasses reads DeviceClasses through config.

@@ -56,8 +56,8 @@ func TestNoAPIServer(t *testing.T) {
 // error that names it.
 func TestKubeconfig(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
-	if _, err := restConfig(missing); err == nil || !strings.Contains(err.Error(), "missing") {
-		t.Fatalf("restConfig(%s) = %v, want an error naming the file", missing, err)
+	if _, err := webhookConfig(missing); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("webhookConfig(%s) = %v, want an error naming the file", missing, err)
 	}
 	file := filepath.Join(t.TempDir(), "kubeconfig")
 	config := `apiVersion: v1
@@ -70,9 +70,9 @@ current-context: x
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := restConfig(file)
+	rc, err := webhookConfig(file)
 	if err != nil {
-		t.Fatalf("restConfig(%s): %v", file, err)
+		t.Fatalf("webhookConfig(%s): %v", file, err)
 	}
 	if _, err := deviceClasses(rc); err != nil {
 		t.Fatalf("deviceClasses(%s): %v", file, err)
