@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	admissionv1 "k8s.io/api/admission/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -22,8 +21,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/fraction"
-	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -85,26 +84,7 @@ func admitted(t *testing.T, kind string, obj any) {
 // 0 and 1) and returns the allocated devices.
 func allocateOnMIGNode(t *testing.T, devices resourceapi.DeviceClaim) []string {
 	t.Helper()
-	lib, err := gpu.NewMock("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	defer lib.Shutdown()
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := model.Resources("node-1", gpus)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := model.ResourceSlices("node-1", res)
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := clitest.Slices(t, "node-1", clitest.MockGPUs(t, "hgx-h100-mig"))
 	var slices []*resourceapi.ResourceSlice
 	for i := range objs {
 		objs[i].Name = fmt.Sprintf("%s%d", objs[i].GenerateName, i)

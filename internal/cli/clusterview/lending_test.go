@@ -5,38 +5,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
 // A lent GPU shows what it lends and to whom, beside its owner; the lending
 // devices' taints are not health.
 func TestStatusLending(t *testing.T) {
-	lib, err := gpu.NewMock("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := model.Resources("node-a", gpus, model.WithLending(map[string]model.Lent{
+	gpus := clitest.MockGPUs(t, "hgx-h100")
+	rs := clitest.Slices(t, "node-a", gpus, model.WithLending(map[string]model.Lent{
 		gpus[7].UUID: {Open: true, Memory: 68 << 30},
 		gpus[6].UUID: {Reason: "OwnerBusy"},
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := model.ResourceSlices("node-a", res)
-	if err != nil {
-		t.Fatal(err)
-	}
 	claims := []resourceapi.ResourceClaim{
 		*allocated("demo", "notebook", []string{"notebook"}, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: model.DriverName, Pool: "node-a", Device: "gpu-7"}),
 		*allocated("demo", "batch-gpu", []string{"batch"}, shareResult("node-a", "gpu-7-lent", "b1", "20Gi", "0")),

@@ -1,18 +1,16 @@
 package clusterview
 
 import (
-	"bytes"
 	"context"
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -22,25 +20,8 @@ import (
 // unhealthy as pkg/health marks one MIG device.
 func migPublishedSlices(t *testing.T, node string) []runtime.Object {
 	t.Helper()
-	lib, err := gpu.NewMock("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := model.Resources(node, gpus, model.WithDynamicMIG(gpus[1].UUID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices, err := model.ResourceSlices(node, res)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := clitest.MockGPUs(t, "hgx-h100-mig")
+	slices := clitest.Slices(t, node, gpus, model.WithDynamicMIG(gpus[1].UUID))
 	var out []runtime.Object
 	for i := range slices {
 		slices[i].Name = slices[i].GenerateName + "x"
@@ -105,22 +86,10 @@ func TestStatusMIG(t *testing.T) {
 		t.Errorf("gpu-2: %+v, want a free GPU not in MIG mode", g2)
 	}
 
-	var table bytes.Buffer
-	if err := r.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	text := squeeze(table.String())
-	for _, want := range []string{
+	tableHas(t, r,
 		"node-m gpu-0 NVIDIA H100 80GB HBM3 39.5Gi/79Gi 57/99 Unhealthy(XID-43:NoSchedule) MIG gpu-0-mig-2 (3g.40gb, unhealthy XID-43): free",
 		"MIG gpu-0-mig-1: lab/trainer (claim big: MIG 4g.40gb)",
 		"node-m gpu-1 NVIDIA H100 80GB HBM3 39.5Gi/79.2Gi 42/100 Healthy MIG gpu-1-mig-1g-10gb-6: ops/dcgm (claim watch: admin access)",
 		"MIG gpu-1-mig-3g-40gb-4: lab/notebook (claim small: MIG 3g.40gb)",
-		"node-m gpu-2 NVIDIA H100 80GB HBM3 0/79.2Gi 0/100 Healthy -",
-	} {
-		if !strings.Contains(text, squeeze(want)) {
-			t.Errorf("table lacks %q", want)
-		}
-	}
+		"node-m gpu-2 NVIDIA H100 80GB HBM3 0/79.2Gi 0/100 Healthy -")
 }

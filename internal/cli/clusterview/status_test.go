@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,35 +16,36 @@ import (
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
+
+// tableHas checks that r's table, its white space folded, has every line
+// of want.
+func tableHas(t *testing.T, r Report, want ...string) {
+	t.Helper()
+	var table bytes.Buffer
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	text := squeeze(table.String())
+	for _, w := range want {
+		if !strings.Contains(text, squeeze(w)) {
+			t.Errorf("table lacks %q", w)
+		}
+	}
+}
 
 // published returns the ResourceSlices node publishes for a mock profile,
 // with gpu-3 tainted unhealthy.
 func published(t *testing.T, node, profile string) []runtime.Object {
 	t.Helper()
-	lib, err := gpu.NewMock(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := model.Resources(node, gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{
+	gpus := clitest.MockGPUs(t, profile)
+	slices := clitest.Slices(t, node, gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{
 		gpus[3].UUID: {{Key: unhealthyTaint, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}},
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices, err := model.ResourceSlices(node, res)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []runtime.Object
 	for i := range slices {
 		slices[i].Name = slices[i].GenerateName + "x"
@@ -111,26 +111,14 @@ func TestStatus(t *testing.T) {
 		t.Errorf("gpu-3: %+v", g3)
 	}
 
-	var table bytes.Buffer
-	if err := r.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-	squeeze := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	text := squeeze(table.String())
-	for _, want := range []string{
+	tableHas(t, r,
 		"node-a gpu-0 NVIDIA H100 80GB HBM3 48Gi/79.2Gi 50/100 Healthy demo/quarter-0",
 		"demo/quarter-0 (claim quarter-0-gpu: 19Gi, 25 cores; not attested)",
 		"demo/reader,writer (claim shared: 10Gi, 0 cores; not attested)",
 		"node-a gpu-3 NVIDIA H100 80GB HBM3 0/79.2Gi 0/100 Unhealthy(XID-79:NoExecute) -",
 		"node-a gpu-7 NVIDIA H100 80GB HBM3 79.2Gi/79.2Gi 100/100 Healthy ml/train",
 		"ml/train (claim whole: whole GPU)",
-		"node-b gpu-3 NVIDIA L4",
-	} {
-		if !strings.Contains(text, squeeze(want)) {
-			t.Errorf("table lacks %q", want)
-		}
-	}
+		"node-b gpu-3 NVIDIA L4")
 
 	only, err := Get(context.Background(), client, "node-b")
 	if err != nil || len(only.Nodes) != 1 || only.Nodes[0].Name != "node-b" {

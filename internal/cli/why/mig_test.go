@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
@@ -16,20 +16,7 @@ import (
 // a static 4g.40gb (GPU instance 1) and 3g.40gb (2), GPU 1 in MIG mode
 // without instances, GPUs 2-7 not in MIG mode.
 func migGPUs(t *testing.T) []gpu.GPU {
-	t.Helper()
-	lib, err := gpu.NewMock("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatal(ret)
-	}
-	defer lib.Shutdown()
-	g, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
+	return clitest.MockGPUs(t, "hgx-h100-mig")
 }
 
 func migClaim(name, profile string) *resourceapi.ResourceClaim {
@@ -64,13 +51,11 @@ func (c *cluster) allocatedDevice(claim string) string {
 	return ""
 }
 
-// Seven 1g.10gb fill a dynamic-MIG H100; an eighth does not fit, and tessera
-// why names, for each 1g.10gb placement, the memory slice it needs and the
-// claim that holds it, that no compute slice is free, and once for the GPU
-// who uses its compute slices.
-func TestWhyMIGEighthOneG(t *testing.T) {
-	g := migGPUs(t)
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": g[1:2]}, model.WithDynamicMIG(g[1].UUID))
+// eighthOneG allocates seven 1g.10gb claims one-0 … one-6 on node-1 and
+// asks why pod-8's eighth one does not fit, which it must not, with no MIG
+// profile free.
+func eighthOneG(t *testing.T, c *cluster) Report {
+	t.Helper()
 	for i := range 7 {
 		c.allocate("node-1", migClaim(fmt.Sprintf("one-%d", i), "1g.10gb"))
 	}
@@ -79,6 +64,17 @@ func TestWhyMIGEighthOneG(t *testing.T) {
 	if n := nodeOf(t, r, "node-1"); n.Fits || len(n.FitsNow.MIG) != 0 {
 		t.Fatalf("node %+v: want no fit and no MIG profile free", n)
 	}
+	return r
+}
+
+// Seven 1g.10gb fill a dynamic-MIG H100; an eighth does not fit, and tessera
+// why names, for each 1g.10gb placement, the memory slice it needs and the
+// claim that holds it, that no compute slice is free, and once for the GPU
+// who uses its compute slices.
+func TestWhyMIGEighthOneG(t *testing.T) {
+	g := migGPUs(t)
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": g[1:2]}, model.WithDynamicMIG(g[1].UUID))
+	r := eighthOneG(t, c)
 	got := gpuReasons(t, r, "node-1", "gpu-1")
 	var users []string
 	for i := range 7 {
@@ -163,14 +159,7 @@ func TestWhyMIGEighthOneGPrepared(t *testing.T) {
 	}
 	c := newCluster(t, map[string][]gpu.GPU{"node-1": g[1:2]}, model.WithDynamicMIG(g[1].UUID),
 		model.WithMIGHeld(map[string][]model.MIGHold{g[1].UUID: held}))
-	for i := range 7 {
-		c.allocate("node-1", migClaim(fmt.Sprintf("one-%d", i), "1g.10gb"))
-	}
-	c.in.Claims = append(c.in.Claims, *migClaim("eighth", "1g.10gb"))
-	r := c.why("pod-8", podFor("pod-8", "eighth"))
-	if n := nodeOf(t, r, "node-1"); n.Fits || len(n.FitsNow.MIG) != 0 {
-		t.Fatalf("node %+v: want no fit and no MIG profile free", n)
-	}
+	r := eighthOneG(t, c)
 	got := gpuReasons(t, r, "node-1", "gpu-1")
 	for i := range 7 {
 		dev := c.allocatedDevice(fmt.Sprintf("one-%d", i))
