@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -19,7 +21,7 @@ import (
 // one device, checking what every prepared device's entry must have: data
 // that decodes strictly and validates, and Ready=True whose message says
 // what the attestation says.
-func attestation(t *testing.T, c *Cluster, ns, claim string) *configapi.GpuAttestation {
+func attestation(t *testing.T, c *framework.Cluster, ns, claim string) *configapi.GpuAttestation {
 	t.Helper()
 	got, err := c.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), claim, metav1.GetOptions{})
 	if err != nil {
@@ -58,28 +60,9 @@ func TestAttestationInClaimStatus(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-attest")
-	objs := MustDecodeYAML(t, ShareClaimYAML("advisory", "6Gi", "15"), `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: mps}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 10Gi, cores: "20"}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.tessera.dev
-        parameters:
-          apiVersion: gpu.tessera.dev/v1alpha1
-          kind: GpuConfig
-          sharing: {isolation: MPS, computeLimit: 40}
-`)
-	objs = append(objs, EnvPod("advisory", "advisory", false), EnvPod("mps", "mps", false))
+	objs := framework.Claim{Name: "advisory", Memory: "6Gi", Cores: "15"}.WithPod()
+	objs = append(objs, framework.Claim{Name: "mps", Memory: "10Gi", Cores: "20",
+		Config: framework.GpuConfig("sharing: {isolation: MPS, computeLimit: 40}")}.WithPod()...)
 	pods := cluster.RunObjects(t, ns, objs...)
 
 	type want struct {
@@ -97,11 +80,11 @@ spec:
 			mustHaveBackendVars: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_VISIBLE_DEVICES"}},
 	} {
 		p := pods[name]
-		dev := claimOf(t, cluster, p, "gpu")
+		dev := framework.ClaimOf(t, cluster, p, "gpu")
 		a := attestation(t, cluster, ns, name)
-		memory := mustInt64(t, bytesOf(w.memory))
+		memory := framework.MustInt64(t, framework.BytesOf(w.memory))
 		if a.Node != p.Pod.Spec.NodeName || a.UUID != dev.Attribute("uuid") || a.Isolation != w.isolation ||
-			a.Memory != memory || a.Cores != mustInt64(t, w.cores) || a.MemoryLimit != memory || a.CoresLimit != w.coresLimit ||
+			a.Memory != memory || a.Cores != framework.MustInt64(t, w.cores) || a.MemoryLimit != memory || a.CoresLimit != w.coresLimit ||
 			a.Enforced == nil || *a.Enforced != w.enforced {
 			t.Errorf("claim %s: attestation %+v (enforced %+v); want node %s, GPU %s, isolation %s, %s/%s held, limits %d bytes/%d%%, enforced %+v",
 				name, a, a.Enforced, p.Pod.Spec.NodeName, dev.Attribute("uuid"), w.isolation, w.memory, w.cores, memory, w.coresLimit, w.enforced)
@@ -132,20 +115,20 @@ spec:
 			t.Errorf("claim %s: MPS daemon %+v, want the daemon of GPU %s", name, a.Backend.MPSDaemon, a.UUID)
 		}
 		// The env limits the container got are the attested ones.
-		minor, err := DeviceMinor(dev.Result.Device)
+		minor, err := framework.DeviceMinor(dev.Result.Device)
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantVars(t, "pod "+name, p.Env, map[string]string{
-			GPUVar(minor) + "_MEMORY_LIMIT": fmt.Sprint(a.MemoryLimit),
-			GPUVar(minor) + "_CORES_LIMIT":  fmt.Sprint(a.CoresLimit),
+		framework.WantVars(t, "pod "+name, p.Env, map[string]string{
+			framework.GPUVar(minor) + "_MEMORY_LIMIT": fmt.Sprint(a.MemoryLimit),
+			framework.GPUVar(minor) + "_CORES_LIMIT":  fmt.Sprint(a.CoresLimit),
 		})
 	}
 
 	// tessera status: each share's holder carries the attestation (json)
 	// and says what enforces it (table).
-	kubeconfig := operateKubeconfig(t)
-	table := runCLI(t, "status", "--kubeconfig", kubeconfig)
+	kubeconfig := framework.Kubeconfig(t)
+	table := framework.RunCLI(t, "status", "--kubeconfig", kubeconfig)
 	t.Logf("tessera status:\n%s", table)
 	for _, line := range []string{
 		ns + "/advisory (claim advisory: 6Gi, 15 cores; Advisory, not enforced: memory 6Gi and compute 15%)",
@@ -165,7 +148,7 @@ spec:
 			}
 		}
 	}
-	if err := json.Unmarshal([]byte(runCLI(t, "status", "--kubeconfig", kubeconfig, "-o", "json")), &st); err != nil {
+	if err := json.Unmarshal([]byte(framework.RunCLI(t, "status", "--kubeconfig", kubeconfig, "-o", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
 	found := map[string]configapi.Isolation{}
@@ -207,35 +190,16 @@ func TestUnavailableBackendFailsClosed(t *testing.T) {
 		t.Skip("no node publishes driverMemoryLimits=false: every node can apply DriverMemory")
 	}
 	ns := cluster.Namespace(t, "e2e-failclosed")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: dmem}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        selectors:
-        - cel: {expression: 'device.attributes["gpu.tessera.dev"].driverMemoryLimits == false'}
-        capacity:
-          requests: {memory: 4Gi, cores: "10"}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.tessera.dev
-        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, sharing: {isolation: DriverMemory}}
-`)
-	objs = append(objs, EnvPod("dmem", "dmem", false))
-	cluster.Apply(t, ns, objs...)
+	cluster.Apply(t, ns, framework.Claim{Name: "dmem", Memory: "4Gi", Cores: "10",
+		Selectors: []string{`device.attributes["gpu.tessera.dev"].driverMemoryLimits == false`},
+		Config:    framework.GpuConfig("sharing: {isolation: DriverMemory}")}.WithPod()...)
 
 	ctx := context.Background()
 	var message string
-	err = Poll(ctx, "claim dmem's Ready=False condition", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "claim dmem's Ready=False condition", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "dmem", metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		for _, d := range c.Status.Devices {
 			if d.Data != nil {
@@ -246,7 +210,7 @@ spec:
 				return true, nil
 			}
 		}
-		return false, retry("status.devices %+v", c.Status.Devices)
+		return false, framework.Retry("status.devices %+v", c.Status.Devices)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +238,7 @@ spec:
 			t.Errorf("pod dmem's container %s runs although its share could not be enforced", cs.Name)
 		}
 	}
-	table := runCLI(t, "status", "--kubeconfig", operateKubeconfig(t))
+	table := framework.RunCLI(t, "status", "--kubeconfig", framework.Kubeconfig(t))
 	if !strings.Contains(table, ns+"/dmem (claim dmem: 4Gi, 10 cores; not prepared: ") {
 		t.Errorf("tessera status does not show dmem as not prepared:\n%s", table)
 	}

@@ -14,9 +14,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
-	"time"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -36,92 +36,8 @@ const (
 	hamiSharedRegion = hamiSharedDir + "/cudevshr.cache"
 )
 
-// helmValues upgrades the Tessera release with overrides on top of its
-// current values (--reuse-values) and waits until a new plugin pod runs
-// with them. The returned restore (also registered with t.Cleanup, so it runs
-// when the test fails) puts back exactly the values the release had before
-// (--reset-values with the saved user values) and waits for the plugin; it
-// runs once. Tests that do not find Tessera installed as a helm release skip
-// (fail when the suite installed it).
-func helmValues(t *testing.T, c *Cluster, overrides map[string]any) (restore func()) {
-	t.Helper()
-	return helmUpgradeValues(t, c, overrides, true)
-}
-
-// helmUpgradeValues is helmValues; with pluginRolls false the overrides
-// leave the plugin's pod template alone (webhook or DeviceClass values), so
-// only helm's --wait (the webhook Deployment's rollout) is waited for and the
-// caller checks that the change took effect.
-func helmUpgradeValues(t *testing.T, c *Cluster, overrides map[string]any, pluginRolls bool) (restore func()) {
-	t.Helper()
-	ctx := context.Background()
-	helm := helmBinary(t)
-	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
-		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
-			t.Fatalf("helm status: %v\n%s", err, out)
-		}
-		t.Skipf("Tessera is not installed with helm as release %s/%s: %s", installNamespace, installRelease, out)
-	}
-	dir := t.TempDir()
-	saved, err := exec.Command(helm, "get", "values", "-n", installNamespace, installRelease, "-o", "yaml").Output()
-	if err != nil {
-		t.Fatalf("helm get values: %v", err)
-	}
-	savedFile := filepath.Join(dir, "saved-values.yaml")
-	overrideFile := filepath.Join(dir, "override-values.json")
-	raw, err := json.Marshal(overrides)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for path, data := range map[string][]byte{savedFile: saved, overrideFile: raw} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	chart := filepath.Join(repoRoot, "deployments", "helm", "tessera")
-
-	var once sync.Once
-	restore = func() {
-		once.Do(func() {
-			start := time.Now()
-			out, err := exec.Command(helm, "upgrade", installRelease, chart, "--namespace", installNamespace,
-				"--reset-values", "-f", savedFile, "--wait", "--timeout", "4m").CombinedOutput()
-			if err != nil {
-				t.Errorf("restore the release's values: helm upgrade: %v\n%s", err, out)
-				return
-			}
-			if _, err := c.ReadyPluginPod(ctx); err != nil {
-				t.Errorf("after restoring the release's values: %v", err)
-				return
-			}
-			t.Logf("release values restored (%v)", time.Since(start).Round(time.Second))
-		})
-	}
-	t.Cleanup(restore)
-
-	before, err := c.ReadyPluginPod(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	out, err := exec.Command(helm, "upgrade", installRelease, chart, "--namespace", installNamespace,
-		"--reuse-values", "-f", overrideFile, "--wait", "--timeout", "4m").CombinedOutput()
-	if err != nil {
-		t.Fatalf("helm upgrade with %s: %v\n%s", raw, err, out)
-	}
-	if !pluginRolls {
-		t.Logf("helm upgrade with %s (%v)", raw, time.Since(start).Round(time.Second))
-		return restore
-	}
-	if err := c.waitPluginReplaced(ctx, before.UID); err != nil {
-		t.Fatalf("helm upgrade with %s: %v", raw, err)
-	}
-	t.Logf("helm upgrade with %s: plugin pod replaced (%v)", raw, time.Since(start).Round(time.Second))
-	return restore
-}
-
 // pluginArgs returns the arguments of the Ready plugin pod's plugin container.
-func pluginArgs(t *testing.T, c *Cluster) []string {
+func pluginArgs(t *testing.T, c *framework.Cluster) []string {
 	t.Helper()
 	p, err := c.ReadyPluginPod(context.Background())
 	if err != nil {
@@ -139,7 +55,7 @@ func pluginArgs(t *testing.T, c *Cluster) []string {
 // currentExtraArgs is kubeletPlugin.extraArgs of the release as it is now.
 func currentExtraArgs(t *testing.T) []string {
 	t.Helper()
-	out, err := exec.Command(helmBinary(t), "get", "values", "-n", installNamespace, installRelease, "--all", "-o", "json").Output()
+	out, err := exec.Command(framework.HelmBinary(t), "get", "values", "-n", framework.InstallNamespace, framework.InstallRelease, "--all", "-o", "json").Output()
 	if err != nil {
 		t.Fatalf("helm get values --all: %v", err)
 	}
@@ -157,25 +73,25 @@ func currentExtraArgs(t *testing.T) []string {
 // waitDriverMemoryAttribute waits until every device Tessera publishes
 // carries driverMemoryLimits=want (after a plugin restart the new plugin
 // republishes its slices).
-func waitDriverMemoryAttribute(t *testing.T, c *Cluster, want bool) {
+func waitDriverMemoryAttribute(t *testing.T, c *framework.Cluster, want bool) {
 	t.Helper()
-	err := Poll(context.Background(), fmt.Sprintf("every device to publish driverMemoryLimits=%v", want), PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), fmt.Sprintf("every device to publish driverMemoryLimits=%v", want), framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		slices, err := c.DriverSlices(ctx)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		n := 0
 		for _, s := range slices {
 			for _, d := range s.Spec.Devices {
 				a, ok := d.Attributes["driverMemoryLimits"]
 				if !ok || a.BoolValue == nil || *a.BoolValue != want {
-					return false, retry("device %s of slice %s: driverMemoryLimits %+v", d.Name, s.Name, a)
+					return false, framework.Retry("device %s of slice %s: driverMemoryLimits %+v", d.Name, s.Name, a)
 				}
 				n++
 			}
 		}
 		if n == 0 {
-			return false, retry("no devices published")
+			return false, framework.Retry("no devices published")
 		}
 		return true, nil
 	})
@@ -188,7 +104,7 @@ func waitDriverMemoryAttribute(t *testing.T, c *Cluster, want bool) {
 // one device, checking the spec's kind.
 func claimSpecDevice(t *testing.T, claimUID types.UID) cdispec.Device {
 	t.Helper()
-	path := CDISpecPath(claimUID)
+	path := framework.CDISpecPath(claimUID)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("the claim's CDI spec: %v", err)
@@ -212,13 +128,13 @@ func wantSpecEnv(t *testing.T, dev cdispec.Device, want map[string]string) {
 		k, v, _ := strings.Cut(kv, "=")
 		got[k] = v
 	}
-	wantVars(t, "CDI device "+dev.Name, got, want)
+	framework.WantVars(t, "CDI device "+dev.Name, got, want)
 }
 
 // claimUID returns the UID of the pod's claim entry's ResourceClaim.
-func claimUID(t *testing.T, c *Cluster, p SpecPod, podClaim string) (string, types.UID) {
+func claimUID(t *testing.T, c *framework.Cluster, p framework.SpecPod, podClaim string) (string, types.UID) {
 	t.Helper()
-	name, err := PodClaimName(p.Pod, podClaim)
+	name, err := framework.PodClaimName(p.Pod, podClaim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,17 +147,17 @@ func claimUID(t *testing.T, c *Cluster, p SpecPod, podClaim string) (string, typ
 
 // waitUnprepared deletes the pod and waits until the claim's CDI spec and
 // every given host path are gone (the kubelet's unprepare).
-func waitUnprepared(t *testing.T, c *Cluster, ns, pod string, uid types.UID, paths ...string) {
+func waitUnprepared(t *testing.T, c *framework.Cluster, ns, pod string, uid types.UID, paths ...string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := c.DeletePodAndWait(ctx, ns, pod); err != nil {
 		t.Fatal(err)
 	}
-	paths = append(paths, CDISpecPath(uid))
-	err := Poll(ctx, "claim "+string(uid)+"'s files to be removed", PodTimeout, func(context.Context) (bool, error) {
+	paths = append(paths, framework.CDISpecPath(uid))
+	err := framework.Poll(ctx, "claim "+string(uid)+"'s files to be removed", framework.PodTimeout, func(context.Context) (bool, error) {
 		for _, p := range paths {
 			if _, err := os.Stat(p); err == nil {
-				return false, retry("%s still there", p)
+				return false, framework.Retry("%s still there", p)
 			}
 		}
 		return true, nil
@@ -293,31 +209,16 @@ func readHookCalls(t *testing.T, path string) []hookCall {
 	return calls
 }
 
-// driverMemoryClaimYAML is a DriverMemory share chosen by the claim's own
-// config, 6Gi and 20 cores, and a pod that prints its env.
-const driverMemoryClaimYAML = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: %[1]s}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 6Gi, cores: "20"}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.tessera.dev
-        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, sharing: {isolation: DriverMemory}}
-`
+// driverMemoryClaim is a DriverMemory share chosen by the claim's own
+// config, 6Gi and 20 cores.
+func driverMemoryClaim(name string) framework.Claim {
+	return framework.Claim{Name: name, Memory: "6Gi", Cores: "20", Config: framework.GpuConfig("sharing: {isolation: DriverMemory}")}
+}
 
 // driverMemoryClass is the README's DeviceClass for DriverMemory shares:
 // Tessera's shared devices on nodes that publish driverMemoryLimits=true,
 // pinned to DriverMemory by its config.
-func driverMemoryClass(t *testing.T, c *Cluster, name string) {
+func driverMemoryClass(t *testing.T, c *framework.Cluster, name string) {
 	t.Helper()
 	ctx := context.Background()
 	classes := c.Client.ResourceV1().DeviceClasses()
@@ -329,7 +230,7 @@ func driverMemoryClass(t *testing.T, c *Cluster, name string) {
 				`device.attributes["gpu.tessera.dev"].type == "shared" && ` +
 				`device.attributes["gpu.tessera.dev"].driverMemoryLimits == true`}}},
 			Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: Driver, Parameters: runtime.RawExtension{Raw: []byte(
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: framework.Driver, Parameters: runtime.RawExtension{Raw: []byte(
 					`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"DriverMemory","allowedIsolations":["DriverMemory"]}}`)}},
 			}}},
 		},
@@ -363,7 +264,7 @@ func driverMemoryClass(t *testing.T, c *Cluster, name string) {
 func TestDriverMemoryBackend(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
-	RequireNodeFiles(t)
+	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 
 	// The stand-in hook; the runtime runs it on this host.
@@ -375,7 +276,7 @@ func TestDriverMemoryBackend(t *testing.T) {
 	const class = "e2e-driver-memory.shared.gpu.tessera.dev"
 	driverMemoryClass(t, c, class)
 
-	restore := helmValues(t, c, map[string]any{"kubeletPlugin": map[string]any{
+	restore := framework.HelmValues(t, c, map[string]any{"kubeletPlugin": map[string]any{
 		"extraArgs":    append(currentExtraArgs(t), "--mock-driver-memory-limits"),
 		"driverMemory": map[string]any{"hookPath": hook},
 	}})
@@ -386,21 +287,7 @@ func TestDriverMemoryBackend(t *testing.T) {
 	waitDriverMemoryAttribute(t, c, true)
 
 	ns := c.Namespace(t, "e2e-drivermemory")
-	objs := MustDecodeYAML(t, fmt.Sprintf(driverMemoryClaimYAML, "dmem")+`
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: dmem-class}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: `+class+`
-        capacity:
-          requests: {memory: 3Gi, cores: "10"}
-`)
-	objs = append(objs, EnvPod("dmem", "dmem", false), EnvPod("dmem-class", "dmem-class", false))
+	objs := append(driverMemoryClaim("dmem").WithPod(), framework.Claim{Name: "dmem-class", Class: class, Memory: "3Gi", Cores: "10"}.WithPod()...)
 	pods := c.RunObjects(t, ns, objs...)
 
 	for _, tc := range []struct {
@@ -413,15 +300,15 @@ spec:
 		{pod: "dmem-class", memory: "3Gi", mib: "3072", cores: 10},
 	} {
 		p := pods[tc.pod]
-		dev := claimOf(t, c, p, "gpu")
+		dev := framework.ClaimOf(t, c, p, "gpu")
 		uuid := dev.Attribute("uuid")
 		if got := dev.Attribute("driverMemoryLimits"); got != "true" {
 			t.Errorf("pod %s: allocated device %s has driverMemoryLimits %q, want true", tc.pod, dev.Result.Device, got)
 		}
-		g := shareGPU(t, dev, tc.memory, tc.cores)
-		g.enforced = true
-		wantGPUs(t, "pod "+tc.pod, p.Env, g)
-		wantEnv(t, p, map[string]string{
+		g := framework.ShareGPU(t, dev, tc.memory, tc.cores)
+		g.Enforced = true
+		framework.WantGPUs(t, "pod "+tc.pod, p.Env, g)
+		framework.WantEnv(t, p, map[string]string{
 			"NVIDIA_GPU_MEMORY_REQUEST":       tc.mib,
 			"NVIDIA_GPU_MEMORY_LIMIT":         tc.mib,
 			"NVIDIA_GPU_MEMORY_REQUESTS":      "",
@@ -464,9 +351,9 @@ spec:
 			vars: "NVIDIA_GPU_MEMORY_LIMIT=" + tc.mib + " NVIDIA_GPU_MEMORY_REQUEST=" + tc.mib}
 		if len(mine) != 1 || mine[0] != wantCall {
 			t.Errorf("pod %s: the runtime ran the hook for container %s as %+v; want once, %+v (all calls: %+v)",
-				tc.pod, shortID(ctrID), mine, wantCall, readHookCalls(t, hookLog))
+				tc.pod, framework.ShortID(ctrID), mine, wantCall, readHookCalls(t, hookLog))
 		} else {
-			t.Logf("pod %s: the runtime ran %s %s for container %s, which had %s", tc.pod, hook, mine[0].args, shortID(ctrID), mine[0].vars)
+			t.Logf("pod %s: the runtime ran %s %s for container %s, which had %s", tc.pod, hook, mine[0].args, framework.ShortID(ctrID), mine[0].vars)
 		}
 
 		a := attestation(t, c, ns, claimName)
@@ -480,21 +367,7 @@ spec:
 	// Back to the release's values: the node cannot enforce DriverMemory.
 	restore()
 	waitDriverMemoryAttribute(t, c, false)
-	objs = MustDecodeYAML(t, fmt.Sprintf(driverMemoryClaimYAML, "refused")+`
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: unschedulable}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: `+class+`
-        capacity:
-          requests: {memory: 3Gi, cores: "10"}
-`)
-	objs = append(objs, EnvPod("refused", "refused", false), EnvPod("unschedulable", "unschedulable", false))
+	objs = append(driverMemoryClaim("refused").WithPod(), framework.Claim{Name: "unschedulable", Class: class, Memory: "3Gi", Cores: "10"}.WithPod()...)
 	c.Apply(t, ns, objs...)
 
 	cond, err := c.WaitForUnschedulable(ctx, ns, "unschedulable")
@@ -505,10 +378,10 @@ spec:
 
 	const reason = "isolation DriverMemory: this node cannot enforce driver memory limits (mock GPUs (the test knob --mock-driver-memory-limits is off))"
 	var message string
-	err = Poll(ctx, "claim refused's Ready=False condition", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "claim refused's Ready=False condition", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "refused", metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		for _, d := range claim.Status.Devices {
 			if d.Data != nil {
@@ -519,20 +392,20 @@ spec:
 				return true, nil
 			}
 		}
-		return false, retry("status.devices %+v", claim.Status.Devices)
+		return false, framework.Retry("status.devices %+v", claim.Status.Devices)
 	})
 	if err != nil {
-		t.Fatalf("%v\n%s", err, c.describePod(ctx, ns, "refused"))
+		t.Fatalf("%v\n%s", err, c.DescribePod(ctx, ns, "refused"))
 	}
 	if !strings.Contains(message, reason) {
 		t.Errorf("Ready=False message %q; want it to contain %q", message, reason)
 	}
 	t.Logf("refused at prepare: %s", message)
 	var events []string
-	err = Poll(ctx, "a PrepareFailed event on claim refused", LogTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "a PrepareFailed event on claim refused", framework.LogTimeout, func(ctx context.Context) (bool, error) {
 		list, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=ResourceClaim,involvedObject.name=refused,reason=PrepareFailed"})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		events = events[:0]
 		for _, e := range list.Items {
@@ -541,7 +414,7 @@ spec:
 				return true, nil
 			}
 		}
-		return false, retry("events %q", events)
+		return false, framework.Retry("events %q", events)
 	})
 	if err != nil {
 		t.Error(err)
@@ -606,7 +479,7 @@ func hamiImage(t *testing.T) (repository, tag string, lib []byte) {
 		t.Fatal(err)
 	}
 
-	local := filepath.Join(repoRoot, "demo", "clusters", "local")
+	local := filepath.Join(framework.RepoRoot, "demo", "clusters", "local")
 	registry := os.Getenv("TESSERA_REGISTRY")
 	if out, err := exec.Command(filepath.Join(local, "cluster.sh"), "env").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
@@ -626,7 +499,7 @@ func hamiImage(t *testing.T) (repository, tag string, lib []byte) {
 	if _, err := os.Stat(builder); err != nil {
 		builder = filepath.Join(dir, "imagebuild")
 		cmd := exec.Command("go", "build", "-o", builder, "./demo/clusters/local/imagebuild")
-		cmd.Dir = repoRoot
+		cmd.Dir = framework.RepoRoot
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("build imagebuild: %v\n%s", err, out)
 		}
@@ -741,13 +614,13 @@ spec:
 func TestHAMiCoreBackend(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
-	RequireNodeFiles(t)
+	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 
 	repository, tag, lib := hamiImage(t)
 	installDir := t.TempDir()
 	installed := filepath.Join(installDir, "libvgpu.so")
-	helmValues(t, c, map[string]any{"kubeletPlugin": map[string]any{"hamiCore": map[string]any{
+	framework.HelmValues(t, c, map[string]any{"kubeletPlugin": map[string]any{"hamiCore": map[string]any{
 		"image":      map[string]any{"repository": repository, "tag": tag, "pullPolicy": "IfNotPresent"},
 		"installDir": installDir,
 	}}})
@@ -773,19 +646,19 @@ func TestHAMiCoreBackend(t *testing.T) {
 	t.Logf("init container install-hami-core installed %s; the plugin runs with --hami-core-library=%s", installed, installed)
 
 	ns := c.Namespace(t, "e2e-hamicore")
-	p := c.RunObjects(t, ns, MustDecodeYAML(t, fmt.Sprintf(hamiClientYAML, repository+":"+tag))...)["hami-client"]
-	dev := claimOf(t, c, p, "gpu")
+	p := c.RunObjects(t, ns, framework.MustDecodeYAML(t, fmt.Sprintf(hamiClientYAML, repository+":"+tag))...)["hami-client"]
+	dev := framework.ClaimOf(t, c, p, "gpu")
 	uuid := dev.Attribute("uuid")
 	claimName, uid := claimUID(t, c, p, "gpu")
-	dataDir := filepath.Dir(CheckpointFile)
+	dataDir := filepath.Dir(framework.CheckpointFile)
 	preloadFile := filepath.Join(dataDir, "hami", "ld.so.preload")
 	claimDir := filepath.Join("/var/run/tessera/hami-claims", string(uid))
 
 	// The container: variables, limits, mounts, files.
-	g := shareGPU(t, dev, "6Gi", 40)
-	g.enforced = true
-	wantGPUs(t, "pod hami-client", p.Env, g)
-	wantEnv(t, p, map[string]string{
+	g := framework.ShareGPU(t, dev, "6Gi", 40)
+	g.Enforced = true
+	framework.WantGPUs(t, "pod hami-client", p.Env, g)
+	framework.WantEnv(t, p, map[string]string{
 		"CUDA_DEVICE_MEMORY_LIMIT_0":      "6144m",
 		"CUDA_DEVICE_SM_LIMIT_0":          "40",
 		"CUDA_DEVICE_MEMORY_SHARED_CACHE": hamiSharedRegion,

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,7 +42,7 @@ import (
 func TestBudget(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
-	helmUpgradeValues(t, c, map[string]any{
+	framework.HelmUpgradeValues(t, c, map[string]any{
 		"budgets":       map[string]any{"enabled": true},
 		"webhook":       map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
 		"deviceClasses": map[string]any{"nvidiaGPU": map[string]any{"create": true}},
@@ -56,14 +58,14 @@ func TestBudget(t *testing.T) {
 
 // createBudget creates a GPUBudget "gpu" in ns capping memory, retrying
 // while the CRD is not served yet.
-func createBudget(t *testing.T, c *Cluster, ns, memory string) {
+func createBudget(t *testing.T, c *framework.Cluster, ns, memory string) {
 	t.Helper()
 	createBudgetLimits(t, c, ns, configapi.BudgetLimits{Memory: ptr.To(resource.MustParse(memory))})
 }
 
 // createBudgetLimits creates a GPUBudget "gpu" in ns with these limits,
 // retrying while the CRD is not served yet.
-func createBudgetLimits(t *testing.T, c *Cluster, ns string, hard configapi.BudgetLimits) {
+func createBudgetLimits(t *testing.T, c *framework.Cluster, ns string, hard configapi.BudgetLimits) {
 	t.Helper()
 	b := &configapi.GPUBudget{
 		TypeMeta:   metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GPUBudgetKind},
@@ -74,9 +76,9 @@ func createBudgetLimits(t *testing.T, c *Cluster, ns string, hard configapi.Budg
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = Poll(context.Background(), "create a GPUBudget", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(context.Background(), "create a GPUBudget", time.Minute, func(ctx context.Context) (bool, error) {
 		if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		return true, nil
 	})
@@ -85,7 +87,7 @@ func createBudgetLimits(t *testing.T, c *Cluster, ns string, hard configapi.Budg
 	}
 }
 
-func getBudget(ctx context.Context, c *Cluster, ns string) (*configapi.GPUBudget, error) {
+func getBudget(ctx context.Context, c *framework.Cluster, ns string) (*configapi.GPUBudget, error) {
 	u, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Get(ctx, "gpu", metav1.GetOptions{})
 	if err != nil {
 		return nil, err
@@ -95,37 +97,27 @@ func getBudget(ctx context.Context, c *Cluster, ns string) (*configapi.GPUBudget
 
 // shareClaim is a claim for one share of memory and 1 core.
 func shareClaim(name, memory string) *resourceapi.ResourceClaim {
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/e2e": "true"}},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "share",
-			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: "shared.gpu.tessera.dev",
-				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-					"memory": resource.MustParse(memory), "cores": resource.MustParse("1")}},
-			},
-		}}}},
-	}
+	return framework.Claim{Name: name, Request: "share", Memory: memory, Cores: "1", Labels: map[string]string{"tessera.dev/e2e": "true"}}.ResourceClaim()
 }
 
 // waitForBudgets waits until the webhook refuses a claim over the budget
 // of ns (a dry run): helm's --wait returns when the new replicas are
 // ready, but an old one may still answer for a moment. Five in a row.
-func waitForBudgets(t *testing.T, c *Cluster, ns, over string) {
+func waitForBudgets(t *testing.T, c *framework.Cluster, ns, over string) {
 	t.Helper()
 	waitForRefusal(t, c, ns, shareClaim("probe", over))
 }
 
 // waitForRefusal waits until five dry runs of probe in a row are refused
 // by a GPU budget.
-func waitForRefusal(t *testing.T, c *Cluster, ns string, probe *resourceapi.ResourceClaim) {
+func waitForRefusal(t *testing.T, c *framework.Cluster, ns string, probe *resourceapi.ResourceClaim) {
 	t.Helper()
 	inARow := 0
-	err := Poll(context.Background(), "the webhook to enforce GPU budgets", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), "the webhook to enforce GPU budgets", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err == nil || !strings.Contains(err.Error(), "GPU budget") || !strings.Contains(err.Error(), "> hard") {
 			inARow = 0
-			return false, retry("dry run of claim %s: %v", probe.Name, err)
+			return false, framework.Retry("dry run of claim %s: %v", probe.Name, err)
 		}
 		inARow++
 		return inARow == 5, nil
@@ -137,7 +129,7 @@ func waitForRefusal(t *testing.T, c *Cluster, ns string, probe *resourceapi.Reso
 
 // budgetOverRefused: 30Gi of a 40Gi budget is allowed, then 20Gi refused
 // with used and hard; a dry run charges nothing.
-func budgetOverRefused(t *testing.T, c *Cluster) {
+func budgetOverRefused(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-budget")
 	createBudget(t, c, ns, "40Gi")
@@ -165,7 +157,7 @@ func budgetOverRefused(t *testing.T, c *Cluster) {
 // budget while the resync annotation is changed every 100ms; afterwards the
 // claims that exist take at most 37Gi, and once the reconciler has caught
 // up status.used equals them with nothing pending.
-func budgetConcurrent(t *testing.T, c *Cluster) {
+func budgetConcurrent(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-budget-race")
 	createBudget(t, c, ns, "37Gi")
@@ -255,13 +247,13 @@ func budgetConcurrent(t *testing.T, c *Cluster) {
 	// The reconciler catches up: used is what the claims take. Pending
 	// charges stay in the ledger until their TTL passes, uncounted once the
 	// reconciler's informer holds their claims.
-	err = Poll(ctx, "the reconciler to count the claims", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the reconciler to count the claims", time.Minute, func(ctx context.Context) (bool, error) {
 		b, err := getBudget(ctx, c, ns)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if b.Status.Used.Memory.Cmp(sum) != 0 {
-			return false, retry("used %s with %d pending, want %s", b.Status.Used.Memory.String(), len(b.Status.Pending), sum.String())
+			return false, framework.Retry("used %s with %d pending, want %s", b.Status.Used.Memory.String(), len(b.Status.Pending), sum.String())
 		}
 		t.Logf("the reconciler counts %s with %d charges still in the ledger", b.Status.Used.Memory.String(), len(b.Status.Pending))
 		return true, nil
@@ -275,7 +267,7 @@ func budgetConcurrent(t *testing.T, c *Cluster) {
 // namespace with a 4000Mi budget: the claim the resourceclaim controller
 // makes from its template is charged; a second such pod's claim is refused,
 // and the pod says why in its events.
-func budgetTranslatedPod(t *testing.T, c *Cluster) {
+func budgetTranslatedPod(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := translatingNamespace(t, c, "e2e-budget-legacy")
 	createBudget(t, c, ns, "4000Mi")
@@ -283,13 +275,13 @@ func budgetTranslatedPod(t *testing.T, c *Cluster) {
 	waitForBudgets(t, c, ns, "5000Mi")
 	hami := legacySystemPods[0]
 	createPod(t, t, c, ns, legacyPod("hami-1", hami.limits, hami.requests))
-	err := Poll(ctx, "the translated pod's claim to be charged", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the translated pod's claim to be charged", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		b, err := getBudget(ctx, c, ns)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if b.Status.Used.Memory.Cmp(resource.MustParse(hami.memory)) != 0 {
-			return false, retry("used %s, want %s", b.Status.Used.Memory.String(), hami.memory)
+			return false, framework.Retry("used %s, want %s", b.Status.Used.Memory.String(), hami.memory)
 		}
 		return true, nil
 	})
@@ -300,10 +292,10 @@ func budgetTranslatedPod(t *testing.T, c *Cluster) {
 	createPod(t, t, c, ns, legacyPod("hami-2", hami.limits, hami.requests))
 	want := fmt.Sprintf("GPU budget %s/gpu: memory: used 3000Mi + this claim 3000Mi > hard 4000Mi", ns)
 	var seen string
-	err = Poll(ctx, "the second pod's event", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the second pod's event", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hami-2"})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		var reasons []string
 		for _, e := range events.Items {
@@ -313,7 +305,7 @@ func budgetTranslatedPod(t *testing.T, c *Cluster) {
 			}
 			reasons = append(reasons, e.Reason)
 		}
-		return false, retry("events %v", reasons)
+		return false, framework.Retry("events %v", reasons)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -331,13 +323,7 @@ func budgetTranslatedPod(t *testing.T, c *Cluster) {
 // wholeGPUClaim is a claim for one whole GPU of the class that serves
 // nvidia.com/gpu.
 func wholeGPUClaim(name string) *resourceapi.ResourceClaim {
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"tessera.dev/e2e": "true"}},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name:    "gpu",
-			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: legacy.DeviceClassName},
-		}}}},
-	}
+	return framework.Claim{Name: name, Class: legacy.DeviceClassName, Labels: map[string]string{"tessera.dev/e2e": "true"}}.ResourceClaim()
 }
 
 // budgetMetricsURL is the webhook's budget metrics: on the local cluster
@@ -360,7 +346,7 @@ func budgetMetricsURL() string {
 // scheduler succeeds: the pod runs on a whole GPU, status.used counts 1
 // GPU, 100 cores and the GPU's full memory, and the webhook's budget
 // metrics say the same.
-func budgetSchedulerClaim(t *testing.T, c *Cluster) {
+func budgetSchedulerClaim(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-budget-gpu")
 	createBudgetLimits(t, c, ns, configapi.BudgetLimits{GPUs: ptr.To[int64](0)})
@@ -370,10 +356,10 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 	want := fmt.Sprintf("GPU budget %s/gpu: gpus: used 0 + this claim 1 > hard 0", ns)
 	var seen string
 	var messages []string
-	err := Poll(ctx, "the budget's refusal in the pod's events", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the budget's refusal in the pod's events", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gpu"})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		messages = messages[:0]
 		for _, e := range events.Items {
@@ -383,7 +369,7 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 			}
 			messages = append(messages, e.Reason+": "+e.Message)
 		}
-		return false, retry("events %q", messages)
+		return false, framework.Retry("events %q", messages)
 	})
 	claims, lerr := c.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
 	if lerr != nil {
@@ -423,7 +409,7 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	LogSpecPod(t, sp)
+	framework.LogSpecPod(t, sp)
 	t.Logf("the pod ran %v after the budget was raised to 1 GPU", time.Since(raised).Round(time.Second))
 	checkDevicePluginPod(t, c, sp)
 	ers := sp.Pod.Status.ExtendedResourceClaimStatus
@@ -438,14 +424,14 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 	if memory.IsZero() {
 		t.Fatalf("device %s publishes no memory capacity", devs[0].Result.Device)
 	}
-	err = Poll(ctx, "the budget to count the scheduler's claim", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the budget to count the scheduler's claim", time.Minute, func(ctx context.Context) (bool, error) {
 		b, err := getBudget(ctx, c, ns)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		u := b.Status.Used
 		if u.GPUs != 1 || u.Cores != 100 || u.Memory.Cmp(memory) != 0 {
-			return false, retry("used %s memory, %d cores, %d GPUs with %d pending; want %s, 100, 1",
+			return false, framework.Retry("used %s memory, %d cores, %d GPUs with %d pending; want %s, 100, 1",
 				u.Memory.String(), u.Cores, u.GPUs, len(b.Status.Pending), memory.String())
 		}
 		return true, nil
@@ -458,10 +444,10 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 	// The budget metrics of the replica that serves them (on the host
 	// network one replica holds the port).
 	var series []string
-	err = Poll(ctx, "the budget metrics to show the charge", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the budget metrics to show the charge", time.Minute, func(ctx context.Context) (bool, error) {
 		samples, err := scrapeMetrics(ctx, budgetMetricsURL())
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		got := map[string]float64{}
 		series = series[:0]
@@ -477,7 +463,7 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 		}
 		for k, v := range wantSeries {
 			if got[k] != v {
-				return false, retry("%s = %g, want %g (series %v)", k, got[k], v, series)
+				return false, framework.Retry("%s = %g, want %g (series %v)", k, got[k], v, series)
 			}
 		}
 		return true, nil
@@ -491,7 +477,7 @@ func budgetSchedulerClaim(t *testing.T, c *Cluster) {
 // budgetSchemaRejects: the CRD's schema refuses a GPUBudget with a negative
 // limit at creation (memory as a quantity string or an integer, gpus), and
 // accepts the same budget with 1Gi.
-func budgetSchemaRejects(t *testing.T, c *Cluster) {
+func budgetSchemaRejects(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-budget-schema")
 	budgets := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns)
@@ -505,10 +491,10 @@ func budgetSchemaRejects(t *testing.T, c *Cluster) {
 	}
 	create := func(hard map[string]any) error {
 		var err error
-		perr := Poll(ctx, "the GPUBudget CRD to be served", time.Minute, func(ctx context.Context) (bool, error) {
+		perr := framework.Poll(ctx, "the GPUBudget CRD to be served", time.Minute, func(ctx context.Context) (bool, error) {
 			_, err = budgets.Create(ctx, obj(hard), metav1.CreateOptions{})
 			if apierrors.IsNotFound(err) {
-				return false, retry("%v", err)
+				return false, framework.Retry("%v", err)
 			}
 			return true, nil
 		})

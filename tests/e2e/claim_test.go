@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"testing"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
 
 // TestSharedClaimGetsItsGPUAndLimits: a pod with a claim for a share of a GPU
@@ -16,10 +18,10 @@ func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-shared")
-	pods := cluster.RunSpec(t, ns, testdata(t, "shared-claim.yaml"))
+	pods := cluster.RunSpec(t, ns, framework.Testdata(t, "shared-claim.yaml"))
 	got := pods["shared-claim"]
 
-	claimName, err := PodClaimName(got.Pod, "gpu")
+	claimName, err := framework.PodClaimName(got.Pod, "gpu")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,8 +36,8 @@ func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 	if dev.Attribute("type") != "shared" {
 		t.Errorf("allocated device %s has type %q, want shared", dev.Result.Device, dev.Attribute("type"))
 	}
-	wantConsumed(t, "shared-claim", dev, map[string]string{"memory": "20Gi", "cores": "25"})
-	wantGPUs(t, "pod shared-claim", got.Env, shareGPU(t, dev, "20Gi", 25))
+	framework.WantConsumed(t, "shared-claim", dev, map[string]string{"memory": "20Gi", "cores": "25"})
+	framework.WantGPUs(t, "pod shared-claim", got.Env, framework.ShareGPU(t, dev, "20Gi", 25))
 }
 
 // TestPluginWritesClaimStatus: after prepare the plugin records, in each
@@ -48,13 +50,12 @@ func TestPluginWritesClaimStatus(t *testing.T) {
 	cluster := needCluster(t)
 	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-status")
-	objs := MustDecodeYAML(t, ShareClaimYAML("share", "12Gi", "20"), WholeClaimYAML("whole"))
-	objs = append(objs, EnvPod("share", "share", false), EnvPod("whole", "whole", false))
+	objs := append(framework.Claim{Name: "share", Memory: "12Gi", Cores: "20"}.WithPod(), framework.Claim{Name: "whole"}.WithPod()...)
 	pods := cluster.RunObjects(t, ns, objs...)
-	share := claimOf(t, cluster, pods["share"], "gpu")
-	whole := claimOf(t, cluster, pods["whole"], "gpu")
-	checkStatusData(t, cluster, ns, "share", []Allocated{share}, mustInt64(t, bytesOf("12Gi")), 20, "Advisory")
-	checkStatusData(t, cluster, ns, "whole", []Allocated{whole}, 0, 0, "")
-	wantGPUs(t, "pod share", pods["share"].Env, shareGPU(t, share, "12Gi", 20))
-	wantGPUs(t, "pod whole", pods["whole"].Env, wholeGPU(t, whole))
+	share := framework.ClaimOf(t, cluster, pods["share"], "gpu")
+	whole := framework.ClaimOf(t, cluster, pods["whole"], "gpu")
+	framework.CheckStatusData(t, cluster, ns, "share", []framework.Allocated{share}, framework.MustInt64(t, framework.BytesOf("12Gi")), 20, "Advisory")
+	framework.CheckStatusData(t, cluster, ns, "whole", []framework.Allocated{whole}, 0, 0, "")
+	framework.WantGPUs(t, "pod share", pods["share"].Env, framework.ShareGPU(t, share, "12Gi", 20))
+	framework.WantGPUs(t, "pod whole", pods["whole"].Env, framework.WholeGPU(t, whole))
 }

@@ -6,6 +6,8 @@ import (
 	"context"
 	"net"
 	"testing"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
 
 // TestBusyboxPodRuns proves the cluster itself: a pod is scheduled, its image is
@@ -15,17 +17,17 @@ func TestBusyboxPodRuns(t *testing.T) {
 	ctx := context.Background()
 	cluster := needCluster(t)
 	ns := cluster.Namespace(t, "e2e-busybox")
-	cluster.ApplyFile(t, ns, testdata(t, "busybox-env.yaml"))
+	cluster.ApplyFile(t, ns, framework.Testdata(t, "busybox-env.yaml"))
 
 	pod, err := cluster.WaitForPodSucceeded(ctx, ns, "busybox-env")
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, err := cluster.WaitForLog(ctx, ns, pod.Name, "ctr", EnvDoneMarker)
+	log, err := cluster.WaitForLog(ctx, ns, pod.Name, "ctr", framework.EnvDoneMarker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := ParseEnv(log)
+	env := framework.ParseEnv(log)
 	if got := env["TESSERA_E2E"]; got != "hello" {
 		t.Errorf("TESSERA_E2E in the container = %q, want %q; log:\n%s", got, "hello", log)
 	}

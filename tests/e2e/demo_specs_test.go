@@ -6,9 +6,10 @@ import (
 	"cmp"
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,58 +20,6 @@ import (
 // the plugin recorded (the claim's status.devices data) and what the container
 // saw (its env, from its log) must agree, to the byte.
 
-// checkStatusData checks the plugin's status.devices entries of a claim
-// against the allocated devices: one per device, its uuid, limits and
-// isolation, and a Ready=True condition. It returns the entries in the order
-// the plugin wrote them.
-func checkStatusData(t *testing.T, c *Cluster, ns, claim string, devs []Allocated, memory, cores int64, isolation string) []ClaimDeviceData {
-	t.Helper()
-	data, err := c.ClaimStatusDevices(context.Background(), ns, claim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(data) != len(devs) {
-		t.Errorf("claim %s: %d status.devices entries of %s, want one per allocated device (%d): %+v", claim, len(data), Driver, len(devs), data)
-	}
-	uuids := map[string]string{}
-	for _, d := range devs {
-		uuids[d.Result.Device] = d.Attribute("uuid")
-	}
-	for _, d := range data {
-		if want, ok := uuids[d.Device]; !ok || d.UUID != want {
-			t.Errorf("claim %s: status.devices %s data uuid %q; allocated devices and uuids %v", claim, d.Device, d.UUID, uuids)
-		}
-		if d.MemoryLimit != memory || d.CoresLimit != cores || d.Isolation != isolation {
-			t.Errorf("claim %s: status.devices %s data memoryLimit %d coresLimit %d isolation %q, want %d %d %q",
-				claim, d.Device, d.MemoryLimit, d.CoresLimit, d.Isolation, memory, cores, isolation)
-		}
-		ready := false
-		for _, cond := range d.Conditions {
-			if cond.Type == "Ready" && cond.Status == metav1.ConditionTrue {
-				ready = true
-			}
-			if cond.Type == "NVLinkConnected" && cond.Status != metav1.ConditionTrue {
-				t.Errorf("claim %s: device %s: condition NVLinkConnected=%s %s: %s", claim, d.Device, cond.Status, cond.Reason, cond.Message)
-			}
-		}
-		if !ready {
-			t.Errorf("claim %s: status.devices %s has no Ready=True condition: %+v", claim, d.Device, d.Conditions)
-		}
-		t.Logf("claim %s: status.devices %s: uuid %s memoryLimit %d coresLimit %d isolation %q", claim, d.Device, d.UUID, d.MemoryLimit, d.CoresLimit, d.Isolation)
-	}
-	return data
-}
-
-// mustInt64 parses a decimal number (a byte count from bytesOf, a minor).
-func mustInt64(t *testing.T, s string) int64 {
-	t.Helper()
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // TestDemoWholeGPU runs demo/specs/20-whole-gpu.yaml: the pod gets one whole
 // GPU, sees exactly that GPU (TESSERA_GPU_<minor>=<uuid>), and no share
 // limits or isolation backend.
@@ -78,8 +27,8 @@ func TestDemoWholeGPU(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-whole")
-	p := c.RunSpec(t, ns, specPath("20-whole-gpu.yaml"))["whole"]
-	dev := claimOf(t, c, p, "gpu")
+	p := c.RunSpec(t, ns, framework.SpecPath("20-whole-gpu.yaml"))["whole"]
+	dev := framework.ClaimOf(t, c, p, "gpu")
 	if dev.Attribute("type") != "gpu" || dev.Result.ShareID != nil || len(dev.Result.ConsumedCapacity) != 0 {
 		t.Errorf("device %s: type %q, shareID %v, consumedCapacity %v; want a whole GPU", dev.Result.Device, dev.Attribute("type"), dev.Result.ShareID, dev.Result.ConsumedCapacity)
 	}
@@ -87,10 +36,10 @@ func TestDemoWholeGPU(t *testing.T) {
 	if uuid == "" || !strings.HasPrefix(uuid, "GPU-") {
 		t.Fatalf("device %s advertises uuid %q", dev.Result.Device, uuid)
 	}
-	wantGPUs(t, "pod whole", p.Env, wholeGPU(t, dev))
-	noShareEnv(t, "pod whole", p.Env)
-	claim, _ := PodClaimName(p.Pod, "gpu")
-	checkStatusData(t, c, ns, claim, []Allocated{dev}, 0, 0, "")
+	framework.WantGPUs(t, "pod whole", p.Env, framework.WholeGPU(t, dev))
+	framework.NoShareEnv(t, "pod whole", p.Env)
+	claim, _ := framework.PodClaimName(p.Pod, "gpu")
+	framework.CheckStatusData(t, c, ns, claim, []framework.Allocated{dev}, 0, 0, "")
 	t.Logf("pod whole: device %s (minor %s), uuid %s", dev.Result.Device, dev.Attribute("minor"), uuid)
 }
 
@@ -104,8 +53,8 @@ func TestDemoNVLinkPair(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-nvlink")
-	p := c.RunSpec(t, ns, specPath("30-nvlink-pair.yaml"))["nvlink-pair"]
-	devs := devicesOf(t, c, p, "gpus")
+	p := c.RunSpec(t, ns, framework.SpecPath("30-nvlink-pair.yaml"))["nvlink-pair"]
+	devs := framework.DevicesOf(t, c, p, "gpus")
 	if len(devs) != 2 {
 		t.Fatalf("claim has %d devices, want 2", len(devs))
 	}
@@ -126,17 +75,17 @@ func TestDemoNVLinkPair(t *testing.T) {
 
 	// The plugin's order: by NVLink domain, then PCI bus id (= minor here).
 	ordered := slices.Clone(devs)
-	slices.SortFunc(ordered, func(a, b Allocated) int {
+	slices.SortFunc(ordered, func(a, b framework.Allocated) int {
 		return cmp.Or(strings.Compare(a.Attribute("nvlinkDomain"), b.Attribute("nvlinkDomain")),
-			cmp.Compare(mustInt64(t, a.Attribute("minor")), mustInt64(t, b.Attribute("minor"))))
+			cmp.Compare(framework.MustInt64(t, a.Attribute("minor")), framework.MustInt64(t, b.Attribute("minor"))))
 	})
 	want := ordered[0].Attribute("uuid") + "," + ordered[1].Attribute("uuid")
-	wantGPUs(t, "pod nvlink-pair", p.Env, wholeGPU(t, devs[0]), wholeGPU(t, devs[1]))
-	noShareEnv(t, "pod nvlink-pair", p.Env)
+	framework.WantGPUs(t, "pod nvlink-pair", p.Env, framework.WholeGPU(t, devs[0]), framework.WholeGPU(t, devs[1]))
+	framework.NoShareEnv(t, "pod nvlink-pair", p.Env)
 
-	claim, _ := PodClaimName(p.Pod, "gpus")
+	claim, _ := framework.PodClaimName(p.Pod, "gpus")
 	var statusOrder []string
-	for _, d := range checkStatusData(t, c, ns, claim, devs, 0, 0, "") {
+	for _, d := range framework.CheckStatusData(t, c, ns, claim, devs, 0, 0, "") {
 		statusOrder = append(statusOrder, d.UUID)
 	}
 	if got := strings.Join(statusOrder, ","); got != want {
@@ -154,7 +103,7 @@ func TestDemoSharedClaimTwoPods(t *testing.T) {
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-team")
-	pods := c.RunSpec(t, ns, specPath("40-shared-claim-two-pods.yaml"))
+	pods := c.RunSpec(t, ns, framework.SpecPath("40-shared-claim-two-pods.yaml"))
 	a, b := pods["team-a"], pods["team-b"]
 	if a.Pod == nil || b.Pod == nil {
 		t.Fatalf("pods %v, want team-a and team-b", pods)
@@ -174,17 +123,17 @@ func TestDemoSharedClaimTwoPods(t *testing.T) {
 	if !slices.Equal(reserved, []string{"team-a", "team-b"}) {
 		t.Errorf("claim team-share reservedFor %v, want [team-a team-b]", reserved)
 	}
-	dev := claimOf(t, c, a, "gpu")
-	if other := claimOf(t, c, b, "gpu"); other.Result.Device != dev.Result.Device || *other.Result.ShareID != *dev.Result.ShareID {
+	dev := framework.ClaimOf(t, c, a, "gpu")
+	if other := framework.ClaimOf(t, c, b, "gpu"); other.Result.Device != dev.Result.Device || *other.Result.ShareID != *dev.Result.ShareID {
 		t.Errorf("team-b's claim resolves to %s, team-a's to %s", other.Result.Device, dev.Result.Device)
 	}
-	wantConsumed(t, "team-a", dev, map[string]string{"memory": "10Gi", "cores": "10"})
+	framework.WantConsumed(t, "team-a", dev, map[string]string{"memory": "10Gi", "cores": "10"})
 	uuid := dev.Attribute("uuid")
-	for _, p := range []SpecPod{a, b} {
-		wantGPUs(t, "pod "+p.Pod.Name, p.Env, shareGPU(t, dev, "10Gi", 10))
-		wantEnv(t, p, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
+	for _, p := range []framework.SpecPod{a, b} {
+		framework.WantGPUs(t, "pod "+p.Pod.Name, p.Env, framework.ShareGPU(t, dev, "10Gi", 10))
+		framework.WantEnv(t, p, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
 	}
-	checkStatusData(t, c, ns, "team-share", []Allocated{dev}, mustInt64(t, bytesOf("10Gi")), 10, "Advisory")
+	framework.CheckStatusData(t, c, ns, "team-share", []framework.Allocated{dev}, framework.MustInt64(t, framework.BytesOf("10Gi")), 10, "Advisory")
 	t.Logf("claim team-share: one share %s of %s (uuid %s) reserved for %v", *dev.Result.ShareID, dev.Result.Device, uuid, reserved)
 }
 
@@ -197,21 +146,21 @@ func TestDemoMPSShare(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-mps")
-	p := c.RunSpec(t, ns, specPath("50-mps-share.yaml"))["mps"]
-	dev := claimOf(t, c, p, "gpu")
-	wantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
+	p := c.RunSpec(t, ns, framework.SpecPath("50-mps-share.yaml"))["mps"]
+	dev := framework.ClaimOf(t, c, p, "gpu")
+	framework.WantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
 	uuid := dev.Attribute("uuid")
-	seen := shareGPU(t, dev, "16Gi", 50)
-	seen.enforced = true
-	wantGPUs(t, "pod mps", p.Env, seen)
-	wantEnv(t, p, map[string]string{
+	seen := framework.ShareGPU(t, dev, "16Gi", 50)
+	seen.Enforced = true
+	framework.WantGPUs(t, "pod mps", p.Env, seen)
+	framework.WantEnv(t, p, map[string]string{
 		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT":  "0=16384M",
 		"TF_FORCE_GPU_ALLOW_GROWTH":         "",
 	})
-	claim, _ := PodClaimName(p.Pod, "gpu")
-	checkStatusData(t, c, ns, claim, []Allocated{dev}, mustInt64(t, bytesOf("16Gi")), 50, "MPS")
+	claim, _ := framework.PodClaimName(p.Pod, "gpu")
+	framework.CheckStatusData(t, c, ns, claim, []framework.Allocated{dev}, framework.MustInt64(t, framework.BytesOf("16Gi")), 50, "MPS")
 	t.Logf("pod mps: share %s of %s (uuid %s): 30 cores accounted, limit 50", *dev.Result.ShareID, dev.Result.Device, uuid)
 }
 
@@ -232,7 +181,7 @@ func TestDemoExtendedResource(t *testing.T) {
 		t.Fatalf("DeviceClass gpu.tessera.dev extendedResourceName %v, want tessera.dev/gpu", dc.Spec.ExtendedResourceName)
 	}
 	ns := c.Namespace(t, "e2e-extended")
-	p := c.RunSpec(t, ns, specPath("60-extended-resource.yaml"))["extended"]
+	p := c.RunSpec(t, ns, framework.SpecPath("60-extended-resource.yaml"))["extended"]
 	ers := p.Pod.Status.ExtendedResourceClaimStatus
 	if ers == nil || ers.ResourceClaimName == "" {
 		t.Fatalf("pod extended has no status.extendedResourceClaimStatus: %+v", p.Pod.Status)
@@ -254,8 +203,8 @@ func TestDemoExtendedResource(t *testing.T) {
 		t.Fatalf("claim %s: devices %+v, want one whole GPU", ers.ResourceClaimName, devs)
 	}
 	uuid := devs[0].Attribute("uuid")
-	wantGPUs(t, "pod extended", p.Env, wholeGPU(t, devs[0]))
-	noShareEnv(t, "pod extended", p.Env)
+	framework.WantGPUs(t, "pod extended", p.Env, framework.WholeGPU(t, devs[0]))
+	framework.NoShareEnv(t, "pod extended", p.Env)
 	if q := p.Pod.Spec.Containers[0].Resources.Limits[corev1.ResourceName("tessera.dev/gpu")]; q.Value() != 1 {
 		t.Errorf("pod limits %v", p.Pod.Spec.Containers[0].Resources.Limits)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	"github.com/tessera-dev/tessera/pkg/doctor"
 )
 
@@ -41,14 +43,14 @@ func kubectlBinary(t *testing.T) string {
 func kubectlTessera(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.Symlink(tesseraCLI(t), filepath.Join(dir, "kubectl-tessera")); err != nil {
+	if err := os.Symlink(framework.TesseraCLI(t), filepath.Join(dir, "kubectl-tessera")); err != nil {
 		t.Fatal(err)
 	}
 	kubectl := kubectlBinary(t)
 	cmd := exec.Command(kubectl, append([]string{"tessera"}, args...)...)
 	// kubectl finds plugins in PATH; doctor runs "kubectl exec" with the
 	// same kubectl.
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+operateKubeconfig(t), "PATH="+dir+string(os.PathListSeparator)+filepath.Dir(kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+framework.Kubeconfig(t), "PATH="+dir+string(os.PathListSeparator)+filepath.Dir(kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -69,7 +71,7 @@ func TestDoctorOnMockNode(t *testing.T) {
 	}
 	node := pod.Spec.NodeName
 
-	out, stderr, err := kubectlTessera(t, "doctor", node, "--kubeconfig", operateKubeconfig(t), "-o", "json")
+	out, stderr, err := kubectlTessera(t, "doctor", node, "--kubeconfig", framework.Kubeconfig(t), "-o", "json")
 	if err != nil {
 		t.Fatalf("kubectl tessera doctor %s -o json: %v\n%s\n%s", node, err, out, stderr)
 	}
@@ -112,14 +114,14 @@ func TestDoctorOnMockNode(t *testing.T) {
 	}
 
 	// The table, without naming the node (the cluster has one).
-	table, stderr, err := kubectlTessera(t, "doctor", "--kubeconfig", operateKubeconfig(t))
+	table, stderr, err := kubectlTessera(t, "doctor", "--kubeconfig", framework.Kubeconfig(t))
 	if err != nil || !strings.Contains(table, "Node "+node) || !strings.Contains(table, " 0 FAIL") {
 		t.Errorf("kubectl tessera doctor: %v, want a table for node %s without failures:\n%s\n%s", err, node, table, stderr)
 	}
 	t.Logf("kubectl tessera doctor:\n%s", table)
 
 	// A node without the plugin: the error says so, the exit status is 1.
-	_, stderr, err = kubectlTessera(t, "doctor", "no-such-node", "--kubeconfig", operateKubeconfig(t))
+	_, stderr, err = kubectlTessera(t, "doctor", "no-such-node", "--kubeconfig", framework.Kubeconfig(t))
 	if err == nil || !strings.Contains(stderr, "no running kubelet plugin pod") || !strings.Contains(stderr, "on node no-such-node") {
 		t.Errorf("doctor no-such-node: %v, stderr %q", err, stderr)
 	}

@@ -7,9 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -22,7 +23,7 @@ const floorSharedSelector = `device.driver == "gpu.tessera.dev" && device.attrib
 // given GpuConfig (JSON), and deletes it when the test ends. A class left
 // behind by an interrupted run is replaced. Create it before the test's
 // namespace, so that the namespace (with its claims) goes first.
-func floorClass(t *testing.T, c *Cluster, name, gpuConfig string) {
+func floorClass(t *testing.T, c *framework.Cluster, name, gpuConfig string) {
 	t.Helper()
 	ctx := context.Background()
 	classes := c.Client.ResourceV1().DeviceClasses()
@@ -34,7 +35,7 @@ func floorClass(t *testing.T, c *Cluster, name, gpuConfig string) {
 		Spec: resourceapi.DeviceClassSpec{
 			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: floorSharedSelector}}},
 			Config: []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: Driver, Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)}},
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: framework.Driver, Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)}},
 			}}},
 		},
 	}
@@ -48,31 +49,10 @@ func floorClass(t *testing.T, c *Cluster, name, gpuConfig string) {
 	})
 }
 
-// floorDevices is a claim's devices: one share of class, with gpuConfig
-// (JSON) as its opaque config for gpu.tessera.dev; no config when empty.
-func floorDevices(class, gpuConfig string) resourceapi.DeviceClaim {
-	devices := resourceapi.DeviceClaim{
-		Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu",
-			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: class,
-				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-					"memory": resource.MustParse("4Gi"),
-					"cores":  resource.MustParse("10"),
-				}},
-			},
-		}},
-	}
-	if gpuConfig != "" {
-		devices.Config = []resourceapi.DeviceClaimConfiguration{{
-			Requests: []string{"gpu"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver:     Driver,
-				Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)},
-			}},
-		}}
-	}
-	return devices
+// floorClaim is one share (4Gi, 10 cores) of class, with gpuConfig (JSON)
+// as its opaque config for gpu.tessera.dev; no config when empty.
+func floorClaim(name, class, gpuConfig string, template bool) framework.Claim {
+	return framework.Claim{Name: name, Template: template, Class: class, Memory: "4Gi", Cores: "10", Config: gpuConfig}
 }
 
 // TestFloorRefusesWeakerIsolationAtAdmission: an admin pins enforced shares
@@ -83,7 +63,7 @@ func floorDevices(class, gpuConfig string) resourceapi.DeviceClaim {
 // A claim that asks for MPS is admitted.
 func TestFloorRefusesWeakerIsolationAtAdmission(t *testing.T) {
 	c := needCluster(t)
-	requireWebhook(t, c)
+	framework.RequireWebhook(t, c)
 	const class = "e2e-pinned.gpu.tessera.dev"
 	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"MPS","allowedIsolations":["MPS"]}}`)
 	ctx := context.Background()
@@ -123,18 +103,7 @@ func TestFloorRefusesWeakerIsolationAtAdmission(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var err error
-			if tc.template {
-				_, err = c.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
-					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
-					Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: floorDevices(class, tc.gpuConfig)}},
-				}, metav1.CreateOptions{})
-			} else {
-				_, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
-					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
-					Spec:       resourceapi.ResourceClaimSpec{Devices: floorDevices(class, tc.gpuConfig)},
-				}, metav1.CreateOptions{})
-			}
+			err := c.CreateClaim(ctx, ns, floorClaim(tc.name, class, tc.gpuConfig, tc.template))
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("a claim the class allows was refused: %v", err)
@@ -167,20 +136,17 @@ func TestFloorRefusesAtPrepare(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-floor-prepare")
 
-	if _, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "weak"},
-		Spec:       resourceapi.ResourceClaimSpec{Devices: floorDevices(class, "")},
-	}, metav1.CreateOptions{}); err != nil {
+	if err := c.CreateClaim(ctx, ns, floorClaim("weak", class, "", false)); err != nil {
 		t.Fatalf("create the claim: %v", err)
 	}
-	c.Apply(t, ns, EnvPod("weak", "weak", false))
+	c.Apply(t, ns, framework.EnvPod("weak", "weak", false))
 
 	const want = `isolation Advisory (set by the device class's config) is not allowed by the device class's config (allowed: MPS)`
 	var message string
-	err := Poll(ctx, "the plugin to refuse the claim with Ready=False", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the plugin to refuse the claim with Ready=False", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		devices, err := c.ClaimStatusDevices(ctx, ns, "weak")
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		for _, d := range devices {
 			for _, cond := range d.Conditions {
@@ -190,10 +156,10 @@ func TestFloorRefusesAtPrepare(t *testing.T) {
 				}
 			}
 		}
-		return false, retry("status.devices %+v", devices)
+		return false, framework.Retry("status.devices %+v", devices)
 	})
 	if err != nil {
-		t.Fatalf("%v\n%s", err, c.describePod(ctx, ns, "weak"))
+		t.Fatalf("%v\n%s", err, c.DescribePod(ctx, ns, "weak"))
 	}
 	if !strings.Contains(message, want) {
 		t.Fatalf("Ready=False with\n  %s\nwant the message to contain\n  %s", message, want)

@@ -4,10 +4,11 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -30,21 +31,9 @@ func TestForceDeletedPodFreesItsGPU(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-force")
 
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: whole}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.tessera.dev}
-`)
-	objs = append(objs, EnvPod("first", "whole", true))
-	pods := cluster.RunObjects(t, ns, objs...)
+	pods := cluster.RunObjects(t, ns, framework.Claim{Name: "whole", Template: true}.Object(), framework.EnvPod("first", "whole", true))
 	first := pods["first"]
-	claimName, err := PodClaimName(first.Pod, "gpu")
+	claimName, err := framework.PodClaimName(first.Pod, "gpu")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,20 +49,7 @@ spec:
 	if err := cluster.Client.CoreV1().Pods(ns).Delete(ctx, "first", metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil {
 		t.Fatal(err)
 	}
-	pinned := MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: same-gpu}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        selectors:
-        - cel: {expression: 'device.attributes["gpu.tessera.dev"].uuid == "%s"'}
-`, uuid))
-	cluster.Apply(t, ns, append(pinned, EnvPod("second", "same-gpu", false))...)
+	cluster.Apply(t, ns, framework.Claim{Name: "same-gpu", Selectors: []string{framework.PinnedToUUID(uuid)}}.Object(), framework.EnvPod("second", "same-gpu", false))
 
 	waitCtx, cancel := context.WithTimeout(ctx, forceDeleteBound)
 	defer cancel()
@@ -82,8 +58,8 @@ spec:
 		t.Fatalf("the pod asking for the force-deleted pod's GPU did not run within %v: %v", forceDeleteBound, err)
 	}
 	t.Logf("second pod ran %v after the force delete", time.Since(start).Round(time.Second))
-	LogSpecPod(t, second)
-	gpus, err := VisibleGPUs(second.Env)
+	framework.LogSpecPod(t, second)
+	gpus, err := framework.VisibleGPUs(second.Env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +84,7 @@ spec:
 
 func mustMinor(t *testing.T, device string) int {
 	t.Helper()
-	m, err := DeviceMinor(device)
+	m, err := framework.DeviceMinor(device)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // TestFractionHalvesTileTheNode: a ResourceClaimTemplate annotated
@@ -28,7 +31,7 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 	// attempt is retried in a fresh namespace after a longer settle, with
 	// every allocation in the cluster logged first; a second fails the
 	// test.
-	var pods map[string]SpecPod
+	var pods map[string]framework.SpecPod
 	for attempt := 1; ; attempt++ {
 		ns := c.Namespace(t, "e2e-fraction")
 		var err error
@@ -37,21 +40,21 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 			break
 		}
 		logFractionClaims(t, c, ns)
-		logAllocations(t, c)
+		framework.LogAllocations(t, c)
 		if attempt == 2 {
 			t.Fatal(err)
 		}
 		t.Logf("attempt %d: %v; retrying once after a settle", attempt, err)
-		c.deleteNamespace(t, ns)
-		time.Sleep(3 * namespaceSettle)
+		c.DeleteNamespace(t, ns)
+		time.Sleep(3 * framework.NamespaceSettle)
 	}
 	perGPU := map[string][]string{}
 	for name, p := range pods {
-		d := claimOf(t, c, p, "gpu")
+		d := framework.ClaimOf(t, c, p, "gpu")
 		if d.Result.Request != "gpu/m81089mi" {
 			t.Errorf("pod %s: allocated for request %s, want the H100 model's subrequest gpu/m81089mi", name, d.Result.Request)
 		}
-		wantConsumed(t, name, d, map[string]string{"memory": "40544Mi", "cores": "50"})
+		framework.WantConsumed(t, name, d, map[string]string{"memory": "40544Mi", "cores": "50"})
 		perGPU[d.Result.Device] = append(perGPU[d.Result.Device], name)
 	}
 	if len(perGPU) != 8 {
@@ -67,55 +70,24 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 
 // runHalves creates the half-GPU template and 16 pods using it in ns at
 // once and waits for every pod to run.
-func runHalves(t *testing.T, c *Cluster, ns string) (map[string]SpecPod, error) {
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: half-gpu}
-spec:
-  metadata:
-    annotations: {gpu.tessera.dev/fraction: "1/2"}
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: shared.gpu.tessera.dev}
-`)
+func runHalves(t *testing.T, c *framework.Cluster, ns string) (map[string]framework.SpecPod, error) {
+	objs := []*unstructured.Unstructured{framework.Claim{Name: "half-gpu", Template: true, Class: framework.SharedClass,
+		ClaimAnnotations: map[string]string{"gpu.tessera.dev/fraction": "1/2"}}.Object()}
 	for i := range 16 {
-		objs = append(objs, EnvPod(fmt.Sprintf("half-%d", i), "half-gpu", true))
+		objs = append(objs, framework.EnvPod(fmt.Sprintf("half-%d", i), "half-gpu", true))
 	}
 	c.Apply(t, ns, objs...)
-	pods := map[string]SpecPod{}
+	pods := map[string]framework.SpecPod{}
 	for i := range 16 {
 		name := fmt.Sprintf("half-%d", i)
 		p, err := c.WaitForEnvPod(context.Background(), ns, name)
 		if err != nil {
 			return nil, err
 		}
-		LogSpecPod(t, p)
+		framework.LogSpecPod(t, p)
 		pods[name] = p
 	}
 	return pods, nil
-}
-
-// logAllocations logs every allocated ResourceClaim of the cluster with
-// the Tessera devices it holds, for a placement that went wrong.
-func logAllocations(t *testing.T, c *Cluster) {
-	claims, err := c.Client.ResourceV1().ResourceClaims("").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Logf("list claims: %v", err)
-		return
-	}
-	for _, cl := range claims.Items {
-		if cl.Status.Allocation == nil {
-			continue
-		}
-		var held []string
-		for _, r := range cl.Status.Allocation.Devices.Results {
-			held = append(held, fmt.Sprintf("%s/%s %v", r.Pool, r.Device, r.ConsumedCapacity))
-		}
-		t.Logf("allocated: %s/%s (deleting %v, reserved for %d): %v", cl.Namespace, cl.Name, cl.DeletionTimestamp != nil, len(cl.Status.ReservedFor), held)
-	}
 }
 
 // TestDemoFractionQuarter runs demo/specs/80-fraction-quarter.yaml: each pod
@@ -125,20 +97,20 @@ func TestDemoFractionQuarter(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-demo-fraction")
-	pods := c.RunSpec(t, ns, specPath("80-fraction-quarter.yaml"))
+	pods := c.RunSpec(t, ns, framework.SpecPath("80-fraction-quarter.yaml"))
 	if len(pods) != 2 {
 		t.Fatalf("%d pods ran, want 2", len(pods))
 	}
 	for name, p := range pods {
-		d := claimOf(t, c, p, "gpu")
-		wantConsumed(t, name, d, map[string]string{"memory": "20272Mi", "cores": "25"})
-		wantGPUs(t, "pod "+name, p.Env, shareGPU(t, d, "20272Mi", 25))
+		d := framework.ClaimOf(t, c, p, "gpu")
+		framework.WantConsumed(t, name, d, map[string]string{"memory": "20272Mi", "cores": "25"})
+		framework.WantGPUs(t, "pod "+name, p.Env, framework.ShareGPU(t, d, "20272Mi", 25))
 	}
 }
 
 // logFractionClaims logs each claim of ns: whether the webhook expanded it
 // (its subrequests) and what the scheduler allocated, with what it consumed.
-func logFractionClaims(t *testing.T, c *Cluster, ns string) {
+func logFractionClaims(t *testing.T, c *framework.Cluster, ns string) {
 	claims, err := c.Client.ResourceV1().ResourceClaims(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Logf("list claims: %v", err)

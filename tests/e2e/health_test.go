@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -40,7 +42,7 @@ const (
 func injectXID(t testing.TB, index string, xid int) {
 	t.Helper()
 	q := url.Values{"gpu": {index}, "xid": {fmt.Sprint(xid)}}
-	resp, err := http.Post(mockKnobURL("/mock/xid", q), "", nil)
+	resp, err := http.Post(framework.MockKnobURL("/mock/xid", q), "", nil)
 	if err != nil {
 		t.Fatalf("mock knob: %v", err)
 	}
@@ -55,7 +57,7 @@ func injectXID(t testing.TB, index string, xid int) {
 // gpuTaints returns, for every published device of the GPU with this minor
 // (gpu-N, gpu-N-shared and, with lending, gpu-N-lent), its health taint
 // (nil when it has none).
-func (c *Cluster) gpuTaints(ctx context.Context, minor string) (map[string]*resourceapi.DeviceTaint, error) {
+func gpuTaints(c *framework.Cluster, ctx context.Context, minor string) (map[string]*resourceapi.DeviceTaint, error) {
 	published, err := c.DriverSlices(ctx)
 	if err != nil {
 		return nil, err
@@ -83,7 +85,7 @@ func (c *Cluster) gpuTaints(ctx context.Context, minor string) (map[string]*reso
 
 // waitGPUTaint waits until every device of the GPU has the health taint
 // with this effect, or (effect "") none has it, and returns how long it took.
-func (c *Cluster) waitGPUTaint(ctx context.Context, t testing.TB, minor string, effect resourceapi.DeviceTaintEffect, timeout time.Duration) time.Duration {
+func waitGPUTaint(c *framework.Cluster, ctx context.Context, t testing.TB, minor string, effect resourceapi.DeviceTaintEffect, timeout time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	what := fmt.Sprintf("devices of GPU %s to be tainted %s=%s", minor, healthTaintKey, effect)
@@ -91,23 +93,23 @@ func (c *Cluster) waitGPUTaint(ctx context.Context, t testing.TB, minor string, 
 		what = fmt.Sprintf("devices of GPU %s to lose the %s taint", minor, healthTaintKey)
 	}
 	var last map[string]*resourceapi.DeviceTaint
-	err := Poll(ctx, what, timeout, func(ctx context.Context) (bool, error) {
-		taints, err := c.gpuTaints(ctx, minor)
+	err := framework.Poll(ctx, what, timeout, func(ctx context.Context) (bool, error) {
+		taints, err := gpuTaints(c, ctx, minor)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		last = taints
 		if len(taints) < 2 {
-			return false, retry("only devices %v published", slices.Sorted(maps.Keys(taints)))
+			return false, framework.Retry("only devices %v published", slices.Sorted(maps.Keys(taints)))
 		}
 		for name, taint := range taints {
 			switch {
 			case effect == "" && taint != nil:
-				return false, retry("%s still tainted %s (%s)", name, taint.Effect, taint.Value)
+				return false, framework.Retry("%s still tainted %s (%s)", name, taint.Effect, taint.Value)
 			case effect != "" && taint == nil:
-				return false, retry("%s not tainted", name)
+				return false, framework.Retry("%s not tainted", name)
 			case effect != "" && taint.Effect != effect:
-				return false, retry("%s tainted %s", name, taint.Effect)
+				return false, framework.Retry("%s tainted %s", name, taint.Effect)
 			}
 		}
 		return true, nil
@@ -123,25 +125,6 @@ func (c *Cluster) waitGPUTaint(ctx context.Context, t testing.TB, minor string, 
 	return time.Since(start)
 }
 
-// pinnedWholeGPU is a claim for the whole GPU with this minor.
-func pinnedWholeGPU(t testing.TB, name, minor string) string {
-	t.Helper()
-	return fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: %s}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        selectors:
-        - cel:
-            expression: device.attributes["gpu.tessera.dev"].minor == %s
-`, name, minor)
-}
-
 // TestHealthFatalXIDEvictsAndRecovers: a fatal XID on a GPU taints both of
 // its devices NoExecute, kube-controller-manager evicts the pod using it,
 // a pod for that GPU is unschedulable while the taint lasts, and once the
@@ -153,18 +136,9 @@ func TestHealthFatalXIDEvictsAndRecovers(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-health-fatal")
 
-	victim := c.RunObjects(t, ns, append(MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: whole}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.tessera.dev}
-`), EnvPod("victim", "whole", true))...)["victim"]
-	dev := claimOf(t, c, victim, "gpu")
+	victim := c.RunObjects(t, ns,
+		framework.Claim{Name: "whole", Template: true}.Object(), framework.EnvPod("victim", "whole", true))["victim"]
+	dev := framework.ClaimOf(t, c, victim, "gpu")
 	minor, index := dev.Attribute("minor"), dev.Attribute("index")
 	if minor == "" || index == "" {
 		t.Fatalf("device %s: minor %q, index %q: want both attributes", dev.Result.Device, minor, index)
@@ -173,24 +147,24 @@ spec:
 
 	injected := time.Now()
 	injectXID(t, index, fatalXID)
-	took := c.waitGPUTaint(ctx, t, minor, resourceapi.DeviceTaintEffectNoExecute, taintSlack)
+	took := waitGPUTaint(c, ctx, t, minor, resourceapi.DeviceTaintEffectNoExecute, taintSlack)
 	t.Logf("XID %d: every device of GPU %s tainted NoExecute after %v", fatalXID, minor, took.Round(100*time.Millisecond))
 
 	// The device taint eviction controller deletes the pod (it does not
 	// tolerate the taint).
-	err := Poll(ctx, "pod victim to be evicted", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "pod victim to be evicted", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "victim", metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			return true, nil
 		case err != nil:
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		case p.UID != victim.Pod.UID:
 			return false, fmt.Errorf("pod victim was replaced (uid %s)", p.UID)
 		case p.DeletionTimestamp != nil:
 			return true, nil
 		}
-		return false, retry("phase %s, not deleted", p.Status.Phase)
+		return false, framework.Retry("phase %s, not deleted", p.Status.Phase)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -198,34 +172,30 @@ spec:
 	t.Logf("pod victim evicted %v after the XID", time.Since(injected).Round(100*time.Millisecond))
 
 	// While tainted, a new pod for that GPU stays off it.
-	c.Apply(t, ns, MustDecodeYAML(t, pinnedWholeGPU(t, "that-gpu", minor))...)
-	c.Apply(t, ns, EnvPod("after", "that-gpu", false))
+	c.Apply(t, ns, framework.Claim{Name: "that-gpu", Selectors: []string{framework.PinnedToMinor(minor)}}.Object())
+	c.Apply(t, ns, framework.EnvPod("after", "that-gpu", false))
 	cond, err := c.WaitForUnschedulable(ctx, ns, "after")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if taints, err := c.gpuTaints(ctx, minor); err != nil || taints["gpu-"+minor] == nil {
+	if taints, err := gpuTaints(c, ctx, minor); err != nil || taints["gpu-"+minor] == nil {
 		t.Fatalf("pod after was found unschedulable, but GPU %s's taint is gone already (%v): the test cannot tell the taint was the cause; is health.recoveryPeriod shorter than %v?", minor, err, healthRecoveryPeriod)
 	}
 	t.Logf("pod after (claim for minor %s) while tainted: %s: %s", minor, cond.Reason, cond.Message)
 
-	took = c.waitGPUTaint(ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
+	took = waitGPUTaint(c, ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
 	since := time.Since(injected)
 	if since < healthRecoveryPeriod {
 		t.Errorf("the taint went %v after the XID, before the recovery period (%v)", since.Round(100*time.Millisecond), healthRecoveryPeriod)
 	}
 	t.Logf("GPU %s untainted %v after the XID (recovery period %v)", minor, since.Round(100*time.Millisecond), healthRecoveryPeriod)
 
-	after, err := c.WaitForEnvPod(ctx, ns, "after")
-	if err != nil {
-		t.Fatal(err)
-	}
-	LogSpecPod(t, after)
-	got := claimOf(t, c, after, "gpu")
+	after := c.EnvOf(ctx, t, ns, "after")
+	got := framework.ClaimOf(t, c, after, "gpu")
 	if got.Result.Device != "gpu-"+minor || got.Attribute("uuid") != dev.Attribute("uuid") {
 		t.Fatalf("pod after got %s (uuid %s), want gpu-%s (uuid %s)", got.Result.Device, got.Attribute("uuid"), minor, dev.Attribute("uuid"))
 	}
-	wantGPUs(t, "pod after", after.Env, wholeGPU(t, got))
+	framework.WantGPUs(t, "pod after", after.Env, framework.WholeGPU(t, got))
 	t.Logf("pod after runs on the recovered GPU %s", got.Result.Device)
 }
 
@@ -239,21 +209,9 @@ func TestHealthNonFatalXIDKeepsNewPodsOff(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-health-noschedule")
 
-	running := c.RunObjects(t, ns, append(MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: share}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 8Gi, cores: "10"}
-`), EnvPod("running", "share", true))...)["running"]
-	dev := claimOf(t, c, running, "gpu")
+	running := c.RunObjects(t, ns,
+		framework.Claim{Name: "share", Template: true, Memory: "8Gi", Cores: "10"}.Object(), framework.EnvPod("running", "share", true))["running"]
+	dev := framework.ClaimOf(t, c, running, "gpu")
 	minor, index := dev.Attribute("minor"), dev.Attribute("index")
 	if minor == "" || index == "" {
 		t.Fatalf("device %s: minor %q, index %q: want both attributes", dev.Result.Device, minor, index)
@@ -267,32 +225,17 @@ spec:
 		return "", 0
 	}
 	startID, _ := containerOf(running.Pod)
-	t.Logf("pod running has a share of %s (index %s), container %s", dev.Result.Device, index, shortID(startID))
+	t.Logf("pod running has a share of %s (index %s), container %s", dev.Result.Device, index, framework.ShortID(startID))
 
 	injected := time.Now()
 	injectXID(t, index, nonFatalXID)
-	took := c.waitGPUTaint(ctx, t, minor, resourceapi.DeviceTaintEffectNoSchedule, taintSlack)
+	took := waitGPUTaint(c, ctx, t, minor, resourceapi.DeviceTaintEffectNoSchedule, taintSlack)
 	t.Logf("XID %d: every device of GPU %s tainted NoSchedule after %v", nonFatalXID, minor, took.Round(100*time.Millisecond))
 
 	// A share of that GPU (there is room beside the running one): only the
 	// taint keeps it off.
-	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: that-gpu}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 8Gi, cores: "10"}
-        selectors:
-        - cel:
-            expression: device.attributes["gpu.tessera.dev"].minor == %s
-`, minor))...)
-	c.Apply(t, ns, EnvPod("new", "that-gpu", false))
+	c.Apply(t, ns, framework.Claim{Name: "that-gpu", Memory: "8Gi", Cores: "10", Selectors: []string{framework.PinnedToMinor(minor)}}.Object())
+	c.Apply(t, ns, framework.EnvPod("new", "that-gpu", false))
 	cond, err := c.WaitForUnschedulable(ctx, ns, "new")
 	if err != nil {
 		t.Fatal(err)
@@ -309,23 +252,19 @@ spec:
 		id, restarts := containerOf(p)
 		if p.UID != running.Pod.UID || p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning || id != startID || restarts != 0 {
 			t.Fatalf("%s: pod running: uid %s (was %s), deleting %v, phase %s, container %s (was %s), %d restarts: want it untouched by a NoSchedule taint",
-				when, p.UID, running.Pod.UID, p.DeletionTimestamp != nil, p.Status.Phase, shortID(id), shortID(startID), restarts)
+				when, p.UID, running.Pod.UID, p.DeletionTimestamp != nil, p.Status.Phase, framework.ShortID(id), framework.ShortID(startID), restarts)
 		}
 	}
 	checkRunning("while tainted")
 
-	c.waitGPUTaint(ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
+	waitGPUTaint(c, ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
 	since := time.Since(injected)
 	if since < healthRecoveryPeriod {
 		t.Errorf("the taint went %v after the XID, before the recovery period (%v)", since.Round(100*time.Millisecond), healthRecoveryPeriod)
 	}
 	t.Logf("GPU %s untainted %v after the XID", minor, since.Round(100*time.Millisecond))
-	newPod, err := c.WaitForEnvPod(ctx, ns, "new")
-	if err != nil {
-		t.Fatal(err)
-	}
-	LogSpecPod(t, newPod)
-	got := claimOf(t, c, newPod, "gpu")
+	newPod := c.EnvOf(ctx, t, ns, "new")
+	got := framework.ClaimOf(t, c, newPod, "gpu")
 	if got.Result.Device != dev.Result.Device {
 		t.Fatalf("pod new got %s, want %s", got.Result.Device, dev.Result.Device)
 	}

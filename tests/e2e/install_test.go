@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -23,60 +25,12 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// What install.sh installs: release "tessera" of deployments/helm/tessera in
-// namespace "tessera".
-const (
-	installNamespace = "tessera"
-	installRelease   = "tessera"
-	pluginDaemonSet  = "tessera-kubelet-plugin"
-	pluginSelector   = "app.kubernetes.io/instance=tessera,app.kubernetes.io/component=kubelet-plugin"
-)
-
-// gpuConfigClaim is a claim for one share with the given GpuConfig (JSON) as
-// its opaque config for gpu.tessera.dev.
-func gpuConfigClaim(name, gpuConfig string) *resourceapi.ResourceClaim {
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       resourceapi.ResourceClaimSpec{Devices: gpuConfigDevices(gpuConfig)},
-	}
-}
-
-func gpuConfigDevices(gpuConfig string) resourceapi.DeviceClaim {
-	return resourceapi.DeviceClaim{
-		Requests: []resourceapi.DeviceRequest{{
-			Name:    "gpu",
-			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "shared.gpu.tessera.dev"},
-		}},
-		Config: []resourceapi.DeviceClaimConfiguration{{
-			Requests: []string{"gpu"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver:     Driver,
-				Parameters: runtime.RawExtension{Raw: []byte(gpuConfig)},
-			}},
-		}},
-	}
-}
-
-// requireWebhook skips (or, when the suite installed Tessera, fails) without
-// the chart's webhook configuration.
-func requireWebhook(t *testing.T, c *Cluster) {
-	t.Helper()
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
-	_, err := c.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(), "tessera-webhook", metav1.GetOptions{})
-	if err != nil {
-		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
-			t.Fatalf("webhook configuration tessera-webhook: %v", err)
-		}
-		t.Skipf("webhook configuration tessera-webhook: %v (install with the chart: demo/clusters/local/install.sh)", err)
-	}
-}
-
 // TestWebhookRejectsBadGpuConfig: a claim or claim template whose GpuConfig
 // would fail at prepare is refused when it is created, and the user reads the
 // field path and the reason; a good one is admitted.
 func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 	c := needCluster(t)
-	requireWebhook(t, c)
+	framework.RequireWebhook(t, c)
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-webhook")
 
@@ -117,15 +71,7 @@ func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var err error
-			if tc.template {
-				_, err = c.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, &resourceapi.ResourceClaimTemplate{
-					ObjectMeta: metav1.ObjectMeta{Name: tc.name},
-					Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: gpuConfigDevices(tc.gpuConfig)}},
-				}, metav1.CreateOptions{})
-			} else {
-				_, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, gpuConfigClaim(tc.name, tc.gpuConfig), metav1.CreateOptions{})
-			}
+			err := c.CreateClaim(ctx, ns, framework.Claim{Name: tc.name, Template: tc.template, Class: framework.SharedClass, Config: tc.gpuConfig})
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("a good GpuConfig was refused: %v", err)
@@ -144,21 +90,6 @@ func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 	}
 }
 
-// pluginPod returns the running kubelet plugin pod (one node).
-func pluginPod(ctx context.Context, c *Cluster) (*corev1.Pod, error) {
-	pods, err := c.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: pluginSelector})
-	if err != nil {
-		return nil, err
-	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-			return p, nil
-		}
-	}
-	return nil, fmt.Errorf("no running pod with %s in namespace %s", pluginSelector, installNamespace)
-}
-
 // TestPluginTokenCannotWriteOtherNodesSlices: a token of the plugin's service
 // account, bound to the plugin's pod exactly like the one the pod uses, may
 // write its own node's ResourceSlices but is refused another node's, by the
@@ -167,19 +98,19 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
-	pod, err := pluginPod(ctx, c)
+	pod, err := framework.PluginPod(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: &expiry,
 			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("token for %s/%s bound to pod %s: %v", installNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
+		t.Fatalf("token for %s/%s bound to pod %s: %v", framework.InstallNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
 	}
 	cfg := rest.AnonymousClientConfig(c.Config)
 	cfg.BearerToken = tr.Status.Token
@@ -192,7 +123,7 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 		return &resourceapi.ResourceSlice{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-vap-"},
 			Spec: resourceapi.ResourceSliceSpec{
-				Driver:   Driver,
+				Driver:   framework.Driver,
 				NodeName: &node,
 				// The policy also pins the pool to the node's own.
 				Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
@@ -212,7 +143,7 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	const other = "e2e-other-node"
 	want := fmt.Sprintf("the tessera kubelet plugin on node '%s' may not modify ResourceSlices of node '%s'", pod.Spec.NodeName, other)
 	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(other), dryRun)
-	checkDenied(t, "create", err, want)
+	framework.CheckDenied(t, "create", err, want)
 
 	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(other), metav1.CreateOptions{})
 	if err != nil {
@@ -224,22 +155,9 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	changed := existing.DeepCopy()
 	changed.Spec.Pool.Generation++
 	_, err = plugin.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})
-	checkDenied(t, "update", err, want)
+	framework.CheckDenied(t, "update", err, want)
 	err = plugin.ResourceV1().ResourceSlices().Delete(ctx, existing.Name, metav1.DeleteOptions{})
-	checkDenied(t, "delete", err, want)
-}
-
-func checkDenied(t *testing.T, op string, err error, want string) {
-	t.Helper()
-	if err == nil {
-		t.Errorf("%s: the plugin's token was allowed to modify another node's ResourceSlice", op)
-		return
-	}
-	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
-		t.Errorf("%s: refused with %v; want the policy's message %q", op, err, want)
-		return
-	}
-	t.Logf("%s: refused: %v", op, err)
+	framework.CheckDenied(t, "delete", err, want)
 }
 
 // TestAdminAccessNeedsLabelledNamespace: the 1.37 rule. A claim with
@@ -250,14 +168,14 @@ func TestAdminAccessNeedsLabelledNamespace(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
-	spec := testdata(t, "admin-access.yaml")
+	spec := framework.Testdata(t, "admin-access.yaml")
 
 	plain := c.Namespace(t, "e2e-admin-denied")
 	data, err := os.ReadFile(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := DecodeYAML(data)
+	objs, err := framework.DecodeYAML(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,8 +211,8 @@ func TestAdminAccessNeedsLabelledNamespace(t *testing.T) {
 		t.Fatalf("allocation %+v: want one device with adminAccess", devices)
 	}
 	// Admin access sees the GPU and holds nothing: no limits.
-	g := wholeGPU(t, devices[0])
-	wantGPUs(t, "pod gpu-monitor", got.Env, g)
+	g := framework.WholeGPU(t, devices[0])
+	framework.WantGPUs(t, "pod gpu-monitor", got.Env, g)
 	t.Logf("labelled namespace: admin claim got %s, container sees %s", devices[0].Result.Device, g)
 }
 
@@ -307,11 +225,11 @@ func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-whole-only")
-	data, err := os.ReadFile(testdata(t, "tenant-whole-gpus-only.yaml"))
+	data, err := os.ReadFile(framework.Testdata(t, "tenant-whole-gpus-only.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := DecodeYAML(data)
+	objs, err := framework.DecodeYAML(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +246,7 @@ func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
 	// stop anything: wait for status.hard, as an admin would before admitting
 	// the tenant.
 	const key = "shared.gpu.tessera.dev.deviceclass.resource.k8s.io/devices"
-	err = Poll(ctx, "quota whole-gpus-only to be computed", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "quota whole-gpus-only to be computed", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, "whole-gpus-only", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -346,7 +264,7 @@ func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
 	// quota must refuse within the bound.
 	var refusal error
 	admitted := 0
-	err = Poll(ctx, "the quota to refuse a share", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the quota to refuse a share", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		created, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, share.DeepCopy(), metav1.CreateOptions{})
 		if err != nil {
 			refusal = err
@@ -371,34 +289,6 @@ func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
 	t.Log("whole-GPU claim admitted")
 }
 
-// helmBinary finds the pinned helm the way deployments/helm's tests do:
-// $TESSERA_HELM, the tools cache, PATH.
-func helmBinary(t *testing.T) string {
-	t.Helper()
-	candidates := []string{os.Getenv("TESSERA_HELM")}
-	cache := os.Getenv("TESSERA_CACHE_DIR")
-	if cache == "" {
-		if dir, err := os.UserCacheDir(); err == nil {
-			cache = filepath.Join(dir, "tessera")
-		}
-	}
-	matches, _ := filepath.Glob(filepath.Join(cache, "bin-*", "helm"))
-	candidates = append(candidates, matches...)
-	if p, err := exec.LookPath("helm"); err == nil {
-		candidates = append(candidates, p)
-	}
-	for _, c := range candidates {
-		if c == "" {
-			continue
-		}
-		if out, err := exec.Command(c, "version", "--template", "{{.Version}}").Output(); err == nil && strings.HasPrefix(string(out), "v3.") {
-			return c
-		}
-	}
-	t.Fatalf("no helm v3 found ($TESSERA_HELM, %s/bin-*/helm, PATH); demo/clusters/local/build-tools.sh builds it", cache)
-	return ""
-}
-
 // TestHelmUpgradeKeepsPreparedClaims: `helm upgrade` rolls the plugin
 // DaemonSet (maxSurge: the new pod registers beside the old one). A pod whose
 // claim the old plugin prepared keeps running through it, untouched, and a new
@@ -408,17 +298,17 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
-	helm := helmBinary(t)
-	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
+	helm := framework.HelmBinary(t)
+	if out, err := exec.Command(helm, "status", "-n", framework.InstallNamespace, framework.InstallRelease).CombinedOutput(); err != nil {
 		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
 			t.Fatalf("helm status: %v\n%s", err, out)
 		}
-		t.Skipf("Tessera is not installed with helm as release %s/%s: %s", installNamespace, installRelease, out)
+		t.Skipf("Tessera is not installed with helm as release %s/%s: %s", framework.InstallNamespace, framework.InstallRelease, out)
 	}
 
 	ns := c.Namespace(t, "e2e-upgrade")
-	before := c.RunSpec(t, ns, testdata(t, "shared-claim.yaml"))["shared-claim"]
-	oldPlugin, err := pluginPod(ctx, c)
+	before := c.RunSpec(t, ns, framework.Testdata(t, "shared-claim.yaml"))["shared-claim"]
+	oldPlugin, err := framework.PluginPod(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +322,7 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	go func() {
 		defer close(watched)
 		for watchCtx.Err() == nil {
-			pods, err := c.Client.CoreV1().Pods(installNamespace).List(watchCtx, metav1.ListOptions{LabelSelector: pluginSelector})
+			pods, err := c.Client.CoreV1().Pods(framework.InstallNamespace).List(watchCtx, metav1.ListOptions{LabelSelector: framework.PluginSelector})
 			if err == nil {
 				running := 0
 				for _, p := range pods.Items {
@@ -450,8 +340,8 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 
 	stamp := time.Now().UTC().Format("20060102T150405Z")
 	start := time.Now()
-	cmd := exec.Command(helm, "upgrade", installRelease, filepath.Join(repoRoot, "deployments", "helm", "tessera"),
-		"--namespace", installNamespace, "--reuse-values",
+	cmd := exec.Command(helm, "upgrade", framework.InstallRelease, filepath.Join(framework.RepoRoot, "deployments", "helm", "tessera"),
+		"--namespace", framework.InstallNamespace, "--reuse-values",
 		"--set-string", "kubeletPlugin.podAnnotations.tessera\\.dev/e2e-upgrade="+stamp,
 		"--wait", "--timeout", "4m")
 	out, err := cmd.CombinedOutput()
@@ -462,7 +352,7 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	}
 	t.Logf("helm upgrade --wait took %v", time.Since(start).Round(time.Second))
 
-	newPlugin, err := pluginPod(ctx, c)
+	newPlugin, err := framework.PluginPod(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -483,10 +373,10 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 		t.Fatalf("pod shared-claim after the upgrade: phase %s, container %s (was %s), restarts %d",
 			now.Status.Phase, now.Status.ContainerStatuses[0].ContainerID, ctrID, now.Status.ContainerStatuses[0].RestartCount)
 	}
-	t.Logf("pod shared-claim still running, container %s, 0 restarts", shortID(ctrID))
+	t.Logf("pod shared-claim still running, container %s, 0 restarts", framework.ShortID(ctrID))
 
 	// A new pod is prepared by the new plugin.
-	objs, err := DecodeYAML(mustRead(t, testdata(t, "shared-claim.yaml")))
+	objs, err := framework.DecodeYAML(mustRead(t, framework.Testdata(t, "shared-claim.yaml")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -504,11 +394,11 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, err := c.WaitForLog(ctx, ns, after.Name, "ctr", EnvDoneMarker)
+	log, err := c.WaitForLog(ctx, ns, after.Name, "ctr", framework.EnvDoneMarker)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log)
 	}
-	env := ParseEnv(log)
+	env := framework.ParseEnv(log)
 	devs, err := c.AllocatedDevices(ctx, ns, "share-after")
 	if err != nil {
 		t.Fatal(err)
@@ -516,8 +406,8 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	if len(devs) != 1 {
 		t.Fatalf("claim share-after: %d devices allocated, want 1", len(devs))
 	}
-	g := shareGPU(t, devs[0], "20Gi", 25)
-	wantGPUs(t, "pod shared-claim-after", env, g)
+	g := framework.ShareGPU(t, devs[0], "20Gi", 25)
+	framework.WantGPUs(t, "pod shared-claim-after", env, g)
 	t.Logf("new pod shared-claim-after prepared after the upgrade: sees %s", g)
 
 	// The claim the old plugin prepared is unprepared by the new one: its CDI
@@ -537,16 +427,16 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "shared-claim", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = Poll(ctx, "pod shared-claim to be gone and its claim unprepared", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "pod shared-claim to be gone and its claim unprepared", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, "shared-claim", metav1.GetOptions{})
 		if err == nil {
-			return false, retry("pod still there")
+			return false, framework.Retry("pod still there")
 		}
 		if !apierrors.IsNotFound(err) {
 			return false, err
 		}
 		if onNode && len(specs()) > 0 {
-			return false, retry("CDI spec %v still there", specs())
+			return false, framework.Retry("CDI spec %v still there", specs())
 		}
 		return true, nil
 	})
@@ -580,14 +470,4 @@ func unstructuredSlice(obj map[string]any, fields ...string) ([]any, bool, error
 	}
 	s, ok := cur.([]any)
 	return s, ok, nil
-}
-
-func shortID(id string) string {
-	if i := strings.LastIndex(id, "/"); i >= 0 {
-		id = id[i+1:]
-	}
-	if len(id) > 12 {
-		id = id[:12]
-	}
-	return id
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -37,7 +39,7 @@ import (
 func TestLegacyTranslation(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
-	helmUpgradeValues(t, c, map[string]any{
+	framework.HelmUpgradeValues(t, c, map[string]any{
 		"webhook":       map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
 		"deviceClasses": map[string]any{"nvidiaGPU": map[string]any{"create": true}},
 	}, false)
@@ -97,7 +99,7 @@ var legacySystemPods = []struct {
 // its system's translation says (no legacy name left but a kept
 // nvidia.com/gpu, a claim from a Tessera-labelled template), was allocated
 // what it asked for, and its container sees exactly that GPU and limits.
-func legacyPodsRun(t *testing.T, owner testing.TB, c *Cluster, ns string) {
+func legacyPodsRun(t *testing.T, owner testing.TB, c *framework.Cluster, ns string) {
 	ctx := context.Background()
 	for _, p := range legacySystemPods {
 		createPod(t, owner, c, ns, legacyPod(p.name, p.limits, p.requests))
@@ -108,7 +110,7 @@ func legacyPodsRun(t *testing.T, owner testing.TB, c *Cluster, ns string) {
 			t.Errorf("%s pod: %v", p.system, err)
 			continue
 		}
-		LogSpecPod(t, sp)
+		framework.LogSpecPod(t, sp)
 		ctr := sp.Pod.Spec.Containers[0]
 		if p.devicePlugin {
 			checkDevicePluginPod(t, c, sp)
@@ -119,22 +121,22 @@ func legacyPodsRun(t *testing.T, owner testing.TB, c *Cluster, ns string) {
 			t.Errorf("%s pod %s: resources still name %v after translation", p.system, p.name, names)
 		}
 		tmpl := translatedTemplate(t, c, sp.Pod, legacy.ClaimName(false, 0))
-		d := claimOf(t, c, sp, legacy.ClaimName(false, 0))
-		wantConsumed(t, p.name, d, map[string]string{"memory": p.memory})
+		d := framework.ClaimOf(t, c, sp, legacy.ClaimName(false, 0))
+		framework.WantConsumed(t, p.name, d, map[string]string{"memory": p.memory})
 		limit := p.cores
 		if q, ok := d.Result.ConsumedCapacity["cores"]; p.cores == 0 && ok && !q.IsZero() {
 			t.Errorf("pod %s: consumed %s cores, want none", p.name, q.String())
 		} else if p.cores != 0 {
-			wantConsumed(t, p.name, d, map[string]string{"cores": fmt.Sprint(p.cores)})
+			framework.WantConsumed(t, p.name, d, map[string]string{"cores": fmt.Sprint(p.cores)})
 		}
 		if limit == 0 {
 			limit = 100 // no cores guaranteed: the share may use them all
 		}
-		want := shareGPU(t, d, p.memory, limit)
-		wantGPUs(t, "pod "+p.name, sp.Env, want)
+		want := framework.ShareGPU(t, d, p.memory, limit)
+		framework.WantGPUs(t, "pod "+p.name, sp.Env, want)
 		t.Logf("%s pod %s (%s): template %s, claim %s on %s consumed %v; the container saw %s",
 			p.system, p.name, describeLegacy(p.limits, p.requests), tmpl, d.Result.Request, d.Result.Device,
-			d.Result.ConsumedCapacity, gpuEnvLine(sp.Env, want.minor))
+			d.Result.ConsumedCapacity, gpuEnvLine(sp.Env, want.Minor))
 	}
 }
 
@@ -142,7 +144,7 @@ func legacyPodsRun(t *testing.T, owner testing.TB, c *Cluster, ns string) {
 // reached no webhook (no resourceClaims); the scheduler made its claim from
 // nvidia-gpu.gpu.tessera.dev, one whole GPU, which the container sees
 // exactly, without limits.
-func checkDevicePluginPod(t *testing.T, c *Cluster, sp SpecPod) {
+func checkDevicePluginPod(t *testing.T, c *framework.Cluster, sp framework.SpecPod) {
 	t.Helper()
 	ctx := context.Background()
 	ctr := sp.Pod.Spec.Containers[0]
@@ -180,11 +182,11 @@ func checkDevicePluginPod(t *testing.T, c *Cluster, sp SpecPod) {
 		t.Errorf("pod %s: claim %s devices %+v, want one whole GPU", sp.Pod.Name, ers.ResourceClaimName, devs)
 		return
 	}
-	want := wholeGPU(t, devs[0])
-	wantGPUs(t, "pod "+sp.Pod.Name, sp.Env, want)
-	noShareEnv(t, "pod "+sp.Pod.Name, sp.Env)
+	want := framework.WholeGPU(t, devs[0])
+	framework.WantGPUs(t, "pod "+sp.Pod.Name, sp.Env, want)
+	framework.NoShareEnv(t, "pod "+sp.Pod.Name, sp.Env)
 	t.Logf("device-plugin pod %s (limits nvidia.com/gpu: 1, kept): scheduler-made claim %s of class %s, whole GPU %s; the container saw %s",
-		sp.Pod.Name, ers.ResourceClaimName, legacy.DeviceClassName, devs[0].Result.Device, gpuEnvLine(sp.Env, want.minor))
+		sp.Pod.Name, ers.ResourceClaimName, legacy.DeviceClassName, devs[0].Result.Device, gpuEnvLine(sp.Env, want.Minor))
 }
 
 // legacyReadmission: a server-side dry run of the HAMi pod as written gets
@@ -192,7 +194,7 @@ func checkDevicePluginPod(t *testing.T, c *Cluster, sp SpecPod) {
 // template) and changes no template; a dry run of the running, translated
 // pod's own spec comes back with its claims, resources and annotations as
 // they were.
-func legacyReadmission(t *testing.T, c *Cluster, ns string) {
+func legacyReadmission(t *testing.T, c *framework.Cluster, ns string) {
 	ctx := context.Background()
 	running, err := c.Client.CoreV1().Pods(ns).Get(ctx, "hami", metav1.GetOptions{})
 	if err != nil {
@@ -242,7 +244,7 @@ func legacyReadmission(t *testing.T, c *Cluster, ns string) {
 // nvidia.com/gpu: 1, gpumem: 2000, gpucores: 20) keeps them in its own
 // template, and each pod its ReplicaSet creates is translated at CREATE to
 // a claim from one shared template, runs and sees its share.
-func legacyDeployment(t *testing.T, c *Cluster, ns string) {
+func legacyDeployment(t *testing.T, c *framework.Cluster, ns string) {
 	ctx := context.Background()
 	const name = "hami-deploy"
 	limits := map[string]string{legacy.NvidiaGPU: "1", legacy.HAMiMemory: "2000", legacy.HAMiCores: "20"}
@@ -268,13 +270,13 @@ func legacyDeployment(t *testing.T, c *Cluster, ns string) {
 	})
 	var pods []corev1.Pod
 	selector := labels.SelectorFromSet(labels.Set{"app": name}).String()
-	err := Poll(ctx, "the Deployment's 2 pods", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the Deployment's 2 pods", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		pods = list.Items
-		return len(pods) == 2, retry("%d pods", len(pods))
+		return len(pods) == 2, framework.Retry("%d pods", len(pods))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -285,13 +287,13 @@ func legacyDeployment(t *testing.T, c *Cluster, ns string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		LogSpecPod(t, sp)
+		framework.LogSpecPod(t, sp)
 		templates[translatedTemplate(t, c, sp.Pod, legacy.ClaimName(false, 0))] = true
-		d := claimOf(t, c, sp, legacy.ClaimName(false, 0))
-		wantConsumed(t, pod.Name, d, map[string]string{"memory": "2000Mi", "cores": "20"})
-		want := shareGPU(t, d, "2000Mi", 20)
-		wantGPUs(t, "pod "+pod.Name, sp.Env, want)
-		t.Logf("Deployment pod %s: claim on %s; the container saw %s", pod.Name, d.Result.Device, gpuEnvLine(sp.Env, want.minor))
+		d := framework.ClaimOf(t, c, sp, legacy.ClaimName(false, 0))
+		framework.WantConsumed(t, pod.Name, d, map[string]string{"memory": "2000Mi", "cores": "20"})
+		want := framework.ShareGPU(t, d, "2000Mi", 20)
+		framework.WantGPUs(t, "pod "+pod.Name, sp.Env, want)
+		t.Logf("Deployment pod %s: claim on %s; the container saw %s", pod.Name, d.Result.Device, gpuEnvLine(sp.Env, want.Minor))
 	}
 	if len(templates) != 1 {
 		t.Errorf("the Deployment's pods use templates %v, want one (equal shapes share a template)", slices.Sorted(maps.Keys(templates)))
@@ -312,9 +314,9 @@ func legacyDeployment(t *testing.T, c *Cluster, ns string) {
 // gpucores 60) and the pod's own claim (a share of 8Gi and 50 cores: the two
 // cannot fit one GPU's 100 cores): the translation appends its claim to the
 // pod's, and the container sees exactly both GPUs with each share's limits.
-func legacyBesideOwnClaim(t *testing.T, c *Cluster, ns string) {
+func legacyBesideOwnClaim(t *testing.T, c *framework.Cluster, ns string) {
 	ctx := context.Background()
-	c.Apply(t, ns, MustDecodeYAML(t, ShareClaimYAML("own", "8Gi", "50"))...)
+	c.Apply(t, ns, framework.Claim{Name: "own", Memory: "8Gi", Cores: "50"}.Object())
 	pod := legacyPod("mixed", map[string]string{legacy.NvidiaGPU: "1", legacy.HAMiMemory: "4000", legacy.HAMiCores: "60"}, nil)
 	pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "mine", ResourceClaimName: ptr.To("own")}}
 	pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "mine"}}
@@ -330,24 +332,20 @@ func legacyBesideOwnClaim(t *testing.T, c *Cluster, ns string) {
 	if !slices.Equal(refs, wantEntries) {
 		t.Errorf("pod mixed: the container references claims %v, want %v", refs, wantEntries)
 	}
-	sp, err := c.WaitForEnvPod(ctx, ns, "mixed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	LogSpecPod(t, sp)
-	own := claimOf(t, c, sp, "mine")
-	translated := claimOf(t, c, sp, legacy.ClaimName(false, 0))
-	wantConsumed(t, "mixed", own, map[string]string{"memory": "8Gi", "cores": "50"})
-	wantConsumed(t, "mixed", translated, map[string]string{"memory": "4000Mi", "cores": "60"})
-	a, b := shareGPU(t, own, "8Gi", 50), shareGPU(t, translated, "4000Mi", 60)
-	wantGPUs(t, "pod mixed", sp.Env, a, b)
+	sp := c.EnvOf(ctx, t, ns, "mixed")
+	own := framework.ClaimOf(t, c, sp, "mine")
+	translated := framework.ClaimOf(t, c, sp, legacy.ClaimName(false, 0))
+	framework.WantConsumed(t, "mixed", own, map[string]string{"memory": "8Gi", "cores": "50"})
+	framework.WantConsumed(t, "mixed", translated, map[string]string{"memory": "4000Mi", "cores": "60"})
+	a, b := framework.ShareGPU(t, own, "8Gi", 50), framework.ShareGPU(t, translated, "4000Mi", 60)
+	framework.WantGPUs(t, "pod mixed", sp.Env, a, b)
 	t.Logf("pod mixed: claims %v; own claim on %s, translated on %s; the container saw %s and %s",
-		wantEntries, own.Result.Device, translated.Result.Device, gpuEnvLine(sp.Env, a.minor), gpuEnvLine(sp.Env, b.minor))
+		wantEntries, own.Result.Device, translated.Result.Device, gpuEnvLine(sp.Env, a.Minor), gpuEnvLine(sp.Env, b.Minor))
 }
 
 // legacyContradiction: gpumem and gpumem-percentage together are refused
 // at create (422) with the field; no pod and no template is made.
-func legacyContradiction(t *testing.T, c *Cluster, ns string) {
+func legacyContradiction(t *testing.T, c *framework.Cluster, ns string) {
 	ctx := context.Background()
 	before := templateVersions(t, c, ns)
 	pod := legacyPod("contradictory", map[string]string{
@@ -375,7 +373,7 @@ func legacyContradiction(t *testing.T, c *Cluster, ns string) {
 // requests.nvidia.com/gpu: 1, a device-plugin pod is admitted, runs on a
 // whole GPU and is counted (status.used 1); a second one is refused with
 // the quota's message.
-func legacyQuota(t *testing.T, c *Cluster) {
+func legacyQuota(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := translatingNamespace(t, c, "e2e-legacy-quota")
 	const quota, key = "gpus", corev1.ResourceName("requests." + legacy.NvidiaGPU)
@@ -387,10 +385,10 @@ func legacyQuota(t *testing.T, c *Cluster) {
 		t.Fatal(err)
 	}
 	// The quota admits nothing it has not computed: wait for status.hard.
-	err = Poll(ctx, "quota "+quota+" to be computed", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "quota "+quota+" to be computed", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, quota, metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		_, ok := q.Status.Hard[key]
 		return ok, nil
@@ -400,20 +398,16 @@ func legacyQuota(t *testing.T, c *Cluster) {
 	}
 	limits := map[string]string{legacy.NvidiaGPU: "1"}
 	createPod(t, t, c, ns, legacyPod("counted", limits, nil))
-	sp, err := c.WaitForEnvPod(ctx, ns, "counted")
-	if err != nil {
-		t.Fatal(err)
-	}
-	LogSpecPod(t, sp)
+	sp := c.EnvOf(ctx, t, ns, "counted")
 	checkDevicePluginPod(t, c, sp)
 	var used resource.Quantity
-	err = Poll(ctx, "quota "+quota+" to count the pod", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "quota "+quota+" to count the pod", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		q, err := c.Client.CoreV1().ResourceQuotas(ns).Get(ctx, quota, metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		used = q.Status.Used[key]
-		return used.Value() == 1, retry("used %s", used.String())
+		return used.Value() == 1, framework.Retry("used %s", used.String())
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -423,7 +417,7 @@ func legacyQuota(t *testing.T, c *Cluster) {
 	want := fmt.Sprintf("exceeded quota: %s, requested: %s=1, used: %s=1, limited: %s=1", quota, key, key, key)
 	var refusal error
 	admitted := 0
-	err = Poll(ctx, "the quota to refuse a second pod", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the quota to refuse a second pod", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.CoreV1().Pods(ns).Create(ctx, legacyPod("over", limits, nil), metav1.CreateOptions{})
 		if err != nil {
 			refusal = err
@@ -452,7 +446,7 @@ func legacyQuota(t *testing.T, c *Cluster) {
 }
 
 // translatingNamespace is a test namespace labelled for translation.
-func translatingNamespace(t *testing.T, c *Cluster, prefix string) string {
+func translatingNamespace(t *testing.T, c *framework.Cluster, prefix string) string {
 	t.Helper()
 	ns := c.Namespace(t, prefix)
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, legacypods.NamespaceLabel)
@@ -466,20 +460,20 @@ func translatingNamespace(t *testing.T, c *Cluster, prefix string) string {
 // returns when the webhook's new replicas are ready, but an old replica may
 // still answer the API server for a moment. Five dry runs of the HAMi pod in
 // a row must come back translated.
-func waitForTranslation(t *testing.T, c *Cluster, ns string) {
+func waitForTranslation(t *testing.T, c *framework.Cluster, ns string) {
 	t.Helper()
 	p := legacySystemPods[0]
 	inARow := 0
-	err := Poll(context.Background(), "the webhook to translate pods", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), "the webhook to translate pods", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		out, err := c.Client.CoreV1().Pods(ns).Create(ctx, legacyPod("probe", p.limits, p.requests),
 			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		switch {
 		case err != nil:
 			inARow = 0
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		case len(out.Spec.ResourceClaims) == 0:
 			inARow = 0
-			return false, retry("not translated: resources %v", out.Spec.Containers[0].Resources)
+			return false, framework.Retry("not translated: resources %v", out.Spec.Containers[0].Resources)
 		}
 		inARow++
 		return inARow == 5, nil
@@ -509,8 +503,8 @@ func legacyPod(name string, limits, requests map[string]string) *corev1.Pod {
 			TerminationGracePeriodSeconds: &grace,
 			Containers: []corev1.Container{{
 				Name:      "ctr",
-				Image:     EnvImage,
-				Command:   []string{"sh", "-c", EnvCommand},
+				Image:     framework.EnvImage,
+				Command:   []string{"sh", "-c", framework.EnvCommand},
 				Resources: corev1.ResourceRequirements{Limits: list(limits), Requests: list(requests)},
 			}},
 		},
@@ -519,7 +513,7 @@ func legacyPod(name string, limits, requests map[string]string) *corev1.Pod {
 
 // createPod creates pod in ns, returns it as admitted, and deletes it
 // (gracefully) when owner (t or a parent test) ends.
-func createPod(t *testing.T, owner testing.TB, c *Cluster, ns string, pod *corev1.Pod) *corev1.Pod {
+func createPod(t *testing.T, owner testing.TB, c *framework.Cluster, ns string, pod *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	created, err := c.Client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
 	if err != nil {
@@ -537,7 +531,7 @@ func createPod(t *testing.T, owner testing.TB, c *Cluster, ns string, pod *corev
 // translatedTemplate checks that the pod's claim entry refers to a
 // ResourceClaimTemplate of its namespace that carries Tessera's
 // translation labels, and returns its name.
-func translatedTemplate(t *testing.T, c *Cluster, pod *corev1.Pod, entry string) string {
+func translatedTemplate(t *testing.T, c *framework.Cluster, pod *corev1.Pod, entry string) string {
 	t.Helper()
 	for _, pc := range pod.Spec.ResourceClaims {
 		if pc.Name != entry {
@@ -562,7 +556,7 @@ func translatedTemplate(t *testing.T, c *Cluster, pod *corev1.Pod, entry string)
 
 // templateVersions is every ResourceClaimTemplate of ns, name →
 // resourceVersion.
-func templateVersions(t *testing.T, c *Cluster, ns string) map[string]string {
+func templateVersions(t *testing.T, c *framework.Cluster, ns string) map[string]string {
 	t.Helper()
 	list, err := c.Client.ResourceV1().ResourceClaimTemplates(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -634,9 +628,9 @@ func describeLegacy(limits, requests map[string]string) string {
 
 // gpuEnvLine prints a container's variables of GPU minor.
 func gpuEnvLine(env map[string]string, minor int) string {
-	v := GPUVar(minor)
+	v := framework.GPUVar(minor)
 	var parts []string
-	for _, k := range []string{v, v + MemoryLimitSuffix, v + CoresLimitSuffix} {
+	for _, k := range []string{v, v + framework.MemoryLimitSuffix, v + framework.CoresLimitSuffix} {
 		if val, ok := env[k]; ok {
 			parts = append(parts, k+"="+val)
 		}

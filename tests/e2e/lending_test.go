@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,12 +33,6 @@ const (
 	reclaimBudget = 10 * time.Second
 )
 
-// mockKnobURL is the plugin's mock knob (--mock-fault-injection) on its own
-// address (mockKnobBase).
-func mockKnobURL(path string, q url.Values) string {
-	return mockKnobBase() + path + "?" + q.Encode()
-}
-
 // setOwnerActivity makes the mock NVML report a compute process of pod on
 // the GPU with this NVML index, computing at sm percent and using memory.
 func setOwnerActivity(t testing.TB, index string, pod types.UID, sm int, memory string) {
@@ -47,7 +42,7 @@ func setOwnerActivity(t testing.TB, index string, pod types.UID, sm int, memory 
 		t.Fatal(err)
 	}
 	q := url.Values{"gpu": {index}, "pid": {"4242"}, "pod": {string(pod)}, "sm": {strconv.Itoa(sm)}, "memory": {strconv.FormatInt(mem, 10)}}
-	resp, err := http.Post(mockKnobURL("/mock/process", q), "", nil)
+	resp, err := http.Post(framework.MockKnobURL("/mock/process", q), "", nil)
 	if err != nil {
 		t.Fatalf("mock knob: %v", err)
 	}
@@ -74,43 +69,16 @@ func lendingPhase(ctx context.Context, gpu string) (string, error) {
 }
 
 func waitForPhase(ctx context.Context, gpu, phase string, timeout time.Duration) error {
-	return Poll(ctx, gpu+" lending phase "+phase, timeout, func(ctx context.Context) (bool, error) {
+	return framework.Poll(ctx, gpu+" lending phase "+phase, timeout, func(ctx context.Context) (bool, error) {
 		got, err := lendingPhase(ctx, gpu)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if got != phase {
-			return false, retry("phase %s", got)
+			return false, framework.Retry("phase %s", got)
 		}
 		return true, nil
 	})
-}
-
-// waitForPodGone waits until the pod is deleted from the API.
-func (c *Cluster) waitForPodGone(ctx context.Context, ns, name string, timeout time.Duration) error {
-	return Poll(ctx, "pod "+ns+"/"+name+" to be gone", timeout, func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		if err != nil {
-			return false, retry("%v", err)
-		}
-		return false, retry("phase %s, deleting %v", p.Status.Phase, p.DeletionTimestamp != nil)
-	})
-}
-
-// claimEvents returns "reason: message" of the events on a claim.
-func (c *Cluster) claimEvents(ctx context.Context, ns, claim string) ([]string, error) {
-	list, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=ResourceClaim,involvedObject.name=" + claim})
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range list.Items {
-		out = append(out, e.Reason+": "+e.Message)
-	}
-	return out, nil
 }
 
 const ownerClaimYAML = `
@@ -158,11 +126,11 @@ spec:
 // startOwner runs the owner pod on a whole GPU that it lends, with a
 // notebook idling on 10 GiB of it; it returns the GPU's name (gpu-N) and
 // NVML index, and the owner pod.
-func startOwner(t *testing.T, c *Cluster, ns string) (gpu, index string, owner *corev1.Pod) {
+func startOwner(t *testing.T, c *framework.Cluster, ns string) (gpu, index string, owner *corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	c.Apply(t, ns, MustDecodeYAML(t, ownerClaimYAML)...)
-	pods := c.RunObjects(t, ns, EnvPod("owner", "owner", false))
+	c.Apply(t, ns, framework.MustDecodeYAML(t, ownerClaimYAML)...)
+	pods := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))
 	owner = pods["owner"].Pod
 	devs, err := c.AllocatedDevices(ctx, ns, "owner")
 	if err != nil || len(devs) != 1 {
@@ -186,14 +154,14 @@ func TestLendingIdleGPU(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending")
 	const grace = 5
-	c.Apply(t, ns, MustDecodeYAML(t, borrowerClaimYAML("borrower-1", grace)+"---"+borrowerClaimYAML("borrower-2", grace))...)
+	c.Apply(t, ns, framework.MustDecodeYAML(t, borrowerClaimYAML("borrower-1", grace)+"---"+borrowerClaimYAML("borrower-2", grace))...)
 
 	gpu, index, owner := startOwner(t, c, ns)
 	idleFrom := time.Now()
 	t.Logf("owner holds %s (NVML index %s) and idles", gpu, index)
 
 	// The borrower waits until the GPU is lent, then runs beside the owner.
-	c.Apply(t, ns, EnvPod("borrower-1", "borrower-1", false))
+	c.Apply(t, ns, framework.EnvPod("borrower-1", "borrower-1", false))
 	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +170,7 @@ func TestLendingIdleGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("borrower-1 runs %s after the owner turned idle (idle period %s)", time.Since(idleFrom).Round(100*time.Millisecond), lendingIdlePeriod)
-	LogSpecPod(t, b1)
+	framework.LogSpecPod(t, b1)
 	devs, err := c.AllocatedDevices(ctx, ns, "borrower-1")
 	if err != nil || len(devs) != 1 || devs[0].Result.Device != gpu+"-lent" {
 		t.Fatalf("borrower-1's devices %v (%v), want %s-lent", devs, err, gpu)
@@ -211,16 +179,16 @@ func TestLendingIdleGPU(t *testing.T) {
 	if env["TESSERA_PREEMPTIBLE"] != "true" {
 		t.Errorf("borrower env: TESSERA_PREEMPTIBLE=%q, want true", env["TESSERA_PREEMPTIBLE"])
 	}
-	minor, err := DeviceMinor(gpu)
+	minor, err := framework.DeviceMinor(gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env[GPUVar(minor)] != devs[0].Attribute("uuid") {
-		t.Errorf("borrower env: %s=%q, want the owner's GPU %s", GPUVar(minor), env[GPUVar(minor)], devs[0].Attribute("uuid"))
+	if env[framework.GPUVar(minor)] != devs[0].Attribute("uuid") {
+		t.Errorf("borrower env: %s=%q, want the owner's GPU %s", framework.GPUVar(minor), env[framework.GPUVar(minor)], devs[0].Attribute("uuid"))
 	}
 
 	// tessera status shows who borrows what.
-	table := runCLI(t, "status")
+	table := framework.RunCLI(t, "status")
 	if !strings.Contains(table, "lent ") || !strings.Contains(table, "(claim borrower-1: 8Gi") {
 		t.Errorf("tessera status does not show borrower-1 on the lent GPU:\n%s", table)
 	}
@@ -242,7 +210,7 @@ func TestLendingIdleGPU(t *testing.T) {
 	// The owner computes: the borrower is evicted within grace + 10 s.
 	busyAt := time.Now()
 	setOwnerActivity(t, index, owner.UID, 80, strconv.FormatInt(10<<30, 10))
-	if err := c.waitForPodGone(ctx, ns, "borrower-1", grace*time.Second+reclaimBudget+PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, ns, "borrower-1", grace*time.Second+reclaimBudget+framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(busyAt)
@@ -250,7 +218,7 @@ func TestLendingIdleGPU(t *testing.T) {
 	if took > grace*time.Second+reclaimBudget {
 		t.Errorf("reclaim took %s, more than the grace %ds + %s", took, grace, reclaimBudget)
 	}
-	events, err := c.claimEvents(ctx, ns, "borrower-1")
+	events, err := c.ClaimEvents(ctx, ns, "borrower-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +228,7 @@ func TestLendingIdleGPU(t *testing.T) {
 	t.Logf("borrower-1's claim events: %q", events)
 
 	// A second borrower waits while the owner is busy.
-	c.Apply(t, ns, EnvPod("borrower-2", "borrower-2", false))
+	c.Apply(t, ns, framework.EnvPod("borrower-2", "borrower-2", false))
 	if _, err := c.WaitForUnschedulable(ctx, ns, "borrower-2"); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +248,7 @@ func TestLendingIdleGPU(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "owner", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitForPodGone(ctx, ns, "borrower-2", grace*time.Second+reclaimBudget+PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, ns, "borrower-2", grace*time.Second+reclaimBudget+framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("borrower-2 gone %s after the owner's pod was deleted", time.Since(leftAt).Round(100*time.Millisecond))
@@ -304,7 +272,7 @@ func TestBorrowerTolerationsRefused(t *testing.T) {
 		{"everything", `{operator: Exists}`, "tolerates the taint gpu.tessera.dev/not-lent"},
 		{"forever", `{key: gpu.tessera.dev/reclaim, operator: Exists, effect: NoExecute}`, "within 600 seconds"},
 	} {
-		objs := MustDecodeYAML(t, fmt.Sprintf(`
+		objs := framework.MustDecodeYAML(t, fmt.Sprintf(`
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: %s}
@@ -344,15 +312,15 @@ func TestLendingReclaimLatency(t *testing.T) {
 		name := fmt.Sprintf("borrower-%d", i)
 		idleAt := time.Now()
 		setOwnerActivity(t, index, owner.UID, 0, strconv.FormatInt(10<<30, 10))
-		c.Apply(t, ns, MustDecodeYAML(t, borrowerClaimYAML(name, 0))...)
-		c.Apply(t, ns, EnvPod(name, name, false))
+		c.Apply(t, ns, framework.MustDecodeYAML(t, borrowerClaimYAML(name, 0))...)
+		c.Apply(t, ns, framework.EnvPod(name, name, false))
 		if _, err := c.WaitForPodRunning(ctx, ns, name); err != nil {
 			t.Fatal(err)
 		}
 		lend = append(lend, time.Since(idleAt))
 		busyAt := time.Now()
 		setOwnerActivity(t, index, owner.UID, 80, strconv.FormatInt(10<<30, 10))
-		if err := c.waitForPodGone(ctx, ns, name, PodTimeout); err != nil {
+		if err := c.WaitForPodGone(ctx, ns, name, framework.PodTimeout); err != nil {
 			t.Fatal(err)
 		}
 		reclaim = append(reclaim, time.Since(busyAt))
@@ -387,17 +355,17 @@ var resourceClaimsGVR = schema.GroupVersionResource{Group: "resource.k8s.io", Ve
 
 // restartPlugin deletes the kubelet plugin's pod (SIGTERM, as kubectl
 // delete does) and waits for the DaemonSet's new one to be Ready.
-func restartPlugin(t testing.TB, c *Cluster) {
+func restartPlugin(t testing.TB, c *framework.Cluster) {
 	t.Helper()
 	ctx := context.Background()
 	old, err := c.ReadyPluginPod(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Pods(framework.PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitForPodGone(ctx, PluginNamespace, old.Name, PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, framework.PluginNamespace, old.Name, framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
 	p, err := c.ReadyPluginPod(ctx)
@@ -415,13 +383,13 @@ func TestDemoLendIdleNotebook(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-demo-lending")
-	pods := c.RunSpec(t, ns, specPath("70-lend-idle-notebook.yaml"))
-	notebook := claimOf(t, c, pods["notebook"], "gpu")
-	borrowed := claimOf(t, c, pods["batch"], "gpu")
+	pods := c.RunSpec(t, ns, framework.SpecPath("70-lend-idle-notebook.yaml"))
+	notebook := framework.ClaimOf(t, c, pods["notebook"], "gpu")
+	borrowed := framework.ClaimOf(t, c, pods["batch"], "gpu")
 	if borrowed.Result.Device != notebook.Result.Device+"-lent" {
 		t.Fatalf("batch got %s, want the notebook's GPU's lending device %s-lent", borrowed.Result.Device, notebook.Result.Device)
 	}
-	wantEnv(t, pods["batch"], map[string]string{
+	framework.WantEnv(t, pods["batch"], map[string]string{
 		"TESSERA_PREEMPTIBLE":              "true",
 		"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
 		"CUDA_VISIBLE_DEVICES":             borrowed.Attribute("uuid"),
@@ -442,7 +410,7 @@ func TestLendingOwnerNeverWaits(t *testing.T) {
 	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-owners")
-	c.Apply(t, ns, MustDecodeYAML(t, `
+	c.Apply(t, ns, framework.MustDecodeYAML(t, `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: owner}
@@ -458,19 +426,19 @@ spec:
         driver: gpu.tessera.dev
         parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
 `+"---"+borrowerClaimYAML("borrower", 30))...)
-	owner := c.RunObjects(t, ns, EnvPod("owner", "owner", false))["owner"].Pod
+	owner := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))["owner"].Pod
 	devs, err := c.AllocatedDevices(ctx, ns, "owner")
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("owner's devices: %v, %v", devs, err)
 	}
 	shared, index := devs[0].Result.Device, devs[0].Attribute("index")
 	gpu := strings.TrimSuffix(shared, "-shared")
-	minor, err := DeviceMinor(gpu)
+	minor, err := framework.DeviceMinor(gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
 	setOwnerActivity(t, index, owner.UID, 0, strconv.FormatInt(5<<30, 10))
-	c.Apply(t, ns, EnvPod("borrower", "borrower", false))
+	c.Apply(t, ns, framework.EnvPod("borrower", "borrower", false))
 	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -479,25 +447,8 @@ spec:
 	}
 
 	start := time.Now()
-	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: second-owner}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity: {requests: {memory: 10Gi, cores: "20"}}
-        selectors:
-        - cel: {expression: 'device.attributes["gpu.tessera.dev"].minor == %d'}
-    config:
-    - opaque:
-        driver: gpu.tessera.dev
-        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
-`, minor))...)
-	c.Apply(t, ns, EnvPod("second-owner", "second-owner", false))
+	c.Apply(t, ns, framework.Claim{Name: "second-owner", Memory: "10Gi", Cores: "20", Selectors: []string{framework.PinnedToMinor(minor)},
+		Config: framework.GpuConfig("lending: {lendWhenIdle: true}")}.WithPod()...)
 	if _, err := c.WaitForPodRunning(ctx, ns, "second-owner"); err != nil {
 		t.Fatal(err)
 	}
@@ -510,10 +461,10 @@ spec:
 	if d, _ := c.AllocatedDevices(ctx, ns, "second-owner"); len(d) != 1 || d[0].Result.Device != shared {
 		t.Fatalf("second owner's devices %v, want %s", d, shared)
 	}
-	if err := c.waitForPodGone(ctx, ns, "borrower", 30*time.Second+reclaimBudget+PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, ns, "borrower", 30*time.Second+reclaimBudget+framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
-	events, err := c.claimEvents(ctx, ns, "borrower")
+	events, err := c.ClaimEvents(ctx, ns, "borrower")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +478,7 @@ spec:
 // cluster's containers share this host's /proc).
 func hostPIDOf(ctx context.Context, marker string) (int, error) {
 	var pid int
-	err := Poll(ctx, "the process of "+marker, PodTimeout, func(context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the process of "+marker, framework.PodTimeout, func(context.Context) (bool, error) {
 		entries, err := os.ReadDir("/proc")
 		if err != nil {
 			return false, err
@@ -543,7 +494,7 @@ func hostPIDOf(ctx context.Context, marker string) (int, error) {
 				return true, nil
 			}
 		}
-		return false, retry("no process with %s in its command line", marker)
+		return false, framework.Retry("no process with %s in its command line", marker)
 	})
 	return pid, err
 }
@@ -556,7 +507,7 @@ func setProcess(t testing.TB, index string, pid int, pod types.UID, memory int64
 	if remove {
 		q.Set("remove", "true")
 	}
-	resp, err := http.Post(mockKnobURL("/mock/process", q), "", nil)
+	resp, err := http.Post(framework.MockKnobURL("/mock/process", q), "", nil)
 	if err != nil {
 		t.Fatalf("mock knob: %v", err)
 	}
@@ -578,11 +529,11 @@ func TestOutstayingBorrowerKilled(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-kill")
 	const grace = 5
-	c.Apply(t, ns, MustDecodeYAML(t, borrowerClaimYAML("borrower", grace))...)
+	c.Apply(t, ns, framework.MustDecodeYAML(t, borrowerClaimYAML("borrower", grace))...)
 	gpu, index, owner := startOwner(t, c, ns)
 
 	marker := "tessera-outstay-" + ns
-	pod := EnvPod("borrower", "borrower", false)
+	pod := framework.EnvPod("borrower", "borrower", false)
 	spec := pod.Object["spec"].(map[string]any)
 	spec["terminationGracePeriodSeconds"] = int64(86400)
 	ctr := spec["containers"].([]any)[0].(map[string]any)
@@ -610,11 +561,11 @@ func TestOutstayingBorrowerKilled(t *testing.T) {
 	busyAt := time.Now()
 	setOwnerActivity(t, index, owner.UID, 80, strconv.FormatInt(10<<30, 10))
 	bound := grace*time.Second + lendingKillMargin + reclaimBudget
-	err = Poll(ctx, fmt.Sprintf("process %d to end", pid), bound+PodTimeout, func(context.Context) (bool, error) {
+	err = framework.Poll(ctx, fmt.Sprintf("process %d to end", pid), bound+framework.PodTimeout, func(context.Context) (bool, error) {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
 			return true, nil
 		}
-		return false, retry("running")
+		return false, framework.Retry("running")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -627,10 +578,10 @@ func TestOutstayingBorrowerKilled(t *testing.T) {
 	if took < grace*time.Second+lendingKillMargin-2*time.Second {
 		t.Errorf("the borrower's process ended %s after the reclaim, before its grace and the kill margin: it did not ignore SIGTERM, so this test shows nothing", took)
 	}
-	if err := c.waitForPodGone(ctx, ns, "borrower", PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, ns, "borrower", framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
-	events, err := c.claimEvents(ctx, ns, "borrower")
+	events, err := c.ClaimEvents(ctx, ns, "borrower")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -653,7 +604,7 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-consent")
 	const grace = 5
-	c.Apply(t, ns, MustDecodeYAML(t, `
+	c.Apply(t, ns, framework.MustDecodeYAML(t, `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {name: owner}
@@ -669,19 +620,19 @@ spec:
         driver: gpu.tessera.dev
         parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
 `+"---"+borrowerClaimYAML("borrower", grace))...)
-	owner := c.RunObjects(t, ns, EnvPod("owner", "owner", false))["owner"].Pod
+	owner := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))["owner"].Pod
 	devs, err := c.AllocatedDevices(ctx, ns, "owner")
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("owner's devices: %v, %v", devs, err)
 	}
 	shared, index := devs[0].Result.Device, devs[0].Attribute("index")
 	gpu := strings.TrimSuffix(shared, "-shared")
-	minor, err := DeviceMinor(gpu)
+	minor, err := framework.DeviceMinor(gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
 	setOwnerActivity(t, index, owner.UID, 0, strconv.FormatInt(5<<30, 10))
-	c.Apply(t, ns, EnvPod("borrower", "borrower", false))
+	c.Apply(t, ns, framework.EnvPod("borrower", "borrower", false))
 	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -689,41 +640,28 @@ spec:
 		t.Fatal(err)
 	}
 
-	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: private}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity: {requests: {memory: 10Gi, cores: "20"}}
-        selectors:
-        - cel: {expression: 'device.attributes["gpu.tessera.dev"].minor == %d'}
-`, minor))...)
+	c.Apply(t, ns, framework.Claim{Name: "private", Memory: "10Gi", Cores: "20", Selectors: []string{framework.PinnedToMinor(minor)}}.Object())
 	placedAt := time.Now()
-	c.Apply(t, ns, EnvPod("private", "private", false))
+	c.Apply(t, ns, framework.EnvPod("private", "private", false))
 	// Its prepare is refused and the GPU taken back at once.
-	err = Poll(ctx, "the private claim to wait for the borrower", PodTimeout, func(ctx context.Context) (bool, error) {
-		events, err := c.claimEvents(ctx, ns, "private")
+	err = framework.Poll(ctx, "the private claim to wait for the borrower", framework.PodTimeout, func(ctx context.Context) (bool, error) {
+		events, err := c.ClaimEvents(ctx, ns, "private")
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, "WaitingForBorrowers: ") }) {
 			return true, nil
 		}
-		return false, retry("events %q", events)
+		return false, framework.Retry("events %q", events)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitForPodGone(ctx, ns, "borrower", grace*time.Second+reclaimBudget+PodTimeout); err != nil {
+	if err := c.WaitForPodGone(ctx, ns, "borrower", grace*time.Second+reclaimBudget+framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("borrower gone %s after the private share was created", time.Since(placedAt).Round(100*time.Millisecond))
-	events, err := c.claimEvents(ctx, ns, "borrower")
+	events, err := c.ClaimEvents(ctx, ns, "borrower")
 	if err != nil {
 		t.Fatal(err)
 	}

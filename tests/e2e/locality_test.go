@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -61,7 +62,7 @@ func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
 		}
 	})
 	before := timeToBind(t, c, "before")
-	helmValues(t, c, map[string]any{"locality": map[string]any{"enabled": true}})
+	framework.HelmValues(t, c, map[string]any{"locality": map[string]any{"enabled": true}})
 	waitLocalityVerdicts(t, c)
 	after := timeToBind(t, c, "after")
 	t.Logf("one unlabelled share on an idle node, creation to bound: %v without locality, %v with (the verdict's wait)",
@@ -101,7 +102,7 @@ func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
 		}
 		t.Logf("attempt %d: after %v: pending while a GPU would take them: %s; retrying once in a fresh namespace",
 			attempt, elapsed.Round(time.Second), strings.Join(stuck, "; "))
-		c.deleteNamespace(t, ns)
+		c.DeleteNamespace(t, ns)
 		waitNoFences(t, c)
 	}
 	logSchedulingLatency(t, c, ns)
@@ -112,15 +113,15 @@ func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
 	// hold unlabelled shares, and the finance report, exclusive, rightly
 	// finds no GPU): the replicas on two GPUs, the ETL stages on one, the
 	// finance report on a GPU of its own group.
-	c.deleteNamespace(t, ns)
+	c.DeleteNamespace(t, ns)
 	demoNS := c.Namespace(t, "e2e-locality-demo")
-	demo := c.RunSpec(t, demoNS, specPath("85-locality.yaml"))
+	demo := c.RunSpec(t, demoNS, framework.SpecPath("85-locality.yaml"))
 	device := func(pod string) string {
 		p, ok := demo[pod]
 		if !ok {
 			t.Fatalf("demo pod %s did not run", pod)
 		}
-		return claimOf(t, c, p, "gpu").Result.Device
+		return framework.ClaimOf(t, c, p, "gpu").Result.Device
 	}
 	if a, b := device("llm-replica-0"), device("llm-replica-1"); a == b {
 		t.Errorf("both LLM replicas (antiAffinity) on %s", a)
@@ -135,7 +136,7 @@ func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
 
 // runLocalityWorkload creates the 24 labelled claims and their pods at once
 // in a new namespace and waits (bounded) for every pod to run.
-func runLocalityWorkload(t *testing.T, c *Cluster) (string, []string, time.Duration, error) {
+func runLocalityWorkload(t *testing.T, c *framework.Cluster) (string, []string, time.Duration, error) {
 	groups := []localityGroup{
 		{prefix: "tenant", n: 3, memory: "16Gi", labels: locality.Labels{Exclusion: "tenant-a"}},
 		{prefix: "replica", n: 5, memory: "8Gi", labels: locality.Labels{AntiAffinity: "replicas"}},
@@ -161,7 +162,7 @@ func runLocalityWorkload(t *testing.T, c *Cluster) (string, []string, time.Durat
 	errs := make(chan error, len(pods))
 	for _, name := range pods {
 		wg.Go(func() {
-			pod := EnvPod(name, name, false)
+			pod := framework.EnvPod(name, name, false)
 			var typed corev1.Pod
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(pod.Object, &typed); err != nil {
 				errs <- err
@@ -179,19 +180,19 @@ func runLocalityWorkload(t *testing.T, c *Cluster) (string, []string, time.Durat
 	}
 
 	// Every pod runs; the wait is bounded and says which did not.
-	err := Poll(ctx, "every locality pod to run", 120*time.Second, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "every locality pod to run", 120*time.Second, func(ctx context.Context) (bool, error) {
 		list, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		var waiting []string
 		for _, p := range list.Items {
 			if p.Status.Phase != corev1.PodRunning {
-				waiting = append(waiting, p.Name+": "+stuck(&p))
+				waiting = append(waiting, p.Name+": "+framework.Stuck(&p))
 			}
 		}
 		if len(waiting) > 0 {
-			return false, retry("%d of %d pods not running: %s", len(waiting), len(pods), strings.Join(waiting, "; "))
+			return false, framework.Retry("%d of %d pods not running: %s", len(waiting), len(pods), strings.Join(waiting, "; "))
 		}
 		return true, nil
 	})
@@ -204,7 +205,7 @@ func runLocalityWorkload(t *testing.T, c *Cluster) (string, []string, time.Durat
 // would are returned apart, by name. What is left of a GPU is its shared
 // device's capacity less what every allocated claim of the cluster holds of
 // it (pkg/accounting: a whole GPU holds all of it).
-func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []string) {
+func stuckWithPlacement(t *testing.T, c *framework.Cluster, ns string) (stuck, none []string) {
 	t.Helper()
 	ctx := context.Background()
 	slices_, err := c.DriverSlices(ctx)
@@ -291,15 +292,15 @@ func stuckWithPlacement(t *testing.T, c *Cluster, ns string) (stuck, none []stri
 
 // waitNoFences waits (bounded) until the locality controller has lifted
 // every fence.
-func waitNoFences(t *testing.T, c *Cluster) {
+func waitNoFences(t *testing.T, c *framework.Cluster) {
 	t.Helper()
-	err := Poll(context.Background(), "the locality fences to be lifted", 90*time.Second, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), "the locality fences to be lifted", 90*time.Second, func(ctx context.Context) (bool, error) {
 		list, err := c.Client.ResourceV1().DeviceTaintRules().List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/managed-by=tessera-locality"})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if len(list.Items) > 0 {
-			return false, retry("%d fences", len(list.Items))
+			return false, framework.Retry("%d fences", len(list.Items))
 		}
 		return true, nil
 	})
@@ -313,7 +314,7 @@ func waitNoFences(t *testing.T, c *Cluster) {
 // server's per-driver check), but the chart's verdict policy refuses it a
 // write that rewrites what the node reported there: the attestation of a
 // running pod's share stays as the kubelet plugin wrote it.
-func controllerCannotForgeAttestation(t *testing.T, c *Cluster, ns, claimName string) {
+func controllerCannotForgeAttestation(t *testing.T, c *framework.Cluster, ns, claimName string) {
 	t.Helper()
 	ctx := context.Background()
 	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
@@ -336,8 +337,8 @@ func controllerCannotForgeAttestation(t *testing.T, c *Cluster, ns, claimName st
 	}
 	cfg := rest.CopyConfig(c.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + installNamespace + ":tessera-locality",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + installNamespace, "system:authenticated"},
+		UserName: "system:serviceaccount:" + framework.InstallNamespace + ":tessera-locality",
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + framework.InstallNamespace, "system:authenticated"},
 	}
 	as, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -364,7 +365,7 @@ func controllerCannotForgeAttestation(t *testing.T, c *Cluster, ns, claimName st
 // logLocalityStuck logs, for pods that do not run, the pod's conditions
 // and events and its claim's allocation and verdicts, then the fences and
 // the locality controller's logs.
-func logLocalityStuck(t *testing.T, c *Cluster, ns string) {
+func logLocalityStuck(t *testing.T, c *framework.Cluster, ns string) {
 	t.Helper()
 	ctx := context.Background()
 	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -376,7 +377,7 @@ func logLocalityStuck(t *testing.T, c *Cluster, ns string) {
 		if p.Status.Phase == corev1.PodRunning {
 			continue
 		}
-		t.Logf("%s", c.describePod(ctx, ns, p.Name))
+		t.Logf("%s", c.DescribePod(ctx, ns, p.Name))
 		claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, p.Name, metav1.GetOptions{})
 		if err != nil {
 			t.Logf("  claim: %v", err)
@@ -399,7 +400,7 @@ func logLocalityStuck(t *testing.T, c *Cluster, ns string) {
 			t.Logf("DeviceTaintRule %s: %s %s/%s", r.Name, r.Spec.Taint.Key, ptr.Deref(r.Spec.DeviceSelector.Pool, ""), ptr.Deref(r.Spec.DeviceSelector.Device, ""))
 		}
 	}
-	ctrl, err := c.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=locality-controller"})
+	ctrl, err := c.Client.CoreV1().Pods(framework.InstallNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=locality-controller"})
 	if err != nil {
 		t.Logf("list locality controller pods: %v", err)
 		return
@@ -417,7 +418,7 @@ func logLocalityStuck(t *testing.T, c *Cluster, ns string) {
 
 // checkLocality fails the test when the placed shares of the cluster break
 // a locality rule; it logs every GPU's shares.
-func checkLocality(t *testing.T, c *Cluster) {
+func checkLocality(t *testing.T, c *framework.Cluster) {
 	t.Helper()
 	ctx := context.Background()
 	claims, lerr := c.Client.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{})
@@ -457,30 +458,17 @@ func localityClaim(t *testing.T, name string, g localityGroup) *resourceapi.Reso
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: "shared.gpu.tessera.dev",
-				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-					"memory": resource.MustParse(g.memory), "cores": resource.MustParse("5"),
-				}},
-			}}},
-			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: Driver, Parameters: runtime.RawExtension{Raw: raw}},
-			}}},
-		}},
-	}
+	return framework.Claim{Name: name, Memory: g.memory, Cores: "5", Config: string(raw)}.ResourceClaim()
 }
 
 // waitLocalityVerdicts waits until every shared device of the driver carries
 // the locality binding conditions (the plugin republished after its restart).
-func waitLocalityVerdicts(t *testing.T, c *Cluster) {
+func waitLocalityVerdicts(t *testing.T, c *framework.Cluster) {
 	t.Helper()
-	err := Poll(context.Background(), "shared devices to publish the locality binding conditions", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), "shared devices to publish the locality binding conditions", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		slices_, err := c.DriverSlices(ctx)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		n := 0
 		for _, s := range slices_ {
@@ -489,13 +477,13 @@ func waitLocalityVerdicts(t *testing.T, c *Cluster) {
 					continue
 				}
 				if !slices.Contains(d.BindingConditions, model.LocalityAcceptedCondition) {
-					return false, retry("device %s has binding conditions %v", d.Name, d.BindingConditions)
+					return false, framework.Retry("device %s has binding conditions %v", d.Name, d.BindingConditions)
 				}
 				n++
 			}
 		}
 		if n == 0 {
-			return false, retry("no shared device published")
+			return false, framework.Retry("no shared device published")
 		}
 		return true, nil
 	})
@@ -507,7 +495,7 @@ func waitLocalityVerdicts(t *testing.T, c *Cluster) {
 // logSchedulingLatency logs, over the namespace's pods, the time from
 // creation to PodScheduled (whole seconds, the API's resolution): with
 // locality on it includes the wait for the verdict in PreBind.
-func logSchedulingLatency(t *testing.T, c *Cluster, ns string) {
+func logSchedulingLatency(t *testing.T, c *framework.Cluster, ns string) {
 	list, err := c.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Logf("latency: %v", err)
@@ -531,9 +519,9 @@ func logSchedulingLatency(t *testing.T, c *Cluster, ns string) {
 
 // logVerdicts logs how many verdicts the locality controller's replicas
 // wrote, accepted and rejected by reason (from their logs, --v=2).
-func logVerdicts(t *testing.T, c *Cluster) {
+func logVerdicts(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
-	list, err := c.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=locality-controller"})
+	list, err := c.Client.CoreV1().Pods(framework.InstallNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=locality-controller"})
 	if err != nil {
 		t.Logf("verdicts: %v", err)
 		return
@@ -565,7 +553,7 @@ func logVerdicts(t *testing.T, c *Cluster) {
 // timeToBind creates one unlabelled 8Gi share pod in a namespace of its own
 // and returns the time from its creation until it is bound to the node (as
 // this test sees it, polling), then deletes it.
-func timeToBind(t *testing.T, c *Cluster, what string) time.Duration {
+func timeToBind(t *testing.T, c *framework.Cluster, what string) time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-locality-"+what)
@@ -573,7 +561,7 @@ func timeToBind(t *testing.T, c *Cluster, what string) time.Duration {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(EnvPod("one", "one", false).Object, &pod); err != nil {
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(framework.EnvPod("one", "one", false).Object, &pod); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -581,13 +569,13 @@ func timeToBind(t *testing.T, c *Cluster, what string) time.Duration {
 		t.Fatal(err)
 	}
 	var took time.Duration
-	err := Poll(ctx, "pod "+ns+"/one to be bound", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "pod "+ns+"/one to be bound", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "one", metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		if p.Spec.NodeName == "" {
-			return false, retry("not bound: %s", stuck(p))
+			return false, framework.Retry("not bound: %s", framework.Stuck(p))
 		}
 		took = time.Since(start)
 		return true, nil

@@ -7,32 +7,27 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
 
 // cluster is the cluster every test uses; TestMain sets it. Tests get it from
 // needCluster.
-var cluster *Cluster
+var cluster *framework.Cluster
 
 // needCluster returns the cluster under test, or fails the test saying how to
 // give it one.
-func needCluster(t testing.TB) *Cluster {
+func needCluster(t testing.TB) *framework.Cluster {
 	t.Helper()
 	if cluster == nil {
 		t.Fatal("no cluster: set KUBECONFIG, or TESSERA_E2E_START=1 to start the local one (see tests/e2e/README.md)")
 	}
 	return cluster
 }
-
-// repoRoot is the repository's root, from this file's location.
-var repoRoot = func() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}()
 
 // TestMain finds the cluster:
 //   - KUBECONFIG set: that cluster (Tessera installed or not; tests that need the
@@ -55,7 +50,7 @@ func run(m *testing.M) int {
 			}
 			defer unlock()
 		}
-		local := filepath.Join(repoRoot, "demo", "clusters", "local")
+		local := filepath.Join(framework.RepoRoot, "demo", "clusters", "local")
 		if err := script(filepath.Join(local, "cluster.sh"), "up"); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
 			return 1
@@ -89,7 +84,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	c, err := NewCluster(kubeconfig)
+	c, err := framework.NewCluster(kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
@@ -106,12 +101,6 @@ func script(path string, args ...string) error {
 		return fmt.Errorf("%s %s: %w", path, strings.Join(args, " "), err)
 	}
 	return nil
-}
-
-// testdata returns the path of a file in testdata/.
-func testdata(t testing.TB, name string) string {
-	t.Helper()
-	return filepath.Join(repoRoot, "tests", "e2e", "testdata", name)
 }
 
 // lockCluster takes the machine's local-cluster lock (the file the Makefile's

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,40 +56,11 @@ func migClaim(name, profile, config string) *unstructured.Unstructured {
 // migClaimOn is migClaim on the GPU with this minor ("": any): GPU 0's
 // static instances have profiles that GPU 1's placements have too.
 func migClaimOn(name, profile, config, minor string) *unstructured.Unstructured {
-	on := ""
+	sel := fmt.Sprintf(`device.attributes["gpu.tessera.dev"].profile == "%s"`, profile)
 	if minor != "" {
-		on = ` && device.attributes["gpu.tessera.dev"].minor == ` + minor
+		sel += ` && device.attributes["gpu.tessera.dev"].minor == ` + minor
 	}
-	cfg := ""
-	if config != "" {
-		cfg = fmt.Sprintf(`
-      config:
-      - opaque:
-          driver: gpu.tessera.dev
-          parameters: %s`, config)
-	}
-	return mustDecodeOne(fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: %s}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: %s
-          selectors: [{cel: {expression: 'device.attributes["gpu.tessera.dev"].profile == "%s"%s'}}]%s
-`, name, migClass, profile, on, cfg))
-}
-
-// mustDecodeOne decodes one object of the test's own YAML.
-func mustDecodeOne(doc string) *unstructured.Unstructured {
-	objs, err := DecodeYAML([]byte(doc))
-	if err != nil || len(objs) != 1 {
-		panic(fmt.Sprintf("decode %q: %v (%d objects)", doc, err, len(objs)))
-	}
-	return objs[0]
+	return framework.Claim{Name: name, Template: true, Class: migClass, Selectors: []string{sel}, Config: config}.Object()
 }
 
 // mockMIGState is the part of the mock's MIG state file the tests read.
@@ -128,7 +101,7 @@ func migInstances(t testing.TB, index string) []string {
 func waitMIGInstances(t testing.TB, index string, n int) []string {
 	t.Helper()
 	var got []string
-	err := Poll(context.Background(), fmt.Sprintf("GPU %s to have %d MIG instances", index, n), PodTimeout, func(context.Context) (bool, error) {
+	err := framework.Poll(context.Background(), fmt.Sprintf("GPU %s to have %d MIG instances", index, n), framework.PodTimeout, func(context.Context) (bool, error) {
 		got = migInstances(t, index)
 		return len(got) == n, nil
 	})
@@ -140,11 +113,11 @@ func waitMIGInstances(t testing.TB, index string, n int) []string {
 
 // waitDynamicPlacements waits until the driver publishes n devices whose
 // names start with prefix, and returns their names.
-func (c *Cluster) waitDynamicPlacements(t testing.TB, prefix string, n int) []string {
+func waitDynamicPlacements(c *framework.Cluster, t testing.TB, prefix string, n int) []string {
 	t.Helper()
 	var names []string
-	err := Poll(context.Background(), fmt.Sprintf("%d devices %s* to be published", n, prefix), PodTimeout, func(ctx context.Context) (bool, error) {
-		devices, err := c.publishedDevices(ctx)
+	err := framework.Poll(context.Background(), fmt.Sprintf("%d devices %s* to be published", n, prefix), framework.PodTimeout, func(ctx context.Context) (bool, error) {
+		devices, err := publishedDevices(c, ctx)
 		if err != nil {
 			return false, err
 		}
@@ -164,7 +137,7 @@ func (c *Cluster) waitDynamicPlacements(t testing.TB, prefix string, n int) []st
 }
 
 // publishedDevices are the names of the driver's published devices.
-func (c *Cluster) publishedDevices(ctx context.Context) (map[string]resourceapi.Device, error) {
+func publishedDevices(c *framework.Cluster, ctx context.Context) (map[string]resourceapi.Device, error) {
 	published, err := c.DriverSlices(ctx)
 	if err != nil {
 		return nil, err
@@ -192,7 +165,7 @@ func staticMIG(devices map[string]resourceapi.Device, profile string) resourceap
 // postMockKnob posts to the plugin's mock knob and fails on an error.
 func postMockKnob(t testing.TB, path string, q url.Values) {
 	t.Helper()
-	resp, err := http.Post(mockKnobURL(path, q), "", nil)
+	resp, err := http.Post(framework.MockKnobURL(path, q), "", nil)
 	if err != nil {
 		t.Fatalf("mock knob %s: %v", path, err)
 	}
@@ -213,15 +186,15 @@ func postMockKnob(t testing.TB, path string, q url.Values) {
 func TestMIG(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", migClass)
-	RequireNodeFiles(t)
+	framework.RequireNodeFiles(t)
 	ctx := context.Background()
-	helmValues(t, c, migValues(nil))
+	framework.HelmValues(t, c, migValues(nil))
 
 	// What the node publishes.
 	var devices map[string]resourceapi.Device
-	err := Poll(ctx, "the MIG devices to be published", PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the MIG devices to be published", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		var err error
-		devices, err = c.publishedDevices(ctx)
+		devices, err = publishedDevices(c, ctx)
 		_, dynamic := devices["gpu-1-mig-1g-10gb-6"]
 		return err == nil && staticMIG(devices, "4g.40gb").Name != "" && dynamic, err
 	})
@@ -259,7 +232,7 @@ func TestMIG(t *testing.T) {
 
 	t.Run("static", func(t *testing.T) {
 		ns := c.Namespace(t, "e2e-mig-static")
-		got := c.RunObjects(t, ns, migClaimOn("g4", "4g.40gb", "", "0"), EnvPod("g4", "g4", true))["g4"]
+		got := c.RunObjects(t, ns, migClaimOn("g4", "4g.40gb", "", "0"), framework.EnvPod("g4", "g4", true))["g4"]
 		var uuid, profile, caps string
 		for k, v := range got.Env {
 			switch {
@@ -288,7 +261,7 @@ func TestMIG(t *testing.T) {
 		ns := c.Namespace(t, "e2e-mig-fill")
 		objs := []*unstructured.Unstructured{migClaim("g1", "1g.10gb", "")}
 		for i := range 7 {
-			objs = append(objs, EnvPod(fmt.Sprintf("g1-%d", i), "g1", true))
+			objs = append(objs, framework.EnvPod(fmt.Sprintf("g1-%d", i), "g1", true))
 		}
 		start := time.Now()
 		pods := c.RunObjects(t, ns, objs...)
@@ -304,17 +277,17 @@ func TestMIG(t *testing.T) {
 		t.Logf("seven 1g.10gb pods running in %v on seven instances %v", time.Since(start).Round(time.Second), got)
 		// With its instances made the GPU is republished with only the
 		// held placements and the full-GPU profile's (7 + 1).
-		held := c.waitDynamicPlacements(t, "gpu-1-mig-", 8)
+		held := waitDynamicPlacements(c, t, "gpu-1-mig-", 8)
 		if !slices.Contains(held, "gpu-1-mig-7g-80gb-0") {
 			t.Errorf("GPU 1 republished without its full-GPU placement: %v", held)
 		}
 		t.Logf("GPU 1 republished with %d placements: %v", len(held), held)
 
-		c.Apply(t, ns, EnvPod("g1-7", "g1", true))
+		c.Apply(t, ns, framework.EnvPod("g1-7", "g1", true))
 		if _, err := c.WaitForUnschedulable(ctx, ns, "g1-7"); err != nil {
 			t.Fatal(err)
 		}
-		table := runCLI(t, "why", "g1-7", "-n", ns, "--kubeconfig", operateKubeconfig(t))
+		table := framework.RunCLI(t, "why", "g1-7", "-n", ns, "--kubeconfig", framework.Kubeconfig(t))
 		t.Logf("tessera why g1-7:\n%s", table)
 		for _, want := range []string{"memory slice", ns + "/"} {
 			if !strings.Contains(table, want) {
@@ -330,7 +303,7 @@ func TestMIG(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitMIGInstances(t, "1", 0)
-		c.waitDynamicPlacements(t, "gpu-1-mig-", 25)
+		waitDynamicPlacements(c, t, "gpu-1-mig-", 25)
 		t.Log("unprepare destroyed the seven instances")
 	})
 
@@ -339,8 +312,8 @@ func TestMIG(t *testing.T) {
 	two := func(t *testing.T, first, second string, wantSecond bool) {
 		ns := c.Namespace(t, "e2e-mig-two")
 		a, b := "a-"+strings.ReplaceAll(first, ".", "-"), "b-"+strings.ReplaceAll(second, ".", "-")
-		c.RunObjects(t, ns, migClaimOn(a, first, "", "1"), EnvPod(a, a, true))
-		c.Apply(t, ns, migClaimOn(b, second, "", "1"), EnvPod(b, b, true))
+		c.RunObjects(t, ns, migClaimOn(a, first, "", "1"), framework.EnvPod(a, a, true))
+		c.Apply(t, ns, migClaimOn(b, second, "", "1"), framework.EnvPod(b, b, true))
 		if wantSecond {
 			if _, err := c.WaitForEnvPod(ctx, ns, b); err != nil {
 				t.Fatalf("%s after %s: %v", second, first, err)
@@ -384,8 +357,8 @@ func TestMIG(t *testing.T) {
 	t.Run("pending mode taints", func(t *testing.T) {
 		postMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"true"}})
 		t.Cleanup(func() { postMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"false"}}) })
-		err := Poll(ctx, "GPU 2's devices to be tainted for the pending MIG mode", 3*time.Minute, func(ctx context.Context) (bool, error) {
-			devs, err := c.publishedDevices(ctx)
+		err := framework.Poll(ctx, "GPU 2's devices to be tainted for the pending MIG mode", 3*time.Minute, func(ctx context.Context) (bool, error) {
+			devs, err := publishedDevices(c, ctx)
 			if err != nil {
 				return false, err
 			}
@@ -412,11 +385,11 @@ func TestMIG(t *testing.T) {
 func TestMIGCrashAfterCreate(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", migClass)
-	RequireNodeFiles(t)
+	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 	once := filepath.Join("/var/lib/kubelet/plugins/gpu.tessera.dev", fmt.Sprintf("e2e-failpoint-%d", time.Now().UnixNano()))
 	t.Cleanup(func() { os.Remove(once) })
-	helmValues(t, c, migValues(map[string]any{"extraEnv": []any{
+	framework.HelmValues(t, c, migValues(map[string]any{"extraEnv": []any{
 		map[string]any{"name": "TESSERA_FAILPOINT", "value": "mig-after-create"},
 		map[string]any{"name": "TESSERA_FAILPOINT_ONCE", "value": once},
 	}}))
@@ -434,10 +407,10 @@ func TestMIGCrashAfterCreate(t *testing.T) {
 	}
 	ns := c.Namespace(t, "e2e-mig-crash")
 	start := time.Now()
-	c.Apply(t, ns, migClaimOn("g3", "3g.40gb", "", "1"), EnvPod("g3", "g3", true))
+	c.Apply(t, ns, migClaimOn("g3", "3g.40gb", "", "1"), framework.EnvPod("g3", "g3", true))
 	// The kubelet retries the killed prepare with its back-off (about a
 	// minute here): allow three pod timeouts.
-	var got SpecPod
+	var got framework.SpecPod
 	for attempt := 1; ; attempt++ {
 		if got, err = c.WaitForEnvPod(ctx, ns, "g3"); err == nil {
 			break

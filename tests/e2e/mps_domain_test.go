@@ -9,43 +9,25 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-// mpsTenantYAML is an MPS share and a client, run as runAsUser (0: the
+// mpsTenant is an MPS share and a client, run as runAsUser (0: the
 // image's user), that writes a marker into its /dev/shm and prints the
 // inode of the control socket it reaches, then waits. A non-empty uuid pins
 // the share to that GPU.
-func mpsTenantYAML(runAsUser int, uuid string) string {
-	selector := ""
+func mpsTenant(t *testing.T, runAsUser int, uuid string) []*unstructured.Unstructured {
+	claim := framework.Claim{Name: "mps", Template: true, Memory: "4Gi", Cores: "10", Config: framework.GpuConfig("sharing: {isolation: MPS}")}
 	if uuid != "" {
-		selector = fmt.Sprintf("\n          selectors:\n          - cel: {expression: 'device.attributes[\"gpu.tessera.dev\"].uuid == \"%s\"'}", uuid)
+		claim.Selectors = []string{framework.PinnedToUUID(uuid)}
 	}
 	security := ""
 	if runAsUser != 0 {
 		security = fmt.Sprintf("\n    securityContext: {runAsUser: %d, runAsGroup: %d, runAsNonRoot: true}", runAsUser, runAsUser)
 	}
-	return `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: mps}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev` + selector + `
-          capacity:
-            requests: {memory: 4Gi, cores: "10"}
-      config:
-      - requests: ["gpu"]
-        opaque:
-          driver: gpu.tessera.dev
-          parameters:
-            apiVersion: gpu.tessera.dev/v1alpha1
-            kind: GpuConfig
-            sharing: {isolation: MPS}
----
+	return append([]*unstructured.Unstructured{claim.Object()}, framework.MustDecodeYAML(t, `
 apiVersion: v1
 kind: Pod
 metadata: {name: tenant}
@@ -56,7 +38,7 @@ spec:
     resourceClaimTemplateName: mps
   containers:
   - name: ctr
-    image: docker.io/library/busybox:1.36` + security + `
+    image: docker.io/library/busybox:1.36`+security+`
     command:
     - sh
     - -c
@@ -73,7 +55,7 @@ spec:
     resources:
       claims:
       - name: gpu
-`
+`)...)
 }
 
 // TestMPSTrustDomains: MPS shares in two namespaces on one GPU run with two
@@ -90,9 +72,9 @@ func TestMPSTrustDomains(t *testing.T) {
 	nsB := c.Namespace(t, "e2e-mps-b")
 	// Both shares on one GPU: B's claim selects the GPU the scheduler
 	// gave A, so the two domains meet on one GPU.
-	a := c.RunObjects(t, nsA, MustDecodeYAML(t, mpsTenantYAML(0, ""))...)["tenant"]
-	uuidOf := func(ns string, p SpecPod) string {
-		name, err := PodClaimName(p.Pod, "gpu")
+	a := c.RunObjects(t, nsA, mpsTenant(t, 0, "")...)["tenant"]
+	uuidOf := func(ns string, p framework.SpecPod) string {
+		name, err := framework.PodClaimName(p.Pod, "gpu")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,13 +84,13 @@ func TestMPSTrustDomains(t *testing.T) {
 		}
 		return devs[0].Attribute("uuid")
 	}
-	b := c.RunObjects(t, nsB, MustDecodeYAML(t, mpsTenantYAML(1000, uuidOf(nsA, a)))...)["tenant"]
+	b := c.RunObjects(t, nsB, mpsTenant(t, 1000, uuidOf(nsA, a))...)["tenant"]
 	sameGPU := uuidOf(nsA, a) == uuidOf(nsB, b)
 	if !sameGPU {
 		t.Fatalf("the two shares landed on different GPUs (%s, %s) although B selected A's", uuidOf(nsA, a), uuidOf(nsB, b))
 	}
 
-	for name, p := range map[string]SpecPod{"A": a, "B (runAsUser 1000)": b} {
+	for name, p := range map[string]framework.SpecPod{"A": a, "B (runAsUser 1000)": b} {
 		if !strings.Contains(p.Log, "MPS_CONTROL=socket") || !strings.Contains(p.Log, "MPS_SHM=writable") {
 			t.Errorf("tenant %s: want the control socket and a writable /dev/shm, got:\n%s", name, p.Log)
 		}
@@ -141,7 +123,7 @@ func TestMPSTrustDomains(t *testing.T) {
 
 	if sameGPU {
 		uuid := uuidOf(nsA, a)
-		pods, err := c.mpsDaemonPods(ctx, uuid)
+		pods, err := mpsDaemonPods(c, ctx, uuid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +141,7 @@ func TestMPSTrustDomains(t *testing.T) {
 func kubectlExec(t *testing.T, ns, pod string, command ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(kubectlBinary(t), append([]string{"exec", "-n", ns, pod, "--"}, command...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+operateKubeconfig(t))
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+framework.Kubeconfig(t))
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,17 +23,17 @@ import (
 
 // pluginTokenClient is a client with a token of the plugin's service
 // account bound to pod, like the one the pod itself uses.
-func pluginTokenClient(t *testing.T, c *Cluster, pod *corev1.Pod) kubernetes.Interface {
+func pluginTokenClient(t *testing.T, c *framework.Cluster, pod *corev1.Pod) kubernetes.Interface {
 	t.Helper()
 	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(context.Background(), pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(context.Background(), pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: &expiry,
 			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("token for %s/%s bound to pod %s: %v", installNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
+		t.Fatalf("token for %s/%s bound to pod %s: %v", framework.InstallNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
 	}
 	cfg := rest.AnonymousClientConfig(c.Config)
 	cfg.BearerToken = tr.Status.Token
@@ -55,7 +57,7 @@ func installedDaemonConfig(t *testing.T, ds *appsv1.DaemonSet, node string) (mps
 		}
 		return "", false
 	}
-	cfg := mpsdaemon.Config{Namespace: installNamespace, NodeName: node}
+	cfg := mpsdaemon.Config{Namespace: framework.InstallNamespace, NodeName: node}
 	cfg.Image, _ = arg("mps-image")
 	pull, _ := arg("mps-image-pull-policy")
 	cfg.ImagePullPolicy = corev1.PullPolicy(pull)
@@ -87,13 +89,13 @@ func TestPluginTokenMPSPods(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
-	pod, err := pluginPod(ctx, c)
+	pod, err := framework.PluginPod(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := pod.Spec.NodeName
 	plugin := pluginTokenClient(t, c, pod)
-	ds, err := c.Client.AppsV1().DaemonSets(installNamespace).Get(ctx, pluginDaemonSet, metav1.GetOptions{})
+	ds, err := c.Client.AppsV1().DaemonSets(framework.InstallNamespace).Get(ctx, framework.PluginDaemonSet, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestPluginTokenMPSPods(t *testing.T) {
 		}
 		return p
 	}
-	pods := plugin.CoreV1().Pods(installNamespace)
+	pods := plugin.CoreV1().Pods(framework.InstallNamespace)
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	dryDelete := metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
 
@@ -153,13 +155,13 @@ func TestPluginTokenMPSPods(t *testing.T) {
 	otherCfg.NodeName = other
 	foreignPod := otherCfg.Pod(isolation.NewMPS(root, nil).Daemon("GPU-e2e-policy-0000", "e2e-policy"))
 	foreignPod.Name = "e2e-mps-policy-other-node"
-	foreign, err := c.Client.CoreV1().Pods(installNamespace).Create(ctx, foreignPod, metav1.CreateOptions{})
+	foreign, err := c.Client.CoreV1().Pods(framework.InstallNamespace).Create(ctx, foreignPod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("admin: create a daemon pod for %s: %v", other, err)
 	}
 	t.Cleanup(func() {
 		zero := int64(0)
-		_ = c.Client.CoreV1().Pods(installNamespace).Delete(context.Background(), foreign.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = c.Client.CoreV1().Pods(framework.InstallNamespace).Delete(context.Background(), foreign.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	})
 	err = pods.Delete(ctx, foreign.Name, dryDelete)
 	refused("delete another node's daemon pod", err,

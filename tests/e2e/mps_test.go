@@ -11,41 +11,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // mpsDaemonSelector selects the MPS control daemon pods the plugin creates
 // (pkg/mpsdaemon).
 const mpsDaemonSelector = "app.kubernetes.io/component=mps-control-daemon"
 
-// mpsClientYAML is an MPS share and a client that prints its env and what it
-// can do with the daemon's directories: the control socket must be there,
-// the pipe directory read-only, the daemon's logs absent.
+// mpsClaim is an MPS share; mpsClientYAML a client of it that prints its
+// env and what it can do with the daemon's directories: the control socket
+// must be there, the pipe directory read-only, the daemon's logs absent.
+var mpsClaim = framework.Claim{Name: "mps", Template: true, Memory: "8Gi", Cores: "20", Config: framework.GpuConfig("sharing: {isolation: MPS}")}
+
 const mpsClientYAML = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: mps}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 8Gi, cores: "20"}
-      config:
-      - requests: ["gpu"]
-        opaque:
-          driver: gpu.tessera.dev
-          parameters:
-            apiVersion: gpu.tessera.dev/v1alpha1
-            kind: GpuConfig
-            sharing: {isolation: MPS}
----
 apiVersion: v1
 kind: Pod
 metadata: {name: mps-client}
@@ -75,8 +58,8 @@ spec:
 
 // mpsDaemonPod returns the daemon pod of the GPU (by the annotation the
 // plugin writes), failing unless there is exactly one.
-func (c *Cluster) mpsDaemonPod(ctx context.Context, uuid string) (*corev1.Pod, error) {
-	found, err := c.mpsDaemonPods(ctx, uuid)
+func mpsDaemonPod(c *framework.Cluster, ctx context.Context, uuid string) (*corev1.Pod, error) {
+	found, err := mpsDaemonPods(c, ctx, uuid)
 	if err != nil {
 		return nil, err
 	}
@@ -88,8 +71,8 @@ func (c *Cluster) mpsDaemonPod(ctx context.Context, uuid string) (*corev1.Pod, e
 
 // mpsDaemonPods returns the daemon pods of the GPU, one per trust domain
 // (namespace) with MPS shares on it.
-func (c *Cluster) mpsDaemonPods(ctx context.Context, uuid string) ([]corev1.Pod, error) {
-	pods, err := c.Client.CoreV1().Pods(PluginNamespace).List(ctx, metav1.ListOptions{LabelSelector: mpsDaemonSelector})
+func mpsDaemonPods(c *framework.Cluster, ctx context.Context, uuid string) ([]corev1.Pod, error) {
+	pods, err := c.Client.CoreV1().Pods(framework.PluginNamespace).List(ctx, metav1.ListOptions{LabelSelector: mpsDaemonSelector})
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +96,9 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-mps")
-	client := c.RunObjects(t, ns, MustDecodeYAML(t, mpsClientYAML)...)["mps-client"]
+	client := c.RunObjects(t, ns, append([]*unstructured.Unstructured{mpsClaim.Object()}, framework.MustDecodeYAML(t, mpsClientYAML)...)...)["mps-client"]
 
-	claimName, err := PodClaimName(client.Pod, "gpu")
+	claimName, err := framework.PodClaimName(client.Pod, "gpu")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,12 +125,12 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 		}
 	}
 
-	daemon, err := c.mpsDaemonPod(ctx, uuid)
+	daemon, err := mpsDaemonPod(c, ctx, uuid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !readyPod(daemon) || daemon.Spec.NodeName != client.Pod.Spec.NodeName || len(daemon.OwnerReferences) != 0 {
-		t.Fatalf("daemon pod %s: ready %v, node %q (client on %q), owners %v", daemon.Name, readyPod(daemon), daemon.Spec.NodeName, client.Pod.Spec.NodeName, daemon.OwnerReferences)
+	if !framework.ReadyPod(daemon) || daemon.Spec.NodeName != client.Pod.Spec.NodeName || len(daemon.OwnerReferences) != 0 {
+		t.Fatalf("daemon pod %s: ready %v, node %q (client on %q), owners %v", daemon.Name, framework.ReadyPod(daemon), daemon.Spec.NodeName, client.Pod.Spec.NodeName, daemon.OwnerReferences)
 	}
 	t.Logf("client on GPU %s; daemon pod %s (uid %s) Ready on %s", uuid, daemon.Name, daemon.UID, daemon.Spec.NodeName)
 	ctrID := client.Pod.Status.ContainerStatuses[0].ContainerID
@@ -155,7 +138,7 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	// unchanged checks that the daemon pod and the client survived.
 	unchanged := func(after string) {
 		t.Helper()
-		now, err := c.mpsDaemonPod(ctx, uuid)
+		now, err := mpsDaemonPod(c, ctx, uuid)
 		if err != nil {
 			t.Fatalf("after %s: %v", after, err)
 		}
@@ -163,9 +146,9 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 		if len(now.Status.ContainerStatuses) == 1 {
 			restarts = now.Status.ContainerStatuses[0].RestartCount
 		}
-		if now.UID != daemon.UID || !readyPod(now) || restarts != 0 {
+		if now.UID != daemon.UID || !framework.ReadyPod(now) || restarts != 0 {
 			t.Fatalf("after %s: daemon pod %s uid %s (was %s), ready %v, restarts %d; want the same pod, Ready, never restarted",
-				after, now.Name, now.UID, daemon.UID, readyPod(now), restarts)
+				after, now.Name, now.UID, daemon.UID, framework.ReadyPod(now), restarts)
 		}
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, "mps-client", metav1.GetOptions{})
 		if err != nil {
@@ -175,7 +158,7 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 		if p.Status.Phase != corev1.PodRunning || cs.ContainerID != ctrID || cs.RestartCount != 0 {
 			t.Fatalf("after %s: client phase %s, container %s (was %s), restarts %d", after, p.Status.Phase, cs.ContainerID, ctrID, cs.RestartCount)
 		}
-		t.Logf("after %s: daemon pod %s is the same (uid %s, 0 restarts), the client keeps container %s", after, now.Name, now.UID, shortID(ctrID))
+		t.Logf("after %s: daemon pod %s is the same (uid %s, 0 restarts), the client keeps container %s", after, now.Name, now.UID, framework.ShortID(ctrID))
 	}
 
 	// 1. Restart the plugin: delete its pod, wait for the DaemonSet's new one.
@@ -183,35 +166,35 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Pods(framework.PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.waitPluginReplaced(ctx, old.UID); err != nil {
+	if err := c.WaitPluginReplaced(ctx, old.UID); err != nil {
 		t.Fatal(err)
 	}
 	unchanged("a plugin restart")
 
 	// 2. helm upgrade with a changed value rolls the plugin.
-	helm := helmBinary(t)
-	if out, err := exec.Command(helm, "status", "-n", installNamespace, installRelease).CombinedOutput(); err != nil {
+	helm := framework.HelmBinary(t)
+	if out, err := exec.Command(helm, "status", "-n", framework.InstallNamespace, framework.InstallRelease).CombinedOutput(); err != nil {
 		if os.Getenv("TESSERA_E2E_INSTALL") == "1" {
 			t.Fatalf("helm status: %v\n%s", err, out)
 		}
-		t.Logf("Tessera is not installed with helm as release %s/%s; skipping the upgrade: %s", installNamespace, installRelease, out)
+		t.Logf("Tessera is not installed with helm as release %s/%s; skipping the upgrade: %s", framework.InstallNamespace, framework.InstallRelease, out)
 	} else {
 		before, err := c.ReadyPluginPod(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		stamp := time.Now().UTC().Format("20060102T150405Z")
-		out, err := exec.Command(helm, "upgrade", installRelease, filepath.Join(repoRoot, "deployments", "helm", "tessera"),
-			"--namespace", installNamespace, "--reuse-values",
+		out, err := exec.Command(helm, "upgrade", framework.InstallRelease, filepath.Join(framework.RepoRoot, "deployments", "helm", "tessera"),
+			"--namespace", framework.InstallNamespace, "--reuse-values",
 			"--set-string", "kubeletPlugin.podAnnotations.tessera\\.dev/e2e-mps-upgrade="+stamp,
 			"--wait", "--timeout", "4m").CombinedOutput()
 		if err != nil {
 			t.Fatalf("helm upgrade: %v\n%s", err, out)
 		}
-		if err := c.waitPluginReplaced(ctx, before.UID); err != nil {
+		if err := c.WaitPluginReplaced(ctx, before.UID); err != nil {
 			t.Fatal(err)
 		}
 		unchanged("helm upgrade")
@@ -221,42 +204,20 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	if err := c.DeletePodAndWait(ctx, ns, "mps-client"); err != nil {
 		t.Fatal(err)
 	}
-	err = Poll(ctx, "daemon pod "+daemon.Name+" to be deleted", PodTimeout, func(ctx context.Context) (bool, error) {
-		p, err := c.Client.CoreV1().Pods(PluginNamespace).Get(ctx, daemon.Name, metav1.GetOptions{})
+	err = framework.Poll(ctx, "daemon pod "+daemon.Name+" to be deleted", framework.PodTimeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(framework.PluginNamespace).Get(ctx, daemon.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			return true, nil
 		case err != nil:
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		case p.UID != daemon.UID:
 			return false, fmt.Errorf("daemon pod %s was recreated (uid %s) after its last client went", p.Name, p.UID)
 		}
-		return false, retry("still there (phase %s, deleting %v)", p.Status.Phase, p.DeletionTimestamp != nil)
+		return false, framework.Retry("still there (phase %s, deleting %v)", p.Status.Phase, p.DeletionTimestamp != nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("client deleted; its claim was unprepared and daemon pod %s deleted", daemon.Name)
-}
-
-// waitPluginReplaced waits until the plugin pod old is gone and another one
-// is Ready.
-func (c *Cluster) waitPluginReplaced(ctx context.Context, old types.UID) error {
-	err := Poll(ctx, "plugin pod "+string(old)+" to be gone", PodTimeout, func(ctx context.Context) (bool, error) {
-		pods, err := c.PluginPods(ctx)
-		if err != nil {
-			return false, retry("%v", err)
-		}
-		for _, p := range pods {
-			if p.UID == old {
-				return false, retry("still there (phase %s)", p.Status.Phase)
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		return err
-	}
-	_, err = c.ReadyPluginPod(ctx)
-	return err
 }

@@ -17,7 +17,6 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -25,6 +24,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -43,15 +44,6 @@ func operateMetricsURL() string {
 		return u
 	}
 	return "https://127.0.0.1:9478/metrics"
-}
-
-// mockKnobBase is the plugin's test knob (--mock-fault-injection): plain
-// HTTP on the host's 127.0.0.1:9477 on the local cluster.
-func mockKnobBase() string {
-	if u := os.Getenv("TESSERA_E2E_MOCK_KNOB_URL"); u != "" {
-		return strings.TrimSuffix(u, "/")
-	}
-	return "http://127.0.0.1:9477"
 }
 
 // metricsReaderClusterRole is the chart's ClusterRole for scrapers
@@ -90,27 +82,27 @@ func metricsToken(ctx context.Context) (string, error) {
 // serviceAccountToken creates (if missing) ServiceAccount sa in the install
 // namespace, binds it to clusterRole (if not empty) and returns a fresh
 // one-hour token of it.
-func serviceAccountToken(ctx context.Context, c *Cluster, sa, clusterRole string) (string, error) {
-	_, err := c.Client.CoreV1().ServiceAccounts(installNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+func serviceAccountToken(ctx context.Context, c *framework.Cluster, sa, clusterRole string) (string, error) {
+	_, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("create ServiceAccount %s/%s: %w", installNamespace, sa, err)
+		return "", fmt.Errorf("create ServiceAccount %s/%s: %w", framework.InstallNamespace, sa, err)
 	}
 	if clusterRole != "" {
 		_, err = c.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: sa},
 			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: clusterRole},
-			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: installNamespace}},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: framework.InstallNamespace}},
 		}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", fmt.Errorf("bind ServiceAccount %s/%s to ClusterRole %s: %w", installNamespace, sa, clusterRole, err)
+			return "", fmt.Errorf("bind ServiceAccount %s/%s to ClusterRole %s: %w", framework.InstallNamespace, sa, clusterRole, err)
 		}
 	}
 	expiry := int64(3600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("token of %s/%s: %w", installNamespace, sa, err)
+		return "", fmt.Errorf("token of %s/%s: %w", framework.InstallNamespace, sa, err)
 	}
 	return tr.Status.Token, nil
 }
@@ -138,58 +130,6 @@ func getMetrics(ctx context.Context, url, token string) (int, string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
-}
-
-var (
-	cliOnce sync.Once
-	cliPath string
-	cliErr  error
-)
-
-// tesseraCLI builds cmd/tessera once per run.
-func tesseraCLI(t *testing.T) string {
-	t.Helper()
-	cliOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tessera-e2e-cli-")
-		if err != nil {
-			cliErr = err
-			return
-		}
-		cliPath = filepath.Join(dir, "tessera")
-		out, err := exec.Command("go", "build", "-o", cliPath, filepath.Join(repoRoot, "cmd", "tessera")).CombinedOutput()
-		if err != nil {
-			cliErr = fmt.Errorf("go build ./cmd/tessera: %v\n%s", err, out)
-		}
-	})
-	if cliErr != nil {
-		t.Fatal(cliErr)
-	}
-	return cliPath
-}
-
-// operateKubeconfig is the kubeconfig file of the cluster under test.
-func operateKubeconfig(t *testing.T) string {
-	t.Helper()
-	if k := os.Getenv("KUBECONFIG"); k != "" {
-		return k
-	}
-	out, err := exec.Command(filepath.Join(repoRoot, "demo", "clusters", "local", "cluster.sh"), "kubeconfig").Output()
-	if err != nil {
-		t.Fatalf("cluster.sh kubeconfig: %v", err)
-	}
-	return strings.TrimSpace(string(out))
-}
-
-func runCLI(t *testing.T, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(tesseraCLI(t), args...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("tessera %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return string(out)
 }
 
 // sample is one line of the Prometheus text format.
@@ -286,9 +226,9 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-operate")
 	specs := []string{"10-quarter-gpu-shares.yaml", "20-whole-gpu.yaml", "30-nvlink-pair.yaml", "40-shared-claim-two-pods.yaml", "50-mps-share.yaml"}
-	pods := map[string]SpecPod{}
+	pods := map[string]framework.SpecPod{}
 	for _, s := range specs {
-		for name, p := range cluster.RunSpec(t, ns, specPath(s)) {
+		for name, p := range cluster.RunSpec(t, ns, framework.SpecPath(s)) {
 			pods[name] = p
 		}
 	}
@@ -299,7 +239,7 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var demoMemory int64
-	devicesOf := map[string][]Allocated{} // claim → devices
+	devicesOf := map[string][]framework.Allocated{} // claim → devices
 	for _, c := range claims.Items {
 		devs, err := cluster.AllocatedDevices(ctx, ns, c.Name)
 		if err != nil {
@@ -323,15 +263,15 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 	// the GPUs' allocated memory (no other test holds claims now).
 	url := operateMetricsURL()
 	var samples []sample
-	err = Poll(ctx, "the plugin's /metrics to report the demo claims", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the plugin's /metrics to report the demo claims", time.Minute, func(ctx context.Context) (bool, error) {
 		s, err := scrapeMetrics(ctx, url)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		samples = s
 		got, _ := sumSamples(s, "tessera_claim_memory_bytes", func(l map[string]string) bool { return l["namespace"] == ns })
 		if int64(got) != demoMemory {
-			return false, retry("tessera_claim_memory_bytes{namespace=%s} sums to %v, want %d", ns, got, demoMemory)
+			return false, framework.Retry("tessera_claim_memory_bytes{namespace=%s} sums to %v, want %d", ns, got, demoMemory)
 		}
 		return true, nil
 	})
@@ -373,15 +313,15 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 	t.Logf("metrics: sum(tessera_gpu_allocated_memory_bytes) = %.0f = the demo claims' %d", gpuSum, demoMemory)
 
 	// tessera status: every demo pod appears on the GPU(s) its claim got.
-	kubeconfig := operateKubeconfig(t)
-	t.Logf("tessera status:\n%s", runCLI(t, "status", "--kubeconfig", kubeconfig))
+	kubeconfig := framework.Kubeconfig(t)
+	t.Logf("tessera status:\n%s", framework.RunCLI(t, "status", "--kubeconfig", kubeconfig))
 	var st operateStatus
-	if err := json.Unmarshal([]byte(runCLI(t, "status", "--kubeconfig", kubeconfig, "-o", "json")), &st); err != nil {
+	if err := json.Unmarshal([]byte(framework.RunCLI(t, "status", "--kubeconfig", kubeconfig, "-o", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
 	for name, p := range pods {
 		for _, pc := range p.Pod.Spec.ResourceClaims {
-			claim, err := PodClaimName(p.Pod, pc.Name)
+			claim, err := framework.PodClaimName(p.Pod, pc.Name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -424,7 +364,7 @@ func contains(list []string, s string) bool {
 // docs/operating.md, with the arguments after the subcommand.
 func claimTemplateCommands(t *testing.T) [][]string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operating.md"))
+	data, err := os.ReadFile(filepath.Join(framework.RepoRoot, "docs", "operating.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,8 +395,8 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 	type variant struct{ name, pod string }
 	var variants []variant
 	for _, args := range claimTemplateCommands(t) {
-		out := runCLI(t, append([]string{"claim-template"}, args...)...)
-		objs, err := DecodeYAML([]byte(out))
+		out := framework.RunCLI(t, append([]string{"claim-template"}, args...)...)
+		objs, err := framework.DecodeYAML([]byte(out))
 		if err != nil || len(objs) != 1 || objs[0].GetKind() != "ResourceClaimTemplate" {
 			t.Fatalf("tessera claim-template %s printed %d objects (%v):\n%s", strings.Join(args, " "), len(objs), err, out)
 		}
@@ -469,8 +409,8 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 				"terminationGracePeriodSeconds": int64(1),
 				"resourceClaims":                []any{map[string]any{"name": "gpu", "resourceClaimTemplateName": name}},
 				"containers": []any{map[string]any{
-					"name": "ctr", "image": EnvImage,
-					"command":   []any{"sh", "-c", EnvCommand},
+					"name": "ctr", "image": framework.EnvImage,
+					"command":   []any{"sh", "-c", framework.EnvCommand},
 					"resources": map[string]any{"claims": []any{map[string]any{"name": "gpu"}}},
 				}},
 			},
@@ -484,12 +424,12 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 			t.Errorf("tessera claim-template %s: %v", v.name, err)
 			continue
 		}
-		log, err := cluster.WaitForLog(ctx, ns, v.pod, "ctr", EnvDoneMarker)
+		log, err := cluster.WaitForLog(ctx, ns, v.pod, "ctr", framework.EnvDoneMarker)
 		if err != nil {
 			t.Errorf("tessera claim-template %s: %v", v.name, err)
 			continue
 		}
-		claim, _ := PodClaimName(p, "gpu")
+		claim, _ := framework.PodClaimName(p, "gpu")
 		devs, err := cluster.AllocatedDevices(ctx, ns, claim)
 		if err != nil {
 			t.Errorf("tessera claim-template %s: %v", v.name, err)
@@ -497,26 +437,26 @@ func TestOperateClaimTemplateVariants(t *testing.T) {
 		}
 		// The container sees exactly the claim's GPUs; the limits are the
 		// template's (checked by the other tests), logged here.
-		env := ParseEnv(log)
+		env := framework.ParseEnv(log)
 		want := map[int]string{}
 		var names, limits []string
 		for _, d := range devs {
 			names = append(names, d.Result.Device)
-			minor, err := DeviceMinor(d.Result.Device)
+			minor, err := framework.DeviceMinor(d.Result.Device)
 			if err != nil {
 				t.Errorf("tessera claim-template %s: %v", v.name, err)
 				continue
 			}
 			want[minor] = d.Attribute("uuid")
-			if m := env[GPUVar(minor)+MemoryLimitSuffix]; m != "" {
-				limits = append(limits, fmt.Sprintf("%s: %s bytes, %s%% cores", d.Result.Device, m, env[GPUVar(minor)+CoresLimitSuffix]))
+			if m := env[framework.GPUVar(minor)+framework.MemoryLimitSuffix]; m != "" {
+				limits = append(limits, fmt.Sprintf("%s: %s bytes, %s%% cores", d.Result.Device, m, env[framework.GPUVar(minor)+framework.CoresLimitSuffix]))
 			}
 		}
-		got, err := VisibleGPUs(env)
+		got, err := framework.VisibleGPUs(env)
 		if err != nil || !maps.Equal(got, want) {
-			t.Errorf("tessera claim-template %s: pod %s sees GPUs %s (%v); want exactly %s, its claim's", v.name, v.pod, gpuList(got), err, gpuList(want))
+			t.Errorf("tessera claim-template %s: pod %s sees GPUs %s (%v); want exactly %s, its claim's", v.name, v.pod, framework.GPUList(got), err, framework.GPUList(want))
 		}
 		t.Logf("tessera claim-template %s: pod %s runs on %v, sees %s, limits %v",
-			v.name, v.pod, names, gpuList(got), limits)
+			v.name, v.pod, names, framework.GPUList(got), limits)
 	}
 }

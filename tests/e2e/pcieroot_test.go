@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,7 +40,7 @@ import (
 func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
-	RequireNodeFiles(t) // the fake plugin must run beside the kubelet
+	framework.RequireNodeFiles(t) // the fake plugin must run beside the kubelet
 	ctx := context.Background()
 
 	node, gpuRoots := tesseraPCIeRoots(t, c)
@@ -83,13 +85,13 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 	})
 	ns := c.Namespace(t, "e2e-pcieroot")
 
-	err = Poll(ctx, "the kubelet to register "+driver+" and its slice", time.Minute, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "the kubelet to register "+driver+" and its slice", time.Minute, func(ctx context.Context) (bool, error) {
 		if !nic.Registered() {
-			return false, retry("not registered by the kubelet")
+			return false, framework.Retry("not registered by the kubelet")
 		}
 		list, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + driver})
 		if err != nil || len(list.Items) == 0 {
-			return false, retry("no ResourceSlice of %s (%v)", driver, err)
+			return false, framework.Retry("no ResourceSlice of %s (%v)", driver, err)
 		}
 		return true, nil
 	})
@@ -100,12 +102,12 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 	// The demo spec with the fake NIC class.
 	spec := demoSpecWithNICClass(t, driver)
 	c.Apply(t, ns, spec...)
-	c.Apply(t, ns, EnvPodWith("aligned", []PodClaim{{Name: "gpu-nic", Template: spec[0].GetName()}}, EnvContainer{Name: "ctr", Claims: []string{"gpu-nic"}}))
+	c.Apply(t, ns, framework.EnvPodWith("aligned", []framework.PodClaim{{Name: "gpu-nic", Template: spec[0].GetName()}}, framework.EnvContainer{Name: "ctr", Claims: []string{"gpu-nic"}}))
 	pod, err := c.WaitForPodRunning(ctx, ns, "aligned")
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimName, err := PodClaimName(pod, "gpu-nic")
+	claimName, err := framework.PodClaimName(pod, "gpu-nic")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,17 +115,17 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var gpuDev, nicDev *Allocated
+	var gpuDev, nicDev *framework.Allocated
 	for i := range devices {
 		switch devices[i].Result.Driver {
-		case Driver:
+		case framework.Driver:
 			gpuDev = &devices[i]
 		case driver:
 			nicDev = &devices[i]
 		}
 	}
 	if gpuDev == nil || nicDev == nil {
-		t.Fatalf("claim %s: allocated %+v, want one device of %s and one of %s", claimName, devices, Driver, driver)
+		t.Fatalf("claim %s: allocated %+v, want one device of %s and one of %s", claimName, devices, framework.Driver, driver)
 	}
 	root := string(deviceattribute.StandardDeviceAttributePCIeRoot)
 	gpuRoot, nicGot := gpuDev.Attribute(root), nicDev.Attribute(root)
@@ -148,7 +150,7 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 	// The NIC whose root has no GPU, by selector: no pair exists.
 	orphan := orphanNICClaim(t, spec[0], driver, "nic-2")
 	c.Apply(t, ns, orphan)
-	c.Apply(t, ns, EnvPod("orphan", orphan.GetName(), false))
+	c.Apply(t, ns, framework.EnvPod("orphan", orphan.GetName(), false))
 	cond, err := c.WaitForUnschedulable(ctx, ns, "orphan")
 	if err != nil {
 		t.Fatal(err)
@@ -173,11 +175,11 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 		t.Errorf("pod orphan on node %q in phase %s, want Pending and unbound", p.Spec.NodeName, p.Status.Phase)
 	}
 
-	kubeconfig := operateKubeconfig(t)
-	table := runCLI(t, "why", "orphan", "-n", ns, "--kubeconfig", kubeconfig)
+	kubeconfig := framework.Kubeconfig(t)
+	table := framework.RunCLI(t, "why", "orphan", "-n", ns, "--kubeconfig", kubeconfig)
 	t.Logf("tessera why orphan -n %s:\n%s", ns, table)
 	var r why.Report
-	if err := json.Unmarshal([]byte(runCLI(t, "why", "orphan", "-n", ns, "--kubeconfig", kubeconfig, "-o", "json")), &r); err != nil {
+	if err := json.Unmarshal([]byte(framework.RunCLI(t, "why", "orphan", "-n", ns, "--kubeconfig", kubeconfig, "-o", "json")), &r); err != nil {
 		t.Fatalf("tessera why -o json: %v", err)
 	}
 	var reasons []string
@@ -200,7 +202,7 @@ func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
 
 // tesseraPCIeRoots returns the node Tessera publishes GPUs on and the
 // distinct pcieRoot values of its GPUs, sorted.
-func tesseraPCIeRoots(t *testing.T, c *Cluster) (string, []string) {
+func tesseraPCIeRoots(t *testing.T, c *framework.Cluster) (string, []string) {
 	t.Helper()
 	list, err := c.DriverSlices(context.Background())
 	if err != nil {
@@ -224,7 +226,7 @@ func tesseraPCIeRoots(t *testing.T, c *Cluster) (string, []string) {
 		}
 	}
 	if node == "" {
-		t.Fatal("no node-local ResourceSlice of " + Driver)
+		t.Fatal("no node-local ResourceSlice of " + framework.Driver)
 	}
 	slices.Sort(roots)
 	return node, roots
@@ -234,7 +236,7 @@ func tesseraPCIeRoots(t *testing.T, c *Cluster) (string, []string) {
 // its placeholder NIC class replaced by class.
 func demoSpecWithNICClass(t *testing.T, class string) []*unstructured.Unstructured {
 	t.Helper()
-	data, err := os.ReadFile(specPath("90-gpu-nic-same-pcie-root.yaml"))
+	data, err := os.ReadFile(framework.SpecPath("90-gpu-nic-same-pcie-root.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +244,7 @@ func demoSpecWithNICClass(t *testing.T, class string) []*unstructured.Unstructur
 	if !strings.Contains(string(data), placeholder) {
 		t.Fatalf("90-gpu-nic-same-pcie-root.yaml: no %q to replace", placeholder)
 	}
-	objs := MustDecodeYAML(t, strings.Replace(string(data), placeholder, "deviceClassName: "+class, 1))
+	objs := framework.MustDecodeYAML(t, strings.Replace(string(data), placeholder, "deviceClassName: "+class, 1))
 	if len(objs) != 1 || objs[0].GetKind() != "ResourceClaimTemplate" {
 		t.Fatalf("90-gpu-nic-same-pcie-root.yaml: want one ResourceClaimTemplate, got %d objects", len(objs))
 	}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -35,30 +37,10 @@ var podStartKinds = []podStartKind{
 	{name: "whole GPU", pod: "whole", template: "whole"},
 }
 
-const podStartTemplates = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: share}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 4Gi, cores: "10"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: whole}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.tessera.dev}
-`
+var podStartTemplates = []framework.Claim{
+	{Name: "share", Template: true, Memory: "4Gi", Cores: "10"},
+	{Name: "whole", Template: true},
+}
 
 // podStart is what one pod took from the Create call to the first watch
 // event showing it Running with every container started, and to the first
@@ -82,7 +64,9 @@ func TestPodStartLatency(t *testing.T) {
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-podstart")
-	c.Apply(t, ns, MustDecodeYAML(t, podStartTemplates)...)
+	for _, tmpl := range podStartTemplates {
+		c.Apply(t, ns, tmpl.Object())
+	}
 
 	// One pod of each kind first, unmeasured: the image and the kubelet's
 	// first DRA connection are not what is compared.
@@ -118,10 +102,10 @@ func TestPodStartLatency(t *testing.T) {
 // startPod creates the pod, times it to Running and ContainersReady from a
 // watch opened before the Create call, then deletes it and waits until it
 // is gone (its claim unprepared and deallocated with it).
-func startPod(ctx context.Context, c *Cluster, ns, name string, k podStartKind) (podStart, error) {
-	obj := EnvPodWith(name, nil, EnvContainer{Name: "ctr"})
+func startPod(ctx context.Context, c *framework.Cluster, ns, name string, k podStartKind) (podStart, error) {
+	obj := framework.EnvPodWith(name, nil, framework.EnvContainer{Name: "ctr"})
 	if k.template != "" {
-		obj = EnvPod(name, k.template, true)
+		obj = framework.EnvPod(name, k.template, true)
 	}
 	var pod corev1.Pod
 	if err := k8sruntime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &pod); err != nil {
@@ -137,7 +121,7 @@ func startPod(ctx context.Context, c *Cluster, ns, name string, k podStartKind) 
 		return podStart{}, err
 	}
 	var s podStart
-	timeout := time.After(PodTimeout)
+	timeout := time.After(framework.PodTimeout)
 	for s.running == 0 || s.ready == 0 {
 		select {
 		case ev, ok := <-w.ResultChan():
@@ -158,11 +142,11 @@ func startPod(ctx context.Context, c *Cluster, ns, name string, k podStartKind) 
 			if s.ready == 0 && containersReady(p) {
 				s.ready = now
 			}
-			if reason := stuck(p); reason != "" {
+			if reason := framework.Stuck(p); reason != "" {
 				return s, fmt.Errorf("pod %s/%s: %s", ns, name, reason)
 			}
 		case <-timeout:
-			return s, fmt.Errorf("pod %s/%s not ready after %s\n%s", ns, name, PodTimeout, c.describePod(ctx, ns, name))
+			return s, fmt.Errorf("pod %s/%s not ready after %s\n%s", ns, name, framework.PodTimeout, c.DescribePod(ctx, ns, name))
 		}
 	}
 	if err := c.DeletePodAndWait(ctx, ns, name); err != nil {

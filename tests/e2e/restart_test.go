@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -23,39 +26,18 @@ import (
 func TestPluginRestartLosesNothing(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
-	RequireNodeFiles(t)
+	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 	start := time.Now()
 	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
 	ns := c.Namespace(t, "e2e-restart")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: share}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 8Gi, cores: "10"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: whole}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.tessera.dev
-`)
+	objs := []*unstructured.Unstructured{
+		framework.Claim{Name: "share", Template: true, Memory: "8Gi", Cores: "10"}.Object(),
+		framework.Claim{Name: "whole", Template: true}.Object(),
+	}
 	names := []string{"share", "whole"}
 	for _, n := range names {
-		objs = append(objs, EnvPod(n, n, true))
+		objs = append(objs, framework.EnvPod(n, n, true))
 	}
 	before := c.RunObjects(t, ns, objs...)
 
@@ -69,13 +51,13 @@ spec:
 		started metav1.Time
 	}
 	holds := map[string]held{}
-	checkpoint, err := ReadCheckpoint()
+	checkpoint, err := framework.ReadCheckpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range names {
 		p := before[n]
-		claimName, err := PodClaimName(p.Pod, "gpu")
+		claimName, err := framework.PodClaimName(p.Pod, "gpu")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,14 +71,14 @@ spec:
 		}
 		h := held{claim: claimName, uid: claim.UID, ctrID: cs.ContainerID, started: cs.State.Running.StartedAt}
 		holds[n] = h
-		if _, err := os.Stat(CDISpecPath(h.uid)); err != nil {
+		if _, err := os.Stat(framework.CDISpecPath(h.uid)); err != nil {
 			t.Fatalf("pod %s: the CDI spec of its claim %s: %v", n, claimName, err)
 		}
 		if e, ok := checkpoint[h.uid]; !ok || e.State != "PrepareCompleted" || e.Name != claimName {
 			t.Fatalf("pod %s: checkpoint entry for claim %s (uid %s): %+v (present %v), want PrepareCompleted", n, claimName, h.uid, e, ok)
 		}
 		t.Logf("pod %s: claim %s (uid %s), container %s started %s, CDI spec %s, checkpoint entry PrepareCompleted",
-			n, claimName, h.uid, shortContainerID(h.ctrID), h.started.UTC().Format("15:04:05"), CDISpecPath(h.uid))
+			n, claimName, h.uid, shortContainerID(h.ctrID), h.started.UTC().Format("15:04:05"), framework.CDISpecPath(h.uid))
 	}
 
 	// Restart the plugin: delete its pod, wait for the DaemonSet's new one.
@@ -105,18 +87,18 @@ spec:
 		t.Fatal(err)
 	}
 	// A graceful delete, as `kubectl delete pod` does: the plugin gets SIGTERM.
-	if err := c.Client.CoreV1().Pods(PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Pods(framework.PluginNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s: deleted plugin pod %s (uid %s)", at(), old.Name, old.UID)
-	err = Poll(ctx, "plugin pod "+old.Name+" to be gone", PodTimeout, func(ctx context.Context) (bool, error) {
+	err = framework.Poll(ctx, "plugin pod "+old.Name+" to be gone", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		pods, err := c.PluginPods(ctx)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, framework.Retry("%v", err)
 		}
 		for _, p := range pods {
 			if p.UID == old.UID {
-				return false, retry("still there (phase %s)", p.Status.Phase)
+				return false, framework.Retry("still there (phase %s)", p.Status.Phase)
 			}
 		}
 		return true, nil
@@ -149,7 +131,7 @@ spec:
 		}
 		t.Logf("pod %s still running: container %s, started %s, 0 restarts", n, shortContainerID(cs.ContainerID), cs.State.Running.StartedAt.UTC().Format("15:04:05"))
 	}
-	checkpoint, err = ReadCheckpoint()
+	checkpoint, err = framework.ReadCheckpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,16 +139,16 @@ spec:
 		if e, ok := checkpoint[holds[n].uid]; !ok || e.State != "PrepareCompleted" {
 			t.Errorf("after the restart the checkpoint lost claim %s of pod %s: %+v", holds[n].claim, n, e)
 		}
-		if _, err := os.Stat(CDISpecPath(holds[n].uid)); err != nil {
+		if _, err := os.Stat(framework.CDISpecPath(holds[n].uid)); err != nil {
 			t.Errorf("after the restart the CDI spec of claim %s is gone: %v", holds[n].claim, err)
 		}
 	}
 
 	// The new plugin prepares a new claim.
-	after := c.RunObjects(t, ns, EnvPod("share-after", "share", true))["share-after"]
+	after := c.RunObjects(t, ns, framework.EnvPod("share-after", "share", true))["share-after"]
 	t.Logf("%s: pod share-after running", at())
-	dev := claimOf(t, c, after, "gpu")
-	wantGPUs(t, "pod share-after", after.Env, shareGPU(t, dev, "8Gi", 10))
+	dev := framework.ClaimOf(t, c, after, "gpu")
+	framework.WantGPUs(t, "pod share-after", after.Env, framework.ShareGPU(t, dev, "8Gi", 10))
 
 	// Deleting the old pods unprepares their claims through the new plugin.
 	for _, n := range names {
@@ -177,16 +159,16 @@ spec:
 	}
 	for _, n := range names {
 		h := holds[n]
-		err := Poll(ctx, "claim "+h.claim+" to be unprepared", LogTimeout, func(ctx context.Context) (bool, error) {
-			if _, err := os.Stat(CDISpecPath(h.uid)); !os.IsNotExist(err) {
-				return false, retry("CDI spec %s still there (%v)", CDISpecPath(h.uid), err)
+		err := framework.Poll(ctx, "claim "+h.claim+" to be unprepared", framework.LogTimeout, func(ctx context.Context) (bool, error) {
+			if _, err := os.Stat(framework.CDISpecPath(h.uid)); !os.IsNotExist(err) {
+				return false, framework.Retry("CDI spec %s still there (%v)", framework.CDISpecPath(h.uid), err)
 			}
-			cp, err := ReadCheckpoint()
+			cp, err := framework.ReadCheckpoint()
 			if err != nil {
-				return false, retry("%v", err)
+				return false, framework.Retry("%v", err)
 			}
 			if e, ok := cp[h.uid]; ok {
-				return false, retry("checkpoint still lists it: %+v", e)
+				return false, framework.Retry("checkpoint still lists it: %+v", e)
 			}
 			return true, nil
 		})
@@ -197,12 +179,12 @@ spec:
 		t.Logf("%s: pod %s deleted: claim %s unprepared, no CDI spec, no checkpoint entry", at(), n, h.claim)
 	}
 	// The claim prepared after the restart is still there, untouched.
-	afterClaim, _ := PodClaimName(after.Pod, "gpu")
+	afterClaim, _ := framework.PodClaimName(after.Pod, "gpu")
 	ac, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, afterClaim, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(CDISpecPath(ac.UID)); err != nil {
+	if _, err := os.Stat(framework.CDISpecPath(ac.UID)); err != nil {
 		t.Errorf("claim %s of the running pod share-after: %v", afterClaim, err)
 	}
 }

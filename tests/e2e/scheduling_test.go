@@ -4,13 +4,15 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // What the scheduler says about a pod whose claims no node can satisfy (the
@@ -35,33 +37,33 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 	var first map[string]string // device -> uuid
 	for attempt := 1; ; attempt++ {
 		ns = c.Namespace(t, "e2e-fifth")
-		four := c.RunSpec(t, ns, specPath("10-quarter-gpu-shares.yaml"))
+		four := c.RunSpec(t, ns, framework.SpecPath("10-quarter-gpu-shares.yaml"))
 		if len(four) != 4 {
 			t.Fatalf("%d pods ran, want 4", len(four))
 		}
 		first = map[string]string{}
 		for _, p := range four {
-			d := claimOf(t, c, p, "gpu")
+			d := framework.ClaimOf(t, c, p, "gpu")
 			first[d.Result.Device] = d.Attribute("uuid")
 		}
 		if len(first) == 1 {
 			break
 		}
-		logAllocations(t, c)
+		framework.LogAllocations(t, c)
 		if attempt == 2 {
 			t.Fatalf("the four quarters are on %v, want one GPU", first)
 		}
 		t.Logf("attempt %d: the four quarters are on %v, want one GPU; retrying once after a settle", attempt, first)
-		c.deleteNamespace(t, ns)
-		time.Sleep(3 * namespaceSettle)
+		c.DeleteNamespace(t, ns)
+		time.Sleep(3 * framework.NamespaceSettle)
 	}
 	var firstDev, firstUUID string
 	for dev, uuid := range first { // the only entry
 		firstDev, firstUUID = dev, uuid
 	}
 
-	fifth := c.RunObjects(t, ns, EnvPod("quarter-4", "quarter-gpu", true))["quarter-4"]
-	d := claimOf(t, c, fifth, "gpu")
+	fifth := c.RunObjects(t, ns, framework.EnvPod("quarter-4", "quarter-gpu", true))["quarter-4"]
+	d := framework.ClaimOf(t, c, fifth, "gpu")
 	uuid := d.Attribute("uuid")
 	if d.Result.Device == firstDev || uuid == firstUUID {
 		t.Fatalf("the fifth quarter got %s (uuid %s), the GPU the four fill", d.Result.Device, uuid)
@@ -69,8 +71,8 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 	if d.Attribute("type") != "shared" {
 		t.Errorf("the fifth quarter got device %s of type %q, want a share", d.Result.Device, d.Attribute("type"))
 	}
-	wantConsumed(t, "quarter-4", d, map[string]string{"memory": "19Gi", "cores": "25"})
-	wantGPUs(t, "pod quarter-4", fifth.Env, shareGPU(t, d, "19Gi", 25))
+	framework.WantConsumed(t, "quarter-4", d, map[string]string{"memory": "19Gi", "cores": "25"})
+	framework.WantGPUs(t, "pod quarter-4", fifth.Env, framework.ShareGPU(t, d, "19Gi", 25))
 	t.Logf("quarters 0-3 on %s (%s); quarter-4 on %s (%s)", firstDev, firstUUID, d.Result.Device, uuid)
 }
 
@@ -84,20 +86,8 @@ func TestOversizedClaimsStayPending(t *testing.T) {
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-oversized")
-	objs := MustDecodeYAML(t, ShareClaimYAML("too-much-memory", "100Gi", "10"), `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: nine-gpus}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        allocationMode: ExactCount
-        count: 9
-`)
-	objs = append(objs, EnvPod("too-much-memory", "too-much-memory", false), EnvPod("nine-gpus", "nine-gpus", false))
+	objs := append(framework.Claim{Name: "too-much-memory", Memory: "100Gi", Cores: "10"}.WithPod(),
+		framework.Claim{Name: "nine-gpus", Count: 9}.WithPod()...)
 	c.Apply(t, ns, objs...)
 
 	for _, name := range []string{"too-much-memory", "nine-gpus"} {
@@ -110,10 +100,10 @@ spec:
 			t.Errorf("pod %s: PodScheduled message %q, want it to say %q", name, cond.Message, unschedulableClaims)
 		}
 		var events []string
-		err = Poll(ctx, "a FailedScheduling event of pod "+name, LogTimeout, func(ctx context.Context) (bool, error) {
+		err = framework.Poll(ctx, "a FailedScheduling event of pod "+name, framework.LogTimeout, func(ctx context.Context) (bool, error) {
 			events, err = c.PodEvents(ctx, ns, name, "FailedScheduling")
 			if err != nil {
-				return false, retry("%v", err)
+				return false, framework.Retry("%v", err)
 			}
 			return len(events) > 0, nil
 		})
@@ -157,23 +147,12 @@ func TestWholeGPUWaitsForSharesToGo(t *testing.T) {
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-reclaim")
-	objs := MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: quarter}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 19Gi, cores: "25"}
-`)
-	objs = append(objs, EnvPod("share-a", "quarter", true), EnvPod("share-b", "quarter", true))
+	objs := []*unstructured.Unstructured{
+		framework.Claim{Name: "quarter", Template: true, Memory: "19Gi", Cores: "25"}.Object(),
+		framework.EnvPod("share-a", "quarter", true), framework.EnvPod("share-b", "quarter", true),
+	}
 	shares := c.RunObjects(t, ns, objs...)
-	a, b := claimOf(t, c, shares["share-a"], "gpu"), claimOf(t, c, shares["share-b"], "gpu")
+	a, b := framework.ClaimOf(t, c, shares["share-a"], "gpu"), framework.ClaimOf(t, c, shares["share-b"], "gpu")
 	if a.Result.Device != b.Result.Device {
 		t.Fatalf("the two shares went to %s and %s, want one GPU (first-fit)", a.Result.Device, b.Result.Device)
 	}
@@ -183,21 +162,8 @@ spec:
 	}
 	wholeName := "gpu-" + minor
 
-	c.Apply(t, ns, MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: that-gpu}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        selectors:
-        - cel:
-            expression: device.attributes["gpu.tessera.dev"].minor == %s
-`, minor))...)
-	c.Apply(t, ns, EnvPod("whole", "that-gpu", false))
+	c.Apply(t, ns, framework.Claim{Name: "that-gpu", Selectors: []string{framework.PinnedToMinor(minor)}}.Object())
+	c.Apply(t, ns, framework.EnvPod("whole", "that-gpu", false))
 	cond, err := c.WaitForUnschedulable(ctx, ns, "whole")
 	if err != nil {
 		t.Fatal(err)
@@ -214,17 +180,13 @@ spec:
 		}
 	}
 	t.Logf("deleted share-a and share-b in %v", time.Since(deleted).Round(100*time.Millisecond))
-	whole, err := c.WaitForEnvPod(ctx, ns, "whole")
-	if err != nil {
-		t.Fatal(err)
-	}
-	LogSpecPod(t, whole)
+	whole := c.EnvOf(ctx, t, ns, "whole")
 	t.Logf("pod whole running %v after the shares were deleted", time.Since(deleted).Round(100*time.Millisecond))
-	dev := claimOf(t, c, whole, "gpu")
+	dev := framework.ClaimOf(t, c, whole, "gpu")
 	if dev.Result.Device != wholeName || dev.Attribute("uuid") != uuid {
 		t.Fatalf("pod whole got %s (uuid %s), want %s (uuid %s), the GPU the shares left", dev.Result.Device, dev.Attribute("uuid"), wholeName, uuid)
 	}
-	wantGPUs(t, "pod whole", whole.Env, wholeGPU(t, dev))
-	noShareEnv(t, "pod whole", whole.Env)
+	framework.WantGPUs(t, "pod whole", whole.Env, framework.WholeGPU(t, dev))
+	framework.NoShareEnv(t, "pod whole", whole.Env)
 	t.Logf("pod whole started on %s (uuid %s) once its shares were gone", dev.Result.Device, uuid)
 }

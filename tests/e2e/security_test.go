@@ -16,26 +16,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	authenticationv1 "k8s.io/api/authentication/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
 // pluginClient is a client with a token of the plugin's service account
 // bound to its running pod, as the pod's own token is.
-func pluginClient(t *testing.T, c *Cluster) (kubernetes.Interface, string) {
+func pluginClient(t *testing.T, c *framework.Cluster) (kubernetes.Interface, string) {
 	t.Helper()
 	ctx := context.Background()
-	pod, err := pluginPod(ctx, c)
+	pod, err := framework.PluginPod(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(installNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: &expiry,
 			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
@@ -76,14 +76,14 @@ func TestPluginTokenCannotWriteOtherDriversSlices(t *testing.T) {
 	const otherDriver = "other.e2e.example.com"
 
 	// The control: its own driver and pool is admitted (dry run).
-	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(Driver, node), dryRun); err != nil {
+	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(framework.Driver, node), dryRun); err != nil {
 		t.Fatalf("the plugin's token may not create its own slice on %s: %v", node, err)
 	}
-	wantDriver := fmt.Sprintf("may only modify ResourceSlices of driver %s, not of driver '%s'", Driver, otherDriver)
+	wantDriver := fmt.Sprintf("may only modify ResourceSlices of driver %s, not of driver '%s'", framework.Driver, otherDriver)
 	_, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(otherDriver, node), dryRun)
-	checkDenied(t, "create another driver's slice", err, wantDriver)
-	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(Driver, "e2e-other-pool"), dryRun)
-	checkDenied(t, "create a slice in another pool", err, fmt.Sprintf("may only modify ResourceSlices of pool '%s', not of pool 'e2e-other-pool'", node))
+	framework.CheckDenied(t, "create another driver's slice", err, wantDriver)
+	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(framework.Driver, "e2e-other-pool"), dryRun)
+	framework.CheckDenied(t, "create a slice in another pool", err, fmt.Sprintf("may only modify ResourceSlices of pool '%s', not of pool 'e2e-other-pool'", node))
 
 	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(otherDriver, node), metav1.CreateOptions{})
 	if err != nil {
@@ -95,19 +95,19 @@ func TestPluginTokenCannotWriteOtherDriversSlices(t *testing.T) {
 	changed := existing.DeepCopy()
 	changed.Spec.Pool.Generation++
 	_, err = plugin.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})
-	checkDenied(t, "update another driver's slice", err, wantDriver)
+	framework.CheckDenied(t, "update another driver's slice", err, wantDriver)
 	// Taking it over (turning it into one of its own) is refused too: by the
 	// API server's own validation (spec.driver is immutable) before the
 	// policy, which refuses it as well (deployments/helm/security_test.go).
 	takeover := existing.DeepCopy()
-	takeover.Spec.Driver = Driver
+	takeover.Spec.Driver = framework.Driver
 	if _, err = plugin.ResourceV1().ResourceSlices().Update(ctx, takeover, metav1.UpdateOptions{}); err == nil {
 		t.Error("the plugin's token took over another driver's slice")
 	} else {
 		t.Logf("take over another driver's slice: refused: %v", err)
 	}
 	err = plugin.ResourceV1().ResourceSlices().Delete(ctx, existing.Name, metav1.DeleteOptions{})
-	checkDenied(t, "delete another driver's slice", err, wantDriver)
+	framework.CheckDenied(t, "delete another driver's slice", err, wantDriver)
 	if _, err := c.Client.ResourceV1().ResourceSlices().Get(ctx, existing.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("the other driver's slice is gone: %v", err)
 	}
@@ -187,32 +187,21 @@ func TestWebhookSurvivesReplicaDeletion(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
-	dep, err := c.Client.AppsV1().Deployments(installNamespace).Get(ctx, "tessera-webhook", metav1.GetOptions{})
+	dep, err := c.Client.AppsV1().Deployments(framework.InstallNamespace).Get(ctx, "tessera-webhook", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas < 2 || dep.Status.ReadyReplicas < 2 {
 		t.Skipf("the webhook has %d ready of %v replicas; this test needs 2 (webhook.replicas)", dep.Status.ReadyReplicas, dep.Spec.Replicas)
 	}
-	pods, err := c.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	pods, err := c.Client.CoreV1().Pods(framework.InstallNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
 	if err != nil || len(pods.Items) < 2 {
 		t.Fatalf("webhook pods: %v (%d)", err, len(pods.Items))
 	}
 	ns := c.Namespace(t, "e2e-webhook-ha")
 	claim := func(name, isolation string) *resourceapi.ResourceClaim {
-		return &resourceapi.ResourceClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-				Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-					DeviceClassName: "shared.gpu.tessera.dev",
-					Capacity:        &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1Gi")}},
-				}}},
-				Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-					Driver:     Driver,
-					Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"` + isolation + `":"Advisory"}}`)},
-				}}}},
-			}},
-		}
+		return framework.Claim{Name: name, Memory: "1Gi",
+			Config: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"` + isolation + `":"Advisory"}}`}.ResourceClaim()
 	}
 	var created, refused atomic.Int64
 	var mu sync.Mutex
@@ -253,13 +242,13 @@ func TestWebhookSurvivesReplicaDeletion(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	victim := pods.Items[0].Name
 	t.Logf("deleting webhook pod %s while claims are created", victim)
-	if err := c.Client.CoreV1().Pods(installNamespace).Delete(ctx, victim, metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().Pods(framework.InstallNamespace).Delete(ctx, victim, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Keep creating through the deletion and the replacement's start.
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		if _, err := c.Client.CoreV1().Pods(installNamespace).Get(ctx, victim, metav1.GetOptions{}); err != nil {
+		if _, err := c.Client.CoreV1().Pods(framework.InstallNamespace).Get(ctx, victim, metav1.GetOptions{}); err != nil {
 			break
 		}
 		time.Sleep(time.Second)

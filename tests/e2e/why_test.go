@@ -9,9 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
+
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/internal/cli/why"
@@ -49,77 +52,21 @@ func TestWhyExplainsPendingPods(t *testing.T) {
 			t.Errorf("delete DeviceTaintRule %s: %v", rule.Name, err)
 		}
 	})
-	const onGPU1 = `device.attributes["gpu.tessera.dev"].minor == 1`
-	const onGPU0 = `device.attributes["gpu.tessera.dev"].minor == 0`
-	objs := MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: holder}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        selectors: [{cel: {expression: '%[1]s'}}]
-        capacity:
-          requests: {memory: 20Gi, cores: "25"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: too-much-memory}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: 100Gi, cores: "10"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: nine-gpus}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        allocationMode: ExactCount
-        count: 9
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: whole-gpu-0}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-        selectors: [{cel: {expression: '%[1]s'}}]
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: fenced-share}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        selectors: [{cel: {expression: '%[2]s'}}]
-        capacity:
-          requests: {memory: 1Gi, cores: "1"}
-`, onGPU0, onGPU1))
-	c.Apply(t, ns, append(objs, EnvPod("holder", "holder", false))...)
+	onGPU0, onGPU1 := framework.PinnedToMinor(0), framework.PinnedToMinor(1)
+	objs := []*unstructured.Unstructured{
+		framework.Claim{Name: "holder", Memory: "20Gi", Cores: "25", Selectors: []string{onGPU0}}.Object(),
+		framework.Claim{Name: "too-much-memory", Memory: "100Gi", Cores: "10"}.Object(),
+		framework.Claim{Name: "nine-gpus", Count: 9}.Object(),
+		framework.Claim{Name: "whole-gpu-0", Selectors: []string{onGPU0}}.Object(),
+		framework.Claim{Name: "fenced-share", Memory: "1Gi", Cores: "1", Selectors: []string{onGPU1}}.Object(),
+	}
+	c.Apply(t, ns, append(objs, framework.EnvPod("holder", "holder", false))...)
 	if _, err := c.WaitForPodRunning(ctx, ns, "holder"); err != nil {
 		t.Fatal(err)
 	}
 	pending := []string{"too-much-memory", "nine-gpus", "whole-gpu-0", "fenced-share"}
 	for _, name := range pending {
-		c.Apply(t, ns, EnvPod(name, name, false))
+		c.Apply(t, ns, framework.EnvPod(name, name, false))
 	}
 	for _, name := range pending {
 		if _, err := c.WaitForUnschedulable(ctx, ns, name); err != nil {
@@ -127,13 +74,13 @@ spec:
 		}
 	}
 
-	kubeconfig := operateKubeconfig(t)
+	kubeconfig := framework.Kubeconfig(t)
 	explain := func(target string) (string, why.Report) {
 		t.Helper()
-		table := runCLI(t, "why", target, "-n", ns, "--kubeconfig", kubeconfig)
+		table := framework.RunCLI(t, "why", target, "-n", ns, "--kubeconfig", kubeconfig)
 		t.Logf("tessera why %s -n %s:\n%s", target, ns, table)
 		var r why.Report
-		if err := json.Unmarshal([]byte(runCLI(t, "why", target, "-n", ns, "--kubeconfig", kubeconfig, "-o", "json")), &r); err != nil {
+		if err := json.Unmarshal([]byte(framework.RunCLI(t, "why", target, "-n", ns, "--kubeconfig", kubeconfig, "-o", "json")), &r); err != nil {
 			t.Fatalf("tessera why %s -o json: %v", target, err)
 		}
 		if len(r.Nodes) == 0 {

@@ -1,6 +1,6 @@
 //go:build e2e
 
-package e2e
+package framework
 
 import (
 	"context"
@@ -107,7 +107,7 @@ func (c *Cluster) PluginPods(ctx context.Context) ([]corev1.Pod, error) {
 
 // podReady reports whether the pod is Running with condition Ready=True and not
 // being deleted.
-func readyPod(p *corev1.Pod) bool {
+func ReadyPod(p *corev1.Pod) bool {
 	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
 		return false
 	}
@@ -126,24 +126,24 @@ func (c *Cluster) ReadyPluginPod(ctx context.Context) (*corev1.Pod, error) {
 	err := Poll(ctx, "one Ready pod of DaemonSet "+PluginNamespace+"/"+PluginDaemonSet, PodTimeout, func(ctx context.Context) (bool, error) {
 		pods, err := c.PluginPods(ctx)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, Retry("%v", err)
 		}
 		ready = nil
 		for i := range pods {
-			if !readyPod(&pods[i]) {
-				return false, retry("pod %s: phase %s, deleting %v", pods[i].Name, pods[i].Status.Phase, pods[i].DeletionTimestamp != nil)
+			if !ReadyPod(&pods[i]) {
+				return false, Retry("pod %s: phase %s, deleting %v", pods[i].Name, pods[i].Status.Phase, pods[i].DeletionTimestamp != nil)
 			}
 			ready = &pods[i]
 		}
 		if len(pods) != 1 {
-			return false, retry("%d plugin pods", len(pods))
+			return false, Retry("%d plugin pods", len(pods))
 		}
 		ds, err := c.Client.AppsV1().DaemonSets(PluginNamespace).Get(ctx, PluginDaemonSet, metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, Retry("%v", err)
 		}
 		if !daemonSetAvailable(ds) {
-			return false, retry("DaemonSet: %d desired, %d available", ds.Status.DesiredNumberScheduled, ds.Status.NumberAvailable)
+			return false, Retry("DaemonSet: %d desired, %d available", ds.Status.DesiredNumberScheduled, ds.Status.NumberAvailable)
 		}
 		return true, nil
 	})
@@ -155,4 +155,26 @@ func daemonSetAvailable(ds *appsv1.DaemonSet) bool {
 		ds.Status.DesiredNumberScheduled > 0 &&
 		ds.Status.NumberAvailable == ds.Status.DesiredNumberScheduled &&
 		ds.Status.NumberUnavailable == 0
+}
+
+// WaitPluginReplaced waits until the plugin pod old is gone and another one
+// is Ready.
+func (c *Cluster) WaitPluginReplaced(ctx context.Context, old types.UID) error {
+	err := Poll(ctx, "plugin pod "+string(old)+" to be gone", PodTimeout, func(ctx context.Context) (bool, error) {
+		pods, err := c.PluginPods(ctx)
+		if err != nil {
+			return false, Retry("%v", err)
+		}
+		for _, p := range pods {
+			if p.UID == old {
+				return false, Retry("still there (phase %s)", p.Status.Phase)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	_, err = c.ReadyPluginPod(ctx)
+	return err
 }

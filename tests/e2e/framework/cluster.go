@@ -1,9 +1,6 @@
 //go:build e2e
 
-// Package e2e runs Tessera against a real cluster: pods are created through the
-// API, the kubelet and containerd run them, and the tests read what the
-// containers print. See README.md in this directory for how to run it.
-package e2e
+package framework
 
 import (
 	"bufio"
@@ -105,7 +102,7 @@ func Poll(ctx context.Context, what string, timeout time.Duration, cond func(ctx
 // it only on timeout.
 var errRetry = errors.New("not yet")
 
-func retry(format string, args ...any) error {
+func Retry(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errRetry, fmt.Sprintf(format, args...))
 }
 
@@ -118,13 +115,13 @@ func (c *Cluster) Namespace(t testing.TB, prefix string) string {
 	if err != nil {
 		t.Fatalf("create namespace: %v", err)
 	}
-	t.Cleanup(func() { c.deleteNamespace(t, ns.Name) })
+	t.Cleanup(func() { c.DeleteNamespace(t, ns.Name) })
 	return ns.Name
 }
 
-// deleteNamespace deletes ns and waits (bounded) for it to go, so claims are
+// DeleteNamespace deletes ns and waits (bounded) for it to go, so claims are
 // released before the next test allocates.
-func (c *Cluster) deleteNamespace(t testing.TB, ns string) {
+func (c *Cluster) DeleteNamespace(t testing.TB, ns string) {
 	ctx := context.Background()
 	zero := int64(0)
 	err := c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{GracePeriodSeconds: &zero})
@@ -145,12 +142,12 @@ func (c *Cluster) deleteNamespace(t testing.TB, ns string) {
 	// be scheduled against capacity its predecessor's claims no longer hold
 	// (first fit then skips a GPU, or a pod found unschedulable waits for the
 	// next cluster event). Give the informers a moment.
-	time.Sleep(namespaceSettle)
+	time.Sleep(NamespaceSettle)
 }
 
-// namespaceSettle is how long deleteNamespace waits after the namespace is
+// NamespaceSettle is how long deleteNamespace waits after the namespace is
 // gone.
-const namespaceSettle = 3 * time.Second
+const NamespaceSettle = 3 * time.Second
 
 // ApplyFile server-side-applies every object in a (multi-document) YAML file and
 // returns them as applied. A namespaced object is put into namespace when that is
@@ -252,19 +249,19 @@ func (c *Cluster) WaitForPod(ctx context.Context, ns, name, what string, cond fu
 	err := Poll(ctx, fmt.Sprintf("pod %s/%s %s", ns, name, what), PodTimeout, func(ctx context.Context) (bool, error) {
 		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, retry("%v", err)
+			return false, Retry("%v", err)
 		}
 		pod = p
 		if cond(p) {
 			return true, nil
 		}
-		if reason := stuck(p); reason != "" {
+		if reason := Stuck(p); reason != "" {
 			return false, errors.New(reason)
 		}
-		return false, retry("phase %s", p.Status.Phase)
+		return false, Retry("phase %s", p.Status.Phase)
 	})
 	if err != nil {
-		return pod, fmt.Errorf("%w\n%s", err, c.describePod(ctx, ns, name))
+		return pod, fmt.Errorf("%w\n%s", err, c.DescribePod(ctx, ns, name))
 	}
 	return pod, nil
 }
@@ -291,8 +288,8 @@ func (c *Cluster) WaitForPodSucceeded(ctx context.Context, ns, name string) (*co
 	})
 }
 
-// stuck says why a pod will not get to run, or "" while it still may.
-func stuck(p *corev1.Pod) string {
+// Stuck says why a pod will not get to run, or "" while it still may.
+func Stuck(p *corev1.Pod) string {
 	if p.Status.Phase == corev1.PodFailed {
 		return fmt.Sprintf("pod failed: %s %s", p.Status.Reason, p.Status.Message)
 	}
@@ -308,9 +305,9 @@ func stuck(p *corev1.Pod) string {
 	return ""
 }
 
-// describePod is a short `kubectl describe`: phase, conditions, container states
+// DescribePod is a short `kubectl describe`: phase, conditions, container states
 // and the pod's events, for failure messages.
-func (c *Cluster) describePod(ctx context.Context, ns, name string) string {
+func (c *Cluster) DescribePod(ctx context.Context, ns, name string) string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	var b strings.Builder
@@ -413,7 +410,7 @@ func (c *Cluster) WaitForLog(ctx context.Context, ns, name, container, marker st
 	err := Poll(ctx, fmt.Sprintf("%q in the log of %s/%s", marker, ns, name), LogTimeout, func(ctx context.Context) (bool, error) {
 		l, err := c.PodLog(ctx, ns, name, container)
 		if err != nil {
-			return false, retry("%v", err)
+			return false, Retry("%v", err)
 		}
 		log = l
 		return strings.Contains(l, marker), nil
@@ -830,9 +827,9 @@ func (c *Cluster) DeletePodAndWait(ctx context.Context, ns, name string) error {
 			return true, nil
 		}
 		if err != nil {
-			return false, retry("%v", err)
+			return false, Retry("%v", err)
 		}
-		return false, retry("still there")
+		return false, Retry("still there")
 	})
 }
 
@@ -999,36 +996,57 @@ func MustDecodeYAML(t testing.TB, docs ...string) []*unstructured.Unstructured {
 	return objs
 }
 
-// ShareClaimYAML is a ResourceClaim named name with one request, gpu, for a
-// share of memory and cores (class shared.gpu.tessera.dev).
-func ShareClaimYAML(name, memory, cores string) string {
-	return fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: %s}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity:
-          requests: {memory: %s, cores: %q}
-`, name, memory, cores)
+// DeletePods deletes the pods gracefully and waits until they are gone, i.e.
+// the kubelet unprepared their claims without error (DeletePodAndWait), so
+// the GPUs are free for the next test.
+func DeletePods(t *testing.T, c *Cluster, ns string, names ...string) {
+	t.Helper()
+	start := time.Now()
+	for _, n := range names {
+		if err := c.DeletePodAndWait(context.Background(), ns, n); err != nil {
+			t.Errorf("delete pod %s: %v", n, err)
+			continue
+		}
+		t.Logf("pod %s gone (claims unprepared) after %v", n, time.Since(start).Round(100*time.Millisecond))
+	}
 }
 
-// WholeClaimYAML is a ResourceClaim named name with one request, gpu, for a
-// whole GPU (class gpu.tessera.dev).
-func WholeClaimYAML(name string) string {
-	return fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: %s}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.tessera.dev
-`, name)
+// WaitForPodGone waits until the pod is deleted from the API.
+func (c *Cluster) WaitForPodGone(ctx context.Context, ns, name string, timeout time.Duration) error {
+	return Poll(ctx, "pod "+ns+"/"+name+" to be gone", timeout, func(ctx context.Context) (bool, error) {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, Retry("%v", err)
+		}
+		return false, Retry("phase %s, deleting %v", p.Status.Phase, p.DeletionTimestamp != nil)
+	})
+}
+
+// ClaimEvents returns "reason: message" of the events on a claim.
+func (c *Cluster) ClaimEvents(ctx context.Context, ns, claim string) ([]string, error) {
+	list, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=ResourceClaim,involvedObject.name=" + claim})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Reason+": "+e.Message)
+	}
+	return out, nil
+}
+
+// EnvOf waits for a pod already created to run and each container to print
+// its env (WaitForEnvPod), fails the test when that does not happen, logs
+// what the containers printed (LogSpecPod) and returns it.
+func (c *Cluster) EnvOf(ctx context.Context, t testing.TB, ns, name string) SpecPod {
+	t.Helper()
+	p, err := c.WaitForEnvPod(ctx, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	LogSpecPod(t, p)
+	return p
 }
