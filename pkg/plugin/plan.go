@@ -78,12 +78,60 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		return nil, fmt.Errorf("not allocated")
 	}
 	alloc := claim.Status.Allocation.Devices
-	configs := map[string]*configapi.GpuConfig{}
+	configs, err := p.resolveConfigs(alloc)
+	if err != nil {
+		return nil, err
+	}
+	pl := &plan{}
+	var nvlinkPolicy configapi.NVLinkPolicy = configapi.NVLinkIgnore
+	for _, r := range alloc.Results {
+		if r.Driver != model.DriverName {
+			continue
+		}
+		d, nvlink, err := p.planDevice(claim, r, configs)
+		if err != nil {
+			return nil, err
+		}
+		if d.isolation != "" {
+			if pl.isolation != "" && pl.isolation != d.isolation {
+				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other devices; a claim uses one isolation backend", d.isolation, pl.isolation)
+			}
+			pl.isolation = d.isolation
+		}
+		if stricter(nvlink, nvlinkPolicy) {
+			nvlinkPolicy = nvlink
+		}
+		pl.devices = append(pl.devices, d)
+	}
+	sortDevices(pl.devices)
+	if err := checkNVLink(pl, nvlinkPolicy); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(configs.byRequest)
+	if err != nil {
+		return nil, fmt.Errorf("encode config: %w", err)
+	}
+	pl.config = raw
+	return pl, nil
+}
+
+// requestConfigs are a claim's opaque configs resolved per request.
+type requestConfigs struct {
+	// byRequest is the merged GpuConfig of each request with a device of
+	// this driver, its sharing.isolation filled in.
+	byRequest map[string]*configapi.GpuConfig
 	// isolationFrom says, per request, who chose its sharing.isolation.
-	isolationFrom := map[string]isolationSource{}
-	// A claim uses one backend: a share request whose configs set no
-	// isolation takes the one another share request of the claim sets, and
-	// only failing that the node's default.
+	isolationFrom map[string]isolationSource
+}
+
+// resolveConfigs merges the class and claim configs of every request with a
+// device of this driver (configapi.ConfigForRequest). A claim uses one
+// backend: a share request whose configs set no isolation takes the one
+// another share request of the claim sets, and only failing that the
+// node's default. An error names the first device whose request's configs
+// are invalid.
+func (p *Plugin) resolveConfigs(alloc resourceapi.DeviceAllocationResult) (requestConfigs, error) {
+	rc := requestConfigs{byRequest: map[string]*configapi.GpuConfig{}, isolationFrom: map[string]isolationSource{}}
 	var claimIsolation configapi.Isolation
 	for _, r := range alloc.Results {
 		_, kind, err := model.ParseDevice(r.Device)
@@ -95,15 +143,15 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 			claimIsolation = c.Sharing.Isolation
 		}
 	}
-	configFor := func(request string) (*configapi.GpuConfig, error) {
-		if c, ok := configs[request]; ok {
-			return c, nil
+	for _, r := range alloc.Results {
+		if _, done := rc.byRequest[r.Request]; done || r.Driver != model.DriverName {
+			continue
 		}
-		c, err := configapi.ConfigForRequest(alloc.Config, request)
+		c, err := configapi.ConfigForRequest(alloc.Config, r.Request)
 		if err != nil {
-			return nil, fmt.Errorf("request %q: %w", request, err)
+			return requestConfigs{}, deviceError(r.Device, "request %q: %v", r.Request, err)
 		}
-		source := isolationSetBy(alloc.Config, request)
+		source := isolationSetBy(alloc.Config, r.Request)
 		switch {
 		case source != isolationFromNode:
 		case claimIsolation != "":
@@ -111,120 +159,95 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		case p.opts.DefaultIsolation != "":
 			c.Sharing.Isolation = p.opts.DefaultIsolation
 		}
-		configs[request] = c
-		isolationFrom[request] = source
-		return c, nil
+		rc.byRequest[r.Request] = c
+		rc.isolationFrom[r.Request] = source
 	}
+	return rc, nil
+}
 
-	pl := &plan{}
-	var nvlinkPolicy configapi.NVLinkPolicy = configapi.NVLinkIgnore
-	for _, r := range alloc.Results {
-		if r.Driver != model.DriverName {
-			continue
-		}
-		if r.Pool != p.opts.NodeName {
-			return nil, deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
-		}
-		if name, err := model.ParseMIGDevice(r.Device); err == nil {
-			g, ok := p.gpuByMinor(name.Minor)
-			if !ok {
-				return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
-			}
-			cfg, err := configFor(r.Request)
-			if err != nil {
-				return nil, deviceError(r.Device, "%v", err)
-			}
-			// MIG devices are never lent, and carry no shares.
-			d := plannedDevice{request: r.Request, pool: r.Pool, device: r.Device, gpu: g, adminAccess: r.AdminAccess != nil && *r.AdminAccess}
-			if err := p.planMIG(claim, &d, name, cfg, isolationFrom[r.Request]); err != nil {
-				return nil, err
-			}
-			if d.isolation != "" {
-				if pl.isolation != "" && pl.isolation != d.isolation {
-					return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other devices; a claim uses one isolation backend", d.isolation, pl.isolation)
-				}
-				pl.isolation = d.isolation
-			}
-			pl.devices = append(pl.devices, d)
-			continue
-		}
-		minor, kind, err := model.ParseDevice(r.Device)
-		if err != nil {
-			return nil, deviceError(r.Device, "%v", err)
-		}
-		shared := kind != model.KindWhole
-		g, ok := p.gpuByMinor(minor)
+// planDevice checks one device result of this driver and computes its
+// limits; nvlink is its request's topology.nvlink (NVLinkIgnore for MIG
+// devices).
+func (p *Plugin) planDevice(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult, configs requestConfigs) (d plannedDevice, nvlink configapi.NVLinkPolicy, err error) {
+	if r.Pool != p.opts.NodeName {
+		return d, "", deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
+	}
+	cfg, source := configs.byRequest[r.Request], configs.isolationFrom[r.Request]
+	if name, err := model.ParseMIGDevice(r.Device); err == nil {
+		g, ok := p.gpuByMinor(name.Minor)
 		if !ok {
-			return nil, deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
+			return d, "", deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
 		}
-		if g.MIGEnabled {
-			return nil, deviceError(r.Device, "GPU %s (index %d) is in MIG mode now: it is handed out only as MIG devices, never whole or in shares (was MIG enabled since the claim was allocated?)", g.UUID, g.Index)
-		}
-		cfg, err := configFor(r.Request)
-		if err != nil {
-			return nil, deviceError(r.Device, "%v", err)
-		}
-		d := plannedDevice{
-			request:     r.Request,
-			pool:        r.Pool,
-			device:      r.Device,
-			gpu:         g,
-			shared:      shared,
-			lent:        kind == model.KindLent,
-			lend:        kind != model.KindLent && cfg.LendsWhenIdle(),
-			adminAccess: r.AdminAccess != nil && *r.AdminAccess,
-		}
-		if r.ShareID != nil {
-			d.shareID = *r.ShareID
-		}
-		if shared && !d.adminAccess {
-			if d.shareID == "" {
-				return nil, deviceError(r.Device, "share without a shareID in the allocation result")
-			}
-			mem, ok := r.ConsumedCapacity[capacityMemory]
-			if !ok {
-				return nil, deviceError(r.Device, "share %s has no consumedCapacity %q in the allocation result; cannot compute its limits", d.shareID, capacityMemory)
-			}
-			cores := r.ConsumedCapacity[capacityCores] // absent: 0, a best-effort share
-			d.consumedMemory, d.consumedCores = mem.Value(), cores.Value()
-			d.memoryLimit, d.coresLimit, err = cfg.ShareLimits(mem.Value(), cores.Value())
-			if err != nil {
-				return nil, deviceError(r.Device, "request %q: %v", r.Request, err)
-			}
-			if d.memoryLimit <= 0 {
-				return nil, deviceError(r.Device, "share %s has a memory limit of %d bytes", d.shareID, d.memoryLimit)
-			}
-			d.isolation = cfg.Sharing.Isolation
-			if !cfg.Sharing.Allows(d.isolation) {
-				return nil, deviceError(r.Device, "request %q: %s", r.Request,
-					floorError(d.isolation, isolationFrom[r.Request], cfg.Sharing.AllowedIsolations))
-			}
-			if pl.isolation != "" && pl.isolation != d.isolation {
-				return nil, deviceError(r.Device, "isolation %s differs from %s of the claim's other devices; a claim uses one isolation backend", d.isolation, pl.isolation)
-			}
-			pl.isolation = d.isolation
-			if d.isolation == configapi.IsolationMPS {
-				// No two namespaces share an MPS daemon, pipe directory or
-				// shared memory (docs/mps.md).
-				d.mpsDomain = claim.Namespace
-			}
-		}
-		if cfg.Topology != nil && stricter(cfg.Topology.NVLink, nvlinkPolicy) {
-			nvlinkPolicy = cfg.Topology.NVLink
-		}
-		pl.devices = append(pl.devices, d)
+		// MIG devices are never lent, and carry no shares.
+		d = plannedDevice{request: r.Request, pool: r.Pool, device: r.Device, gpu: g, adminAccess: r.AdminAccess != nil && *r.AdminAccess}
+		return d, configapi.NVLinkIgnore, p.planMIG(claim, &d, name, cfg, source)
 	}
-
-	sortDevices(pl.devices)
-	if err := checkNVLink(pl, nvlinkPolicy); err != nil {
-		return nil, err
-	}
-	raw, err := json.Marshal(configs)
+	minor, kind, err := model.ParseDevice(r.Device)
 	if err != nil {
-		return nil, fmt.Errorf("encode config: %w", err)
+		return d, "", deviceError(r.Device, "%v", err)
 	}
-	pl.config = raw
-	return pl, nil
+	g, ok := p.gpuByMinor(minor)
+	if !ok {
+		return d, "", deviceError(r.Device, "unknown on node %s (it has %s)", p.opts.NodeName, p.knownDevices())
+	}
+	if g.MIGEnabled {
+		return d, "", deviceError(r.Device, "GPU %s (index %d) is in MIG mode now: it is handed out only as MIG devices, never whole or in shares (was MIG enabled since the claim was allocated?)", g.UUID, g.Index)
+	}
+	d = plannedDevice{
+		request:     r.Request,
+		pool:        r.Pool,
+		device:      r.Device,
+		gpu:         g,
+		shared:      kind != model.KindWhole,
+		lent:        kind == model.KindLent,
+		lend:        kind != model.KindLent && cfg.LendsWhenIdle(),
+		adminAccess: r.AdminAccess != nil && *r.AdminAccess,
+	}
+	if r.ShareID != nil {
+		d.shareID = *r.ShareID
+	}
+	if d.shared && !d.adminAccess {
+		if err := planShare(claim, &d, r, cfg, source); err != nil {
+			return d, "", err
+		}
+	}
+	nvlink = configapi.NVLinkIgnore
+	if cfg.Topology != nil {
+		nvlink = cfg.Topology.NVLink
+	}
+	return d, nvlink, nil
+}
+
+// planShare computes a share's limits from its consumedCapacity and its
+// request's config, and checks its isolation against the config's floor.
+func planShare(claim *resourceapi.ResourceClaim, d *plannedDevice, r resourceapi.DeviceRequestAllocationResult, cfg *configapi.GpuConfig, source isolationSource) error {
+	if d.shareID == "" {
+		return deviceError(r.Device, "share without a shareID in the allocation result")
+	}
+	mem, ok := r.ConsumedCapacity[capacityMemory]
+	if !ok {
+		return deviceError(r.Device, "share %s has no consumedCapacity %q in the allocation result; cannot compute its limits", d.shareID, capacityMemory)
+	}
+	cores := r.ConsumedCapacity[capacityCores] // absent: 0, a best-effort share
+	d.consumedMemory, d.consumedCores = mem.Value(), cores.Value()
+	var err error
+	d.memoryLimit, d.coresLimit, err = cfg.ShareLimits(mem.Value(), cores.Value())
+	if err != nil {
+		return deviceError(r.Device, "request %q: %v", r.Request, err)
+	}
+	if d.memoryLimit <= 0 {
+		return deviceError(r.Device, "share %s has a memory limit of %d bytes", d.shareID, d.memoryLimit)
+	}
+	d.isolation = cfg.Sharing.Isolation
+	if !cfg.Sharing.Allows(d.isolation) {
+		return deviceError(r.Device, "request %q: %s", r.Request, floorError(d.isolation, source, cfg.Sharing.AllowedIsolations))
+	}
+	if d.isolation == configapi.IsolationMPS {
+		// No two namespaces share an MPS daemon, pipe directory or
+		// shared memory (docs/mps.md).
+		d.mpsDomain = claim.Namespace
+	}
+	return nil
 }
 
 // isolationSource is who chose a request's sharing.isolation.
