@@ -33,6 +33,10 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=SCRIPTDIR/../lib/cluster.sh
+. "$repo/hack/lib/cluster.sh"
+CLUSTER_LOG_PREFIX=scale-cluster
+CLUSTER_NAME=tessera-scale
 
 STATE=${TESSERA_SCALE_STATE_DIR:-/tmp/tessera-scale}
 APISERVER_PORT=${TESSERA_APISERVER_PORT:-6443}
@@ -51,38 +55,9 @@ NODE_GRACE=1200s
 # Start order; `down` stops in reverse. lock is the process holding the lock.
 COMPONENTS=(lock etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-log() { echo "scale-cluster: $*" >&2; }
-die() { echo "scale-cluster: error: $*" >&2; exit 1; }
-
-# Every process we start is recorded as $STATE/pids/<name> = "<pid> <binary>"; a pid
-# counts as ours only while /proc/<pid>/exe is still that binary.
-pidfile() { echo "$STATE/pids/$1"; }
-
-alive() {
-  local f pid exe
-  f=$(pidfile "$1")
-  [ -r "$f" ] || return 1
-  read -r pid exe <"$f" || return 1
-  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
-  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
-  echo "$pid"
-}
-
-start() {
-  local name=$1 bin=$2
-  shift 2
-  if alive "$name" >/dev/null; then
-    log "$name already running"
-    return 0
-  fi
-  setsid "$bin" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
-  echo "$! $(readlink -f "$bin")" >"$(pidfile "$name")"
-  STARTED+=("$name")
-}
-
-# STARTED: the components this invocation started, in order; a failed `up`
-# stops only these (the state dir may hold another invocation's cluster).
-STARTED=()
+# STARTED (hack/lib/cluster.sh): the components this invocation started, in
+# order; a failed `up` stops only these (the state dir may hold another
+# invocation's cluster).
 LOCK_WAITER=
 stop_started() {
   local i
@@ -92,36 +67,6 @@ stop_started() {
     stop "${STARTED[i]}" 30
   done
 }
-
-stop() {
-  local name=$1 wait=${2:-30} pid i
-  if pid=$(alive "$name"); then
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < wait * 5; i++)); do
-      [ -d "/proc/$pid" ] || break
-      [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
-      sleep 0.2
-    done
-    if [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
-      log "$name (pid $pid) did not stop in ${wait}s: SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$(pidfile "$name")"
-}
-
-wait_for() {
-  local what=$1 secs=$2 i
-  shift 2
-  for ((i = 0; i < secs; i++)); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 1
-  done
-  die "timed out after ${secs}s waiting for $what (logs: $STATE/logs/)"
-}
-
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # take_lock: a child process holds the lock (flock on its inherited fd) until
 # `down` stops it; -o is not needed because nothing else inherits the fd.
@@ -156,56 +101,6 @@ take_lock() {
   LOCK_WAITER=
   rm -f "$ready"
   log "holding $LOCK (pid $pid)"
-}
-
-gen_pki() {
-  local p=$STATE/pki
-  [ -s "$p/tokens.csv" ] && return 0
-  mkdir -p "$p"
-  (
-    cd "$p"
-    openssl genrsa -out ca.key 2048 2>/dev/null
-    openssl req -x509 -new -key ca.key -sha256 -days 30 -subj "/CN=tessera-scale-ca" -out ca.crt 2>/dev/null
-    openssl genrsa -out apiserver.key 2048 2>/dev/null
-    openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
-    printf '%s\n' "subjectAltName=IP:127.0.0.1,IP:${SERVICE_CIDR%.*}.1,DNS:localhost,DNS:kubernetes" \
-      "extendedKeyUsage=serverAuth" >apiserver.ext
-    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
-      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
-    openssl genrsa -out sa.key 2048 2>/dev/null
-    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-    tok() { openssl rand -hex 16; }
-    {
-      echo "$(tok),admin,admin,system:masters"
-      echo "$(tok),system:kube-scheduler,system:kube-scheduler"
-      echo "$(tok),system:kube-controller-manager,system:kube-controller-manager"
-    } >tokens.csv.tmp
-    chmod 600 ./*.key tokens.csv.tmp
-    mv tokens.csv.tmp tokens.csv
-  )
-}
-
-kubeconfig_for() {
-  local file=$1 user=$2 token
-  token=$(awk -F, -v u="$user" '$2 == u {print $1}' "$STATE/pki/tokens.csv")
-  cat >"$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: tessera-scale
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $STATE/pki/ca.crt
-users:
-- name: $user
-  user:
-    token: $token
-contexts:
-- name: tessera-scale
-  context: {cluster: tessera-scale, user: "$user"}
-current-context: tessera-scale
-EOF
-  chmod 600 "$file"
 }
 
 # client_qps_args: kube-controller-manager's client QPS flags.
@@ -259,7 +154,7 @@ cmd_up() {
     bin=$("$repo/demo/clusters/local/build-tools.sh" | tail -n1)
     kwok=$("$here/build-kwok.sh" | tail -n1)
     echo "$bin" >"$STATE/bindir"
-    gen_pki
+    gen_pki tessera-scale-ca DNS:localhost,DNS:kubernetes
     kubeconfig_for "$STATE/admin.kubeconfig" admin
     kubeconfig_for "$STATE/scheduler.kubeconfig" system:kube-scheduler
     kubeconfig_for "$STATE/controller-manager.kubeconfig" system:kube-controller-manager

@@ -31,6 +31,10 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
+# shellcheck source=SCRIPTDIR/../../../hack/lib/cluster.sh
+. "$repo/hack/lib/cluster.sh"
+CLUSTER_LOG_PREFIX=cluster
+CLUSTER_NAME=tessera-local
 
 STATE=${TESSERA_STATE_DIR:-/tmp/tessera-local}
 REGISTRY_PORT=${TESSERA_REGISTRY_PORT:-5000}
@@ -49,73 +53,6 @@ BRIDGE=tessera0
 MARKER=.tessera-local-cluster
 # Start order; `down` stops in reverse.
 COMPONENTS=(registry etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet)
-
-log() { echo "cluster: $*" >&2; }
-die() { echo "cluster: error: $*" >&2; exit 1; }
-
-# ---------------------------------------------------------------------------
-# pids: every process we start is recorded as $STATE/pids/<name> = "<pid> <binary>".
-# A pid counts as ours only while /proc/<pid>/exe is still that binary, so a reused
-# pid is never signalled.
-
-pidfile() { echo "$STATE/pids/$1"; }
-
-# alive NAME: prints the pid if NAME's recorded process is still ours and running.
-alive() {
-  local f pid exe
-  f=$(pidfile "$1")
-  [ -r "$f" ] || return 1
-  read -r pid exe <"$f" || return 1
-  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
-  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
-  echo "$pid"
-}
-
-# start NAME BINARY ARGS...: runs BINARY in its own session, log in $STATE/logs.
-start() {
-  local name=$1 bin=$2
-  shift 2
-  if alive "$name" >/dev/null; then
-    log "$name already running"
-    return 0
-  fi
-  setsid "$bin" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
-  echo "$! $(readlink -f "$bin")" >"$(pidfile "$name")"
-}
-
-# stop_pid PID WHAT: SIGTERM, wait up to $2 seconds, then SIGKILL.
-stop_pid() {
-  local pid=$1 what=$2 wait=${3:-30} i
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for ((i = 0; i < wait * 5; i++)); do
-    [ -d "/proc/$pid" ] || return 0
-    # A zombie child of ours is gone for our purposes.
-    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && return 0
-    sleep 0.2
-  done
-  log "$what (pid $pid) did not stop in ${wait}s: SIGKILL"
-  kill -KILL "$pid" 2>/dev/null || true
-}
-
-stop() {
-  local name=$1 wait=${2:-30} pid
-  if pid=$(alive "$name"); then
-    log "stopping $name (pid $pid)"
-    stop_pid "$pid" "$name" "$wait"
-  fi
-  rm -f "$(pidfile "$name")"
-}
-
-# wait_for WHAT SECONDS CMD...: polls CMD every second until it succeeds.
-wait_for() {
-  local what=$1 secs=$2 i
-  shift 2
-  for ((i = 0; i < secs; i++)); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 1
-  done
-  die "timed out after ${secs}s waiting for $what (logs: $STATE/logs/)"
-}
 
 # ---------------------------------------------------------------------------
 
@@ -143,8 +80,6 @@ debpkg() {
   esac
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 tools() {
   [ -n "${BIN:-}" ] && return 0
   BIN=$("$here/build-tools.sh" | tail -n1)
@@ -161,75 +96,6 @@ node_name() {
   else
     echo ""
   fi
-}
-
-# ---------------------------------------------------------------------------
-# Credentials: one CA for serving certs and the kubelet client cert, static tokens
-# for the admin and the control-plane components, an RSA key for service accounts.
-
-gen_pki() {
-  local p=$STATE/pki node=$1
-  [ -s "$p/tokens.csv" ] && return 0
-  mkdir -p "$p"
-  (
-    cd "$p"
-    openssl genrsa -out ca.key 2048 2>/dev/null
-    openssl req -x509 -new -key ca.key -sha256 -days 30 -subj "/CN=tessera-local-ca" -out ca.crt 2>/dev/null
-
-    openssl genrsa -out apiserver.key 2048 2>/dev/null
-    openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
-    printf '%s\n' \
-      "subjectAltName=IP:127.0.0.1,IP:${SERVICE_CIDR%.*}.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
-      "extendedKeyUsage=serverAuth" >apiserver.ext
-    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
-      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
-
-    # The apiserver's identity towards the kubelet (logs, exec).
-    openssl genrsa -out kubelet-client.key 2048 2>/dev/null
-    openssl req -new -key kubelet-client.key -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
-      -out kubelet-client.csr 2>/dev/null
-    echo "extendedKeyUsage=clientAuth" >client.ext
-    openssl x509 -req -in kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
-      -extfile client.ext -out kubelet-client.crt 2>/dev/null
-
-    openssl genrsa -out sa.key 2048 2>/dev/null
-    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-
-    tok() { openssl rand -hex 16; }
-    {
-      echo "$(tok),admin,admin,system:masters"
-      echo "$(tok),system:kube-scheduler,system:kube-scheduler"
-      echo "$(tok),system:kube-controller-manager,system:kube-controller-manager"
-      echo "$(tok),system:node:$node,system:node:$node,system:nodes"
-    } >tokens.csv.tmp
-    chmod 600 ./*.key tokens.csv.tmp
-    mv tokens.csv.tmp tokens.csv
-  )
-}
-
-# kubeconfig FILE USER: a kubeconfig for USER's static token.
-kubeconfig_for() {
-  local file=$1 user=$2 token
-  token=$(awk -F, -v u="$user" '$2 == u {print $1}' "$STATE/pki/tokens.csv")
-  [ -n "$token" ] || die "no token for $user in $STATE/pki/tokens.csv"
-  cat >"$file" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: tessera-local
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority: $STATE/pki/ca.crt
-users:
-- name: $user
-  user:
-    token: $token
-contexts:
-- name: tessera-local
-  context: {cluster: tessera-local, user: "$user"}
-current-context: tessera-local
-EOF
-  chmod 600 "$file"
 }
 
 # ---------------------------------------------------------------------------
@@ -429,7 +295,9 @@ cmd_up() {
     fi
   done
   touch "$KUBELET_ROOT/$MARKER"
-  gen_pki "$NODE"
+  gen_pki tessera-local-ca \
+    DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local \
+    "$NODE"
   kubeconfig_for "$STATE/admin.kubeconfig" admin
   kubeconfig_for "$STATE/scheduler.kubeconfig" system:kube-scheduler
   kubeconfig_for "$STATE/controller-manager.kubeconfig" system:kube-controller-manager

@@ -1,0 +1,158 @@
+# shellcheck shell=bash
+# Functions shared by the machine's cluster scripts, demo/clusters/local/cluster.sh
+# and hack/scale/cluster.sh, which source this file (by its path relative to
+# their own). The caller sets, before calling them:
+#   CLUSTER_LOG_PREFIX  the word log and die start their lines with ("cluster")
+#   CLUSTER_NAME        the cluster's and context's name in kubeconfigs
+#   STATE               the state dir (pids/, logs/, pki/)
+#   APISERVER_PORT      kube-apiserver's port on 127.0.0.1
+#   SERVICE_CIDR        the service range (its .1 is in the serving cert)
+
+log() { echo "$CLUSTER_LOG_PREFIX: $*" >&2; }
+die() { echo "$CLUSTER_LOG_PREFIX: error: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------
+# pids: every process we start is recorded as $STATE/pids/<name> = "<pid> <binary>".
+# A pid counts as ours only while /proc/<pid>/exe is still that binary, so a reused
+# pid is never signalled.
+
+pidfile() { echo "$STATE/pids/$1"; }
+
+# alive NAME: prints the pid if NAME's recorded process is still ours and running.
+alive() {
+  local f pid exe
+  f=$(pidfile "$1")
+  [ -r "$f" ] || return 1
+  read -r pid exe <"$f" || return 1
+  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
+  [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
+  echo "$pid"
+}
+
+# STARTED: the components this invocation started, in order.
+STARTED=()
+
+# start NAME BINARY ARGS...: runs BINARY in its own session, log in $STATE/logs.
+start() {
+  local name=$1 bin=$2
+  shift 2
+  if alive "$name" >/dev/null; then
+    log "$name already running"
+    return 0
+  fi
+  setsid "$bin" "$@" >"$STATE/logs/$name.log" 2>&1 </dev/null &
+  echo "$! $(readlink -f "$bin")" >"$(pidfile "$name")"
+  STARTED+=("$name")
+}
+
+# stop_pid PID WHAT [SECONDS]: SIGTERM, wait up to SECONDS (30), then SIGKILL.
+stop_pid() {
+  local pid=$1 what=$2 wait=${3:-30} i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < wait * 5; i++)); do
+    [ -d "/proc/$pid" ] || return 0
+    # A zombie child of ours is gone for our purposes.
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && return 0
+    sleep 0.2
+  done
+  log "$what (pid $pid) did not stop in ${wait}s: SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# stop NAME [SECONDS]: stops NAME's recorded process if it is still ours, and
+# forgets it.
+stop() {
+  local name=$1 wait=${2:-30} pid
+  if pid=$(alive "$name"); then
+    log "stopping $name (pid $pid)"
+    stop_pid "$pid" "$name" "$wait"
+  fi
+  rm -f "$(pidfile "$name")"
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD every second until it succeeds.
+wait_for() {
+  local what=$1 secs=$2 i
+  shift 2
+  for ((i = 0; i < secs; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 1
+  done
+  die "timed out after ${secs}s waiting for $what (logs: $STATE/logs/)"
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# ---------------------------------------------------------------------------
+# Credentials: one CA for serving certs (and the kubelet client cert), static
+# tokens for the admin and the control-plane components, an RSA key for service
+# accounts.
+
+# gen_pki CA_CN DNS_SANS [NODE]: writes $STATE/pki once. DNS_SANS are the serving
+# cert's names after its IPs ("DNS:localhost,DNS:kubernetes"). With NODE, also the
+# apiserver's kubelet client cert and a token for system:node:NODE.
+gen_pki() {
+  local p=$STATE/pki ca_cn=$1 dns_sans=$2 node=${3:-}
+  [ -s "$p/tokens.csv" ] && return 0
+  mkdir -p "$p"
+  (
+    cd "$p" || exit 1
+    openssl genrsa -out ca.key 2048 2>/dev/null
+    openssl req -x509 -new -key ca.key -sha256 -days 30 -subj "/CN=$ca_cn" -out ca.crt 2>/dev/null
+
+    openssl genrsa -out apiserver.key 2048 2>/dev/null
+    openssl req -new -key apiserver.key -subj "/CN=kube-apiserver" -out apiserver.csr 2>/dev/null
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,IP:${SERVICE_CIDR%.*}.1,$dns_sans" \
+      "extendedKeyUsage=serverAuth" >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
+      -extfile apiserver.ext -out apiserver.crt 2>/dev/null
+
+    if [ -n "$node" ]; then
+      # The apiserver's identity towards the kubelet (logs, exec).
+      openssl genrsa -out kubelet-client.key 2048 2>/dev/null
+      openssl req -new -key kubelet-client.key -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+        -out kubelet-client.csr 2>/dev/null
+      echo "extendedKeyUsage=clientAuth" >client.ext
+      openssl x509 -req -in kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 \
+        -extfile client.ext -out kubelet-client.crt 2>/dev/null
+    fi
+
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+
+    tok() { openssl rand -hex 16; }
+    {
+      echo "$(tok),admin,admin,system:masters"
+      echo "$(tok),system:kube-scheduler,system:kube-scheduler"
+      echo "$(tok),system:kube-controller-manager,system:kube-controller-manager"
+      if [ -n "$node" ]; then echo "$(tok),system:node:$node,system:node:$node,system:nodes"; fi
+    } >tokens.csv.tmp
+    chmod 600 ./*.key tokens.csv.tmp
+    mv tokens.csv.tmp tokens.csv
+  )
+}
+
+# kubeconfig_for FILE USER: a kubeconfig for USER's static token.
+kubeconfig_for() {
+  local file=$1 user=$2 token
+  token=$(awk -F, -v u="$user" '$2 == u {print $1}' "$STATE/pki/tokens.csv")
+  [ -n "$token" ] || die "no token for $user in $STATE/pki/tokens.csv"
+  cat >"$file" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters:
+- name: $CLUSTER_NAME
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority: $STATE/pki/ca.crt
+users:
+- name: $user
+  user:
+    token: $token
+contexts:
+- name: $CLUSTER_NAME
+  context: {cluster: $CLUSTER_NAME, user: "$user"}
+current-context: $CLUSTER_NAME
+KUBECONFIG
+  chmod 600 "$file"
+}
