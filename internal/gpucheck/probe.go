@@ -145,11 +145,8 @@ func RunMemoryProbe(in io.Reader, out io.Writer, opts MemoryOptions) error {
 	rd := bufio.NewReader(in)
 	if opts.WaitStart {
 		p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: opts.Allocator, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
-		if err := enc.Encode(probeMessage{Event: "ready", Memory: &p}); err != nil {
+		if err := awaitStart(enc, rd, probeMessage{Event: "ready", Memory: &p}, fail); err != nil {
 			return err
-		}
-		if _, err := rd.ReadString('\n'); err != nil {
-			return fail(fmt.Errorf("wait for the start signal: %w", err))
 		}
 	}
 	p, held, err := allocateUntilRefused(lib, info, opts)
@@ -161,11 +158,8 @@ func RunMemoryProbe(in io.Reader, out io.Writer, opts MemoryOptions) error {
 	if err != nil {
 		return fail(err)
 	}
-	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+	if err := awaitCheck(enc, rd, probeMessage{Event: "holding", Memory: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := rd.ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
-		return fail(fmt.Errorf("wait for the check: %w", err))
 	}
 	return enc.Encode(probeMessage{Event: "result", Memory: &p})
 }
@@ -228,10 +222,7 @@ func RunHoldProbe(in io.Reader, out io.Writer) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "")
 	lib, err := cuda.Open()
 	if err != nil {
 		return fail(err)
@@ -245,11 +236,8 @@ func RunHoldProbe(in io.Reader, out io.Writer) error {
 	}
 	defer func() { _ = lib.Close() }()
 	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: info.TotalBytes, FreeBeforeBytes: info.FreeBytes}
-	if err := enc.Encode(probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}); err != nil {
+	if err := awaitCheck(enc, bufio.NewReader(in), probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
-		return fail(fmt.Errorf("wait for the check: %w", err))
 	}
 	return enc.Encode(probeMessage{Event: "result", Memory: &p})
 }
@@ -309,10 +297,7 @@ func RunComputeProbe(in io.Reader, out io.Writer, d time.Duration) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "")
 	if _, err := ParsePTX(SpinPTX); err != nil {
 		return fail(err)
 	}
@@ -338,34 +323,17 @@ func RunComputeProbe(in io.Reader, out io.Writer, d time.Duration) error {
 	if base != uint64(p.Grid) {
 		return fail(fmt.Errorf("warm-up kernel counted %d blocks, want %d: the kernel did not run", base, p.Grid))
 	}
-	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+	if err := awaitStart(enc, bufio.NewReader(in), probeMessage{Event: "ready", Compute: &p}, fail); err != nil {
 		return err
 	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
-		return fail(fmt.Errorf("wait for the start signal: %w", err))
-	}
-	start := time.Now()
-	for time.Since(start) < d {
-		// One kernel at a time: the work done by the end of d is the
-		// work of the kernels launched before it, plus at most one.
+	// One kernel at a time: the work done by the end of d is the work of
+	// the kernels launched before it, plus at most one.
+	return launchFor(lib, counter, base, &p, d, func() error {
 		if err := lib.LaunchSpin(fn, p.Grid, p.Block, counter, p.CyclesPerBlock); err != nil {
-			return fail(err)
+			return err
 		}
-		if err := lib.Synchronize(); err != nil {
-			return fail(err)
-		}
-		p.Kernels++
-	}
-	p.Seconds = time.Since(start).Seconds()
-	total, err := lib.ReadU64(counter)
-	if err != nil {
-		return fail(err)
-	}
-	p.CountedBlocks = total - base
-	if want := uint64(p.Kernels) * uint64(p.Grid); p.CountedBlocks != want {
-		return fail(fmt.Errorf("the kernels counted %d blocks, want %d (%d kernels × %d blocks)", p.CountedBlocks, want, p.Kernels, p.Grid))
-	}
-	return enc.Encode(probeMessage{Event: "result", Compute: &p})
+		return lib.Synchronize()
+	}, enc, fail)
 }
 
 // spinShape is the compute probe's kernel: one full wave of 256-thread
@@ -399,10 +367,7 @@ func RunWorkProbe(in io.Reader, out io.Writer, d time.Duration) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "")
 	lib, info, fn, counter, release, err := loadKernel(WorkEntry, 16)
 	if err != nil {
 		return fail(err)
@@ -435,27 +400,11 @@ func RunWorkProbe(in io.Reader, out io.Writer, d time.Duration) error {
 	if base != 2*uint64(p.Grid) {
 		return fail(fmt.Errorf("calibration kernels counted %d blocks, want %d: the kernel did not run", base, 2*p.Grid))
 	}
-	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+	if err := awaitStart(enc, bufio.NewReader(in), probeMessage{Event: "ready", Compute: &p}, fail); err != nil {
 		return err
 	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
-		return fail(fmt.Errorf("wait for the start signal: %w", err))
-	}
-	start := time.Now()
-	for time.Since(start) < d {
-		if _, err := launch(p.Iterations); err != nil {
-			return fail(err)
-		}
-		p.Kernels++
-	}
-	p.Seconds = time.Since(start).Seconds()
-	total, err := lib.ReadU64(counter)
-	if err != nil {
-		return fail(err)
-	}
-	p.CountedBlocks = total - base
-	if want := uint64(p.Kernels) * uint64(p.Grid); p.CountedBlocks != want {
-		return fail(fmt.Errorf("the kernels counted %d blocks, want %d (%d kernels × %d blocks)", p.CountedBlocks, want, p.Kernels, p.Grid))
-	}
-	return enc.Encode(probeMessage{Event: "result", Compute: &p})
+	return launchFor(lib, counter, base, &p, d, func() error {
+		_, err := launch(p.Iterations)
+		return err
+	}, enc, fail)
 }

@@ -213,10 +213,7 @@ func simulatedDevice(env []string, gpuBytes uint64, reg SimRegistry, faults []st
 // it starts and lets it allocate only what the claim has left.
 func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, opts MemoryOptions, reg SimRegistry, faults ...string) error {
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "simulated probe: ")
 	info, err := simulatedDevice(env, gpuBytes, reg, faults)
 	if err != nil {
 		return fail(err)
@@ -265,11 +262,8 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 	p := MemoryProbe{PID: os.Getpid(), Device: info, Allocator: a, TotalBytes: total, FreeBeforeBytes: free}
 	rd := bufio.NewReader(in)
 	if opts.WaitStart {
-		if err := enc.Encode(probeMessage{Event: "ready", Memory: &p}); err != nil {
+		if err := awaitStart(enc, rd, probeMessage{Event: "ready", Memory: &p}, fail); err != nil {
 			return err
-		}
-		if _, err := rd.ReadString('\n'); err != nil {
-			return fail(fmt.Errorf("wait for the start signal: %w", err))
 		}
 	}
 	want := claimLimit - min(ctx, claimLimit)
@@ -283,11 +277,8 @@ func RunSimulatedMemoryProbe(in io.Reader, out io.Writer, env []string, gpuBytes
 	if !capped && opts.StopAfterBytes > 0 && opts.StopAfterBytes < want {
 		p.AllocatedBytes, p.Stopped, p.LastError = opts.StopAfterBytes, true, ""
 	}
-	if err := enc.Encode(probeMessage{Event: "holding", Memory: &p}); err != nil {
+	if err := awaitCheck(enc, rd, probeMessage{Event: "holding", Memory: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := rd.ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
-		return fail(fmt.Errorf("wait for the check: %w", err))
 	}
 	return enc.Encode(probeMessage{Event: "result", Memory: &p})
 }
@@ -436,10 +427,7 @@ func (r SimRegistry) waitForServer(pipe string, uid int, limit time.Duration) er
 // are SimFault* values.
 func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes uint64, reg SimRegistry, faults ...string) error {
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "simulated probe: ")
 	info, err := simulatedDevice(env, gpuBytes, reg, faults)
 	if err != nil {
 		return fail(err)
@@ -470,11 +458,8 @@ func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes u
 	}
 	const ctx = SimulatedContextMiB << 20
 	p := MemoryProbe{PID: os.Getpid(), Device: info, TotalBytes: gpuBytes, FreeBeforeBytes: gpuBytes - ctx}
-	if err := enc.Encode(probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}); err != nil {
+	if err := awaitCheck(enc, bufio.NewReader(in), probeMessage{Event: "holding", Time: time.Now().UnixNano(), Memory: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil && !errors.Is(err, io.EOF) {
-		return fail(fmt.Errorf("wait for the check: %w", err))
 	}
 	return enc.Encode(probeMessage{Event: "result", Memory: &p})
 }
@@ -486,10 +471,7 @@ func RunSimulatedHoldProbe(in io.Reader, out io.Writer, env []string, gpuBytes u
 // number of distinct contexts computing when it starts.
 func RunSimulatedWorkProbe(in io.Reader, out io.Writer, env []string, d time.Duration, reg SimRegistry) error {
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "simulated probe: ")
 	info, err := simulatedDevice(env, 0, reg, nil)
 	if err != nil {
 		return fail(err)
@@ -504,11 +486,8 @@ func RunSimulatedWorkProbe(in io.Reader, out io.Writer, env []string, d time.Dur
 		defer done()
 	}
 	p := ComputeProbe{PID: os.Getpid(), Device: info, Grid: 33, Block: spinBlock, Kernel: WorkEntry, Iterations: 1 << 20}
-	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+	if err := awaitStart(enc, bufio.NewReader(in), probeMessage{Event: "ready", Compute: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
-		return fail(fmt.Errorf("wait for the start signal: %w", err))
 	}
 	contexts := map[string]bool{me.context(): true}
 	for _, c := range reg.Clients() {
@@ -529,10 +508,7 @@ func RunSimulatedWorkProbe(in io.Reader, out io.Writer, env []string, d time.Dur
 // proportion to the share env gives it.
 func RunSimulatedComputeProbe(in io.Reader, out io.Writer, env []string, d time.Duration) error {
 	enc := json.NewEncoder(out)
-	fail := func(err error) error {
-		_ = enc.Encode(probeMessage{Event: "error", Error: "simulated probe: " + err.Error()})
-		return err
-	}
+	fail := probeFail(enc, "simulated probe: ")
 	info, err := simulatedDevice(env, 0, SimRegistry{}, nil)
 	if err != nil {
 		return fail(err)
@@ -542,11 +518,8 @@ func RunSimulatedComputeProbe(in io.Reader, out io.Writer, env []string, d time.
 		return fail(err)
 	}
 	p := ComputeProbe{PID: os.Getpid(), Device: info, Grid: 1000, Block: spinBlock, CyclesPerBlock: defaultClockKHz * spinKernelMillis}
-	if err := enc.Encode(probeMessage{Event: "ready", Compute: &p}); err != nil {
+	if err := awaitStart(enc, bufio.NewReader(in), probeMessage{Event: "ready", Compute: &p}, fail); err != nil {
 		return err
-	}
-	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
-		return fail(fmt.Errorf("wait for the start signal: %w", err))
 	}
 	start := time.Now()
 	time.Sleep(d)
