@@ -51,7 +51,7 @@ func (n *node) hamiChecks(ctx context.Context) []Check {
 		}
 		return checks
 	}
-	prep, err := n.prepareShares(ctx, n.claimsFor(Namespace, "gpucheck-hami-more", configapi.IsolationHAMiCore, []int64{100}))
+	prep, env, err := n.prepareWhole(ctx, Namespace, "gpucheck-hami-more", configapi.IsolationHAMiCore)
 	if err != nil {
 		for i := range checks {
 			checks[i].Status, checks[i].Detail = StatusError, err.Error()
@@ -59,13 +59,6 @@ func (n *node) hamiChecks(ctx context.Context) []Check {
 		return checks
 	}
 	defer prep.release()
-	env, err := n.hostEnv(prep, 0)
-	if err != nil {
-		for i := range checks {
-			checks[i].Status, checks[i].Detail = StatusError, err.Error()
-		}
-		return checks
-	}
 	checks[0] = n.hamiAllocators(ctx, ep, env, checks[0])
 	if n.oneContext != "" {
 		// N processes of one claim are N contexts.

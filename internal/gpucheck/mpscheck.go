@@ -149,6 +149,22 @@ func (n *node) hostEnv(p *prepared, i int) ([]string, error) {
 	return HostProcessEnv(spec, os.Environ()).Env, nil
 }
 
+// prepareWhole prepares one claim of a whole GPU (100 % of the cores) named
+// name in namespace ns with isolation iso, and returns it with its probe
+// environment on the host. The caller releases it.
+func (n *node) prepareWhole(ctx context.Context, ns, name string, iso configapi.Isolation) (*prepared, []string, error) {
+	prep, err := n.prepareShares(ctx, n.claimsFor(ns, name, iso, []int64{100}))
+	if err != nil {
+		return nil, nil, err
+	}
+	env, err := n.hostEnv(prep, 0)
+	if err != nil {
+		prep.release()
+		return nil, nil, err
+	}
+	return prep, env, nil
+}
+
 // mpsChecks runs the MPS checks when MPS is checked.
 func (n *node) mpsChecks(ctx context.Context) []Check {
 	if !slices.Contains(n.cfg.Isolations, configapi.IsolationMPS) {
@@ -211,17 +227,12 @@ func (n *node) mpsUIDCheck(ctx context.Context, ep ExecProber, c Check) Check {
 		c.Status, c.Detail = StatusSkipped, fmt.Sprintf("not root (uid %d): starting a client as uid 1000 needs root (setuid)", os.Geteuid())
 		return c
 	}
-	prep, err := n.prepareShares(ctx, n.claimsFor(mpsUIDDomain, "gpucheck-mps-uid", configapi.IsolationMPS, []int64{100}))
+	prep, env, err := n.prepareWhole(ctx, mpsUIDDomain, "gpucheck-mps-uid", configapi.IsolationMPS)
 	if err != nil {
 		c.Status, c.Detail = StatusError, err.Error()
 		return c
 	}
 	defer prep.release()
-	env, err := n.hostEnv(prep, 0)
-	if err != nil {
-		c.Status, c.Detail = StatusError, err.Error()
-		return c
-	}
 	// The second uid must reach the daemon's pipe directory: the check's
 	// own directories are made searchable (the daemon's are 1777).
 	for _, dir := range []string{n.cfg.WorkDir, n.cfg.WorkDir + "/mps"} {
@@ -520,17 +531,12 @@ func (n *node) mpsMemoryCheck(ctx context.Context, ep ExecProber, c Check) Check
 		c.Status, c.Detail = StatusError, err.Error()
 		return c
 	}
-	prep, err := n.prepareShares(ctx, n.claimsFor(mpsMemDomain, "gpucheck-mps-mem", configapi.IsolationMPS, []int64{100}))
+	prep, env, err := n.prepareWhole(ctx, mpsMemDomain, "gpucheck-mps-mem", configapi.IsolationMPS)
 	if err != nil {
 		c.Status, c.Detail = StatusError, err.Error()
 		return c
 	}
 	defer prep.release()
-	env, err := n.hostEnv(prep, 0)
-	if err != nil {
-		c.Status, c.Detail = StatusError, err.Error()
-		return c
-	}
 	daemonOnly, err := n.settle(5 * time.Second)
 	if err != nil {
 		c.Status, c.Detail = StatusError, err.Error()
