@@ -403,14 +403,7 @@ func ReadTrace(r io.Reader) ([]Job, error) {
 		}
 	}
 	var jobs []Job
-	for line := 2; ; line++ {
-		rec, err := cr.Read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("trace: %w", err)
-		}
+	err = eachRecord(cr, "trace", func(line int, rec []string) error {
 		num := func(i int, what string) (float64, error) {
 			v, err := strconv.ParseFloat(strings.TrimSpace(rec[i]), 64)
 			if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
@@ -420,11 +413,11 @@ func ReadTrace(r io.Reader) ([]Job, error) {
 		}
 		a, err := num(ia, "arrival")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rt, err := num(ir, "runtime")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		opt := func(name string) string {
 			if i, ok := col[name]; ok && i < len(rec) {
@@ -435,7 +428,7 @@ func ReadTrace(r io.Reader) ([]Job, error) {
 		gpus := 0
 		if g := opt("gpus"); g != "" {
 			if gpus, err = strconv.Atoi(g); err != nil || gpus < 0 || gpus > 16 {
-				return nil, fmt.Errorf("trace line %d: gpus %q: want 0..16", line, g)
+				return fmt.Errorf("trace line %d: gpus %q: want 0..16", line, g)
 			}
 		}
 		var j Job
@@ -445,29 +438,33 @@ func ReadTrace(r io.Reader) ([]Job, error) {
 		} else {
 			mem, err := ParseFraction(rec[im])
 			if err != nil {
-				return nil, fmt.Errorf("trace line %d: memory: %w", line, err)
+				return fmt.Errorf("trace line %d: memory: %w", line, err)
 			}
 			cores, err := ParseFraction(rec[ic])
 			if err != nil {
-				return nil, fmt.Errorf("trace line %d: cores: %w", line, err)
+				return fmt.Errorf("trace line %d: cores: %w", line, err)
 			}
 			j = newJob(0, a, Demand{mem, cores}, rt)
 		}
 		if v := opt("nvlink"); v != "" {
 			if j.NVLink, err = strconv.ParseBool(v); err != nil {
-				return nil, fmt.Errorf("trace line %d: nvlink %q: want true or false", line, v)
+				return fmt.Errorf("trace line %d: nvlink %q: want true or false", line, v)
 			}
 		}
 		if v := opt("models"); v != "" {
 			for _, n := range strings.Split(v, "|") {
 				m, ok := LookupModel(strings.TrimSpace(n))
 				if !ok {
-					return nil, fmt.Errorf("trace line %d: GPU model %q is not in the catalogue (%s)", line, n, FleetSyntax)
+					return fmt.Errorf("trace line %d: GPU model %q is not in the catalogue (%s)", line, n, FleetSyntax)
 				}
 				j.Models = append(j.Models, m.Name)
 			}
 		}
 		jobs = append(jobs, j)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(jobs) == 0 {
 		return nil, errors.New("trace: no jobs")

@@ -62,6 +62,24 @@ func csvColumns(cr *csv.Reader, what string, want []string) (map[string]int, err
 	return col, nil
 }
 
+// eachRecord calls f with every record left in cr and its line number (the
+// header is line 1), up to the first error; what names the file in a read
+// error.
+func eachRecord(cr *csv.Reader, what string, f func(line int, rec []string) error) error {
+	for line := 2; ; line++ {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if err := f(line, rec); err != nil {
+			return err
+		}
+	}
+}
+
 func newCSV(r io.Reader) *csv.Reader {
 	cr := csv.NewReader(r)
 	cr.TrimLeadingSpace = true
@@ -77,14 +95,7 @@ func ReadOpenBNodes(r io.Reader) (Fleet, error) {
 		return Fleet{}, err
 	}
 	var f Fleet
-	for line := 2; ; line++ {
-		rec, err := cr.Read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return Fleet{}, fmt.Errorf("openb nodes: %w", err)
-		}
+	err = eachRecord(cr, "openb nodes", func(line int, rec []string) error {
 		field := func(name string) string {
 			if i := col[name]; i < len(rec) {
 				return strings.TrimSpace(rec[i])
@@ -100,28 +111,32 @@ func ReadOpenBNodes(r io.Reader) (Fleet, error) {
 		}
 		cpu, err := num("cpu_milli")
 		if err != nil {
-			return Fleet{}, err
+			return err
 		}
 		mem, err := num("memory_mib")
 		if err != nil {
-			return Fleet{}, err
+			return err
 		}
 		gpus, err := num("gpu")
 		if err != nil {
-			return Fleet{}, err
+			return err
 		}
 		s := NodeSpec{GPUs: int(gpus), MilliCPU: cpu, MemoryMiB: mem}
 		if name := field("model"); gpus > 0 {
 			m, ok := LookupModel(name)
 			if !ok {
-				return Fleet{}, fmt.Errorf("openb nodes line %d (%s): GPU model %q is not in the catalogue", line, field("sn"), name)
+				return fmt.Errorf("openb nodes line %d (%s): GPU model %q is not in the catalogue", line, field("sn"), name)
 			}
 			s.Model = m
 		}
 		if s.MilliCPU == 0 {
-			return Fleet{}, fmt.Errorf("openb nodes line %d (%s): no CPU", line, field("sn"))
+			return fmt.Errorf("openb nodes line %d (%s): no CPU", line, field("sn"))
 		}
 		f.Nodes = append(f.Nodes, s)
+		return nil
+	})
+	if err != nil {
+		return Fleet{}, err
 	}
 	if f.GPUs() == 0 {
 		return Fleet{}, errors.New("openb nodes: no node with GPUs")
@@ -138,14 +153,7 @@ func ReadOpenBPods(r io.Reader, opt OpenBOptions) ([]Job, error) {
 		return nil, err
 	}
 	var jobs []Job
-	for line := 2; ; line++ {
-		rec, err := cr.Read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("openb pods: %w", err)
-		}
+	err = eachRecord(cr, "openb pods", func(line int, rec []string) error {
 		field := func(name string) string {
 			if i := col[name]; i < len(rec) {
 				return strings.TrimSpace(rec[i])
@@ -169,7 +177,7 @@ func ReadOpenBPods(r io.Reader, opt OpenBOptions) ([]Job, error) {
 			optional bool
 		}{{"cpu_milli", false}, {"memory_mib", false}, {"num_gpu", false}, {"gpu_milli", true}, {"creation_time", false}, {"deletion_time", true}, {"scheduled_time", true}} {
 			if v[i], err = num(c.name, c.optional); err != nil {
-				return nil, err
+				return err
 			}
 		}
 		cpu, mem, numGPU, milli, created, deleted, scheduled := v[0], v[1], v[2], v[3], v[4], v[5], v[6]
@@ -184,7 +192,7 @@ func ReadOpenBPods(r io.Reader, opt OpenBOptions) ([]Job, error) {
 			d := float64(milli) / 1000
 			j.Memory, j.Cores, j.Demand = d, d, d
 		case numGPU == 1 && milli != 1000 && milli != 0:
-			return nil, fmt.Errorf("openb pods line %d (%s): gpu_milli %d with num_gpu 1: want 1..1000", line, field("name"), milli)
+			return fmt.Errorf("openb pods line %d (%s): gpu_milli %d with num_gpu 1: want 1..1000", line, field("name"), milli)
 		default:
 			j.GPUs, j.Memory, j.Cores, j.Demand = int(numGPU), 1, 1, 1
 			j.NVLink = opt.NVLink && numGPU > 1
@@ -193,7 +201,7 @@ func ReadOpenBPods(r io.Reader, opt OpenBOptions) ([]Job, error) {
 			for _, n := range strings.Split(spec, "|") {
 				m, ok := LookupModel(strings.TrimSpace(n))
 				if !ok {
-					return nil, fmt.Errorf("openb pods line %d (%s): gpu_spec model %q is not in the catalogue", line, field("name"), n)
+					return fmt.Errorf("openb pods line %d (%s): gpu_spec model %q is not in the catalogue", line, field("name"), n)
 				}
 				if !slices.Contains(j.Models, m.Name) {
 					j.Models = append(j.Models, m.Name)
@@ -204,6 +212,10 @@ func ReadOpenBPods(r io.Reader, opt OpenBOptions) ([]Job, error) {
 			j.Models = nil
 		}
 		jobs = append(jobs, j)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(jobs) == 0 {
 		return nil, errors.New("openb pods: no pods")
