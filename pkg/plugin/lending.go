@@ -88,7 +88,7 @@ const servicePodsTTL = 30 * time.Second
 // a restart loses nothing: the states come back from the file and the
 // claims from the checkpoint.
 type Lender struct {
-	p    *Plugin
+	host lendingHost
 	opts LenderOptions
 
 	mu     sync.Mutex
@@ -117,6 +117,58 @@ type Lender struct {
 	kick chan struct{}
 }
 
+// lendingHost is what a Lender needs of the plugin; *Plugin implements it.
+type lendingHost interface {
+	// claims are the prepared claims (the checkpoint); refresh rereads
+	// them from the checkpoint file.
+	claims() []checkpoint.Claim
+	refresh(ctx context.Context) error
+	// inventory is the node's GPUs by ascending minor.
+	inventory() []gpu.GPU
+	gpuByMinor(minor int) (gpu.GPU, bool)
+	// podsOf are the pods a prepared claim is reserved for.
+	podsOf(ctx context.Context, c checkpoint.Claim) []types.UID
+	// getClaim reads a prepared claim from the API; nil and no error when
+	// the plugin has no API client.
+	getClaim(ctx context.Context, c checkpoint.Claim) (*resourceapi.ResourceClaim, error)
+	// mpsHolders are the GPUs (by UUID) with MPS shares prepared.
+	mpsHolders() []string
+	// event records a Node event, claimEventFor one on a prepared claim.
+	event(eventType, reason, message string)
+	claimEventFor(c checkpoint.Claim, eventType, reason, message string)
+	lendingMetrics() lendingMetrics
+}
+
+var (
+	_ lendingHost = (*Plugin)(nil)
+	_ lenderGate  = (*Lender)(nil)
+)
+
+// lendingMetrics are the lending counters (*metrics.Metrics; nil-safe).
+type lendingMetrics interface {
+	LendingOpened()
+	ReclaimStarted(reason string)
+	ReclaimDone(d time.Duration)
+	BorrowerOutstayed()
+}
+
+// lenderGate is what prepare and unprepare ask of the lender; *Lender
+// implements it.
+type lenderGate interface {
+	// admit says why a borrower may not be prepared on a GPU now.
+	admit(uuid string, memory, held int64) error
+	// rememberGrace keeps an admitted borrower's reclaim grace.
+	rememberGrace(claim *resourceapi.ResourceClaim)
+	// ownerWaits takes a lent GPU back for an owner refused at prepare;
+	// ownerPrepared says the owner got it.
+	ownerWaits(uuid string, claim types.UID)
+	ownerPrepared(claim types.UID)
+	// killMargin is LenderOptions.KillMargin.
+	killMargin() time.Duration
+	// Kick asks for a look at the GPUs now.
+	Kick()
+}
+
 // NewLender attaches a lender to the plugin: from then on, prepare admits a
 // borrower (a gpu-N-lent device) only while its GPU is lent. Without a
 // lender, prepare refuses every borrower.
@@ -139,11 +191,9 @@ func NewLender(ctx context.Context, p *Plugin, opts LenderOptions) (*Lender, err
 	if opts.KillMargin <= 0 {
 		opts.KillMargin = DefaultKillMargin
 	}
-	l := &Lender{p: p, opts: opts, states: states, saved: maps.Clone(states), warned: map[types.UID]bool{},
+	l := &Lender{host: p, opts: opts, states: states, saved: maps.Clone(states), warned: map[types.UID]bool{},
 		graces: map[types.UID]time.Duration{}, waiting: map[string]map[types.UID]time.Time{}, kick: make(chan struct{}, 1)}
-	p.lenderMu.Lock()
-	p.lender = l
-	p.lenderMu.Unlock()
+	p.setLender(l)
 	return l, nil
 }
 
@@ -192,6 +242,8 @@ func (l *Lender) admit(uuid string, memory, held int64) error {
 	return nil
 }
 
+func (l *Lender) killMargin() time.Duration { return l.opts.KillMargin }
+
 // Kick asks Run for a Tick now.
 func (l *Lender) Kick() {
 	select {
@@ -225,7 +277,7 @@ type holders struct {
 // (admin access holds nothing), borrowers gpu-N-lent.
 func (l *Lender) holdersByGPU() map[int]*holders {
 	out := map[int]*holders{}
-	for _, c := range l.p.opts.Store.List() {
+	for _, c := range l.host.claims() {
 		for _, d := range c.Devices {
 			minor, kind, err := model.ParseDevice(d.Device)
 			if err != nil || d.AdminAccess {
@@ -283,7 +335,7 @@ func (l *Lender) Tick(ctx context.Context) {
 	if l.opts.LockPath != "" {
 		// The other instance of a surge update may have prepared,
 		// unprepared or stepped since this one looked.
-		if err := l.p.refresh(ctx); err != nil {
+		if err := l.host.refresh(ctx); err != nil {
 			logger.Error(err, "Refreshing the checkpoint failed; lending uses what this instance knows")
 		}
 		if states, err := l.opts.Store.Load(l.opts.BootID); err == nil {
@@ -294,7 +346,7 @@ func (l *Lender) Tick(ctx context.Context) {
 	}
 	now := l.opts.Now()
 	byGPU := l.holdersByGPU()
-	gpus := l.p.inventory()
+	gpus := l.host.inventory()
 	service := l.servicePods(ctx, now)
 
 	waiting := l.waitingGPUs(now)
@@ -318,7 +370,7 @@ func (l *Lender) Tick(ctx context.Context) {
 		for _, b := range h.borrowers {
 			borrowers = append(borrowers, b.UID)
 			l.learnGrace(ctx, b)
-			pods[b.UID] = l.p.podsOf(ctx, b)
+			pods[b.UID] = l.host.podsOf(ctx, b)
 			for _, pod := range pods[b.UID] {
 				borrowerPods[pod] = true
 			}
@@ -417,9 +469,9 @@ func (l *Lender) killBorrower(ctx context.Context, b checkpoint.Claim, pods []ty
 	bound := fmt.Sprintf("its reclaim grace (%s) plus %s", l.grace(b.UID), l.opts.KillMargin)
 	if l.opts.Kill == nil {
 		if first {
-			l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
+			l.host.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
 				fmt.Sprintf("the GPU was taken back and this borrower still holds it after %s: its pod's termination grace or a stuck eviction keeps it, and this node does not kill borrowers", bound))
-			l.p.opts.Metrics.BorrowerOutstayed()
+			l.host.lendingMetrics().BorrowerOutstayed()
 		}
 		return
 	}
@@ -442,7 +494,7 @@ func (l *Lender) killBorrower(ctx context.Context, b checkpoint.Claim, pods []ty
 		}
 		return
 	}
-	l.p.opts.Metrics.BorrowerOutstayed()
+	l.host.lendingMetrics().BorrowerOutstayed()
 	switch {
 	case len(killed) > 0:
 		logger.Info("Killed a borrower that outstayed its reclaim", "claim", klog.KRef(b.Namespace, b.Name), "cgroups", killed, "err", err)
@@ -450,10 +502,10 @@ func (l *Lender) killBorrower(ctx context.Context, b checkpoint.Claim, pods []ty
 		if err != nil {
 			msg += fmt.Sprintf("; not killed: %v", err)
 		}
-		l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerKilled", msg)
+		l.host.claimEventFor(b, corev1.EventTypeWarning, "BorrowerKilled", msg)
 	default:
 		logger.Error(err, "A borrower outstayed its reclaim and could not be killed", "claim", klog.KRef(b.Namespace, b.Name))
-		l.p.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
+		l.host.claimEventFor(b, corev1.EventTypeWarning, "BorrowerOutstayed",
 			fmt.Sprintf("the GPU was taken back and this borrower still holds it after %s; killing it failed (retried at every sample): %v", bound, err))
 	}
 }
@@ -492,10 +544,13 @@ func (l *Lender) learnGrace(ctx context.Context, b checkpoint.Claim) {
 	l.mu.Lock()
 	_, known := l.graces[b.UID]
 	l.mu.Unlock()
-	if known || l.p.opts.Client == nil {
+	if known {
 		return
 	}
-	claim, err := l.p.opts.Client.ResourceV1().ResourceClaims(b.Namespace).Get(ctx, b.Name, metav1.GetOptions{})
+	claim, err := l.host.getClaim(ctx, b)
+	if claim == nil && err == nil {
+		return // no API client
+	}
 	if err != nil || claim.UID != b.UID {
 		klog.FromContext(ctx).V(2).Info("Borrower's claim not read; its reclaim grace is taken as the longest allowed", "claim", klog.KRef(b.Namespace, b.Name), "err", err)
 		return
@@ -586,7 +641,7 @@ func (l *Lender) reclaiming(byGPU map[int]*holders, uid types.UID) bool {
 		if !slices.ContainsFunc(h.borrowers, func(c checkpoint.Claim) bool { return c.UID == uid }) {
 			continue
 		}
-		if g, ok := l.p.gpuByMinor(minor); ok {
+		if g, ok := l.host.gpuByMinor(minor); ok {
 			return l.States()[g.UUID].Phase == lending.Reclaiming
 		}
 	}
@@ -599,10 +654,7 @@ func (l *Lender) servicePods(ctx context.Context, now time.Time) map[types.UID]b
 	if l.opts.ServicePods == nil {
 		return nil
 	}
-	var mpsGPUs string
-	if l.p.opts.MPS != nil {
-		mpsGPUs = strings.Join(slices.Sorted(maps.Keys(l.p.opts.MPS.Holders())), ",")
-	}
+	mpsGPUs := strings.Join(l.host.mpsHolders(), ",")
 	if now.Sub(l.serviceAt) < servicePodsTTL && mpsGPUs == l.serviceFor {
 		return l.service
 	}
@@ -622,23 +674,23 @@ const MaxReclaimGrace = 10 * time.Minute
 func (l *Lender) report(ctx context.Context, g gpu.GPU, from, to lending.State, h *holders) {
 	logger := klog.FromContext(ctx)
 	logger.Info("GPU lending changed", "gpu", g.UUID, "minor", g.Minor, "from", from.Phase, "to", to.Phase, "reason", to.Reason, "lendable", to.Lendable)
-	m := l.p.opts.Metrics
+	m := l.host.lendingMetrics()
 	switch {
 	case to.Phase == lending.Lent:
 		m.LendingOpened()
-		l.p.event(corev1.EventTypeNormal, "GPULent", fmt.Sprintf("GPU %s (gpu-%d) is lent: its owners have been idle for %s; %d MiB may be borrowed through %s",
+		l.host.event(corev1.EventTypeNormal, "GPULent", fmt.Sprintf("GPU %s (gpu-%d) is lent: its owners have been idle for %s; %d MiB may be borrowed through %s",
 			g.UUID, g.Minor, l.opts.Policy.IdlePeriod, to.Lendable>>20, model.LentDeviceName(g.Minor)))
 	case to.Phase == lending.Reclaiming:
 		m.ReclaimStarted(to.Reason)
 		msg := fmt.Sprintf("GPU %s (gpu-%d) is taken back (%s): its borrowers are evicted after the tolerationSeconds of their %s toleration",
 			g.UUID, g.Minor, to.Reason, model.ReclaimTaintKey)
-		l.p.event(corev1.EventTypeNormal, "GPUReclaimed", msg)
+		l.host.event(corev1.EventTypeNormal, "GPUReclaimed", msg)
 		for _, b := range h.borrowers {
-			l.p.claimEventFor(b, corev1.EventTypeWarning, "Reclaimed", msg)
+			l.host.claimEventFor(b, corev1.EventTypeWarning, "Reclaimed", msg)
 		}
 	case from.Phase == lending.Reclaiming:
 		m.ReclaimDone(to.Since.Sub(from.Since))
-		l.p.event(corev1.EventTypeNormal, "GPUReclaimDone", fmt.Sprintf("GPU %s (gpu-%d) is its owners' alone again after %s", g.UUID, g.Minor, to.Since.Sub(from.Since).Round(time.Millisecond)))
+		l.host.event(corev1.EventTypeNormal, "GPUReclaimDone", fmt.Sprintf("GPU %s (gpu-%d) is its owners' alone again after %s", g.UUID, g.Minor, to.Since.Sub(from.Since).Round(time.Millisecond)))
 	}
 }
 
@@ -671,6 +723,28 @@ func (p *Plugin) claimEventFor(c checkpoint.Claim, eventType, reason, message st
 	p.opts.Events.ClaimEvent(claim, eventType, reason, message)
 }
 
+// claims implements lendingHost.
+func (p *Plugin) claims() []checkpoint.Claim { return p.opts.Store.List() }
+
+// getClaim implements lendingHost.
+func (p *Plugin) getClaim(ctx context.Context, c checkpoint.Claim) (*resourceapi.ResourceClaim, error) {
+	if p.opts.Client == nil {
+		return nil, nil
+	}
+	return p.opts.Client.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+}
+
+// mpsHolders implements lendingHost: the GPUs with MPS holders, sorted.
+func (p *Plugin) mpsHolders() []string {
+	if p.opts.MPS == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(p.opts.MPS.Holders()))
+}
+
+// lendingMetrics implements lendingHost.
+func (p *Plugin) lendingMetrics() lendingMetrics { return p.opts.Metrics }
+
 // inventory is the GPUs prepare knows, by ascending minor.
 func (p *Plugin) inventory() []gpu.GPU {
 	p.gpusMu.RLock()
@@ -685,7 +759,7 @@ func (l *Lender) LendingSnapshot() []metrics.LentGPU {
 	byGPU := l.holdersByGPU()
 	states := l.States()
 	var out []metrics.LentGPU
-	for _, g := range l.p.inventory() {
+	for _, g := range l.host.inventory() {
 		s := states[g.UUID]
 		n := 0
 		if h := byGPU[g.Minor]; h != nil {
@@ -696,8 +770,15 @@ func (l *Lender) LendingSnapshot() []metrics.LentGPU {
 	return out
 }
 
-// currentLender is the plugin's Lender, nil while lending is off.
-func (p *Plugin) currentLender() *Lender {
+// setLender attaches the lender.
+func (p *Plugin) setLender(l lenderGate) {
+	p.lenderMu.Lock()
+	defer p.lenderMu.Unlock()
+	p.lender = l
+}
+
+// currentLender is the plugin's lender, nil while lending is off.
+func (p *Plugin) currentLender() lenderGate {
 	p.lenderMu.Lock()
 	defer p.lenderMu.Unlock()
 	return p.lender
@@ -745,7 +826,7 @@ func (p *Plugin) admitOwners(claim *resourceapi.ResourceClaim, pl *plan) error {
 			err = deviceError(d.device, "GPU %s is lent to %s and this claim does not lend it (GpuConfig lending.lendWhenIdle): waiting until they are evicted (lending is off on node %s: its lending device is tainted); the kubelet retries", d.gpu.UUID, strings.Join(borrowers, ", "), p.opts.NodeName)
 		} else {
 			l.ownerWaits(d.gpu.UUID, claim.UID)
-			err = deviceError(d.device, "GPU %s is lent to %s and this claim does not lend it (GpuConfig lending.lendWhenIdle): the GPU is being taken back (borrowers are evicted after their reclaim grace, killed %s later at the latest); the kubelet retries", d.gpu.UUID, strings.Join(borrowers, ", "), l.opts.KillMargin)
+			err = deviceError(d.device, "GPU %s is lent to %s and this claim does not lend it (GpuConfig lending.lendWhenIdle): the GPU is being taken back (borrowers are evicted after their reclaim grace, killed %s later at the latest); the kubelet retries", d.gpu.UUID, strings.Join(borrowers, ", "), l.killMargin())
 		}
 		p.claimEvent(claim, corev1.EventTypeWarning, "WaitingForBorrowers", err.Error())
 		return err

@@ -158,7 +158,7 @@ type Plugin struct {
 
 	// lender admits borrowers; nil while lending is off (NewLender sets it).
 	lenderMu sync.Mutex
-	lender   *Lender
+	lender   lenderGate
 
 	// migChange runs after a MIG instance was created or destroyed
 	// (OnMIGChange).
