@@ -6,22 +6,24 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // DeviceClass names and the extended resource of whole GPUs.
 const (
 	// WholeClassName selects whole GPUs (devices gpu-N).
-	WholeClassName = DriverName
+	WholeClassName = modelnames.WholeClassName
 	// SharedClassName selects the shared devices (gpu-N-shared); claims from it
 	// ask for capacity.requests {memory, cores}.
-	SharedClassName = "shared." + DriverName
+	SharedClassName = modelnames.SharedClassName
 	// LentClassName selects the lending devices (gpu-N-lent): borrowers of
 	// idle GPUs, evicted when the GPU's owner needs it.
-	LentClassName = "lent." + DriverName
+	LentClassName = modelnames.LentClassName
 	// MIGClassName selects MIG devices (type "mig"), static and dynamic;
 	// claims from it select a profile with
 	// device.attributes["gpu.tessera.dev"].profile.
-	MIGClassName = "mig." + DriverName
+	MIGClassName = modelnames.MIGClassName
 	// ExtendedResourceName lets pods ask for whole GPUs as
 	// resources.limits["tessera.dev/gpu"]; the scheduler turns that into a claim of
 	// WholeClassName.

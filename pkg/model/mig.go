@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // MIG devices. A GPU in MIG mode publishes only these (never gpu-N,
@@ -36,7 +37,7 @@ import (
 //     so that this changes one slice.
 
 // TypeMIG is the type attribute of MIG devices, static and dynamic.
-const TypeMIG = "mig"
+const TypeMIG = modelnames.TypeMIG
 
 // MIGInUseTaintKey (effect NoSchedule) is on a static MIG device whose
 // compute instances run processes that no Tessera claim accounts for

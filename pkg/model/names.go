@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // DriverName is the DRA driver name: the prefix of attribute names, the driver in
 // allocation results and the API group of the opaque GpuConfig.
-const DriverName = "gpu.tessera.dev"
+const DriverName = modelnames.DriverName
 
 // sharedSuffix marks the device that hands out fractions of a GPU, lentSuffix
 // the device that lends an idle GPU's spare capacity to borrowers.

@@ -14,25 +14,29 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // Capacity and counter names. They are also the names HAMi and Volcano quota
 // tooling read, and what users put under capacity.requests.
 const (
 	// Memory is framebuffer memory in bytes.
-	Memory resourceapi.QualifiedName = "memory"
+	Memory = modelnames.Memory
 	// Cores is the percentage (0–100) of the GPU's compute.
-	Cores resourceapi.QualifiedName = "cores"
+	Cores = modelnames.Cores
 )
 
 // CoresPerGPU is the value of the cores capacity and counter of every GPU.
-const CoresPerGPU = 100
+const CoresPerGPU = modelnames.CoresPerGPU
+
+// AttrType tells the kinds of device apart: its values are TypeWhole,
+// TypeShared, TypeLent and TypeMIG.
+const AttrType = modelnames.AttrType
 
 // Driver-local attribute names. In CEL and in matchAttribute constraints they are
 // qualified by the driver name: device.attributes["gpu.tessera.dev"].uuid,
 // gpu.tessera.dev/nvlinkDomain.
 const (
-	AttrType                  resourceapi.QualifiedName = "type"
 	AttrUUID                  resourceapi.QualifiedName = "uuid"
 	AttrProductName           resourceapi.QualifiedName = "productName"
 	AttrArchitecture          resourceapi.QualifiedName = "architecture"
@@ -74,11 +78,11 @@ const (
 // Values of the type attribute.
 const (
 	// TypeWhole marks gpu-N, the exclusive whole GPU.
-	TypeWhole = "gpu"
+	TypeWhole = modelnames.TypeWhole
 	// TypeShared marks gpu-N-shared, the device that hands out fractions.
-	TypeShared = "shared"
+	TypeShared = modelnames.TypeShared
 	// TypeLent marks gpu-N-lent, the device that lends a held, idle GPU.
-	TypeLent = "lent"
+	TypeLent = modelnames.TypeLent
 )
 
 // Taints of a lending device (gpu-N-lent). Borrowers never tolerate

@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // TestResourcesShape pins the complete published object for one GPU: the shape
@@ -412,5 +414,16 @@ func TestSemver(t *testing.T) {
 		if got != want || ok != (want != "") {
 			t.Errorf("semver(%q) = %q, %v; want %q, %v", in, got, ok, want, want != "")
 		}
+	}
+}
+
+// The qualified attribute names the webhook checks constraints by are this
+// package's attributes.
+func TestQualifiedAttributeNames(t *testing.T) {
+	if got, want := string(modelnames.UUIDAttribute), DriverName+"/"+string(AttrUUID); got != want {
+		t.Errorf("UUIDAttribute %q, want %q", got, want)
+	}
+	if got, want := string(modelnames.NVLinkDomainAttribute), DriverName+"/"+string(AttrNVLinkDomain); got != want {
+		t.Errorf("NVLinkDomainAttribute %q, want %q", got, want)
 	}
 }
