@@ -19,35 +19,12 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
-// Names of the resource model (pkg/model) the charge reads, spelled out
-// because this package is built into the webhook without cgo (pkg/model
-// imports NVML); charge_test.go holds them equal to pkg/model's.
-const (
-	driverName      = configapi.GroupName
-	wholeClassName  = driverName
-	sharedClassName = "shared." + driverName
-	lentClassName   = "lent." + driverName
-	migClassName    = "mig." + driverName
-	// nvidiaGPUClassName is pkg/legacy's DeviceClassName: whole GPUs for
-	// extendedResourceName nvidia.com/gpu.
-	nvidiaGPUClassName = "nvidia-gpu." + driverName
-
-	attrType                                 = "type"
-	capacityMemory resourceapi.QualifiedName = "memory"
-	capacityCores  resourceapi.QualifiedName = "cores"
-
-	typeWhole  = "gpu"
-	typeShared = "shared"
-	typeLent   = "lent"
-	typeMIG    = "mig"
-
-	// coresPerGPU is a whole GPU's cores (pkg/model.CoresPerGPU).
-	coresPerGPU = 100
-	// memoryStep is the shared device's memory requestPolicy step: 1Mi.
-	memoryStep = configapi.MinMemoryLimitBytes
-)
+// memoryStep is the shared device's memory requestPolicy step: 1Mi.
+const memoryStep = configapi.MinMemoryLimitBytes
 
 // Resource is one dimension of a budget.
 type Resource string
@@ -282,7 +259,7 @@ func (p *Pricer) Claim(ctx context.Context, devices *resourceapi.DeviceClaim) (C
 	}
 	published, version, err := p.devices(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list the devices of %s: %w", driverName, err)
+		return nil, fmt.Errorf("list the devices of %s: %w", modelnames.DriverName, err)
 	}
 	out := make(ClaimCharge, 0, len(devices.Requests))
 	for _, r := range devices.Requests {
@@ -376,7 +353,7 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 				// Another driver's class.
 				return Alternative{Name: name, Class: className}, nil
 			}
-			why := fmt.Sprintf("request %q: class %s may select devices of %s (its selectors do not require device.driver == another driver), none of which it matches is published now or was seen, so its size is unknown", name, className, driverName)
+			why := fmt.Sprintf("request %q: class %s may select devices of %s (its selectors do not require device.driver == another driver), none of which it matches is published now or was seen, so its size is unknown", name, className, modelnames.DriverName)
 			alt.Unknown = map[Resource]string{Memory: why, Cores: why, GPUs: why}
 			return alt, nil
 		}
@@ -384,7 +361,7 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 	var per Amount
 	if sz.whole {
 		per.GPUs = 1
-		per.Cores = coresPerGPU
+		per.Cores = modelnames.CoresPerGPU
 		per.Memory = sz.wholeMemory
 		if none {
 			alt.Unknown[Memory] = fmt.Sprintf("request %q: no GPU of class %s is published yet, so its memory is unknown", name, className)
@@ -435,7 +412,7 @@ func otherDriverOnly(exprs []string) (string, bool) {
 		if errs != nil && len(errs.GetErrors()) > 0 {
 			continue
 		}
-		if d, ok := requiredDriver(tree.Expr()); ok && d != driverName {
+		if d, ok := requiredDriver(tree.Expr()); ok && d != modelnames.DriverName {
 			return d, true
 		}
 	}
@@ -522,11 +499,11 @@ func (s sizes) merge(o sizes) sizes {
 // devices is published: the device kind, sizes unknown.
 func ownClassSizes(className string) sizes {
 	switch className {
-	case wholeClassName, nvidiaGPUClassName:
+	case modelnames.WholeClassName, modelnames.NVIDIAGPUClassName:
 		return sizes{any: true, whole: true}
-	case sharedClassName, lentClassName:
+	case modelnames.SharedClassName, modelnames.LentClassName:
 		return sizes{any: true, share: true}
-	case migClassName:
+	case modelnames.MIGClassName:
 		return sizes{any: true, mig: true}
 	}
 	return sizes{}
@@ -534,36 +511,36 @@ func ownClassSizes(className string) sizes {
 
 func (s *sizes) add(d *resourceapi.Device) {
 	s.any = true
-	memory, hasMemory := capacityValue(d, capacityMemory)
+	memory, hasMemory := capacityValue(d, modelnames.Memory)
 	switch typeOf(d) {
-	case typeWhole:
+	case modelnames.TypeWhole:
 		s.whole = true
 		s.wholeMemory = max(s.wholeMemory, memory)
-	case typeShared, typeLent:
+	case modelnames.TypeShared, modelnames.TypeLent:
 		s.share = true
 		if hasMemory {
 			s.shareMemoryKnown = true
 			s.shareMemory = max(s.shareMemory, memory)
-			if p, ok := policyOf(d.Capacity[capacityMemory]); ok {
+			if p, ok := policyOf(d.Capacity[modelnames.Memory]); ok {
 				s.shareMemoryPolicies = addPolicy(s.shareMemoryPolicies, p)
 			}
 		}
-		if p, ok := policyOf(d.Capacity[capacityCores]); ok {
+		if p, ok := policyOf(d.Capacity[modelnames.Cores]); ok {
 			s.shareCoresPolicies = addPolicy(s.shareCoresPolicies, p)
 		}
-	default: // typeMIG, and any type a later model adds: its capacity
+	default: // modelnames.TypeMIG, and any type a later model adds: its capacity
 		s.mig, s.migKnown = true, true
 		s.migMemory = max(s.migMemory, memory)
-		cores, ok := capacityValue(d, capacityCores)
+		cores, ok := capacityValue(d, modelnames.Cores)
 		if !ok {
-			cores = coresPerGPU
+			cores = modelnames.CoresPerGPU
 		}
 		s.migCores = max(s.migCores, cores)
 	}
 }
 
 func typeOf(d *resourceapi.Device) string {
-	if a, ok := d.Attributes[attrType]; ok && a.StringValue != nil {
+	if a, ok := d.Attributes[modelnames.AttrType]; ok && a.StringValue != nil {
 		return *a.StringValue
 	}
 	return ""
@@ -586,7 +563,7 @@ func capacityValue(d *resourceapi.Device, name resourceapi.QualifiedName) (int64
 // device's requestPolicy (roundUpAll). ok is false when the request names
 // none.
 func shareMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
-	q, ok := requests[capacityMemory]
+	q, ok := requests[modelnames.Memory]
 	if !ok {
 		return 0, false
 	}
@@ -597,9 +574,9 @@ func shareMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int6
 // (ok), else all of a GPU's: a share that names none gets no guarantee but
 // may use them all, so a budget counts them all.
 func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
-	q, ok := requests[capacityCores]
+	q, ok := requests[modelnames.Cores]
 	if !ok {
-		return coresPerGPU, false
+		return modelnames.CoresPerGPU, false
 	}
 	return max(quantityValue(q), 0), true
 }
@@ -645,7 +622,7 @@ func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, vers
 // fails to compile or evaluate matches nothing, as the allocator then
 // allocates nothing.
 func (p *Pricer) matches(ctx context.Context, exprs []string, d *resourceapi.Device) (bool, error) {
-	dev := cel.Device{Driver: driverName, AllowMultipleAllocations: d.AllowMultipleAllocations,
+	dev := cel.Device{Driver: modelnames.DriverName, AllowMultipleAllocations: d.AllowMultipleAllocations,
 		Attributes: d.Attributes, Capacity: d.Capacity}
 	for _, expr := range exprs {
 		res := p.cel.GetOrCompile(expr)

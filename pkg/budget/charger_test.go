@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 var clock = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
@@ -25,7 +27,7 @@ func newCharger(f *fakeBudgets) *Charger {
 }
 
 func share(name, memory string) *resourceapi.ResourceClaim {
-	return claim(name, exact("s", sharedClassName, 1, map[string]string{"memory": memory, "cores": "10"}))
+	return claim(name, exact("s", modelnames.SharedClassName, 1, map[string]string{"memory": memory, "cores": "10"}))
 }
 
 func review(t *testing.T, c *resourceapi.ResourceClaim, dryRun bool) *admissionv1.AdmissionRequest {

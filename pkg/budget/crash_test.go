@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // Version 0 of the devices (what a fresh Inventory reported before it had
@@ -17,13 +19,13 @@ import (
 func TestPricerVersionZero(t *testing.T) {
 	p := NewPricer(func(context.Context) ([]resourceapi.Device, uint64, error) { return nil, 0, nil }, pricer(nil).classes)
 	for range 2 {
-		if _, err := p.Claim(context.Background(), &claim("c", exact("s", sharedClassName, 1, map[string]string{"memory": "1Gi"})).Spec.Devices); err != nil {
+		if _, err := p.Claim(context.Background(), &claim("c", exact("s", modelnames.SharedClassName, 1, map[string]string{"memory": "1Gi"})).Spec.Devices); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The zero Pricer's cache too (a Pricer made without NewPricer).
 	z := &Pricer{devices: p.devices, classes: p.classes, cel: p.cel}
-	if _, err := z.Claim(context.Background(), &claim("c", exact("g", wholeClassName, 1, nil)).Spec.Devices); err != nil {
+	if _, err := z.Claim(context.Background(), &claim("c", exact("g", modelnames.WholeClassName, 1, nil)).Spec.Devices); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,7 +42,7 @@ func TestInventoryNoSlices(t *testing.T) {
 		t.Errorf("version %d of an uncached LIST, want 0 (not cacheable)", version)
 	}
 	p := NewPricer(inv.Devices, pricer(nil).classes)
-	if _, err := p.Claim(context.Background(), &claim("c", exact("g", wholeClassName, 1, nil)).Spec.Devices); err != nil {
+	if _, err := p.Claim(context.Background(), &claim("c", exact("g", modelnames.WholeClassName, 1, nil)).Spec.Devices); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -78,7 +80,7 @@ func TestReconcileRecoversPanic(t *testing.T) {
 func TestInventoryCachesPerVersion(t *testing.T) {
 	slice := func(name string, devices ...resourceapi.Device) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: resourceapi.ResourceSliceSpec{Driver: driverName, Pool: resourceapi.ResourcePool{Name: name}, Devices: devices}}
+			Spec: resourceapi.ResourceSliceSpec{Driver: modelnames.DriverName, Pool: resourceapi.ResourcePool{Name: name}, Devices: devices}}
 	}
 	client := fake.NewClientset(slice("a", twoModels()...))
 	inv := NewInventory(client)
@@ -96,7 +98,7 @@ func TestInventoryCachesPerVersion(t *testing.T) {
 	if v2 != v1 || &again[0] != &first[0] {
 		t.Errorf("a second call at version %d copied the devices again (version %d)", v1, v2)
 	}
-	if _, err := client.ResourceV1().ResourceSlices().Create(ctx, slice("b", device("gpu-9", typeWhole, "96Gi", 100)), metav1.CreateOptions{}); err != nil {
+	if _, err := client.ResourceV1().ResourceSlices().Create(ctx, slice("b", device("gpu-9", modelnames.TypeWhole, "96Gi", 100)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -20,6 +20,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // The fixtures mirror what pkg/model publishes for a mock node (device
@@ -28,16 +30,16 @@ import (
 func device(name, typ string, memory string, cores int64) resourceapi.Device {
 	d := resourceapi.Device{
 		Name:       name,
-		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{attrType: {StringValue: ptr.To(typ)}},
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{modelnames.AttrType: {StringValue: ptr.To(typ)}},
 		Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{},
 	}
 	if memory != "" {
-		d.Capacity[capacityMemory] = resourceapi.DeviceCapacity{Value: resource.MustParse(memory)}
+		d.Capacity[modelnames.Memory] = resourceapi.DeviceCapacity{Value: resource.MustParse(memory)}
 	}
 	if cores >= 0 {
-		d.Capacity[capacityCores] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(cores, resource.DecimalSI)}
+		d.Capacity[modelnames.Cores] = resourceapi.DeviceCapacity{Value: *resource.NewQuantity(cores, resource.DecimalSI)}
 	}
-	if typ == typeShared || typ == typeLent {
+	if typ == modelnames.TypeShared || typ == modelnames.TypeLent {
 		d.AllowMultipleAllocations = ptr.To(true)
 	}
 	return d
@@ -57,11 +59,11 @@ func withPolicy(d resourceapi.Device, name resourceapi.QualifiedName, min, step 
 // device of 10Gi and 14 cores.
 func twoModels() []resourceapi.Device {
 	return []resourceapi.Device{
-		device("gpu-0", typeWhole, "80Gi", 100),
-		device("gpu-0-shared", typeShared, "80Gi", 100),
-		device("gpu-1", typeWhole, "40Gi", 100),
-		device("gpu-1-shared", typeShared, "40Gi", 100),
-		device("gpu-2-mig-1g-10gb-6", typeMIG, "10Gi", 14),
+		device("gpu-0", modelnames.TypeWhole, "80Gi", 100),
+		device("gpu-0-shared", modelnames.TypeShared, "80Gi", 100),
+		device("gpu-1", modelnames.TypeWhole, "40Gi", 100),
+		device("gpu-1-shared", modelnames.TypeShared, "40Gi", 100),
+		device("gpu-2-mig-1g-10gb-6", modelnames.TypeMIG, "10Gi", 14),
 	}
 }
 
@@ -75,11 +77,11 @@ func typeClass(name, typ string) *resourceapi.DeviceClass {
 
 func classes() map[string]*resourceapi.DeviceClass {
 	m := map[string]*resourceapi.DeviceClass{
-		wholeClassName:     typeClass(wholeClassName, typeWhole),
-		sharedClassName:    typeClass(sharedClassName, typeShared),
-		lentClassName:      typeClass(lentClassName, typeLent),
-		migClassName:       typeClass(migClassName, typeMIG),
-		nvidiaGPUClassName: typeClass(nvidiaGPUClassName, typeWhole),
+		modelnames.WholeClassName:     typeClass(modelnames.WholeClassName, modelnames.TypeWhole),
+		modelnames.SharedClassName:    typeClass(modelnames.SharedClassName, modelnames.TypeShared),
+		modelnames.LentClassName:      typeClass(modelnames.LentClassName, modelnames.TypeLent),
+		modelnames.MIGClassName:       typeClass(modelnames.MIGClassName, modelnames.TypeMIG),
+		modelnames.NVIDIAGPUClassName: typeClass(modelnames.NVIDIAGPUClassName, modelnames.TypeWhole),
 		"other.example.com": {ObjectMeta: metav1.ObjectMeta{Name: "other.example.com"},
 			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
 				Expression: `device.driver == "other.example.com"`}}}}},

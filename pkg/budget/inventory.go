@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // Inventory lists the devices of gpu.tessera.dev the cluster's
@@ -38,7 +40,7 @@ type Inventory struct {
 	flatVersion uint64
 }
 
-var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", driverName).String()
+var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", modelnames.DriverName).String()
 
 // NewInventory returns an Inventory over client's ResourceSlices.
 func NewInventory(client kubernetes.Interface) *Inventory {
@@ -88,7 +90,7 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 	}
 	out := []resourceapi.Device{}
 	for _, s := range slices {
-		if s.Spec.Driver == driverName {
+		if s.Spec.Driver == modelnames.DriverName {
 			out = append(out, s.Spec.Devices...)
 		}
 	}

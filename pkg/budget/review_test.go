@@ -17,6 +17,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // hookStore is a Store whose UpdateStatus runs before first: a test changes
@@ -40,7 +42,7 @@ func (h *hookStore) UpdateStatus(ctx context.Context, b *configapi.GPUBudget) (*
 // generation 2 counts the claims of the new class, and a claim created
 // meanwhile, not what was computed for the old spec.
 func TestReconcilerConflictRecountsForNewSpec(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", migClassName, "40Gi", nil, nil))
+	f := newFakeBudgets(t, budget("gpu", modelnames.MIGClassName, "40Gi", nil, nil))
 	ctx := context.Background()
 	now := clock
 	held := []*resourceapi.ResourceClaim{share("a", "10Gi")}
@@ -51,7 +53,7 @@ func TestReconcilerConflictRecountsForNewSpec(t *testing.T) {
 	// budget is changed to the shared class and claim b appears.
 	store.before = func() {
 		b := f.get(t, "gpu")
-		b.Spec.DeviceClassName = sharedClassName
+		b.Spec.DeviceClassName = modelnames.SharedClassName
 		b.Generation = 2
 		u, err := ToUnstructured(b)
 		if err != nil {

@@ -7,13 +7,15 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // A claim of a class that does not exist is refused by a namespace whose
 // budgets limit anything (it could not be allocated anyway), and allowed
 // where no budget limits anything.
 func TestMissingClassRefused(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", sharedClassName, "40Gi", nil, nil))
+	f := newFakeBudgets(t, budget("gpu", modelnames.SharedClassName, "40Gi", nil, nil))
 	c := newCharger(f)
 	resp := c.Admit(context.Background(), review(t, claim("x", exact("g", "missing.example.com", 1, nil)), false))
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "DeviceClass missing.example.com not found") {
@@ -68,27 +70,27 @@ func TestClassOfThisDriverMatchingNothing(t *testing.T) {
 	}
 	m.set(twoModels())
 	want := Amount{Memory: gi(80), Cores: 100, GPUs: 1}
-	for _, class := range []string{"custom.example.com", wholeClassName} {
+	for _, class := range []string{"custom.example.com", modelnames.WholeClassName} {
 		if got := price(exact("g", class, 1, nil)); got.Amount != want {
 			t.Fatalf("%s: %+v, want %+v", class, got, want)
 		}
 	}
 	m.set(nil) // every slice gone
-	for _, class := range []string{"custom.example.com", wholeClassName} {
+	for _, class := range []string{"custom.example.com", modelnames.WholeClassName} {
 		if got := price(exact("g", class, 1, nil)); got.Amount != want || len(got.Unknown) != 0 {
 			t.Errorf("%s with its slices gone: %+v, want %+v (the largest seen)", class, got, want)
 		}
 	}
 	// Never lowered: a smaller model comes back alone, priced while it is
 	// the only one published, and after it is gone again.
-	m.set([]resourceapi.Device{device("gpu-1", typeWhole, "40Gi", 100)})
-	for _, class := range []string{"custom.example.com", wholeClassName} {
+	m.set([]resourceapi.Device{device("gpu-1", modelnames.TypeWhole, "40Gi", 100)})
+	for _, class := range []string{"custom.example.com", modelnames.WholeClassName} {
 		if got := price(exact("g", class, 1, nil)); got.Amount != want {
 			t.Errorf("%s with only a smaller GPU published: %+v, want %+v (the largest seen)", class, got, want)
 		}
 	}
 	m.set(nil)
-	if got := price(exact("g", wholeClassName, 1, nil)); got.Amount != want {
+	if got := price(exact("g", modelnames.WholeClassName, 1, nil)); got.Amount != want {
 		t.Errorf("after a smaller GPU: %+v, want %+v", got, want)
 	}
 	// Another driver's class still takes nothing.
@@ -103,7 +105,7 @@ func TestReconcilerKeepsUsedWhenSizeUnknown(t *testing.T) {
 	f := newFakeBudgets(t, budget("gpu", "", "200Gi", nil, nil))
 	ctx := context.Background()
 	now := clock
-	g := claim("g", exact("g", wholeClassName, 1, nil))
+	g := claim("g", exact("g", modelnames.WholeClassName, 1, nil))
 	held := []*resourceapi.ResourceClaim{g}
 	r := newReconciler(f, &held, &now)
 	if err := r.Reconcile(ctx, "team-a"); err != nil {
