@@ -21,18 +21,14 @@ import (
 	"github.com/tessera-dev/tessera/internal/cli/claimtemplate"
 	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
 // TestNamesAreTheModels: the names repeated from pkg/model are its.
 func TestNamesAreTheModels(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
-		{driverName, model.DriverName},
-		{wholeClassName, model.WholeClassName},
-		{sharedClassName, model.SharedClassName},
-		{string(capMemory), string(model.Memory)},
-		{string(capCores), string(model.Cores)},
-		{string(uuidAttribute), model.DriverName + "/" + string(model.AttrUUID)},
+		{string(modelnames.UUIDAttribute), model.DriverName + "/" + string(model.AttrUUID)},
 		{attrProductName, string(model.AttrProductName)},
 		{attrUUID, string(model.AttrUUID)},
 		{requestName, claimtemplate.RequestName},
@@ -83,7 +79,7 @@ func TestSelectorsCompile(t *testing.T) {
 			attrs["productName"] = resourceapi.DeviceAttribute{StringValue: ptr.To(product)}
 		}
 		attrs["uuid"] = resourceapi.DeviceAttribute{StringValue: ptr.To(uuid)}
-		return cel.Device{Driver: driverName, Attributes: attrs}
+		return cel.Device{Driver: modelnames.DriverName, Attributes: attrs}
 	}
 	for _, tc := range []struct {
 		d    cel.Device

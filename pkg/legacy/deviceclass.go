@@ -5,10 +5,12 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // DeviceClassName is the DeviceClass that serves plain nvidia.com/gpu.
-const DeviceClassName = "nvidia-gpu." + driverName
+const DeviceClassName = modelnames.NVIDIAGPUClassName
 
 // DeviceClass is Tessera's class of whole GPUs under the extended resource
 // nvidia.com/gpu: with it, the scheduler turns a container's
@@ -25,7 +27,7 @@ func DeviceClass() resourceapi.DeviceClass {
 		ObjectMeta: metav1.ObjectMeta{Name: DeviceClassName},
 		Spec: resourceapi.DeviceClassSpec{
 			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: fmt.Sprintf("device.driver == %q && device.attributes[%q].type == %q", driverName, driverName, "gpu"),
+				Expression: fmt.Sprintf("device.driver == %q && device.attributes[%q].type == %q", modelnames.DriverName, modelnames.DriverName, "gpu"),
 			}}},
 			ExtendedResourceName: ptrTo(NvidiaGPU),
 		},

@@ -12,28 +12,18 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
 
-// The names of pkg/model's resource model that templates use. They are
-// repeated here (a test keeps them equal) because pkg/model, and
-// internal/cli/claimtemplate with it, link NVML through cgo, and the admission
-// webhook that calls this package is built with CGO_ENABLED=0.
-const (
-	driverName      = "gpu.tessera.dev"
-	wholeClassName  = driverName
-	sharedClassName = "shared." + driverName
-	capMemory       = resourceapi.QualifiedName("memory")
-	capCores        = resourceapi.QualifiedName("cores")
-	uuidAttribute   = resourceapi.FullyQualifiedName(driverName + "/uuid")
-	requestName     = "gpu" // claimtemplate.RequestName
-)
+// requestName is the request of every template (claimtemplate.RequestName).
+const requestName = "gpu"
 
 // Labels on every template Translate makes.
 const (
 	// LabelTranslated marks a ResourceClaimTemplate made from legacy
 	// resources; its value is "true".
-	LabelTranslated = driverName + "/legacy-translation"
+	LabelTranslated = modelnames.DriverName + "/legacy-translation"
 	// LabelManagedBy is the standard label, with the value "tessera".
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 )
@@ -101,18 +91,18 @@ func (s *shape) template(selectors []string, models []fraction.Model, path *fiel
 // exact is one request for s.gpus devices: whole GPUs, or shares of
 // s.memory and s.cores on distinct GPUs.
 func (s *shape) exact(selectors []string) resourceapi.ResourceClaimTemplateSpec {
-	req := &resourceapi.ExactDeviceRequest{DeviceClassName: wholeClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.gpus}
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: modelnames.WholeClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: s.gpus}
 	if !s.whole {
-		req.DeviceClassName = sharedClassName
-		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{capMemory: *s.memory}}
+		req.DeviceClassName = modelnames.SharedClassName
+		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{modelnames.Memory: *s.memory}}
 		if s.cores != nil && *s.cores != 0 {
-			req.Capacity.Requests[capCores] = *resource.NewQuantity(*s.cores, resource.DecimalSI)
+			req.Capacity.Requests[modelnames.Cores] = *resource.NewQuantity(*s.cores, resource.DecimalSI)
 		}
 	}
 	devices := resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: requestName, Exactly: req}}}
 	if !s.whole && s.gpus > 1 {
 		// Two shares of one GPU are one bigger share, not two GPUs.
-		devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{requestName}, DistinctAttribute: ptrTo(uuidAttribute)}}
+		devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{requestName}, DistinctAttribute: ptrTo(modelnames.UUIDAttribute)}}
 	}
 	addSelectors(&devices, selectors)
 	return resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: devices}}
@@ -138,7 +128,7 @@ func distinct(requests []string) []resourceapi.DeviceConstraint {
 	if len(requests) < 2 {
 		return nil
 	}
-	return []resourceapi.DeviceConstraint{{Requests: requests, DistinctAttribute: ptrTo(uuidAttribute)}}
+	return []resourceapi.DeviceConstraint{{Requests: requests, DistinctAttribute: ptrTo(modelnames.UUIDAttribute)}}
 }
 
 // fractionAnnotated is one request per share for one shared device without
@@ -150,7 +140,7 @@ func (s *shape) fractionAnnotated(selectors []string) resourceapi.ResourceClaimT
 	var devices resourceapi.DeviceClaim
 	for _, n := range names {
 		devices.Requests = append(devices.Requests, resourceapi.DeviceRequest{Name: n, Exactly: &resourceapi.ExactDeviceRequest{
-			DeviceClassName: sharedClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
+			DeviceClassName: modelnames.SharedClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1,
 		}})
 	}
 	devices.Constraints = distinct(names)
@@ -176,9 +166,9 @@ func (s *shape) fractionExpanded(selectors []string, models []fraction.Model, pa
 		for j := range req.FirstAvailable {
 			caps := req.FirstAvailable[j].Capacity.Requests
 			if *s.cores == 0 {
-				delete(caps, capCores)
+				delete(caps, modelnames.Cores)
 			} else {
-				caps[capCores] = *resource.NewQuantity(*s.cores, resource.DecimalSI)
+				caps[modelnames.Cores] = *resource.NewQuantity(*s.cores, resource.DecimalSI)
 			}
 		}
 		devices.Requests = append(devices.Requests, req)
