@@ -13,32 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
-)
 
-// Names of the resource model (pkg/model) the checks read. They are spelled out
-// here because the webhook is built without cgo and pkg/model imports NVML
-// (through pkg/gpu); the tests of internal/cli/claimtemplate, which builds templates
-// with pkg/model's names and checks them with ValidateDeviceClaim, keep them
-// equal.
-const (
-	// driverName is driverName.
-	driverName = configapi.GroupName
-	// wholeClassName is wholeClassName, sharedClassName sharedClassName.
-	wholeClassName  = driverName
-	sharedClassName = "shared." + driverName
-	// lentClassName's devices (gpu-N-lent) are shares of a lent GPU: they
-	// get limits and an isolation backend as shares of sharedClassName do.
-	lentClassName = "lent." + driverName
-	// migClassName's devices are MIG devices (type "mig"): isolated in
-	// hardware, never lent (checkMIG).
-	migClassName = "mig." + driverName
-	// capacityMemory and capacityCores are capacityMemory and capacityCores.
-	capacityMemory resourceapi.QualifiedName = "memory"
-	capacityCores  resourceapi.QualifiedName = "cores"
-	// nvlinkDomainAttribute and uuidAttribute are model.AttrNVLinkDomain and
-	// model.AttrUUID, qualified by the driver name as constraints name them.
-	nvlinkDomainAttribute resourceapi.FullyQualifiedName = driverName + "/nvlinkDomain"
-	uuidAttribute         resourceapi.FullyQualifiedName = driverName + "/uuid"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // ValidateDeviceClaim checks the devices of a ResourceClaim (spec.devices, or
@@ -83,8 +59,8 @@ const (
 // A claim's config may not set sharing.allowedIsolations: only a DeviceClass
 // config may (configapi.GpuConfig.ValidateForClaim).
 //
-// Requests are told apart by their DeviceClass name (wholeClassName,
-// sharedClassName, lentClassName, migClassName); requests of other classes
+// Requests are told apart by their DeviceClass name (modelnames.WholeClassName,
+// modelnames.SharedClassName, modelnames.LentClassName, modelnames.MIGClassName); requests of other classes
 // are not checked and add no device of this driver, except that
 // ValidateDeviceClaimWithClasses reads them for MIG selectors (selectsMIG). What the claim does not show cannot be checked here:
 // a DeviceClass config (spec.config) or the node's --default-isolation can
@@ -126,7 +102,7 @@ type unit struct {
 	all         bool  // allocationMode All
 	count       int64 // devices of an ExactCount request, at least 1
 	capacity    map[resourceapi.QualifiedName]resource.Quantity
-	// mig: the unit's class selects MIG devices (migClassName, or a class
+	// mig: the unit's class selects MIG devices (modelnames.MIGClassName, or a class
 	// whose selector asks for type "mig"; see markMIG).
 	mig bool
 	// Index of the claim config entry that sets each field for this unit last
@@ -135,10 +111,12 @@ type unit struct {
 }
 
 func (u *unit) ours() bool {
-	return u.class == wholeClassName || u.shared()
+	return u.class == modelnames.WholeClassName || u.shared()
 }
 
-func (u *unit) shared() bool { return u.class == sharedClassName || u.class == lentClassName }
+func (u *unit) shared() bool {
+	return u.class == modelnames.SharedClassName || u.class == modelnames.LentClassName
+}
 
 // limited reports whether prepare computes limits and an isolation backend for
 // the unit's devices: shares, except with adminAccess.
@@ -274,7 +252,7 @@ func (c *claimChecker) collectUnits(inline bool) {
 	c.byRequest = make([][]int, len(c.devices.Requests))
 	add := func(u unit) {
 		u.isolation, u.computeLimit, u.memoryLimit, u.nvlink, u.lending = -1, -1, -1, -1, -1
-		u.mig = u.class == migClassName
+		u.mig = u.class == modelnames.MIGClassName
 		c.byRequest[u.request] = append(c.byRequest[u.request], len(c.units))
 		c.units = append(c.units, u)
 	}
@@ -322,11 +300,11 @@ func (c *claimChecker) warnings() []string {
 		if !u.limited() {
 			continue
 		}
-		if _, ok := u.capacity[capacityMemory]; ok {
+		if _, ok := u.capacity[modelnames.Memory]; ok {
 			continue
 		}
 		warnings = append(warnings, fmt.Sprintf("%s: not set, so request %q of class %s is allocated all of a GPU's memory "+
-			"and no other share fits on that GPU", u.path.Child("capacity", "requests").Key(string(capacityMemory)), u.name, u.class))
+			"and no other share fits on that GPU", u.path.Child("capacity", "requests").Key(string(modelnames.Memory)), u.name, u.class))
 	}
 	return warnings
 }
@@ -435,10 +413,10 @@ func (c *claimChecker) checkShareLimits() field.ErrorList {
 			if cores, ok := allocatedCores(u.capacity); ok {
 				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{ComputeLimit: limit}}
 				if _, _, err := check.ShareLimits(0, cores); err != nil {
-					requested := u.capacity[capacityCores]
+					requested := u.capacity[modelnames.Cores]
 					errs = append(errs, field.Invalid(c.paramsPath(u.computeLimit).Child("sharing", "computeLimit"), *limit,
 						fmt.Sprintf("is below the %d cores request %q is allocated (%s: %s); the limit must be at least the guarantee, so prepare would refuse the claim",
-							cores, u.name, requests.Key(string(capacityCores)), requested.String())))
+							cores, u.name, requests.Key(string(modelnames.Cores)), requested.String())))
 				}
 			}
 		}
@@ -447,10 +425,10 @@ func (c *claimChecker) checkShareLimits() field.ErrorList {
 			if memory, ok := allocatedMemory(u.capacity); ok {
 				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{MemoryLimit: limit}}
 				if _, _, err := check.ShareLimits(memory, 0); err != nil {
-					requested := u.capacity[capacityMemory]
+					requested := u.capacity[modelnames.Memory]
 					errs = append(errs, field.Invalid(c.paramsPath(u.memoryLimit).Child("sharing", "memoryLimit"), limit.String(),
 						fmt.Sprintf("is above the %s of memory request %q is allocated (%s: %s); memory cannot be overcommitted, so prepare would refuse the claim",
-							resource.NewQuantity(memory, resource.BinarySI), u.name, requests.Key(string(capacityMemory)), requested.String())))
+							resource.NewQuantity(memory, resource.BinarySI), u.name, requests.Key(string(modelnames.Memory)), requested.String())))
 				}
 			}
 		}
@@ -463,7 +441,7 @@ func (c *claimChecker) checkShareLimits() field.ErrorList {
 // step 1). ok is false when no cores are requested (ShareLimits then accepts
 // any limit) or the request is outside 0..100 (the claim cannot be allocated).
 func allocatedCores(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
-	q, ok := requests[capacityCores]
+	q, ok := requests[modelnames.Cores]
 	if !ok || q.Sign() < 0 || q.CmpInt64(configapi.MaxCores) > 0 {
 		return 0, false
 	}
@@ -476,7 +454,7 @@ func allocatedCores(requests map[resourceapi.QualifiedName]resource.Quantity) (i
 // an unknown GPU's memory) or the request does not fit in an int64.
 func allocatedMemory(requests map[resourceapi.QualifiedName]resource.Quantity) (int64, bool) {
 	const step = configapi.MinMemoryLimitBytes
-	q, ok := requests[capacityMemory]
+	q, ok := requests[modelnames.Memory]
 	if !ok || q.CmpInt64(math.MaxInt64) > 0 {
 		return 0, false
 	}
@@ -538,7 +516,7 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 				errs = append(errs, field.Invalid(c.path.Child("requests").Index(j), "", fmt.Sprintf(
 					"request %q adds a second %s device to a claim whose request %q has isolation %s (%s); an %s claim must be exactly one share, "+
 						"so prepare would refuse the claim (two shares are one GPU only when a matchAttribute %s constraint covers both requests)",
-					c.devices.Requests[j].Name, driverName, u.name, isolation, isolationPath, isolation, uuidAttribute)))
+					c.devices.Requests[j].Name, modelnames.DriverName, u.name, isolation, isolationPath, isolation, modelnames.UUIDAttribute)))
 			}
 		}
 		// One backend per claim: compare with the shares of earlier requests.
@@ -601,7 +579,7 @@ func (c *claimChecker) sameGPU(u *unit, j int) bool {
 			return false
 		}
 	}
-	return c.constrained(u, j, uuidAttribute)
+	return c.constrained(u, j, modelnames.UUIDAttribute)
 }
 
 // constrained reports whether a matchAttribute constraint on one of
@@ -634,19 +612,19 @@ func (c *claimChecker) checkNVLink() field.ErrorList {
 		}
 		nvlinkPath := c.paramsPath(u.nvlink).Child("topology", "nvlink")
 		var problems []string
-		if u.multi() && !c.constrained(u, -1, nvlinkDomainAttribute) {
+		if u.multi() && !c.constrained(u, -1, modelnames.NVLinkDomainAttribute) {
 			problems = append(problems, fmt.Sprintf("request %q (%s) may get %s, and no matchAttribute %s constraint in %s covers it",
-				u.name, u.path, u.describeCount(), nvlinkDomainAttribute, constraints))
+				u.name, u.path, u.describeCount(), modelnames.NVLinkDomainAttribute, constraints))
 		}
 		for j := range c.devices.Requests {
 			pair := [2]int{min(j, u.request), max(j, u.request)}
 			if j == u.request || reportedPair[pair] || !c.requestIsOurs(j) ||
-				c.constrained(u, j, nvlinkDomainAttribute) || c.sameGPU(u, j) {
+				c.constrained(u, j, modelnames.NVLinkDomainAttribute) || c.sameGPU(u, j) {
 				continue
 			}
 			reportedPair[pair] = true
 			problems = append(problems, fmt.Sprintf("requests %q and %q may get different GPUs, and no matchAttribute %s constraint in %s covers both",
-				u.name, c.devices.Requests[j].Name, nvlinkDomainAttribute, constraints))
+				u.name, c.devices.Requests[j].Name, modelnames.NVLinkDomainAttribute, constraints))
 		}
 		if len(problems) == 0 {
 			continue

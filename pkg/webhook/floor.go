@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // DeviceClassLookup returns the DeviceClass called name, which the caller must
@@ -131,7 +133,7 @@ func (c *claimChecker) checkFloor(classes DeviceClassLookup) (field.ErrorList, [
 	warned := map[string]bool{}
 	for k := range c.units {
 		u := &c.units[k]
-		if u.adminAccess || u.class == "" || u.class == wholeClassName {
+		if u.adminAccess || u.class == "" || u.class == modelnames.WholeClassName {
 			continue
 		}
 		floor, ok := floors[u.class]

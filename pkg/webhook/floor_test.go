@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // testClass is a DeviceClass whose spec.config holds the given opaque
@@ -32,7 +34,7 @@ func testClass(name string, params ...string) *resourceapi.DeviceClass {
 	}})
 	for _, p := range params {
 		class.Spec.Config = append(class.Spec.Config, resourceapi.DeviceClassConfiguration{DeviceConfiguration: resourceapi.DeviceConfiguration{
-			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: driverName, Parameters: runtime.RawExtension{Raw: []byte(p)}},
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: modelnames.DriverName, Parameters: runtime.RawExtension{Raw: []byte(p)}},
 		}})
 	}
 	return class
@@ -55,8 +57,8 @@ func floorClasses() map[string]*resourceapi.DeviceClass {
 		"disjoint": testClass("disjoint",
 			gpuConfigJSON(`"sharing":{"allowedIsolations":["MPS"]}`),
 			gpuConfigJSON(`"sharing":{"allowedIsolations":["HAMiCore"]}`)),
-		"no-floor":      testClass("no-floor", gpuConfigJSON(`"sharing":{"isolation":"HAMiCore"}`)),
-		sharedClassName: testClass(sharedClassName, gpuConfigJSON(`"sharing":{"isolation":"MPS","allowedIsolations":["MPS"]}`)),
+		"no-floor":                 testClass("no-floor", gpuConfigJSON(`"sharing":{"isolation":"HAMiCore"}`)),
+		modelnames.SharedClassName: testClass(modelnames.SharedClassName, gpuConfigJSON(`"sharing":{"isolation":"MPS","allowedIsolations":["MPS"]}`)),
 	}
 }
 
@@ -106,7 +108,7 @@ config:
 		},
 		{
 			name:    "the built-in shared class with a floor",
-			devices: request(sharedClassName) + config(`sharing: {isolation: HAMiCore}`),
+			devices: request(modelnames.SharedClassName) + config(`sharing: {isolation: HAMiCore}`),
 			wantErrors: []string{isolation0 + `: Invalid value: "HAMiCore": request "gpus" is of DeviceClass shared.gpu.tessera.dev, whose config allows only MPS ` +
 				`(sharing.allowedIsolations); a claim may choose only an isolation its class allows, so prepare would refuse the claim`},
 		},

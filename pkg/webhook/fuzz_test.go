@@ -13,6 +13,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // FuzzReview feeds arbitrary bytes to what the webhook does with a request
@@ -34,11 +35,11 @@ func FuzzReview(f *testing.F) {
 	}
 	floor := &resourceapi.DeviceClass{Spec: resourceapi.DeviceClassSpec{Config: []resourceapi.DeviceClassConfiguration{{
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: driverName,
+			Driver: modelnames.DriverName,
 		}},
 	}}}}
 	floor.Spec.Config[0].Opaque.Parameters.Raw = []byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"allowedIsolations":["MPS","HAMiCore"]}}`)
-	classes := DeviceClassMap(map[string]*resourceapi.DeviceClass{sharedClassName: floor})
+	classes := DeviceClassMap(map[string]*resourceapi.DeviceClass{modelnames.SharedClassName: floor})
 	models := func() ([]fraction.Model, error) { return mutateModels, nil }
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := httptest.NewRecorder()

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // A claim over resource.k8s.io/v1's own list sizes is denied with the field
@@ -105,7 +106,7 @@ func TestReviewDeviceClassLimits(t *testing.T) {
 func TestMutateRefusesOverAPILimits(t *testing.T) {
 	requests := make([]map[string]any, 33)
 	for i := range requests {
-		requests[i] = map[string]any{"name": fmt.Sprintf("r%d", i), "exactly": map[string]any{"deviceClassName": sharedClassName}}
+		requests[i] = map[string]any{"name": fmt.Sprintf("r%d", i), "exactly": map[string]any{"deviceClassName": modelnames.SharedClassName}}
 	}
 	raw, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"name": "c", "annotations": map[string]string{fraction.Annotation: "1/2"}},

@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // MIG devices (docs/mig.md) are isolated in hardware: their memory, cache
@@ -29,7 +31,7 @@ var migRefusedIsolations = map[configapi.Isolation]string{
 // "mig" (the class pkg/model installs), ["type"] in place of .type, single
 // quotes.
 var migTypeSelector = func() *regexp.Regexp {
-	attr := `attributes\s*\[\s*["']` + regexp.QuoteMeta(driverName) + `["']\s*\]\s*(?:\.\s*type|\[\s*["']type["']\s*\])`
+	attr := `attributes\s*\[\s*["']` + regexp.QuoteMeta(modelnames.DriverName) + `["']\s*\]\s*(?:\.\s*type|\[\s*["']type["']\s*\])`
 	mig := `["']mig["']`
 	return regexp.MustCompile(attr + `\s*==\s*` + mig + `|` + mig + `\s*==\s*device\s*\.\s*` + attr)
 }()
@@ -42,7 +44,7 @@ func selectsMIG(class *resourceapi.DeviceClass) bool {
 	if class == nil {
 		return false
 	}
-	if class.Name == migClassName {
+	if class.Name == modelnames.MIGClassName {
 		return true
 	}
 	for _, s := range class.Spec.Selectors {
@@ -60,7 +62,7 @@ func (c *claimChecker) markMIG(classes DeviceClassLookup) {
 	for k := range c.units {
 		u := &c.units[k]
 		switch u.class {
-		case "", wholeClassName, sharedClassName, lentClassName, migClassName:
+		case "", modelnames.WholeClassName, modelnames.SharedClassName, modelnames.LentClassName, modelnames.MIGClassName:
 			continue
 		}
 		if class, err := classes(u.class); err == nil && selectsMIG(class) {

@@ -10,6 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // migClasses are the classes of the MIG admission tests: pkg/model's
@@ -22,10 +24,10 @@ func migClasses() DeviceClassLookup {
 		return c
 	}
 	return DeviceClassMap(map[string]*resourceapi.DeviceClass{
-		migClassName:   class(migClassName, `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "mig"`),
-		"mig-3g":       class("mig-3g", `device.attributes['gpu.tessera.dev']['type'] == 'mig' && device.attributes["gpu.tessera.dev"].profile == "3g.40gb"`),
-		"mig-reversed": class("mig-reversed", `"mig" == device.attributes["gpu.tessera.dev"].type`),
-		"team-shares":  class("team-shares", `device.attributes["gpu.tessera.dev"].type == "shared"`),
+		modelnames.MIGClassName: class(modelnames.MIGClassName, `device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "mig"`),
+		"mig-3g":                class("mig-3g", `device.attributes['gpu.tessera.dev']['type'] == 'mig' && device.attributes["gpu.tessera.dev"].profile == "3g.40gb"`),
+		"mig-reversed":          class("mig-reversed", `"mig" == device.attributes["gpu.tessera.dev"].type`),
+		"team-shares":           class("team-shares", `device.attributes["gpu.tessera.dev"].type == "shared"`),
 	})
 }
 
@@ -64,12 +66,12 @@ config:
 	}{
 		{
 			name:       "HAMiCore on the MIG class",
-			devices:    mig(migClassName) + config("mig", `sharing: {isolation: HAMiCore}`),
-			wantErrors: []string{hami("mig", migClassName)},
+			devices:    mig(modelnames.MIGClassName) + config("mig", `sharing: {isolation: HAMiCore}`),
+			wantErrors: []string{hami("mig", modelnames.MIGClassName)},
 		},
 		{
 			name:    "DriverMemory on the MIG class",
-			devices: mig(migClassName) + config("", `sharing: {isolation: DriverMemory}`),
+			devices: mig(modelnames.MIGClassName) + config("", `sharing: {isolation: DriverMemory}`),
 			wantErrors: []string{isolation0 + `: Invalid value: "DriverMemory": request "mig" is of DeviceClass mig.gpu.tessera.dev and gets a MIG device, ` +
 				`which MIG isolates in hardware: DriverMemory isolation does not apply to MIG devices (the driver's memory limit caps a share of a whole GPU; ` +
 				`a MIG device's memory is already its own; MPS inside a MIG device is allowed), so prepare would refuse the claim; ` +
@@ -77,34 +79,34 @@ config:
 		},
 		{
 			name:    "MPS inside a MIG device",
-			devices: mig(migClassName) + config("mig", `sharing: {isolation: MPS}`),
+			devices: mig(modelnames.MIGClassName) + config("mig", `sharing: {isolation: MPS}`),
 		},
 		{
 			name:    "Advisory on a MIG device",
-			devices: mig(migClassName) + config("mig", `sharing: {isolation: Advisory}`),
+			devices: mig(modelnames.MIGClassName) + config("mig", `sharing: {isolation: Advisory}`),
 		},
 		{
 			name:    "lending a MIG device",
-			devices: mig(migClassName) + config("mig", `lending: {lendWhenIdle: true}`),
+			devices: mig(modelnames.MIGClassName) + config("mig", `lending: {lendWhenIdle: true}`),
 			wantErrors: []string{`spec.devices.config[0].opaque.parameters.lending.lendWhenIdle: Invalid value: true: request "mig" is of DeviceClass mig.gpu.tessera.dev ` +
 				`and gets a MIG device; MIG devices are not lendable (a GPU in MIG mode publishes no lent device); drop it, or name only other requests in spec.devices.config[0].requests`},
 		},
 		{
 			name:    "lendWhenIdle false on a MIG device",
-			devices: mig(migClassName) + config("mig", `lending: {lendWhenIdle: false}`),
+			devices: mig(modelnames.MIGClassName) + config("mig", `lending: {lendWhenIdle: false}`),
 		},
 		{
 			name: "HAMiCore for a share beside a MIG request, the config naming the share",
-			devices: mig(migClassName) + `
+			devices: mig(modelnames.MIGClassName) + `
 - name: share
   exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "10"}}}` + config("share", `sharing: {isolation: HAMiCore}`),
 		},
 		{
 			name: "a config for every request reaches the MIG request too",
-			devices: mig(migClassName) + `
+			devices: mig(modelnames.MIGClassName) + `
 - name: share
   exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "10"}}}` + config("", `sharing: {isolation: HAMiCore}`),
-			wantErrors: []string{hami("mig", migClassName)},
+			wantErrors: []string{hami("mig", modelnames.MIGClassName)},
 		},
 		{
 			name: "a MIG alternative of a firstAvailable request",
@@ -114,7 +116,7 @@ requests:
   firstAvailable:
   - {name: share, deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "10"}}}
   - {name: mig, deviceClassName: mig.gpu.tessera.dev}` + config("gpu", `sharing: {isolation: HAMiCore}`),
-			wantErrors: []string{hami("gpu/mig", migClassName)},
+			wantErrors: []string{hami("gpu/mig", modelnames.MIGClassName)},
 		},
 		{
 			name: "admin access to a MIG device gets no backend",
@@ -219,13 +221,13 @@ func TestReviewDeviceClassMIG(t *testing.T) {
 	for _, tc := range []struct {
 		name, object, want string
 	}{
-		{"HAMiCore on the MIG class", class(migClassName, migSelector, `"sharing":{"isolation":"HAMiCore"}`),
+		{"HAMiCore on the MIG class", class(modelnames.MIGClassName, migSelector, `"sharing":{"isolation":"HAMiCore"}`),
 			`spec.config[0].opaque.parameters.sharing.isolation: Invalid value: "HAMiCore": DeviceClass mig.gpu.tessera.dev selects MIG devices`},
 		{"DriverMemory on an admin's MIG class", class("isolated", migSelector, `"sharing":{"isolation":"DriverMemory"}`),
 			`spec.config[0].opaque.parameters.sharing.isolation: Invalid value: "DriverMemory": DeviceClass isolated selects MIG devices`},
-		{"lending on the MIG class", class(migClassName, migSelector, `"lending":{"lendWhenIdle":true}`),
+		{"lending on the MIG class", class(modelnames.MIGClassName, migSelector, `"lending":{"lendWhenIdle":true}`),
 			`spec.config[0].opaque.parameters.lending.lendWhenIdle: Invalid value: true: DeviceClass mig.gpu.tessera.dev selects MIG devices, which are not lendable`},
-		{"MPS on the MIG class", class(migClassName, migSelector, `"sharing":{"isolation":"MPS"}`), ""},
+		{"MPS on the MIG class", class(modelnames.MIGClassName, migSelector, `"sharing":{"isolation":"MPS"}`), ""},
 		{"HAMiCore on a class of shares", class("team", `"device.attributes[\"gpu.tessera.dev\"].type == \"shared\""`, `"sharing":{"isolation":"HAMiCore"}`), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // MutatePath is where the API server sends ResourceClaims to mutate.
@@ -47,7 +48,7 @@ type GPUModels struct {
 var _ GPUModelReader = (*GPUModels)(nil)
 
 // sliceDriverSelector restricts the informer to Tessera's slices.
-var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", driverName).String()
+var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", modelnames.DriverName).String()
 
 // NewGPUModels returns a reader over client's ResourceSlices of Tessera.
 func NewGPUModels(client kubernetes.Interface) *GPUModels {
@@ -181,10 +182,10 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 	for i, r := range requests {
 		out[i] = r
 		e := r.Exactly
-		if e == nil || (e.DeviceClassName != sharedClassName && e.DeviceClassName != migClassName) {
+		if e == nil || (e.DeviceClassName != modelnames.SharedClassName && e.DeviceClassName != modelnames.MIGClassName) {
 			continue
 		}
-		mig := e.DeviceClassName == migClassName
+		mig := e.DeviceClassName == modelnames.MIGClassName
 		what := "a share"
 		if mig {
 			what = "a MIG device"
@@ -235,7 +236,7 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 		expanded++
 	}
 	if len(errs) == 0 && expanded == 0 {
-		errs = append(errs, field.Invalid(annotation, value, fmt.Sprintf("no request of the claim asks for exactly one device of class %s or %s to apply the fraction to", sharedClassName, migClassName)))
+		errs = append(errs, field.Invalid(annotation, value, fmt.Sprintf("no request of the claim asks for exactly one device of class %s or %s to apply the fraction to", modelnames.SharedClassName, modelnames.MIGClassName)))
 	}
 	return out, errs
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 var mutateModels = []fraction.Model{
@@ -161,8 +162,8 @@ spec:
 	var h100 *resourceapi.DeviceSubRequest
 	for i := range reqs[0].FirstAvailable {
 		s := &reqs[0].FirstAvailable[i]
-		if s.DeviceClassName != migClassName || len(s.Selectors) != 2 || s.Selectors[1].CEL.Expression != `device.attributes["gpu.tessera.dev"].minor >= 0` {
-			t.Errorf("subrequest %+v: want class %s with the model's and the claim's selectors", s, migClassName)
+		if s.DeviceClassName != modelnames.MIGClassName || len(s.Selectors) != 2 || s.Selectors[1].CEL.Expression != `device.attributes["gpu.tessera.dev"].minor >= 0` {
+			t.Errorf("subrequest %+v: want class %s with the model's and the claim's selectors", s, modelnames.MIGClassName)
 		}
 		if s.Name == "h100-80gb-1g-20gb" {
 			h100 = s

@@ -9,6 +9,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // worstClaim is a ResourceClaim review that makes every check of Review do
@@ -23,7 +25,7 @@ func worstClaim(requests, subs, configs, constraints, paramBytes int) *admission
 	for i := range requests {
 		names[i] = fmt.Sprintf("r%d", i)
 		share := map[string]any{
-			"deviceClassName": sharedClassName, "count": 1,
+			"deviceClassName": modelnames.SharedClassName, "count": 1,
 			"capacity": map[string]any{"requests": map[string]string{"memory": "10Gi", "cores": "10"}},
 		}
 		if subs == 0 {
@@ -48,11 +50,11 @@ func worstClaim(requests, subs, configs, constraints, paramBytes int) *admission
 	}
 	cfgs := make([]map[string]any, configs)
 	for i := range configs {
-		cfgs[i] = map[string]any{"requests": names, "opaque": map[string]any{"driver": driverName, "parameters": json.RawMessage(params)}}
+		cfgs[i] = map[string]any{"requests": names, "opaque": map[string]any{"driver": modelnames.DriverName, "parameters": json.RawMessage(params)}}
 	}
 	cons := make([]map[string]any, constraints)
 	for i := range constraints {
-		cons[i] = map[string]any{"requests": names, "matchAttribute": string(uuidAttribute)}
+		cons[i] = map[string]any{"requests": names, "matchAttribute": string(modelnames.UUIDAttribute)}
 	}
 	claim := map[string]any{
 		"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
