@@ -7,7 +7,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/klog/v2"
 )
 
 // AdmitFunc answers one AdmissionRequest. ctx ends when the API server
@@ -21,24 +20,16 @@ var _ http.Handler = AdmitFunc(nil)
 // ServeHTTP reads the AdmissionReview and answers it with f's response,
 // without the Server's gate (tests, or a caller with its own).
 func (f AdmitFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	review, ok := readReview(w, r)
-	if !ok {
-		return
-	}
-	f.review(w, r, review)
+	serveReview(w, r, f.review)
 }
 
 func (f AdmitFunc) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
-	ctx, cancel := reviewContext(r)
-	defer cancel()
-	req := review.Request
-	resp := f(ctx, req)
-	resp.UID = req.UID
-	if !resp.Allowed && resp.Result != nil {
-		klog.FromContext(ctx).V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace,
-			"name", req.Name, "uid", req.UID, "reason", resp.Result.Message)
-	}
-	writeReview(w, review, resp)
+	answer(w, r, review, func(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		resp := f(ctx, req)
+		resp.UID = req.UID
+		logDenied(ctx, req, resp)
+		return resp
+	})
 }
 
 // Denial is the Status of a review refused for errs: 422 Invalid, the

@@ -99,16 +99,3 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 	}
 	return resp
 }
-
-func badRequest(req *admissionv1.AdmissionRequest, err error) *admissionv1.AdmissionResponse {
-	return &admissionv1.AdmissionResponse{
-		UID:     req.UID,
-		Allowed: false,
-		Result: &metav1.Status{
-			Status:  metav1.StatusFailure,
-			Code:    400,
-			Reason:  metav1.StatusReasonBadRequest,
-			Message: fmt.Sprintf("%s %s: cannot read the object: %v", req.Kind.Kind, objectName(req), err),
-		},
-	}
-}

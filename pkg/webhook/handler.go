@@ -49,37 +49,48 @@ var _ http.Handler = Handler{}
 // a gate that reads the body under a deadline and a memory budget before
 // the review takes a slot; served on its own, the body is read as it comes.
 func (h Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	review, ok := readReview(w, r)
-	if !ok {
-		return
-	}
-	h.review(w, r, review)
+	serveReview(w, r, h.review)
 }
 
 func (h Handler) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
+	answer(w, r, review, func(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		logger := klog.FromContext(ctx)
+		var classes DeviceClassLookup
+		if h.Classes != nil {
+			classes = func(name string) (*resourceapi.DeviceClass, error) {
+				class, err := h.Classes.Get(ctx, name)
+				if err != nil && !apierrors.IsNotFound(err) {
+					logger.Error(err, "Cannot read a DeviceClass; allowing the claim with a warning",
+						"deviceClass", name, "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name)
+				}
+				return class, err
+			}
+		}
+		resp := Review(ctx, req, classes)
+		if !resp.Allowed {
+			logger.V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
+				"operation", req.Operation, "uid", req.UID, "reason", resp.Result.Message)
+		} else {
+			logger.V(5).Info("Allowed", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "uid", req.UID)
+		}
+		return resp
+	})
+}
+
+// answer writes respond's answer to review, under the request's deadline
+// (reviewContext).
+func answer(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview, respond func(context.Context, *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse) {
 	ctx, cancel := reviewContext(r)
 	defer cancel()
-	logger := klog.FromContext(ctx)
-	req := review.Request
-	var classes DeviceClassLookup
-	if h.Classes != nil {
-		classes = func(name string) (*resourceapi.DeviceClass, error) {
-			class, err := h.Classes.Get(ctx, name)
-			if err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Cannot read a DeviceClass; allowing the claim with a warning",
-					"deviceClass", name, "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name)
-			}
-			return class, err
-		}
+	writeReview(w, review, respond(ctx, review.Request))
+}
+
+// logDenied logs resp at V(2) if it refuses req.
+func logDenied(ctx context.Context, req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+	if !resp.Allowed && resp.Result != nil {
+		klog.FromContext(ctx).V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace,
+			"name", req.Name, "uid", req.UID, "reason", resp.Result.Message)
 	}
-	resp := Review(ctx, req, classes)
-	if !resp.Allowed {
-		logger.V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name,
-			"operation", req.Operation, "uid", req.UID, "reason", resp.Result.Message)
-	} else {
-		logger.V(5).Info("Allowed", "kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "uid", req.UID)
-	}
-	writeReview(w, review, resp)
 }
 
 // reviewContext is the request's context, bounded by the timeout the API
@@ -90,6 +101,14 @@ func reviewContext(r *http.Request) (context.Context, context.CancelFunc) {
 		return context.WithTimeout(r.Context(), timeout)
 	}
 	return context.WithCancel(r.Context())
+}
+
+// serveReview reads the AdmissionReview of r (readReview) and hands it to
+// review.
+func serveReview(w http.ResponseWriter, r *http.Request, review func(http.ResponseWriter, *http.Request, *admissionv1.AdmissionReview)) {
+	if rv, ok := readReview(w, r); ok {
+		review(w, r, rv)
+	}
 }
 
 // readReview reads an AdmissionReview v1 request (POST, application/json, at

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model/modelnames"
@@ -93,23 +92,15 @@ type MutateHandler struct {
 }
 
 func (h MutateHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	review, ok := readReview(w, r)
-	if !ok {
-		return
-	}
-	h.review(w, r, review)
+	serveReview(w, r, h.review)
 }
 
 func (h MutateHandler) review(w http.ResponseWriter, r *http.Request, review *admissionv1.AdmissionReview) {
-	ctx, cancel := reviewContext(r)
-	defer cancel()
-	req := review.Request
-	resp := Mutate(req, func() ([]fraction.Model, error) { return h.Models.Models(ctx) })
-	if !resp.Allowed {
-		klog.FromContext(ctx).V(2).Info("Denied", "kind", req.Kind.Kind, "namespace", req.Namespace,
-			"name", req.Name, "uid", req.UID, "reason", resp.Result.Message)
-	}
-	writeReview(w, review, resp)
+	answer(w, r, review, func(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		resp := Mutate(req, func() ([]fraction.Model, error) { return h.Models.Models(ctx) })
+		logDenied(ctx, req, resp)
+		return resp
+	})
 }
 
 // Mutate expands a ResourceClaim created with the fraction.Annotation: each
@@ -203,27 +194,18 @@ func expandFraction(value string, requests []resourceapi.DeviceRequest, models f
 			errs = append(errs, field.Invalid(path.Child("count"), e.Count, fmt.Sprintf("the %s annotation asks for %s of one GPU: count must be 1", fraction.Annotation, what)))
 			continue
 		}
+		var fr resourceapi.DeviceRequest
 		if mig {
 			// The profile tables are built in: no read of the cluster.
-			fr, err := fraction.MIGRequest(r.Name, f, fraction.MIGModels())
-			if err != nil {
-				return nil, field.ErrorList{field.Invalid(annotation, value, err.Error())}
+			fr, err = fraction.MIGRequest(r.Name, f, fraction.MIGModels())
+		} else {
+			if known == nil {
+				if known, err = models(); err != nil {
+					return nil, field.ErrorList{field.InternalError(annotation, fmt.Errorf("read the GPU models the cluster publishes: %w", err))}
+				}
 			}
-			for j := range fr.FirstAvailable {
-				s := &fr.FirstAvailable[j]
-				s.Selectors = append(s.Selectors, e.Selectors...)
-				s.Tolerations = e.Tolerations
-			}
-			out[i] = fr
-			expanded++
-			continue
+			fr, err = fraction.Request(r.Name, f, known)
 		}
-		if known == nil {
-			if known, err = models(); err != nil {
-				return nil, field.ErrorList{field.InternalError(annotation, fmt.Errorf("read the GPU models the cluster publishes: %w", err))}
-			}
-		}
-		fr, err := fraction.Request(r.Name, f, known)
 		if err != nil {
 			return nil, field.ErrorList{field.Invalid(annotation, value, err.Error())}
 		}

@@ -98,14 +98,7 @@ func Review(ctx context.Context, req *admissionv1.AdmissionRequest, classes Devi
 	}
 	devices, inline, err := claimDevices(req.Object, req.Kind.Kind == "ResourceClaimTemplate")
 	if err != nil {
-		resp.Allowed = false
-		resp.Result = &metav1.Status{
-			Status:  metav1.StatusFailure,
-			Code:    400,
-			Reason:  metav1.StatusReasonBadRequest,
-			Message: fmt.Sprintf("%s %s: cannot read the object: %v", req.Kind.Kind, objectName(req), err),
-		}
-		return resp
+		return badRequest(req, err)
 	}
 	errs, warnings, err := validateDeviceClaim(ctx, devices, root.Child("devices"), inline, classes)
 	if err != nil {
@@ -123,14 +116,24 @@ func Review(ctx context.Context, req *admissionv1.AdmissionRequest, classes Devi
 // abandoned is the answer to a request whose review stopped because its
 // context ended (err).
 func abandoned(req *admissionv1.AdmissionRequest, err error) *admissionv1.AdmissionResponse {
+	return failure(req, 504, metav1.StatusReasonTimeout, "review abandoned: "+err.Error())
+}
+
+// badRequest is the answer to a request whose object cannot be read (err).
+func badRequest(req *admissionv1.AdmissionRequest, err error) *admissionv1.AdmissionResponse {
+	return failure(req, 400, metav1.StatusReasonBadRequest, "cannot read the object: "+err.Error())
+}
+
+// failure refuses req with code and reason; the message names the object.
+func failure(req *admissionv1.AdmissionRequest, code int32, reason metav1.StatusReason, message string) *admissionv1.AdmissionResponse {
 	return &admissionv1.AdmissionResponse{
 		UID:     req.UID,
 		Allowed: false,
 		Result: &metav1.Status{
 			Status:  metav1.StatusFailure,
-			Code:    504,
-			Reason:  metav1.StatusReasonTimeout,
-			Message: fmt.Sprintf("%s %s: review abandoned: %v", req.Kind.Kind, objectName(req), err),
+			Code:    code,
+			Reason:  reason,
+			Message: fmt.Sprintf("%s %s: %s", req.Kind.Kind, objectName(req), message),
 		},
 	}
 }
