@@ -126,20 +126,28 @@ func TestClassNotProvablyAnotherDriversIsUnknown(t *testing.T) {
 	}
 }
 
+// chargeTwoSharesThenReconcile charges shares x and y of 10Gi and returns a
+// reconciler an hour later, when their entries have expired, whose informer
+// holds no claim.
+func chargeTwoSharesThenReconcile(t *testing.T, f *fakeBudgets) *Reconciler {
+	t.Helper()
+	for _, name := range []string{"x", "y"} {
+		if resp := newCharger(f).Admit(context.Background(), review(t, share(name, "10Gi"), false)); !resp.Allowed {
+			t.Fatal(resp.Result)
+		}
+	}
+	now := clock.Add(time.Hour)
+	var held []*resourceapi.ResourceClaim
+	return newReconciler(f, &held, &now)
+}
+
 // Two budgets hold the same expired entry of a claim the informer does not
 // hold: one pass reads the claim once. A claim the informer saw deleted is
 // gone without a read.
 func TestExpiredEntryReadOncePerPass(t *testing.T) {
 	f := newFakeBudgets(t, budget("a", "", "40Gi", nil, nil), budget("b", "", "40Gi", nil, nil))
 	ctx := context.Background()
-	for _, name := range []string{"x", "y"} {
-		if resp := newCharger(f).Admit(ctx, review(t, share(name, "10Gi"), false)); !resp.Allowed {
-			t.Fatal(resp.Result)
-		}
-	}
-	now := clock.Add(time.Hour)
-	var held []*resourceapi.ResourceClaim
-	r := newReconciler(f, &held, &now)
+	r := chargeTwoSharesThenReconcile(t, f)
 	reads := map[string]int{}
 	lookup := r.Lookup
 	r.Lookup = func(ctx context.Context, namespace, name string) (types.UID, error) {
@@ -241,14 +249,7 @@ func TestRunFailsWhenCachesDoNotSync(t *testing.T) {
 func TestForbiddenClaimReadCounted(t *testing.T) {
 	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
 	ctx := context.Background()
-	for _, name := range []string{"x", "y"} {
-		if resp := newCharger(f).Admit(ctx, review(t, share(name, "10Gi"), false)); !resp.Allowed {
-			t.Fatal(resp.Result)
-		}
-	}
-	now := clock.Add(time.Hour)
-	var held []*resourceapi.ResourceClaim
-	r := newReconciler(f, &held, &now)
+	r := chargeTwoSharesThenReconcile(t, f)
 	r.Metrics = NewMetrics()
 	r.Lookup = func(_ context.Context, _, name string) (types.UID, error) {
 		return "", apierrors.NewForbidden(resourceapi.Resource("resourceclaims"), name, fmt.Errorf("RBAC"))
