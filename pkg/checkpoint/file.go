@@ -240,11 +240,7 @@ func (f *File) Path() string { return f.path }
 func (f *File) Get(uid types.UID) (Claim, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	c, ok := f.claims[uid]
-	if !ok {
-		return Claim{}, false
-	}
-	return clone(c), true
+	return cloneOf(f.claims, uid)
 }
 
 // List implements [Store].

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,21 @@ func TestEncodeMatchesDocumentedLayout(t *testing.T) {
 		"a": mustNormalize(t, Claim{UID: "a", Namespace: "x<y>&z", Name: "n", State: PrepareCompleted,
 			Config: json.RawMessage(`{"note": "<&>"}`)}),
 	}
+	data := encodeAsDocumented(t, claims, "")
+	c, err := decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(claims, c.Claims); diff != "" {
+		t.Fatalf("decode(encode(x)) (-x +got):\n%s", diff)
+	}
+}
+
+// encodeAsDocumented encodes claims and fails the test (its messages
+// prefixed by what) unless the file is encoding/json's indented layout of
+// the documented members with the checksum the documented rule gives.
+func encodeAsDocumented(t *testing.T, claims map[types.UID]Claim, what string) []byte {
+	t.Helper()
 	data, err := encode(bootA, claims)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +50,7 @@ func TestEncodeMatchesDocumentedLayout(t *testing.T) {
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(data, &top); err != nil {
-		t.Fatalf("encoded file is not JSON: %v\n%s", err, data)
+		t.Fatalf("%sencoded file is not JSON: %v\n%s", what, err, data)
 	}
 	sum, err := checksumOf(top)
 	if err != nil {
@@ -42,19 +58,13 @@ func TestEncodeMatchesDocumentedLayout(t *testing.T) {
 	}
 	var gotSum string
 	if err := json.Unmarshal(top["checksum"], &gotSum); err != nil || gotSum != sum {
-		t.Fatalf("checksum %q, documented rule gives %q", gotSum, sum)
+		t.Fatalf("%schecksum %q, documented rule gives %q", what, gotSum, sum)
 	}
 	want = append([]byte(stringsReplaceChecksum(string(want), sum)), '\n')
 	if diff := cmp.Diff(string(want), string(data)); diff != "" {
-		t.Fatalf("layout (-MarshalIndent +encode):\n%s", diff)
+		t.Fatalf("%slayout (-MarshalIndent +encode):\n%s", what, diff)
 	}
-	c, err := decode(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(claims, c.Claims); diff != "" {
-		t.Fatalf("decode(encode(x)) (-x +got):\n%s", diff)
-	}
+	return data
 }
 
 func stringsReplaceChecksum(doc, sum string) string {
@@ -119,31 +129,7 @@ func TestEncodeFromMatchesMarshalIndent(t *testing.T) {
 			c.Name = "name " + uid + " <&>"
 			claims[c.UID] = c
 		}
-		data, err := encode(bootA, claims)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := json.MarshalIndent(struct {
-			Version  string              `json:"version"`
-			BootID   string              `json:"bootID"`
-			Checksum string              `json:"checksum"`
-			Claims   map[types.UID]Claim `json:"claims"`
-		}{CurrentVersion, bootA, "", claims}, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var top map[string]json.RawMessage
-		if err := json.Unmarshal(data, &top); err != nil {
-			t.Fatalf("%d claims: not JSON: %v\n%s", len(claims), err, data)
-		}
-		sum, err := checksumOf(top)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want = append([]byte(stringsReplaceChecksum(string(want), sum)), '\n')
-		if diff := cmp.Diff(string(want), string(data)); diff != "" {
-			t.Fatalf("%d claims: layout (-MarshalIndent +encode):\n%s", len(claims), diff)
-		}
+		data := encodeAsDocumented(t, claims, fmt.Sprintf("%d claims: ", len(claims)))
 		if _, err := decode(data); err != nil {
 			t.Fatalf("%d claims: %v", len(claims), err)
 		}

@@ -37,11 +37,7 @@ func (m *Memory) FailWrites(err error) {
 func (m *Memory) Get(uid types.UID) (Claim, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c, ok := m.claims[uid]
-	if !ok {
-		return Claim{}, false
-	}
-	return clone(c), true
+	return cloneOf(m.claims, uid)
 }
 
 // List implements [Store].

@@ -192,6 +192,15 @@ func compactConfig(raw json.RawMessage) (json.RawMessage, error) {
 	return b, nil
 }
 
+// cloneOf returns a deep copy of the claim claims holds for uid.
+func cloneOf(claims map[types.UID]Claim, uid types.UID) (Claim, bool) {
+	c, ok := claims[uid]
+	if !ok {
+		return Claim{}, false
+	}
+	return clone(c), true
+}
+
 // clone returns a deep copy of c.
 func clone(c Claim) Claim {
 	out := c
