@@ -85,7 +85,7 @@ func TestBudgetMetrics(t *testing.T) {
 		}
 	})
 	t.Run("metrics disabled", func(t *testing.T) {
-		args := append(on, "--set", "budgets.metrics.enabled=false", "--set", "budgets.metrics.serviceMonitor.enabled=true", "--set", "kubeletPlugin.metrics.enabled=false")
+		args := append(slices.Clone(on), "--set", "budgets.metrics.enabled=false", "--set", "budgets.metrics.serviceMonitor.enabled=true", "--set", "kubeletPlugin.metrics.enabled=false")
 		objs := objects(t, render(t, args...))
 		_, c := webhookDeployment(t, objs)
 		if v, ok := flagValue(c.Args, "budget-metrics-bind-address"); ok {
