@@ -22,6 +22,10 @@ import (
 
 const dashboardFile = "tessera/dashboards/tessera.json"
 
+// metricNameLabel is the label a selector such as {__name__="x"} names its metric
+// with (prometheus's labels.MetricName, which is deprecated).
+const metricNameLabel = "__name__"
+
 // registeredMetrics returns the metric names pkg/metrics registers, read
 // from its source: the first argument of every prometheus.NewDesc and the
 // Name of every prometheus.*Opts literal. A histogram's value is true: its
@@ -171,7 +175,7 @@ func TestDashboardQueries(t *testing.T) {
 					}
 					name := vs.Name
 					for _, m := range vs.LabelMatchers {
-						if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+						if m.Name == metricNameLabel && m.Type == labels.MatchEqual {
 							name = m.Value
 						}
 					}
