@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
@@ -124,8 +125,7 @@ func HostProcessEnv(spec *oci.Spec, host []string) ProcessEnv {
 		var gpus []gpuVar
 		for k, v := range env {
 			if m := tesseraGPURE.FindStringSubmatch(k); m != nil {
-				var minor int
-				fmt.Sscan(m[1], &minor)
+				minor, _ := strconv.Atoi(m[1]) // the pattern's group is digits
 				gpus = append(gpus, gpuVar{minor, v})
 			}
 		}
@@ -147,6 +147,9 @@ func HostProcessEnv(spec *oci.Spec, host []string) ProcessEnv {
 		out.Emulated = append(out.Emulated, "device nodes "+strings.Join(nodes, ", ")+": the host has them all; CUDA_VISIBLE_DEVICES picks the GPU")
 	}
 	if h := spec.Hooks; h != nil {
+		// Prestart is deprecated in the runtime spec, but a spec may still
+		// name such hooks, and the check lists every hook it does not run.
+		//nolint:staticcheck // SA1019: read, not used, on purpose (above)
 		for _, stage := range []struct {
 			name  string
 			hooks []oci.Hook

@@ -407,8 +407,12 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 // devices. Anything else (no selectors, selectors that name no driver, an
 // expression that does not parse) may select this driver's devices.
 func otherDriverOnly(exprs []string) (string, bool) {
+	p, err := parser.NewParser(parser.Macros(parser.AllMacros...))
+	if err != nil {
+		return "", false
+	}
 	for _, e := range exprs {
-		tree, errs := parser.Parse(common.NewTextSource(e))
+		tree, errs := p.Parse(common.NewTextSource(e))
 		if errs != nil && len(errs.GetErrors()) > 0 {
 			continue
 		}

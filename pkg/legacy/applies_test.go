@@ -1,8 +1,9 @@
 package legacy
 
 import (
-	"github.com/tessera-dev/tessera/pkg/fraction"
 	"testing"
+
+	"github.com/tessera-dev/tessera/pkg/fraction"
 )
 
 // TestApplies: Applies is true for every pod Translate changes or refuses

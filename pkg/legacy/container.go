@@ -3,6 +3,7 @@ package legacy
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -143,7 +144,7 @@ func (r *container) read() (s *shape, kept int64, remove []string) {
 	switch {
 	case len(hami) > 0:
 		s = r.hami(hami)
-		remove = append(hami, NvidiaGPU)
+		remove = append(slices.Clone(hami), NvidiaGPU)
 	case len(koord) > 0:
 		if r.has(NvidiaGPU) {
 			// Koordinator refuses the vendor API beside its GPU-share API

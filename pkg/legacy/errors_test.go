@@ -4,8 +4,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tessera-dev/tessera/pkg/fraction"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/tessera-dev/tessera/pkg/fraction"
 )
 
 // pod is a Pod manifest with these annotations (YAML lines, indented 4) and

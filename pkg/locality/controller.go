@@ -285,7 +285,7 @@ func (c *Controller) steer(ctx context.Context, uid types.UID, shares []Share, a
 	// GPU the other is fenced from cannot hold each other open for ever.
 	now := c.now()
 	w := c.waiting(uid, now, ttl)
-	gpus = slices.DeleteFunc(gpus, func(g GPU) bool { return w.wantedByOlder(g) })
+	gpus = slices.DeleteFunc(gpus, w.wantedByOlder)
 	if !c.fenced.resting(uid, now) {
 		var open []GPU
 		for _, g := range c.fenced.gpus() {

@@ -207,12 +207,13 @@ func (g *gate) readBody(w http.ResponseWriter, r *http.Request) (body []byte, re
 	for filled < len(first) && !eof {
 		n, err := r.Body.Read(first[filled:])
 		filled += n
-		if errors.Is(err, io.EOF) {
+		switch {
+		case errors.Is(err, io.EOF):
 			eof = true
-		} else if err != nil {
+		case err != nil:
 			firstChunks.Put(chunk)
 			return nil, release, readErr(err)
-		} else if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			firstChunks.Put(chunk)
 			return nil, release, fmt.Errorf("the request body was not read within %v", g.bodyTimeout)
 		}

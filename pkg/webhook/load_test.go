@@ -48,7 +48,9 @@ func BenchmarkReviewAtLimits(b *testing.B) {
 //   - costly: each sends the review of the costliest claim the API allows
 //     (worstClaim at the limits), as fast as the server answers.
 //
-// Run: go test -run '^$' -bench BenchmarkServeUnderAttack -benchtime 200x ./pkg/webhook/
+// Run it with
+//
+//	go test -run '^$' -bench BenchmarkServeUnderAttack -benchtime 200x ./pkg/webhook/
 func BenchmarkServeUnderAttack(b *testing.B) {
 	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
 	if err != nil {

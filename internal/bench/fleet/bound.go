@@ -334,12 +334,12 @@ func knapsack(types []boundType, mi int, w []float64) (float64, []int) {
 	counts := make([]int, len(types))
 	for c, u := C, U; ; {
 		ch := choice[c*stride+u]
-		switch {
-		case ch == -1:
+		switch ch {
+		case -1:
 			return dp[C*stride+U], counts
-		case ch == -2:
+		case -2:
 			c--
-		case ch == -3:
+		case -3:
 			u--
 		default:
 			it := its[ch]

@@ -514,7 +514,7 @@ func (s *lendSim) handle(e lendEvent) {
 			return
 		}
 		p := b.progress(e.t)
-		kept := b.saved
+		var kept float64
 		if math.IsInf(b.stopAt, 1) {
 			// No save on notice: the last periodic checkpoint is what is kept.
 			every := s.opt.CheckpointEvery.Seconds()

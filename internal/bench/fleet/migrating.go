@@ -641,7 +641,7 @@ func (p *oraclePlacer) placeWhole(j *Job, room func(int) bool) (placement, bool,
 			continue
 		}
 		if !p.bestFit {
-			bestNode, bestFree = n, free
+			bestNode = n
 			break
 		}
 		if bestNode < 0 || free < bestFree {

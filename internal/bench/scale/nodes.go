@@ -26,7 +26,7 @@ const (
 	nodePrefix = "kwok-gpu-"
 )
 
-// NodeName is the name of fake node i: kwok-gpu-00000, kwok-gpu-00001, …
+// NodeName is the name of fake node i: kwok-gpu-00000, kwok-gpu-00001 and so on.
 func NodeName(i int) string { return fmt.Sprintf("%s%05d", nodePrefix, i) }
 
 // FakeNode is fake node i as created in the API: kwok's annotation, the usual

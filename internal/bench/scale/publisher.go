@@ -214,11 +214,3 @@ func NVIDIADeviceClass() *resourceapi.DeviceClass {
 		}}}},
 	}
 }
-
-// title upper-cases the first letter ("hopper" → "Hopper").
-func title(s string) string {
-	if s == "" {
-		return s
-	}
-	return strings.ToUpper(s[:1]) + s[1:]
-}

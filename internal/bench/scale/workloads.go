@@ -113,7 +113,7 @@ func Workloads(ns string) []Workload {
 	cel := []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: ShareSelector}}}
 
 	return []Workload{
-		{Name: "plain", Description: "no claim", pod: func(ns, name string) *corev1.Pod { return basePod(ns, name) }},
+		{Name: "plain", Description: "no claim", pod: basePod},
 		claimWorkload(ns, "whole-claim", "1 whole GPU, claim template", 1, whole),
 		{
 			Name: "whole-extended", Description: "1 whole GPU, " + model.ExtendedResourceName, GPUs: 1,

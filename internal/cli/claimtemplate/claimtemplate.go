@@ -187,9 +187,10 @@ func Build(opts Options) (*resourceapi.ResourceClaimTemplate, []string, error) {
 			cfg.Sharing.ComputeLimit = &limit
 		}
 	}
-	if opts.NVLink == NVLinkRequire {
+	switch opts.NVLink {
+	case NVLinkRequire:
 		cfg.Topology = &configapi.TopologyConfig{NVLink: configapi.NVLinkRequired}
-	} else if opts.NVLink == NVLinkPrefer {
+	case NVLinkPrefer:
 		cfg.Topology = &configapi.TopologyConfig{NVLink: configapi.NVLinkPreferred}
 	}
 

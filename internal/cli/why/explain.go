@@ -106,7 +106,7 @@ func (e *explainer) explainClaim(ctx context.Context, node string, c *resourceap
 					foreign, foreignRead = e.foreignDevices(node), true
 				}
 				var reason string
-				candidates, fitting, reason = e.explainForeign(ctx, label, class, a, foreign)
+				_, fitting, reason = e.explainForeign(ctx, label, class, a, foreign)
 				v.reasons = append(v.reasons, reason)
 				fittingBy[r.Name] = append(fittingBy[r.Name], fitting...)
 				if len(fitting) > 0 {

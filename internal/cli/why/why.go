@@ -216,12 +216,10 @@ func Explain(ctx context.Context, in Input, target Target) (Report, error) {
 	}
 	e := newExplainer(in)
 	var pending []*resourceapi.ResourceClaim
-	var allocatedOn []string
 	for _, c := range claims {
 		info := Claim{Namespace: c.Namespace, Name: c.Name, Generated: c.UID == "", Requests: e.describeRequests(c)}
 		if c.Status.Allocation != nil {
 			info.AllocatedOn = allocationNode(c.Status.Allocation)
-			allocatedOn = append(allocatedOn, info.AllocatedOn)
 		} else {
 			pending = append(pending, c)
 		}
