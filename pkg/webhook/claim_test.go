@@ -21,6 +21,39 @@ func TestValidateDeviceClaim(t *testing.T) {
   exactly:
     deviceClassName: shared.gpu.tessera.dev
     capacity: {requests: {memory: 16Gi, cores: "25"}}`
+		// more is a second request, for an eighth of a GPU.
+		more = `
+- name: more
+  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}`
+		// nvlinkOrAny is a request for two GPUs of one NVLink domain or,
+		// failing that, any two, up to the config list.
+		nvlinkOrAny = `
+requests:
+- name: gpu
+  firstAvailable:
+  - {name: nvlink, deviceClassName: gpu.tessera.dev, count: 2}
+  - {name: any, deviceClassName: gpu.tessera.dev, count: 2}
+constraints:
+- {requests: [gpu/nvlink], matchAttribute: gpu.tessera.dev/nvlinkDomain}
+config:`
+		// oneAndOne is two requests for a whole GPU each, up to the
+		// constraints list.
+		oneAndOne = `
+requests:
+- name: a
+  exactly: {deviceClassName: gpu.tessera.dev}
+- name: b
+  exactly: {deviceClassName: gpu.tessera.dev}
+constraints:`
+		// overMiB is a request for a share of a byte more than 1Mi of
+		// memory, up to the config list.
+		overMiB = `
+requests:
+- name: gpus
+  exactly:
+    deviceClassName: shared.gpu.tessera.dev
+    capacity: {requests: {memory: "1048577"}}
+config:`
 		// pair is a request for two whole GPUs.
 		pair = `
 - name: gpus
@@ -30,6 +63,34 @@ func TestValidateDeviceClaim(t *testing.T) {
 	)
 	mps := "an MPS claim must be exactly one share (a client talks to one MPS daemon, which serves one GPU), so prepare would refuse the claim"
 	nvlinkRefused := ": the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim"
+	// secondDevice is the error for request more, which joins request gpus
+	// of the given isolation backend.
+	secondDevice := func(more, isolation string) string {
+		return `spec.devices.requests[1]: request "` + more + `" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation ` +
+			isolation + ` (` + params0 + `.sharing.isolation); an ` + isolation + ` claim must be exactly one share, so prepare would refuse the claim ` +
+			`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`
+	}
+	// nvlinkUncovered is the error for NVLink Required on a request (at
+	// path) that may get 2 GPUs no constraint keeps in one NVLink domain.
+	nvlinkUncovered := func(request, path string) string {
+		return params0 + `.topology.nvlink: Invalid value: "Required": request "` + request + `" (` + path + `) may get 2 GPUs, ` +
+			`and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.devices.constraints covers it` + nvlinkRefused
+	}
+	// mpsConfig is the config asking isolation MPS for every request.
+	mpsConfig := `
+config:
+- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`
+	// configFor is a config entry for the given requests with the given
+	// GpuConfig fields.
+	configFor := func(requests, fields string) string {
+		return `
+- requests: [` + requests + `]
+  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + fields + `}}`
+	}
+	// nvlinkRequired is the config asking NVLink Required.
+	nvlinkRequired := `
+config:
+- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`
 	tests := []struct {
 		name         string
 		devices      string
@@ -107,24 +168,12 @@ config:
 		},
 		{
 			name: "memory is allocated in whole MiB: a limit up to the rounded-up request is allowed",
-			devices: `
-requests:
-- name: gpus
-  exactly:
-    deviceClassName: shared.gpu.tessera.dev
-    capacity: {requests: {memory: "1048577"}}
-config:
+			devices: overMiB + `
 - opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {memoryLimit: 2Mi}}}`,
 		},
 		{
 			name: "memory is allocated in whole MiB: a limit above the rounded-up request is refused",
-			devices: `
-requests:
-- name: gpus
-  exactly:
-    deviceClassName: shared.gpu.tessera.dev
-    capacity: {requests: {memory: "1048577"}}
-config:
+			devices: overMiB + `
 - opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {memoryLimit: "2097153"}}}`,
 			wantErrors: []string{
 				params0 + `.sharing.memoryLimit: Invalid value: "2097153": is above the 2Mi of memory request "gpus" is allocated ` +
@@ -184,9 +233,7 @@ config:
 			devices: `
 requests:
 - name: gpus
-  exactly: {deviceClassName: shared.gpu.tessera.dev, count: 2, capacity: {requests: {memory: 16Gi}}}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
+  exactly: {deviceClassName: shared.gpu.tessera.dev, count: 2, capacity: {requests: {memory: 16Gi}}}` + mpsConfig,
 			wantErrors: []string{
 				`spec.devices.requests[0].exactly.count: Invalid value: 2: request "gpus" has isolation MPS (` + params0 + `.sharing.isolation) and may get 2 GPUs; ` + mps,
 			},
@@ -223,46 +270,24 @@ config:
 		{
 			name: "MPS on two requests, each with MPS config: two shares that may sit on two GPUs",
 			devices: `
-requests:` + share + `
-- name: more
-  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
-config:
-- requests: [gpus]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}
-- requests: [more]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
-			wantErrors: []string{
-				`spec.devices.requests[1]: request "more" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation MPS (` + params0 +
-					`.sharing.isolation); an MPS claim must be exactly one share, so prepare would refuse the claim ` +
-					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
-			},
+requests:` + share + more + `
+config:` + configFor("gpus", "sharing: {isolation: MPS}") + configFor("more", "sharing: {isolation: MPS}"),
+			wantErrors: []string{secondDevice("more", "MPS")},
 		},
 		{
 			name: "a borrower (lent class) is a share: MPS on a borrower and a second share is refused",
 			devices: `
 requests:
 - name: gpus
-  exactly: {deviceClassName: lent.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
-- name: more
-  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
-			wantErrors: []string{
-				`spec.devices.requests[1]: request "more" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation MPS (` + params0 +
-					`.sharing.isolation); an MPS claim must be exactly one share, so prepare would refuse the claim ` +
-					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
-			},
+  exactly: {deviceClassName: lent.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}` + more + mpsConfig,
+			wantErrors: []string{secondDevice("more", "MPS")},
 		},
 		{
 			name: "MPS on two requests whose shares a uuid constraint puts on one GPU",
 			devices: `
-requests:` + share + `
-- name: more
-  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
+requests:` + share + more + `
 constraints:
-- {requests: [gpus, more], matchAttribute: gpu.tessera.dev/uuid}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
+- {requests: [gpus, more], matchAttribute: gpu.tessera.dev/uuid}` + mpsConfig,
 		},
 		{
 			name: "an MPS share and a whole GPU",
@@ -273,37 +298,21 @@ requests:` + share + `
 - name: nic
   exactly: {deviceClassName: nic.example.com}
 constraints:
-- {matchAttribute: gpu.tessera.dev/uuid}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
-			wantErrors: []string{
-				`spec.devices.requests[1]: request "whole" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation MPS (` + params0 +
-					`.sharing.isolation); an MPS claim must be exactly one share, so prepare would refuse the claim ` +
-					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
-			},
+- {matchAttribute: gpu.tessera.dev/uuid}` + mpsConfig,
+			wantErrors: []string{secondDevice("whole", "MPS")},
 		},
 		{
 			name: "MPS on two whole GPUs: isolation applies to shares only",
 			devices: `
-requests:` + pair + `
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: MPS}}}`,
+requests:` + pair + mpsConfig,
 		},
 		{
 			name: "two shares with different isolation backends",
 			devices: `
-requests:` + share + `
-- name: more
-  exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi}}}
-config:
-- requests: [gpus]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: HAMiCore}}}
-- requests: [more]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {isolation: Advisory}}}`,
+requests:` + share + more + `
+config:` + configFor("gpus", "sharing: {isolation: HAMiCore}") + configFor("more", "sharing: {isolation: Advisory}"),
 			wantErrors: []string{
-				`spec.devices.requests[1]: request "more" adds a second gpu.tessera.dev device to a claim whose request "gpus" has isolation HAMiCore (` +
-					params0 + `.sharing.isolation); an HAMiCore claim must be exactly one share, so prepare would refuse the claim ` +
-					`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`,
+				secondDevice("more", "HAMiCore"),
 				`spec.devices.config[1].opaque.parameters.sharing.isolation: Invalid value: "Advisory": request "more" would use isolation Advisory, ` +
 					`but request "gpus" uses HAMiCore (` + params0 + `.sharing.isolation); a claim uses one isolation backend, so prepare would refuse the claim`,
 			},
@@ -311,13 +320,8 @@ config:
 		{
 			name: "NVLink Required on two GPUs without a constraint",
 			devices: `
-requests:` + pair + `
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
-			wantErrors: []string{
-				params0 + `.topology.nvlink: Invalid value: "Required": request "gpus" (spec.devices.requests[0].exactly) may get 2 GPUs, ` +
-					`and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.devices.constraints covers it` + nvlinkRefused,
-			},
+requests:` + pair + nvlinkRequired,
+			wantErrors: []string{nvlinkUncovered("gpus", "spec.devices.requests[0].exactly")},
 		},
 		{
 			name: "NVLink Required on two GPUs with a constraint on another request",
@@ -325,31 +329,22 @@ config:
 requests:` + pair + `
 constraints:
 - {requests: [other], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-- {requests: [gpus], matchAttribute: gpu.tessera.dev/uuid}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
-			wantErrors: []string{
-				params0 + `.topology.nvlink: Invalid value: "Required": request "gpus" (spec.devices.requests[0].exactly) may get 2 GPUs, ` +
-					`and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.devices.constraints covers it` + nvlinkRefused,
-			},
+- {requests: [gpus], matchAttribute: gpu.tessera.dev/uuid}` + nvlinkRequired,
+			wantErrors: []string{nvlinkUncovered("gpus", "spec.devices.requests[0].exactly")},
 		},
 		{
 			name: "NVLink Required on two GPUs with a constraint naming the request",
 			devices: `
 requests:` + pair + `
 constraints:
-- {requests: [gpus], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+- {requests: [gpus], matchAttribute: gpu.tessera.dev/nvlinkDomain}` + nvlinkRequired,
 		},
 		{
 			name: "NVLink Required with a constraint for all requests",
 			devices: `
 requests:` + pair + `
 constraints:
-- {matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+- {matchAttribute: gpu.tessera.dev/nvlinkDomain}` + nvlinkRequired,
 		},
 		{
 			name: "NVLink Preferred on two GPUs without a constraint: prepare records a condition",
@@ -363,54 +358,21 @@ config:
 			devices: `
 requests:
 - name: gpus
-  exactly: {deviceClassName: gpu.tessera.dev}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+  exactly: {deviceClassName: gpu.tessera.dev}` + nvlinkRequired,
 		},
 		{
-			name: "NVLink Required on a firstAvailable fallback the constraint does not cover",
-			devices: `
-requests:
-- name: gpu
-  firstAvailable:
-  - {name: nvlink, deviceClassName: gpu.tessera.dev, count: 2}
-  - {name: any, deviceClassName: gpu.tessera.dev, count: 2}
-constraints:
-- {requests: [gpu/nvlink], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- requests: [gpu]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
-			wantErrors: []string{
-				params0 + `.topology.nvlink: Invalid value: "Required": request "gpu/any" (spec.devices.requests[0].firstAvailable[1]) may get 2 GPUs, ` +
-					`and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.devices.constraints covers it` + nvlinkRefused,
-			},
+			name:       "NVLink Required on a firstAvailable fallback the constraint does not cover",
+			devices:    nvlinkOrAny + configFor("gpu", "topology: {nvlink: Required}"),
+			wantErrors: []string{nvlinkUncovered("gpu/any", "spec.devices.requests[0].firstAvailable[1]")},
 		},
 		{
-			name: "NVLink Required only on the constrained firstAvailable alternative",
-			devices: `
-requests:
-- name: gpu
-  firstAvailable:
-  - {name: nvlink, deviceClassName: gpu.tessera.dev, count: 2}
-  - {name: any, deviceClassName: gpu.tessera.dev, count: 2}
-constraints:
-- {requests: [gpu/nvlink], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- requests: [gpu/nvlink]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+			name:    "NVLink Required only on the constrained firstAvailable alternative",
+			devices: nvlinkOrAny + configFor("gpu/nvlink", "topology: {nvlink: Required}"),
 		},
 		{
 			name: "NVLink Required on two requests of one GPU each, not tied together",
-			devices: `
-requests:
-- name: a
-  exactly: {deviceClassName: gpu.tessera.dev}
-- name: b
-  exactly: {deviceClassName: gpu.tessera.dev}
-constraints:
-- {requests: [a], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+			devices: oneAndOne + `
+- {requests: [a], matchAttribute: gpu.tessera.dev/nvlinkDomain}` + nvlinkRequired,
 			wantErrors: []string{
 				params0 + `.topology.nvlink: Invalid value: "Required": requests "a" and "b" may get different GPUs, ` +
 					`and no matchAttribute gpu.tessera.dev/nvlinkDomain constraint in spec.devices.constraints covers both` + nvlinkRefused,
@@ -418,17 +380,9 @@ config:
 		},
 		{
 			name: "NVLink Required on two requests tied by a constraint",
-			devices: `
-requests:
-- name: a
-  exactly: {deviceClassName: gpu.tessera.dev}
-- name: b
-  exactly: {deviceClassName: gpu.tessera.dev}
-constraints:
+			devices: oneAndOne + `
 - {requests: [a, b], matchAttribute: gpu.tessera.dev/nvlinkDomain}
-config:
-- requests: [a]
-  opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `topology: {nvlink: Required}}}`,
+config:` + configFor("a", "topology: {nvlink: Required}"),
 		},
 		{
 			name: "a share that names no memory is allowed, with a warning",
@@ -445,10 +399,8 @@ config:
 - requests: [gpus]
   opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + `sharing: {memoryLimit: 1Ti, computeLimit: 30}}}`,
 			wantWarnings: []string{
-				`spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
-					`is allocated all of a GPU's memory and no other share fits on that GPU`,
-				`spec.devices.requests[2].firstAvailable[0].capacity.requests[memory]: not set, so request "fallback/small" of class shared.gpu.tessera.dev ` +
-					`is allocated all of a GPU's memory and no other share fits on that GPU`,
+				noMemory("spec.devices.requests[0].exactly", "gpus"),
+				noMemory("spec.devices.requests[2].firstAvailable[0]", "fallback/small"),
 			},
 		},
 		{
@@ -463,34 +415,59 @@ config:
 				params0 + ".sharing.computeLimit: Invalid value: 0: must be between 1 and 100",
 			},
 			wantWarnings: []string{
-				`spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
-					`is allocated all of a GPU's memory and no other share fits on that GPU`,
+				noMemory("spec.devices.requests[0].exactly", "gpus"),
 			},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var devices resourceapi.DeviceClaim
-			if err := yaml.UnmarshalStrict([]byte(tc.devices), &devices); err != nil {
-				t.Fatalf("test devices: %v\n%s", err, tc.devices)
-			}
-			errs, warnings := ValidateDeviceClaim(&devices, field.NewPath("spec", "devices"))
-			var got []string
-			for _, e := range errs {
-				got = append(got, describe(e))
-			}
-			if g, w := strings.Join(got, "\n"), strings.Join(tc.wantErrors, "\n"); g != w {
-				t.Errorf("errors:\n got %s\nwant %s", g, w)
-			}
-			if g, w := strings.Join(warnings, "\n"), strings.Join(tc.wantWarnings, "\n"); g != w {
-				t.Errorf("warnings:\n got %s\nwant %s", g, w)
-			}
-			for _, w := range warnings {
-				// The API server truncates longer warnings.
-				if len(w) > 256 {
-					t.Errorf("warning of %d characters, more than 256: %s", len(w), w)
-				}
-			}
+			errs, warnings := ValidateDeviceClaim(decodeDevices(t, tc.devices), field.NewPath("spec", "devices"))
+			checkErrors(t, errs, tc.wantErrors)
+			checkWarnings(t, warnings, tc.wantWarnings)
 		})
+	}
+}
+
+// noMemory is the warning for a share request (at path) that names no memory.
+func noMemory(path, request string) string {
+	return path + `.capacity.requests[memory]: not set, so request "` + request + `" of class shared.gpu.tessera.dev ` +
+		`is allocated all of a GPU's memory and no other share fits on that GPU`
+}
+
+// decodeDevices reads spec.devices of a ResourceClaim, as users write it
+// (YAML), strictly.
+func decodeDevices(t *testing.T, devices string) *resourceapi.DeviceClaim {
+	t.Helper()
+	var claim resourceapi.DeviceClaim
+	if err := yaml.UnmarshalStrict([]byte(devices), &claim); err != nil {
+		t.Fatalf("test devices: %v\n%s", err, devices)
+	}
+	return &claim
+}
+
+// checkErrors compares the errors of a validation, as describe writes them,
+// with the wanted ones.
+func checkErrors(t *testing.T, errs field.ErrorList, want []string) {
+	t.Helper()
+	var got []string
+	for _, e := range errs {
+		got = append(got, describe(e))
+	}
+	if g, w := strings.Join(got, "\n"), strings.Join(want, "\n"); g != w {
+		t.Errorf("errors:\n got %s\nwant %s", g, w)
+	}
+}
+
+// checkWarnings compares the warnings of a validation with the wanted ones,
+// and checks that none is longer than the 256 characters the API server keeps.
+func checkWarnings(t *testing.T, warnings, want []string) {
+	t.Helper()
+	if g, w := strings.Join(warnings, "\n"), strings.Join(want, "\n"); g != w {
+		t.Errorf("warnings:\n got %s\nwant %s", g, w)
+	}
+	for _, w := range warnings {
+		if len(w) > 256 {
+			t.Errorf("warning of %d characters, more than 256 (the API server truncates): %s", len(w), w)
+		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -200,10 +199,6 @@ config:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var devices resourceapi.DeviceClaim
-			if err := yaml.UnmarshalStrict([]byte(tc.devices), &devices); err != nil {
-				t.Fatalf("test devices: %v\n%s", err, tc.devices)
-			}
 			classes := DeviceClassMap(floorClasses())
 			lookup := func(name string) (*resourceapi.DeviceClass, error) {
 				if name == "unreadable" {
@@ -211,22 +206,9 @@ config:
 				}
 				return classes(name)
 			}
-			errs, warnings := ValidateDeviceClaimWithClasses(&devices, field.NewPath("spec", "devices"), lookup)
-			var got []string
-			for _, e := range errs {
-				got = append(got, describe(e))
-			}
-			if g, w := strings.Join(got, "\n"), strings.Join(tc.wantErrors, "\n"); g != w {
-				t.Errorf("errors:\n got %s\nwant %s", g, w)
-			}
-			if g, w := strings.Join(warnings, "\n"), strings.Join(tc.wantWarnings, "\n"); g != w {
-				t.Errorf("warnings:\n got %s\nwant %s", g, w)
-			}
-			for _, w := range warnings {
-				if len(w) > 256 {
-					t.Errorf("warning of %d characters, more than 256 (the API server truncates): %s", len(w), w)
-				}
-			}
+			errs, warnings := ValidateDeviceClaimWithClasses(decodeDevices(t, tc.devices), field.NewPath("spec", "devices"), lookup)
+			checkErrors(t, errs, tc.wantErrors)
+			checkWarnings(t, warnings, tc.wantWarnings)
 		})
 	}
 }

@@ -30,21 +30,11 @@ func startServer(t testing.TB, s *Server) (string, *http.Client, *x509.Certifica
 	cert := writeCert(t, dir, "gate", time.Now().Add(-time.Minute))
 	listening := make(chan net.Addr, 1)
 	s.Addr, s.CertFile, s.KeyFile, s.listening = "127.0.0.1:0", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), listening
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	addr, cancel, done := runServer(t, s, listening)
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	var addr net.Addr
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not listening after 10s")
-	}
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}

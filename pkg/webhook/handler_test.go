@@ -36,8 +36,7 @@ func TestHandler(t *testing.T) {
 		{name: "denied", body: typo, wantStatus: 200, wantAllowed: ptr(false),
 			wantMessage: "spec.spec.devices.config[1].opaque.parameters: invalid GpuConfig: sharing.isolaton: unknown field"},
 		{name: "allowed with a warning", body: bytes.Replace(valid, []byte(`"memory": "20Gi", `), nil, 1), wantStatus: 200, wantAllowed: ptr(true),
-			wantWarning: `spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
-				`is allocated all of a GPU's memory and no other share fits on that GPU`},
+			wantWarning: noMemory("spec.devices.requests[0].exactly", "gpus")},
 		{name: "charset in content type", contentType: "application/json; charset=utf-8", body: valid, wantStatus: 200, wantAllowed: ptr(true)},
 		{name: "GET", method: http.MethodGet, wantStatus: http.StatusMethodNotAllowed},
 		{name: "not JSON", contentType: "text/plain", body: valid, wantStatus: http.StatusUnsupportedMediaType},

@@ -149,23 +149,14 @@ requests:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var devices resourceapi.DeviceClaim
-			if err := yaml.UnmarshalStrict([]byte(tc.devices), &devices); err != nil {
-				t.Fatalf("test devices: %v\n%s", err, tc.devices)
-			}
+			devices := decodeDevices(t, tc.devices)
 			var errs field.ErrorList
 			if tc.classes {
-				errs, _ = ValidateDeviceClaimWithClasses(&devices, field.NewPath("spec", "devices"), migClasses())
+				errs, _ = ValidateDeviceClaimWithClasses(devices, field.NewPath("spec", "devices"), migClasses())
 			} else {
-				errs, _ = ValidateDeviceClaim(&devices, field.NewPath("spec", "devices"))
+				errs, _ = ValidateDeviceClaim(devices, field.NewPath("spec", "devices"))
 			}
-			var got []string
-			for _, e := range errs {
-				got = append(got, describe(e))
-			}
-			if g, w := strings.Join(got, "\n"), strings.Join(tc.wantErrors, "\n"); g != w {
-				t.Errorf("errors:\n got %s\nwant %s", g, w)
-			}
+			checkErrors(t, errs, tc.wantErrors)
 		})
 	}
 }

@@ -35,23 +35,25 @@ func claimReview(t *testing.T, version, claimYAML string) *admissionv1.Admission
 	}
 }
 
-func TestMutateExpandsFraction(t *testing.T) {
-	req := claimReview(t, "v1", `
-metadata: {name: c, annotations: {gpu.tessera.dev/fraction: "1/2"}}
+// fractionClaim is a claim annotated with the given fraction whose first
+// request, of the given name and class, has a selector of its own.
+func fractionClaim(fraction, name, class string) string {
+	return `
+metadata: {name: c, annotations: {gpu.tessera.dev/fraction: "` + fraction + `"}}
 spec:
   devices:
     requests:
-    - name: gpu
+    - name: ` + name + `
       exactly:
-        deviceClassName: shared.gpu.tessera.dev
+        deviceClassName: ` + class + `
         selectors: [{cel: {expression: 'device.attributes["gpu.tessera.dev"].minor >= 0'}}]
-    - name: whole
-      exactly: {deviceClassName: gpu.tessera.dev}
-    config:
-    - requests: [gpu]
-      opaque: {driver: gpu.tessera.dev, parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, sharing: {isolation: Advisory}}}
-`)
-	resp := Mutate(req, func() ([]fraction.Model, error) { return mutateModels, nil })
+`
+}
+
+// patchedRequests is the requests of the claim after resp, which must
+// allow it with a JSON patch of one replace of /spec/devices/requests.
+func patchedRequests(t *testing.T, resp *admissionv1.AdmissionResponse) []resourceapi.DeviceRequest {
+	t.Helper()
 	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
 		t.Fatalf("response %+v: want allowed with a JSON patch", resp)
 	}
@@ -65,11 +67,22 @@ spec:
 	if len(patch) != 1 || patch[0].Op != "replace" || patch[0].Path != "/spec/devices/requests" {
 		t.Fatalf("patch %s: want one replace of /spec/devices/requests", resp.Patch)
 	}
+	return patch[0].Value
+}
+
+func TestMutateExpandsFraction(t *testing.T) {
+	req := claimReview(t, "v1", fractionClaim("1/2", "gpu", "shared.gpu.tessera.dev")+`    - name: whole
+      exactly: {deviceClassName: gpu.tessera.dev}
+    config:
+    - requests: [gpu]
+      opaque: {driver: gpu.tessera.dev, parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, sharing: {isolation: Advisory}}}
+`)
+	requests := patchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { return mutateModels, nil }))
 	var claim resourceapi.ResourceClaim
 	if err := json.Unmarshal(req.Object.Raw, &claim); err != nil {
 		t.Fatal(err)
 	}
-	claim.Spec.Devices.Requests = patch[0].Value
+	claim.Spec.Devices.Requests = requests
 	reqs := claim.Spec.Devices.Requests
 	if len(reqs) != 2 || reqs[0].Name != "gpu" || len(reqs[0].FirstAvailable) != 2 || reqs[1].Exactly == nil {
 		t.Fatalf("requests after the patch: %+v", reqs)
@@ -134,28 +147,8 @@ func TestMutateLeavesOthersAlone(t *testing.T) {
 // is a 1g.20gb), keeping the claim's selectors, without reading the
 // cluster's models; the validating webhook admits the result.
 func TestMutateExpandsMIGFraction(t *testing.T) {
-	req := claimReview(t, "v1", `
-metadata: {name: c, annotations: {gpu.tessera.dev/fraction: "1/7"}}
-spec:
-  devices:
-    requests:
-    - name: mig
-      exactly:
-        deviceClassName: mig.gpu.tessera.dev
-        selectors: [{cel: {expression: 'device.attributes["gpu.tessera.dev"].minor >= 0'}}]
-`)
-	resp := Mutate(req, func() ([]fraction.Model, error) { t.Fatal("models read for a MIG fraction"); return nil, nil })
-	if !resp.Allowed || resp.Patch == nil {
-		t.Fatalf("response %+v: want allowed with a patch", resp)
-	}
-	var patch []struct {
-		Op, Path string
-		Value    []resourceapi.DeviceRequest
-	}
-	if err := json.Unmarshal(resp.Patch, &patch); err != nil {
-		t.Fatal(err)
-	}
-	reqs := patch[0].Value
+	req := claimReview(t, "v1", fractionClaim("1/7", "mig", "mig.gpu.tessera.dev"))
+	reqs := patchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { t.Fatal("models read for a MIG fraction"); return nil, nil }))
 	if len(reqs) != 1 || len(reqs[0].FirstAvailable) != len(fraction.MIGModels()) {
 		t.Fatalf("requests %+v: want one subrequest per MIG model", reqs)
 	}

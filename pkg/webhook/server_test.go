@@ -71,6 +71,26 @@ func writeCert(t testing.TB, dir, cn string, mtime time.Time) *x509.Certificate 
 	return cert
 }
 
+// runServer runs s until the returned cancel, once it listens on the address
+// it sends to listening; Run's result comes on the returned channel.
+func runServer(t testing.TB, s *Server, listening <-chan net.Addr) (net.Addr, context.CancelFunc, <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case addr := <-listening:
+		return addr, cancel, done
+	case err := <-done:
+		cancel()
+		t.Fatalf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("not listening after 10s")
+	}
+	return nil, nil, nil
+}
+
 func TestServer(t *testing.T) {
 	dir := t.TempDir()
 	first := writeCert(t, dir, "first", time.Now().Add(-time.Minute))
@@ -85,18 +105,8 @@ func TestServer(t *testing.T) {
 			return &admissionv1.AdmissionResponse{Allowed: true, Warnings: []string{"extra saw " + req.Name}}
 		}},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	addr, cancel, done := runServer(t, s, listening)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	var addr net.Addr
-	select {
-	case addr = <-listening:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("not listening after 10s")
-	}
 	base := "https://" + addr.String()
 
 	clientFor := func(cert *x509.Certificate) *http.Client {

@@ -34,8 +34,7 @@ func loadReview(t *testing.T, name string, replacements ...string) *admissionv1.
 
 func TestReview(t *testing.T) {
 	// The request of claim-v1beta1-invalid.json names no memory.
-	const v1beta1Warning = `spec.devices.requests[0].capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
-		`is allocated all of a GPU's memory and no other share fits on that GPU`
+	v1beta1Warning := noMemory("spec.devices.requests[0]", "gpu")
 	tests := []struct {
 		name         string
 		file         string
@@ -152,10 +151,7 @@ func TestReview(t *testing.T) {
 			name:         "v1 claim, a share without memory: allowed with a warning",
 			file:         "claim-v1-valid.json",
 			replacements: []string{`"memory": "20Gi", `, ``, `, "memoryLimit": "16Gi"`, ``},
-			wantWarnings: []string{
-				`spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpus" of class shared.gpu.tessera.dev ` +
-					`is allocated all of a GPU's memory and no other share fits on that GPU`,
-			},
+			wantWarnings: []string{noMemory("spec.devices.requests[0].exactly", "gpus")},
 		},
 		{
 			// The spec is immutable; an UPDATE changes metadata (finalizers),
@@ -179,10 +175,7 @@ func TestReview(t *testing.T) {
 			wantDenied: []string{
 				"spec.spec.devices.config[0].opaque.parameters: invalid GpuConfig: env: unknown field; mounts: unknown field; sharing.libraryPath: unknown field",
 			},
-			wantWarnings: []string{
-				`spec.spec.devices.requests[0].exactly.capacity.requests[memory]: not set, so request "gpu" of class shared.gpu.tessera.dev ` +
-					`is allocated all of a GPU's memory and no other share fits on that GPU`,
-			},
+			wantWarnings: []string{noMemory("spec.spec.devices.requests[0].exactly", "gpu")},
 		},
 		{
 			name:         "DELETE is not reviewed",
