@@ -59,6 +59,23 @@ func podUsing(namespace, name, tmpl string) *corev1.Pod {
 	}
 }
 
+// startCleaner starts a Cleaner of client with a grace period of five
+// minutes and the given clock; it stops with the test, as does the context
+// it returns.
+func startCleaner(t *testing.T, client *fake.Clientset, now func() time.Time) (*Cleaner, context.Context) {
+	t.Helper()
+	c, err := NewCleaner(client, 5*time.Minute, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := c.start(ctx, ctx.Done()); err != nil {
+		t.Fatal(err)
+	}
+	return c, ctx
+}
+
 // TestCleaner: a sweep deletes exactly the templates the webhook made in
 // namespaces that opted in that no pod of their namespace references and
 // that were made and last used more than the grace period ago; once the last
@@ -82,15 +99,7 @@ func TestCleaner(t *testing.T) {
 		podUsing("a", "p", "in-use"),
 	}
 	client := fake.NewClientset(objects...)
-	c, err := NewCleaner(client, 5*time.Minute, func() time.Time { return now })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := c.start(ctx, ctx.Done()); err != nil {
-		t.Fatal(err)
-	}
+	c, ctx := startCleaner(t, client, func() time.Time { return now })
 	// The cache keeps only what the index reads.
 	if cached, err := c.pods.ByIndex(byTemplate, "a/in-use"); err != nil || len(cached) != 1 || len(cached[0].(*corev1.Pod).Annotations) != 0 {
 		t.Fatalf("cached pods %v (%v): want one, without its annotations", cached, err)
@@ -165,15 +174,7 @@ func TestCleanerListsLiveBeforeDelete(t *testing.T) {
 	old := clock.Add(-time.Hour)
 	client := fake.NewClientset(template("a", "unseen", old, true, nil), template("b", "unlistable", old, true, nil),
 		namespace("a", true), namespace("b", true))
-	c, err := NewCleaner(client, 5*time.Minute, func() time.Time { return clock })
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := c.start(ctx, ctx.Done()); err != nil {
-		t.Fatal(err)
-	}
+	c, ctx := startCleaner(t, client, func() time.Time { return clock })
 	// From now on a List of pods (not the informer's watch) sees a pod in a
 	// that uses the template, and fails in b.
 	client.PrependReactor("list", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
