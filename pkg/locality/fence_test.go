@@ -82,73 +82,61 @@ func TestFencesLeaveWantedGPUsOpen(t *testing.T) {
 		syncAll(t, c, s, name)
 		return verdictOf(s.claims[name])
 	}
-	tenant, stage := Labels{Exclusion: "x"}, Labels{Affinity: "p"}
+	// step places claim name on gpu minor, its try-th allocation, a second
+	// after the step before when later. Its verdict must be want and, where
+	// fences is not nil, the fenced GPUs fences.
+	type step struct {
+		name       string
+		minor, try int
+		later      bool
+		want       string
+		fences     []GPU
+	}
+	labels := map[string]Labels{"tenant": {Exclusion: "x"}, "stage-b": {Affinity: "p"}}
+	run := func(t *testing.T, steps []step) {
+		c, s, ff, now := setup()
+		for _, st := range steps {
+			if st.later {
+				*now = now.Add(time.Second)
+			}
+			if v := place(t, c, s, st.name, st.minor, labels[st.name], st.try); v != st.want {
+				t.Fatalf("%s on gpu %d: %s, want %s", st.name, st.minor, v, st.want)
+			}
+			if st.fences != nil && !slices.Equal(fenced(ff), st.fences) {
+				t.Fatalf("after %s on gpu %d: fences %v, want %v", st.name, st.minor, ff.on, st.fences)
+			}
+		}
+	}
 
 	t.Run("stage first", func(t *testing.T) {
-		c, s, ff, now := setup()
-		// A late stage of p lands on the empty gpu 2: rejected, its group
-		// is on gpu 1. Fenced: gpu 2 and gpu 0 (it refuses the stage too).
-		if v := place(t, c, s, "stage-b", 2, stage, 1); v != "rejected:Affinity" {
-			t.Fatalf("stage-b on gpu 2: %s", v)
-		}
-		if want := []GPU{gpuN(0), gpuN(2)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
-		}
-		// A tenant, rejected on gpu 0, is refused by gpu 1 too (unlabelled
-		// shares), but gpu 1 is what the older stage waits for: left open.
-		// Nor does it lift the stage's fence on gpu 2.
-		*now = now.Add(time.Second)
-		if v := place(t, c, s, "tenant", 0, tenant, 1); v != "rejected:Exclusion" {
-			t.Fatalf("tenant on gpu 0: %s", v)
-		}
-		if want := []GPU{gpuN(0), gpuN(2)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
-		}
-		// The stage gets to gpu 1; its fences go. The tenant, rejected on
-		// gpu 1, now fences it and gpu 0.
-		*now = now.Add(time.Second)
-		if v := place(t, c, s, "stage-b", 1, stage, 2); v != "accepted" {
-			t.Fatalf("stage-b on gpu 1: %s", v)
-		}
-		if v := place(t, c, s, "tenant", 1, tenant, 2); v != "rejected:Exclusion" {
-			t.Fatalf("tenant on gpu 1: %s", v)
-		}
-		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after the tenant's rejection on gpu 1: fences %v, want %v", ff.on, want)
-		}
+		run(t, []step{
+			// A late stage of p lands on the empty gpu 2: rejected, its group
+			// is on gpu 1. Fenced: gpu 2 and gpu 0 (it refuses the stage too).
+			{name: "stage-b", minor: 2, try: 1, want: "rejected:Affinity", fences: []GPU{gpuN(0), gpuN(2)}},
+			// A tenant, rejected on gpu 0, is refused by gpu 1 too (unlabelled
+			// shares), but gpu 1 is what the older stage waits for: left open.
+			// Nor does it lift the stage's fence on gpu 2.
+			{name: "tenant", minor: 0, try: 1, later: true, want: "rejected:Exclusion", fences: []GPU{gpuN(0), gpuN(2)}},
+			// The stage gets to gpu 1; its fences go. The tenant, rejected on
+			// gpu 1, now fences it and gpu 0.
+			{name: "stage-b", minor: 1, try: 2, later: true, want: "accepted"},
+			{name: "tenant", minor: 1, try: 2, want: "rejected:Exclusion", fences: []GPU{gpuN(0), gpuN(1)}},
+		})
 	})
 
 	t.Run("tenant first", func(t *testing.T) {
-		c, s, ff, now := setup()
-		if v := place(t, c, s, "tenant", 0, tenant, 1); v != "rejected:Exclusion" {
-			t.Fatalf("tenant on gpu 0: %s", v)
-		}
-		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after the tenant's rejection: fences %v, want %v", ff.on, want)
-		}
-		// The younger stage, rejected on gpu 2, does not fence gpu 2 (the
-		// older tenant would be accepted there) and does not lift the
-		// tenant's fence on gpu 1: it waits for the tenant to be placed.
-		*now = now.Add(time.Second)
-		if v := place(t, c, s, "stage-b", 2, stage, 1); v != "rejected:Affinity" {
-			t.Fatalf("stage-b on gpu 2: %s", v)
-		}
-		if want := []GPU{gpuN(0), gpuN(1)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after stage-b's rejection: fences %v, want %v", ff.on, want)
-		}
-		// The tenant is accepted on gpu 2; its fence on gpu 1 goes (gpu 0
-		// stays fenced for the stage, which it refuses too), and gpu 1 is
-		// open for the stage.
-		*now = now.Add(time.Second)
-		if v := place(t, c, s, "tenant", 2, tenant, 2); v != "accepted" {
-			t.Fatalf("tenant on gpu 2: %s", v)
-		}
-		if want := []GPU{gpuN(0)}; !slices.Equal(fenced(ff), want) {
-			t.Fatalf("after the tenant was accepted: fences %v, want %v", ff.on, want)
-		}
-		if v := place(t, c, s, "stage-b", 1, stage, 2); v != "accepted" {
-			t.Fatalf("stage-b on gpu 1: %s", v)
-		}
+		run(t, []step{
+			{name: "tenant", minor: 0, try: 1, want: "rejected:Exclusion", fences: []GPU{gpuN(0), gpuN(1)}},
+			// The younger stage, rejected on gpu 2, does not fence gpu 2 (the
+			// older tenant would be accepted there) and does not lift the
+			// tenant's fence on gpu 1: it waits for the tenant to be placed.
+			{name: "stage-b", minor: 2, try: 1, later: true, want: "rejected:Affinity", fences: []GPU{gpuN(0), gpuN(1)}},
+			// The tenant is accepted on gpu 2; its fence on gpu 1 goes (gpu 0
+			// stays fenced for the stage, which it refuses too), and gpu 1 is
+			// open for the stage.
+			{name: "tenant", minor: 2, try: 2, later: true, want: "accepted", fences: []GPU{gpuN(0)}},
+			{name: "stage-b", minor: 1, try: 2, want: "accepted"},
+		})
 	})
 }
 
