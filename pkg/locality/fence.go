@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"maps"
+	"slices"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -195,11 +197,7 @@ func (f *fences) steers(g GPU, pred func(types.UID) bool) bool {
 
 // gpus returns the fenced GPUs.
 func (f *fences) gpus() []GPU {
-	out := make([]GPU, 0, len(f.byGPU))
-	for g := range f.byGPU {
-		out = append(out, g)
-	}
-	return out
+	return slices.Collect(maps.Keys(f.byGPU))
 }
 
 // drop forgets the fences on gpus, whichever claims they steer, and returns

@@ -25,6 +25,7 @@ package locality
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -371,10 +372,5 @@ func (l *Ledger) Accepts(uid types.UID, shares []Share, gpu GPU) bool {
 
 // GPUs returns the GPUs that hold shares, in order.
 func (l *Ledger) GPUs() []GPU {
-	out := make([]GPU, 0, len(l.gpus))
-	for g := range l.gpus {
-		out = append(out, g)
-	}
-	slices.SortFunc(out, func(a, b GPU) int { return cmp.Compare(a.String(), b.String()) })
-	return out
+	return slices.SortedFunc(maps.Keys(l.gpus), func(a, b GPU) int { return cmp.Compare(a.String(), b.String()) })
 }
