@@ -1,14 +1,12 @@
 package health
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/klog/v2/ktesting"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
@@ -21,6 +19,13 @@ import (
 // without instances) and returns it with its GPUs as discovered.
 func startMIGWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock) (*gpu.MockNode, *Tracker, []gpu.GPU) {
 	t.Helper()
+	node, gpus := migNode(t)
+	return node, watch(t, node, p, clk), gpus
+}
+
+// migNode is a fresh hgx-h100-mig mock node and its GPUs as discovered.
+func migNode(t *testing.T) (*gpu.MockNode, []gpu.GPU) {
+	t.Helper()
 	node, err := gpu.NewMockNode("hgx-h100-mig")
 	if err != nil {
 		t.Fatal(err)
@@ -29,23 +34,7 @@ func startMIGWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := NewTracker(p, clk)
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	w := &Watcher{Lib: node, Tracker: tr, WaitTimeout: 10 * time.Millisecond}
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("watcher: %v", err)
-		}
-	})
-	waitFor(t, "the watcher to register", func() bool {
-		n, err := node.InjectXID(len(node.Devices)-1, 13)
-		return err == nil && n > 0
-	})
-	return node, tr, gpus
+	return node, gpus
 }
 
 // An XID that the driver attributes to a compute instance marks only that
@@ -117,14 +106,7 @@ func TestWatcherMIGXID(t *testing.T) {
 // instance: the placement recorded with the event, else the instance's
 // that has the ID now.
 func TestMIGDevices(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, gpus := migNode(t)
 	g0 := gpus[0]
 	three := MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}
 	upper := []string{"gpu-0-mig-1g-10gb-4", "gpu-0-mig-1g-10gb-5", "gpu-0-mig-1g-10gb-6", "gpu-0-mig-1g-10gb-me-4", "gpu-0-mig-1g-10gb-me-5", "gpu-0-mig-1g-10gb-me-6",
@@ -163,14 +145,7 @@ func TestMIGDevices(t *testing.T) {
 // publishes, and on no other device (model shares one taint list among a
 // GPU's devices).
 func TestTaintDevices(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, gpus := migNode(t)
 	gpuTaint := resourceapi.DeviceTaint{Key: TaintKey, Value: "XID-94", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	res, err := model.Resources("node-1", gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{gpus[0].UUID: {{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule}}}))
 	if err != nil {

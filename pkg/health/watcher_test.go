@@ -21,6 +21,13 @@ func startWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock) (*
 	if err != nil {
 		t.Fatal(err)
 	}
+	return node, watch(t, node, p, clk)
+}
+
+// watch runs a watcher over node until the test ends and waits until it has
+// registered its event set.
+func watch(t *testing.T, node *gpu.MockNode, p Policy, clk *clocktesting.FakePassiveClock) *Tracker {
+	t.Helper()
 	tr := NewTracker(p, clk)
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
@@ -38,7 +45,7 @@ func startWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock) (*
 		n, err := node.InjectXID(len(node.Devices)-1, 13)
 		return err == nil && n > 0
 	})
-	return node, tr
+	return tr
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
