@@ -171,10 +171,7 @@ func (m *Metrics) ObservePrepare(d time.Duration, err error) {
 	if m == nil {
 		return
 	}
-	m.prepareSeconds.Observe(d.Seconds())
-	if err != nil {
-		m.prepareErrors.Inc()
-	}
+	observe(m.prepareSeconds, m.prepareErrors, d, err)
 }
 
 // ObserveUnprepare records one claim's unprepare. Safe on a nil *Metrics.
@@ -182,9 +179,15 @@ func (m *Metrics) ObserveUnprepare(d time.Duration, err error) {
 	if m == nil {
 		return
 	}
-	m.unprepareSeconds.Observe(d.Seconds())
+	observe(m.unprepareSeconds, m.unprepareErrors, d, err)
+}
+
+// observe records a call that took d in seconds and, when it failed, in
+// errors.
+func observe(seconds prometheus.Histogram, errors prometheus.Counter, d time.Duration, err error) {
+	seconds.Observe(d.Seconds())
 	if err != nil {
-		m.unprepareErrors.Inc()
+		errors.Inc()
 	}
 }
 
