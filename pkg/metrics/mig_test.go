@@ -15,11 +15,7 @@ import (
 // ones); claim series name the holders, and the GPUs' allocated memory and
 // cores are those of the held MIG devices (admin access holds nothing).
 func TestMIGMetrics(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
+	gpus, err := gpu.Discover(mockNode(t, "hgx-h100-mig"))
 	if err != nil {
 		t.Fatal(err)
 	}
