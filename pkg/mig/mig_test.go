@@ -23,6 +23,18 @@ func mockGPU(t *testing.T) (*gpu.MockNode, *NVML, string) {
 	return node, &NVML{Lib: node}, uuid
 }
 
+// create makes an instance of the named profile at pl on the mock GPU
+// and returns the profile's ID and what Create returned.
+func create(t *testing.T, n *NVML, uuid, profile string, pl gpu.MIGPlacement) (int, Created) {
+	t.Helper()
+	id := profileID(t, n, uuid, profile)
+	c, err := n.Create(uuid, id, pl, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, c
+}
+
 func profileID(t *testing.T, n *NVML, uuid, name string) int {
 	t.Helper()
 	g, err := n.Read(uuid)
@@ -44,12 +56,8 @@ func profileID(t *testing.T, n *NVML, uuid, name string) int {
 // nothing.
 func TestCreateDestroy(t *testing.T) {
 	_, n, uuid := mockGPU(t)
-	id := profileID(t, n, uuid, "3g.40gb")
 	pl := gpu.MIGPlacement{Start: 4, Size: 4}
-	c, err := n.Create(uuid, id, pl, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, c := create(t, n, uuid, "3g.40gb", pl)
 	if c.Existed || c.Placement != pl || c.Profile != "3g.40gb" || !strings.HasPrefix(c.UUID, "MIG-") || c.Minor != 1 ||
 		c.GPUInstanceMinor < 0 || c.ComputeInstanceMinor != c.GPUInstanceMinor+1+c.ComputeInstance || c.MemoryBytes == 0 {
 		t.Fatalf("created %+v", c)
@@ -142,12 +150,8 @@ func TestCreateRefusesForeign(t *testing.T) {
 // one re-made at the placement since (a fresh UUID) is left, ErrChanged.
 func TestDestroyRecordedUUID(t *testing.T) {
 	node, n, uuid := mockGPU(t)
-	id := profileID(t, n, uuid, "2g.20gb")
 	pl := gpu.MIGPlacement{Start: 2, Size: 2}
-	c, err := n.Create(uuid, id, pl, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, c := create(t, n, uuid, "2g.20gb", pl)
 	if err := node.DestroyMIGInstance(1, c.GPUInstance); err != nil {
 		t.Fatal(err)
 	}
@@ -170,12 +174,8 @@ func TestDestroyRecordedUUID(t *testing.T) {
 // An instance with processes is not destroyed.
 func TestDestroyInUse(t *testing.T) {
 	node, n, uuid := mockGPU(t)
-	id := profileID(t, n, uuid, "2g.20gb")
 	pl := gpu.MIGPlacement{Start: 2, Size: 2}
-	c, err := n.Create(uuid, id, pl, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, c := create(t, n, uuid, "2g.20gb", pl)
 	if err := node.SetMIGProcesses(1, c.GPUInstance, c.ComputeInstance, []nvml.ProcessInfo{{Pid: 42, UsedGpuMemory: 1 << 30}}); err != nil {
 		t.Fatal(err)
 	}
