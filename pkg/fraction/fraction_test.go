@@ -88,10 +88,11 @@ func profileGPUs(t *testing.T, profile string, n int) []gpu.GPU {
 	return gpus
 }
 
-// publish is what the kubelet plugin publishes for gpus on node "node-1".
-func publish(t *testing.T, gpus []gpu.GPU) []resourceapi.ResourceSlice {
+// publish is what the kubelet plugin publishes for gpus on node "node-1",
+// with the given options.
+func publish(t *testing.T, gpus []gpu.GPU, opts ...model.Option) []resourceapi.ResourceSlice {
 	t.Helper()
-	res, err := model.Resources("node-1", gpus)
+	res, err := model.Resources("node-1", gpus, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

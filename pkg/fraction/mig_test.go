@@ -86,18 +86,7 @@ func migNode(t *testing.T, edit func([]gpu.GPU)) []resourceapi.ResourceSlice {
 	if edit != nil {
 		edit(gpus)
 	}
-	res, err := model.Resources("node-1", gpus, model.WithDynamicMIG(gpus[1].UUID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := model.ResourceSlices("node-1", res)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range objs {
-		objs[i].Name = fmt.Sprintf("%s%d", objs[i].GenerateName, i)
-	}
-	return objs
+	return publish(t, gpus, model.WithDynamicMIG(gpus[1].UUID))
 }
 
 // TestMIGFractionsThroughTheAllocator: kube-scheduler's allocator places
