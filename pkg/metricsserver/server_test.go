@@ -35,34 +35,18 @@ func fakeAPIServer(t *testing.T) (kubernetes.Interface, *reviews) {
 	t.Helper()
 	r := &reviews{}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /apis/authentication.k8s.io/v1/tokenreviews", func(w http.ResponseWriter, req *http.Request) {
-		var tr authnv1.TokenReview
-		if err := json.NewDecoder(req.Body).Decode(&tr); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.add("token")
+	mux.HandleFunc("POST /apis/authentication.k8s.io/v1/tokenreviews", answerReview(r, "token", func(tr *authnv1.TokenReview) {
 		switch tr.Spec.Token {
 		case "reader", "other":
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: tr.Spec.Token}}
 		default:
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: false, Error: "invalid token"}
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(tr)
-	})
-	mux.HandleFunc("POST /apis/authorization.k8s.io/v1/subjectaccessreviews", func(w http.ResponseWriter, req *http.Request) {
-		var sar authzv1.SubjectAccessReview
-		if err := json.NewDecoder(req.Body).Decode(&sar); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.add("access")
+	}))
+	mux.HandleFunc("POST /apis/authorization.k8s.io/v1/subjectaccessreviews", answerReview(r, "access", func(sar *authzv1.SubjectAccessReview) {
 		nr := sar.Spec.NonResourceAttributes
 		sar.Status.Allowed = sar.Spec.User == "reader" && nr != nil && nr.Path == "/metrics" && nr.Verb == "get"
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(sar)
-	})
+	}))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
@@ -70,6 +54,22 @@ func fakeAPIServer(t *testing.T) (kubernetes.Interface, *reviews) {
 		t.Fatal(err)
 	}
 	return client, r
+}
+
+// answerReview serves a review of type T: it decodes the request's, counts
+// it as kind in r, lets answer fill in its status and sends it back.
+func answerReview[T any](r *reviews, kind string, answer func(*T)) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		var review T
+		if err := json.NewDecoder(req.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.add(kind)
+		answer(&review)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(review)
+	}
 }
 
 type reviews struct {
