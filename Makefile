@@ -69,7 +69,7 @@ cluster-down:
 
 vet:
 	$(GO) vet ./...
-	$(GO) vet -tags e2e ./tests/e2e/
+	$(GO) vet -tags e2e ./tests/e2e/...
 
 fmt:
 	gofmt -l -w $$(git ls-files '*.go')
