@@ -207,9 +207,7 @@ func TestFailedWriteLeavesDefinedState(t *testing.T) {
 		for _, call := range calls {
 			t.Run(string(step.op)+"/"+call.name, func(t *testing.T) {
 				dir := t.TempDir()
-				path := filepath.Join(dir, "checkpoint.json")
-				fsys := newFaultFS()
-				f, _ := mustOpen(t, path, bootA, fsys)
+				path, fsys, f := openFaulty(t, dir)
 				if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
 					t.Fatal(err)
 				}
@@ -277,9 +275,7 @@ func TestFailedWriteLeavesDefinedState(t *testing.T) {
 // directory sync failed, then a rollback that fails too, must not have
 // Refresh adopt the claim as PrepareCompleted behind the store's back.
 func TestRolledBackClaimDoesNotComeBack(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	path, fsys, f := openFaulty(t, t.TempDir())
 	if err := f.Put(testClaim("b", PrepareStarted)); err != nil {
 		t.Fatal(err)
 	}
@@ -320,9 +316,7 @@ func TestRolledBackClaimDoesNotComeBack(t *testing.T) {
 }
 
 func TestFullDiskErrorNamesPath(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	path, fsys, f := openFaulty(t, t.TempDir())
 	fsys.set(opWrite, syscall.ENOSPC)
 	err := f.Put(testClaim("x", PrepareStarted))
 	if !errors.Is(err, syscall.ENOSPC) {

@@ -78,19 +78,50 @@ func holdFirstWrite(t *testing.T, fsys *faultFS, o op, g *gate, first func()) {
 	}
 }
 
+// openFaulty opens a fresh checkpoint.json in dir, written through a
+// faultFS, of boot A.
+func openFaulty(t *testing.T, dir string) (string, *faultFS, *File) {
+	t.Helper()
+	path := filepath.Join(dir, "checkpoint.json")
+	fsys := newFaultFS()
+	f, _ := mustOpen(t, path, bootA, fsys)
+	return path, fsys, f
+}
+
+// holdPut starts a Put of c on f and returns once its write is held at step
+// o, with the gate holding it and the channel the Put's result comes on.
+func holdPut(t *testing.T, fsys *faultFS, o op, f *File, c Claim) (*gate, <-chan error) {
+	t.Helper()
+	g := newGate()
+	done := make(chan error, 1)
+	holdFirstWrite(t, fsys, o, g, func() { done <- f.Put(c) })
+	return g, done
+}
+
+// release lets the write g holds go on and checks that the held call
+// (first) and the n calls queued behind it (errs) succeed.
+func release(t *testing.T, g *gate, first, errs <-chan error, n int) {
+	t.Helper()
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // Concurrent Puts that arrive while a write is in progress are written
 // together by the next write, and every one of them is on disk when its Put
 // returns.
 func TestGroupCommitConcurrentPutsAreAllDurable(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	path, fsys, f := openFaulty(t, t.TempDir())
 
 	var renames atomic.Int32
 	fsys.hook(opRename, func() error { renames.Add(1); return nil })
-	g := newGate()
-	firstDone := make(chan error, 1)
-	holdFirstWrite(t, fsys, opSync, g, func() { firstDone <- f.Put(testClaim("first", PrepareCompleted)) })
+	g, firstDone := holdPut(t, fsys, opSync, f, testClaim("first", PrepareCompleted))
 
 	const n = 100
 	errs := make(chan error, n)
@@ -112,15 +143,7 @@ func TestGroupCommitConcurrentPutsAreAllDurable(t *testing.T) {
 		}()
 	}
 	waitFor(t, "100 Puts queued behind the held write", func() bool { return f.queued() == n })
-	close(g.release)
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
-	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	release(t, g, firstDone, errs, n)
 	close(onDiskAtReturn)
 	for claims := range onDiskAtReturn {
 		if len(claims) != n+1 {
@@ -145,12 +168,8 @@ func TestGroupCommitConcurrentPutsAreAllDurable(t *testing.T) {
 // Delete and a Put of the same claim queued behind a held write leave the
 // last Put.
 func TestGroupCommitKeepsOrder(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
-	g := newGate()
-	firstDone := make(chan error, 1)
-	holdFirstWrite(t, fsys, opSync, g, func() { firstDone <- f.Put(testClaim("x", PrepareStarted)) })
+	path, fsys, f := openFaulty(t, t.TempDir())
+	g, firstDone := holdPut(t, fsys, opSync, f, testClaim("x", PrepareStarted))
 
 	steps := []func() error{
 		func() error { return f.Put(testClaim("y", PrepareStarted)) },
@@ -163,15 +182,7 @@ func TestGroupCommitKeepsOrder(t *testing.T) {
 		go func() { errs <- step() }()
 		waitFor(t, fmt.Sprintf("change %d queued", i), func() bool { return f.queued() == i+1 })
 	}
-	close(g.release)
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
-	}
-	for range steps {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	release(t, g, firstDone, errs, len(steps))
 	want := map[types.UID]ClaimState{"y": PrepareCompleted}
 	for name, claims := range map[string]map[types.UID]Claim{"memory": toMap(f.List()), "disk": onDisk(t, path)} {
 		got := map[types.UID]ClaimState{}
@@ -197,9 +208,7 @@ func toMap(claims []Claim) map[types.UID]Claim {
 // of a claim the store does not hold is not failed by the batch it rode in.
 func TestGroupCommitFsyncErrorFailsTheWholeBatch(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	path, fsys, f := openFaulty(t, dir)
 	if err := f.Put(testClaim("kept", PrepareCompleted)); err != nil {
 		t.Fatal(err)
 	}
@@ -288,9 +297,7 @@ func TestGroupCommitFailureAtEveryStep(t *testing.T) {
 	for _, step := range steps {
 		t.Run(string(step.op), func(t *testing.T) {
 			dir := t.TempDir()
-			path := filepath.Join(dir, "checkpoint.json")
-			fsys := newFaultFS()
-			f, _ := mustOpen(t, path, bootA, fsys)
+			path, fsys, f := openFaulty(t, dir)
 			for _, uid := range []string{"a", "b"} {
 				if err := f.Put(testClaim(uid, PrepareCompleted)); err != nil {
 					t.Fatal(err)
@@ -370,12 +377,8 @@ func TestGroupCommitFailureAtEveryStep(t *testing.T) {
 func TestRefreshDoesNotWaitForAWrite(t *testing.T) {
 	for _, o := range []op{opSync, opSyncDir} {
 		t.Run(string(o), func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "checkpoint.json")
-			fsys := newFaultFS()
-			f, _ := mustOpen(t, path, bootA, fsys)
-			g := newGate()
-			done := make(chan error, 1)
-			holdFirstWrite(t, fsys, o, g, func() { done <- f.Put(testClaim("a", PrepareCompleted)) })
+			_, fsys, f := openFaulty(t, t.TempDir())
+			g, done := holdPut(t, fsys, o, f, testClaim("a", PrepareCompleted))
 			refreshed := make(chan error, 1)
 			go func() {
 				changed, err := f.Refresh()
@@ -490,15 +493,11 @@ func TestGroupCommitTwoInstances(t *testing.T) {
 // is removed by that Open, and the dead process's write can no longer land.
 func TestCrashDuringABatch(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	path, fsys, f := openFaulty(t, dir)
 	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
 		t.Fatal(err)
 	}
-	g := newGate()
-	done := make(chan error, 1)
-	holdFirstWrite(t, fsys, opSync, g, func() { done <- f.Put(testClaim("b", PrepareStarted)) })
+	g, done := holdPut(t, fsys, opSync, f, testClaim("b", PrepareStarted))
 
 	// The restarted plugin opens the file while the write is still held.
 	restarted, rec := mustOpen(t, path, bootA, osFS{})
@@ -526,12 +525,8 @@ func TestCrashDuringABatch(t *testing.T) {
 // still running, and the previous batch's callers return only once their
 // own directory sync is done.
 func TestGroupCommitOverlapsTheDirectorySync(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
-	g := newGate()
-	first := make(chan error, 1)
-	holdFirstWrite(t, fsys, opSyncDir, g, func() { first <- f.Put(testClaim("a", PrepareCompleted)) })
+	path, fsys, f := openFaulty(t, t.TempDir())
+	g, first := holdPut(t, fsys, opSyncDir, f, testClaim("a", PrepareCompleted))
 
 	// a is renamed into place but its directory sync is held: b's write
 	// goes ahead and b returns, with a and b in the file.
@@ -555,9 +550,7 @@ func TestGroupCommitOverlapsTheDirectorySync(t *testing.T) {
 // A batch whose directory sync fails returns ErrNotDurable to its callers
 // only; a batch written after it is unaffected.
 func TestGroupCommitDirectorySyncErrorIsTheBatchs(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	fsys := newFaultFS()
-	f, _ := mustOpen(t, path, bootA, fsys)
+	_, fsys, f := openFaulty(t, t.TempDir())
 	g := newGate()
 	first := make(chan error, 1)
 	fsys.hook(opSyncDir, func() error {

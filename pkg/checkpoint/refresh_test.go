@@ -13,20 +13,23 @@ import (
 	"time"
 )
 
+// openBoot opens path with Open, for boot "boot".
+func openBoot(t *testing.T, path string) *File {
+	t.Helper()
+	f, _, err := Open(context.Background(), path, "boot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // Two plugin instances share the checkpoint during a rolling update. Their calls
 // are serialized, and each refreshes before it changes anything, so no instance
 // writes back a stale copy over the other's entries.
 func TestRefreshSeesTheOtherInstance(t *testing.T) {
-	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	old, _, err := Open(ctx, path, "boot")
-	if err != nil {
-		t.Fatal(err)
-	}
-	surge, _, err := Open(ctx, path, "boot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := openBoot(t, path)
+	surge := openBoot(t, path)
 
 	if changed, err := surge.Refresh(); err != nil || changed {
 		t.Fatalf("Refresh with nothing new = %v, %v; want false, nil", changed, err)
@@ -46,10 +49,7 @@ func TestRefreshSeesTheOtherInstance(t *testing.T) {
 	}
 
 	// A third process reads the file: both claims are there.
-	reader, _, err := Open(ctx, path, "boot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := openBoot(t, path)
 	if got := uidList(reader.List()); got != "a,b" {
 		t.Errorf("file holds claims %s, want a,b", got)
 	}
@@ -62,19 +62,15 @@ func TestRefreshSeesTheOtherInstance(t *testing.T) {
 }
 
 func TestRefreshKeepsStateWhenTheFileIsUnreadable(t *testing.T) {
-	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "checkpoint.json")
-	f, _, err := Open(ctx, path, "boot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := openBoot(t, path)
 	if err := f.Put(testClaim("a", PrepareCompleted)); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(path, []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.Refresh()
+	_, err := f.Refresh()
 	if err == nil || !strings.Contains(err.Error(), "another writer left it unreadable") {
 		t.Fatalf("Refresh of a garbled file: err = %v, want 'another writer left it unreadable'", err)
 	}
@@ -89,10 +85,7 @@ func TestRefreshKeepsStateWhenTheFileIsUnreadable(t *testing.T) {
 	if changed, err := f.Refresh(); err != nil || changed {
 		t.Fatalf("Refresh of a vanished file = %v, %v; want false, nil", changed, err)
 	}
-	again, _, err := Open(ctx, path, "boot")
-	if err != nil {
-		t.Fatal(err)
-	}
+	again := openBoot(t, path)
 	if got := uidList(again.List()); got != "a" {
 		t.Errorf("rewritten file holds %q, want a", got)
 	}
