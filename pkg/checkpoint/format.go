@@ -79,13 +79,9 @@ func decode(data []byte) (content, error) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		return content{}, corrupt("not a valid JSON object (truncated?): %v", err)
 	}
-	rawVersion, ok := top["version"]
-	if !ok {
-		return content{}, corrupt("no \"version\" member")
-	}
-	var version string
-	if err := json.Unmarshal(rawVersion, &version); err != nil {
-		return content{}, corrupt("\"version\" is not a string: %v", err)
+	version, err := stringMember(top, "version")
+	if err != nil {
+		return content{}, err
 	}
 	newerMinor := false
 	read, ok := readers[version]
@@ -171,16 +167,26 @@ func checksumOf(top map[string]json.RawMessage) (string, error) {
 	return checksumPrefix + hex.EncodeToString(sum[:]), nil
 }
 
+// stringMember reads the string member name of a checkpoint's top-level
+// object; its absence or another type is a *corruptError.
+func stringMember(top map[string]json.RawMessage, name string) (string, error) {
+	raw, ok := top[name]
+	if !ok {
+		return "", corrupt("no %q member", name)
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", corrupt("%q is not a string: %v", name, err)
+	}
+	return s, nil
+}
+
 // readV1 reads v1 and every newer minor of it (v1.M): it reads the members
 // it knows and ignores the others, which the checksum still covers.
 func readV1(top map[string]json.RawMessage) (content, error) {
-	rawSum, ok := top["checksum"]
-	if !ok {
-		return content{}, corrupt("no \"checksum\" member")
-	}
-	var sum string
-	if err := json.Unmarshal(rawSum, &sum); err != nil {
-		return content{}, corrupt("\"checksum\" is not a string: %v", err)
+	sum, err := stringMember(top, "checksum")
+	if err != nil {
+		return content{}, err
 	}
 	want, err := checksumOf(top)
 	if err != nil {
