@@ -28,6 +28,22 @@ func (r *startRecorder) Start(ctx context.Context, d Daemon, inUse bool) error {
 	return r.FakeRunner.Start(ctx, d, inUse)
 }
 
+// wantCalls compares the calls in log with want.
+func wantCalls(t *testing.T, what string, log []string, want ...string) {
+	t.Helper()
+	if diff := cmp.Diff(want, log); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", what, diff)
+	}
+}
+
+// wantGone fails the test unless path does not exist.
+func wantGone(t *testing.T, path, what string) {
+	t.Helper()
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s: %v, want it gone", what, err)
+	}
+}
+
 // TestMPSRefcount: one daemon per GPU, started by the first holder and
 // stopped after the last; acquire and release are idempotent per claim.
 func TestMPSRefcount(t *testing.T) {
@@ -176,24 +192,13 @@ func TestMPSEdits(t *testing.T) {
 	}
 }
 
-// inUseRunner records the inUse argument of every Start.
-type inUseRunner struct {
-	*FakeRunner
-	inUse []bool
-}
-
-func (r *inUseRunner) Start(ctx context.Context, d Daemon, inUse bool) error {
-	r.inUse = append(r.inUse, inUse)
-	return r.FakeRunner.Start(ctx, d, inUse)
-}
-
 // After a restore that may have missed holders (stopOrphans false), the
 // first acquire of a GPU without known holders must not let the runner
 // replace its daemon, which may still serve clients; after a complete
 // restore it may.
 func TestMPSAcquireAfterIncompleteRestore(t *testing.T) {
 	for _, complete := range []bool{false, true} {
-		r := &inUseRunner{FakeRunner: NewFakeRunner()}
+		r := &startRecorder{FakeRunner: NewFakeRunner()}
 		m := NewMPS(t.TempDir(), r)
 		if err := m.Restore(context.Background(), nil, complete); err != nil {
 			t.Fatal(err)
@@ -306,20 +311,15 @@ func TestMPSShmLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []string{
-		"mount " + d.ShmDir + " 67108864",
+	wantCalls(t, "calls", log,
+		"mount "+d.ShmDir+" 67108864",
 		"start GPU-1/team-a",
-		"mount " + d.ShmDir + " 67108864", // the second holder makes sure it is there
+		"mount "+d.ShmDir+" 67108864", // the second holder makes sure it is there
 		"start GPU-1/team-a",
 		"stop GPU-1/team-a",
-		"unmount " + d.ShmDir,
-	}
-	if diff := cmp.Diff(want, log); diff != "" {
-		t.Errorf("calls (-want +got):\n%s", diff)
-	}
-	if _, err := os.Stat(d.Dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the domain's directory after its last release: %v, want it gone", err)
-	}
+		"unmount "+d.ShmDir,
+	)
+	wantGone(t, d.Dir, "the domain's directory after its last release")
 
 	// A failed start leaves nothing mounted or on disk.
 	log = nil
@@ -329,12 +329,8 @@ func TestMPSShmLifecycle(t *testing.T) {
 	}
 	r.FailStarts(nil)
 	b := m.Daemon("GPU-1", "team-b")
-	if diff := cmp.Diff([]string{"mount " + b.ShmDir + " 67108864", "start GPU-1/team-b", "unmount " + b.ShmDir}, log); diff != "" {
-		t.Errorf("calls of a failed acquire (-want +got):\n%s", diff)
-	}
-	if _, err := os.Stat(b.Dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("directory of a daemon that did not start: %v, want it gone", err)
-	}
+	wantCalls(t, "calls of a failed acquire", log, "mount "+b.ShmDir+" 67108864", "start GPU-1/team-b", "unmount "+b.ShmDir)
+	wantGone(t, b.Dir, "directory of a daemon that did not start")
 
 	// A restore mounts the held domain's tmpfs again; a complete one
 	// removes the directories of a domain nobody holds (a crash between
@@ -350,18 +346,8 @@ func TestMPSShmLifecycle(t *testing.T) {
 	if err := m.Restore(ctx, held, true); err != nil {
 		t.Fatal(err)
 	}
-	want = []string{
-		"mount " + d.ShmDir + " 67108864",
-		"start GPU-1/team-a",
-		"start GPU-3",
-		"unmount " + orphan.ShmDir,
-	}
-	if diff := cmp.Diff(want, log); diff != "" {
-		t.Errorf("calls of restore (-want +got):\n%s", diff)
-	}
-	if _, err := os.Stat(orphan.Dir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("orphaned domain directory after restore: %v, want it gone", err)
-	}
+	wantCalls(t, "calls of restore", log, "mount "+d.ShmDir+" 67108864", "start GPU-1/team-a", "start GPU-3", "unmount "+orphan.ShmDir)
+	wantGone(t, orphan.Dir, "orphaned domain directory after restore")
 	if _, err := os.Stat(d.ShmDir); err != nil {
 		t.Errorf("held domain's shared memory after restore: %v", err)
 	}
