@@ -5,9 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -42,16 +40,7 @@ const (
 func injectXID(t testing.TB, index string, xid int) {
 	t.Helper()
 	q := url.Values{"gpu": {index}, "xid": {fmt.Sprint(xid)}}
-	resp, err := http.Post(framework.MockKnobURL("/mock/xid", q), "", nil)
-	if err != nil {
-		t.Fatalf("mock knob: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("mock knob /mock/xid: %s: %s", resp.Status, body)
-	}
-	t.Logf("mock knob: %s", strings.TrimSpace(string(body)))
+	framework.PostMockKnob(t, "/mock/xid", q)
 }
 
 // gpuTaints returns, for every published device of the GPU with this minor

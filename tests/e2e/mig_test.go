@@ -6,8 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -160,21 +158,6 @@ func staticMIG(devices map[string]resourceapi.Device, profile string) resourceap
 		}
 	}
 	return resourceapi.Device{}
-}
-
-// postMockKnob posts to the plugin's mock knob and fails on an error.
-func postMockKnob(t testing.TB, path string, q url.Values) {
-	t.Helper()
-	resp, err := http.Post(framework.MockKnobURL(path, q), "", nil)
-	if err != nil {
-		t.Fatalf("mock knob %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("mock knob %s: %s: %s", path, resp.Status, body)
-	}
-	t.Logf("mock knob %s?%s: %s", path, q.Encode(), strings.TrimSpace(string(body)))
 }
 
 // TestMIG: static MIG devices carry their instance; dynamic MIG creates the
@@ -355,8 +338,8 @@ func TestMIG(t *testing.T) {
 	})
 
 	t.Run("pending mode taints", func(t *testing.T) {
-		postMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"true"}})
-		t.Cleanup(func() { postMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"false"}}) })
+		framework.PostMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"true"}})
+		t.Cleanup(func() { framework.PostMockKnob(t, "/mock/mig", url.Values{"gpu": {"2"}, "pending": {"false"}}) })
 		err := framework.Poll(ctx, "GPU 2's devices to be tainted for the pending MIG mode", 3*time.Minute, func(ctx context.Context) (bool, error) {
 			devs, err := publishedDevices(c, ctx)
 			if err != nil {

@@ -4,6 +4,8 @@ package framework
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -17,6 +19,22 @@ import (
 // address (mockKnobBase).
 func MockKnobURL(path string, q url.Values) string {
 	return mockKnobBase() + path + "?" + q.Encode()
+}
+
+// PostMockKnob posts q to the plugin's mock knob at path, fails the test on
+// an error or an answer other than 200 OK, and logs the answer.
+func PostMockKnob(t testing.TB, path string, q url.Values) {
+	t.Helper()
+	resp, err := http.Post(MockKnobURL(path, q), "", nil)
+	if err != nil {
+		t.Fatalf("mock knob %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("mock knob %s: %s: %s", path, resp.Status, body)
+	}
+	t.Logf("mock knob %s?%s: %s", path, q.Encode(), strings.TrimSpace(string(body)))
 }
 
 // mockKnobBase is the plugin's test knob (--mock-fault-injection): plain
