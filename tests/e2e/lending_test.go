@@ -3,10 +3,9 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -42,16 +41,7 @@ func setOwnerActivity(t testing.TB, index string, pod types.UID, sm int, memory 
 		t.Fatal(err)
 	}
 	q := url.Values{"gpu": {index}, "pid": {"4242"}, "pod": {string(pod)}, "sm": {strconv.Itoa(sm)}, "memory": {strconv.FormatInt(mem, 10)}}
-	resp, err := http.Post(framework.MockKnobURL("/mock/process", q), "", nil)
-	if err != nil {
-		t.Fatalf("mock knob: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("mock knob: %s: %s", resp.Status, body)
-	}
-	t.Logf("mock knob: %s", strings.TrimSpace(string(body)))
+	framework.PostMockKnob(t, "/mock/process", q)
 }
 
 // lendingPhase is the plugin's tessera_gpu_lending_phase for the GPU.
@@ -81,23 +71,8 @@ func waitForPhase(ctx context.Context, gpu, phase string, timeout time.Duration)
 	})
 }
 
-const ownerClaimYAML = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: owner}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: gpu.tessera.dev}
-    config:
-    - opaque:
-        driver: gpu.tessera.dev
-        parameters:
-          apiVersion: gpu.tessera.dev/v1alpha1
-          kind: GpuConfig
-          lending: {lendWhenIdle: true}
-`
+// lendsWhenIdle is the GpuConfig of an owner that lends its GPU.
+var lendsWhenIdle = framework.GpuConfig("lending: {lendWhenIdle: true}")
 
 // borrowerClaimYAML is a borrower of 8Gi that may save its work for grace
 // seconds before it is evicted (no toleration: evicted at once).
@@ -129,8 +104,7 @@ spec:
 func startOwner(t *testing.T, c *framework.Cluster, ns string) (gpu, index string, owner *corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	c.Apply(t, ns, framework.MustDecodeYAML(t, ownerClaimYAML)...)
-	pods := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))
+	pods := c.RunObjects(t, ns, framework.Claim{Name: "owner", Config: lendsWhenIdle}.WithPod()...)
 	owner = pods["owner"].Pod
 	devs, err := c.AllocatedDevices(ctx, ns, "owner")
 	if err != nil || len(devs) != 1 {
@@ -218,14 +192,7 @@ func TestLendingIdleGPU(t *testing.T) {
 	if took > grace*time.Second+reclaimBudget {
 		t.Errorf("reclaim took %s, more than the grace %ds + %s", took, grace, reclaimBudget)
 	}
-	events, err := c.ClaimEvents(ctx, ns, "borrower-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, "Reclaimed: ") && strings.Contains(e, "OwnerBusy") }) {
-		t.Errorf("borrower-1's claim events %q: want Reclaimed (OwnerBusy)", events)
-	}
-	t.Logf("borrower-1's claim events: %q", events)
+	wantClaimEvent(t, c, ns, "borrower-1", "Reclaimed", "OwnerBusy")
 
 	// A second borrower waits while the owner is busy.
 	c.Apply(t, ns, framework.EnvPod("borrower-2", "borrower-2", false))
@@ -399,41 +366,22 @@ func TestDemoLendIdleNotebook(t *testing.T) {
 	}
 }
 
-// TestLendingOwnerNeverWaits: an owner holds a share of a GPU it lends, and
-// a borrower with a 30 s grace runs on the GPU's lending device. A second
-// owner's share, pinned to that GPU, is scheduled and runs at once — the
-// lending device holds none of the GPU's counters — while the borrower is
-// still there; its arrival takes the GPU back (OwnersChanged: the second
-// owner lends too, so consent is not what ends the loan).
-func TestLendingOwnerNeverWaits(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
+// lendShareToBorrower runs an owner holding a 10Gi/20-core share of a GPU
+// it lends, idling on 5 GiB, and a borrower (claim and pod "borrower", this
+// grace) on that GPU's lending device; it returns the share's device, the
+// GPU's device and minor once the borrower runs.
+func lendShareToBorrower(t *testing.T, c *framework.Cluster, ns string, grace int) (shared, gpu string, minor int) {
+	t.Helper()
 	ctx := context.Background()
-	ns := c.Namespace(t, "e2e-lending-owners")
-	c.Apply(t, ns, framework.MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: owner}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity: {requests: {memory: 10Gi, cores: "20"}}
-    config:
-    - opaque:
-        driver: gpu.tessera.dev
-        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
-`+"---"+borrowerClaimYAML("borrower", 30))...)
-	owner := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))["owner"].Pod
+	c.Apply(t, ns, framework.MustDecodeYAML(t, borrowerClaimYAML("borrower", grace))...)
+	owner := c.RunObjects(t, ns, framework.Claim{Name: "owner", Memory: "10Gi", Cores: "20", Config: lendsWhenIdle}.WithPod()...)["owner"].Pod
 	devs, err := c.AllocatedDevices(ctx, ns, "owner")
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("owner's devices: %v, %v", devs, err)
 	}
 	shared, index := devs[0].Result.Device, devs[0].Attribute("index")
-	gpu := strings.TrimSuffix(shared, "-shared")
-	minor, err := framework.DeviceMinor(gpu)
+	gpu = strings.TrimSuffix(shared, "-shared")
+	minor, err = framework.DeviceMinor(gpu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,10 +393,25 @@ spec:
 	if _, err := c.WaitForPodRunning(ctx, ns, "borrower"); err != nil {
 		t.Fatal(err)
 	}
+	return shared, gpu, minor
+}
+
+// TestLendingOwnerNeverWaits: an owner holds a share of a GPU it lends, and
+// a borrower with a 30 s grace runs on the GPU's lending device. A second
+// owner's share, pinned to that GPU, is scheduled and runs at once — the
+// lending device holds none of the GPU's counters — while the borrower is
+// still there; its arrival takes the GPU back (OwnersChanged: the second
+// owner lends too, so consent is not what ends the loan).
+func TestLendingOwnerNeverWaits(t *testing.T) {
+	c := needCluster(t)
+	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
+	ctx := context.Background()
+	ns := c.Namespace(t, "e2e-lending-owners")
+	shared, gpu, minor := lendShareToBorrower(t, c, ns, 30)
 
 	start := time.Now()
 	c.Apply(t, ns, framework.Claim{Name: "second-owner", Memory: "10Gi", Cores: "20", Selectors: []string{framework.PinnedToMinor(minor)},
-		Config: framework.GpuConfig("lending: {lendWhenIdle: true}")}.WithPod()...)
+		Config: lendsWhenIdle}.WithPod()...)
 	if _, err := c.WaitForPodRunning(ctx, ns, "second-owner"); err != nil {
 		t.Fatal(err)
 	}
@@ -464,13 +427,23 @@ spec:
 	if err := c.WaitForPodGone(ctx, ns, "borrower", 30*time.Second+reclaimBudget+framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
-	events, err := c.ClaimEvents(ctx, ns, "borrower")
+	wantClaimEvent(t, c, ns, "borrower", "", "OwnersChanged")
+}
+
+// wantClaimEvent fails the test unless the claim has an event of this
+// reason ("": any) whose message holds detail, and logs its events.
+func wantClaimEvent(t *testing.T, c *framework.Cluster, ns, claim, reason, detail string) {
+	t.Helper()
+	events, err := c.ClaimEvents(context.Background(), ns, claim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "OwnersChanged") }) {
-		t.Errorf("borrower's claim events %q: want Reclaimed (OwnersChanged)", events)
+	if !slices.ContainsFunc(events, func(e string) bool {
+		return (reason == "" || strings.HasPrefix(e, reason+": ")) && strings.Contains(e, detail)
+	}) {
+		t.Errorf("%s's claim events %q: want %s (%s)", claim, events, cmp.Or(reason, "an event"), detail)
 	}
+	t.Logf("%s's claim events: %q", claim, events)
 }
 
 // hostPIDOf finds the host PID of the process whose command line holds
@@ -507,15 +480,7 @@ func setProcess(t testing.TB, index string, pid int, pod types.UID, memory int64
 	if remove {
 		q.Set("remove", "true")
 	}
-	resp, err := http.Post(framework.MockKnobURL("/mock/process", q), "", nil)
-	if err != nil {
-		t.Fatalf("mock knob: %v", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("mock knob: %s: %s", resp.Status, body)
-	}
+	framework.PostMockKnob(t, "/mock/process", q)
 }
 
 // TestOutstayingBorrowerKilled: a borrower whose pod asks for a day of
@@ -581,16 +546,7 @@ func TestOutstayingBorrowerKilled(t *testing.T) {
 	if err := c.WaitForPodGone(ctx, ns, "borrower", framework.PodTimeout); err != nil {
 		t.Fatal(err)
 	}
-	events, err := c.ClaimEvents(ctx, ns, "borrower")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.ContainsFunc(events, func(e string) bool {
-		return strings.HasPrefix(e, "BorrowerKilled: ") && strings.Contains(e, "cgroup.kill")
-	}) {
-		t.Errorf("borrower's claim events %q: want BorrowerKilled (cgroup.kill)", events)
-	}
-	t.Logf("borrower's claim events: %q", events)
+	wantClaimEvent(t, c, ns, "borrower", "BorrowerKilled", "cgroup.kill")
 }
 
 // TestNonLendingOwnerReclaimsAtPrepare: a share that does not lend, pinned
@@ -604,47 +560,13 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-consent")
 	const grace = 5
-	c.Apply(t, ns, framework.MustDecodeYAML(t, `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: owner}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: shared.gpu.tessera.dev
-        capacity: {requests: {memory: 10Gi, cores: "20"}}
-    config:
-    - opaque:
-        driver: gpu.tessera.dev
-        parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, lending: {lendWhenIdle: true}}
-`+"---"+borrowerClaimYAML("borrower", grace))...)
-	owner := c.RunObjects(t, ns, framework.EnvPod("owner", "owner", false))["owner"].Pod
-	devs, err := c.AllocatedDevices(ctx, ns, "owner")
-	if err != nil || len(devs) != 1 {
-		t.Fatalf("owner's devices: %v, %v", devs, err)
-	}
-	shared, index := devs[0].Result.Device, devs[0].Attribute("index")
-	gpu := strings.TrimSuffix(shared, "-shared")
-	minor, err := framework.DeviceMinor(gpu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	setOwnerActivity(t, index, owner.UID, 0, strconv.FormatInt(5<<30, 10))
-	c.Apply(t, ns, framework.EnvPod("borrower", "borrower", false))
-	if err := waitForPhase(ctx, gpu, "Lent", lendingIdlePeriod+30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.WaitForPodRunning(ctx, ns, "borrower"); err != nil {
-		t.Fatal(err)
-	}
+	shared, _, minor := lendShareToBorrower(t, c, ns, grace)
 
 	c.Apply(t, ns, framework.Claim{Name: "private", Memory: "10Gi", Cores: "20", Selectors: []string{framework.PinnedToMinor(minor)}}.Object())
 	placedAt := time.Now()
 	c.Apply(t, ns, framework.EnvPod("private", "private", false))
 	// Its prepare is refused and the GPU taken back at once.
-	err = framework.Poll(ctx, "the private claim to wait for the borrower", framework.PodTimeout, func(ctx context.Context) (bool, error) {
+	err := framework.Poll(ctx, "the private claim to wait for the borrower", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		events, err := c.ClaimEvents(ctx, ns, "private")
 		if err != nil {
 			return false, framework.Retry("%v", err)
@@ -661,15 +583,7 @@ spec:
 		t.Fatal(err)
 	}
 	t.Logf("borrower gone %s after the private share was created", time.Since(placedAt).Round(100*time.Millisecond))
-	events, err := c.ClaimEvents(ctx, ns, "borrower")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.ContainsFunc(events, func(e string) bool {
-		return strings.HasPrefix(e, "Reclaimed: ") && strings.Contains(e, "OwnerDoesNotLend")
-	}) {
-		t.Errorf("borrower's claim events %q: want Reclaimed (OwnerDoesNotLend)", events)
-	}
+	wantClaimEvent(t, c, ns, "borrower", "Reclaimed", "OwnerDoesNotLend")
 	// The kubelet's retry prepares it once the borrower is gone.
 	p, err := c.WaitForPodRunning(ctx, ns, "private")
 	if err != nil {
