@@ -26,6 +26,13 @@ func newCharger(f *fakeBudgets) *Charger {
 		Now: func() time.Time { return clock }}
 }
 
+// chargeGPU is a charger of a single budget, gpu, of 40Gi.
+func chargeGPU(t *testing.T) (*fakeBudgets, *Charger) {
+	t.Helper()
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
+	return f, newCharger(f)
+}
+
 func share(name, memory string) *resourceapi.ResourceClaim {
 	return claim(name, exact("s", modelnames.SharedClassName, 1, map[string]string{"memory": memory, "cores": "10"}))
 }
@@ -47,8 +54,7 @@ func review(t *testing.T, c *resourceapi.ResourceClaim, dryRun bool) *admissionv
 }
 
 func TestAdmitChargesAndRefuses(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	c := newCharger(f)
+	f, c := chargeGPU(t)
 	ctx := context.Background()
 	if resp := c.Admit(ctx, review(t, share("a", "30Gi"), false)); !resp.Allowed {
 		t.Fatalf("30Gi of 40Gi refused: %v", resp.Result)
@@ -83,8 +89,7 @@ func TestAdmitChargesAndRefuses(t *testing.T) {
 }
 
 func TestDryRunNotCharged(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	c := newCharger(f)
+	f, c := chargeGPU(t)
 	ctx := context.Background()
 	if resp := c.Admit(ctx, review(t, share("a", "30Gi"), true)); !resp.Allowed {
 		t.Fatalf("dry run of 30Gi refused: %v", resp.Result)
@@ -124,8 +129,7 @@ func TestChargeRetriesConflicts(t *testing.T) {
 // A stale cached object (another writer lowered used) does not refuse: the
 // charger reads the budget before refusing.
 func TestRefusesOnlyOnFreshObject(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	c := newCharger(f)
+	f, c := chargeGPU(t)
 	ctx := context.Background()
 	if resp := c.Admit(ctx, review(t, share("a", "30Gi"), false)); !resp.Allowed {
 		t.Fatal(resp.Result)
@@ -222,8 +226,7 @@ func TestUnreconciledBudgetRefusesWithRetry(t *testing.T) {
 // A claim that cannot get its budget's lock within LockWait (a burst on
 // that budget) is refused with a retry, well before the webhook's timeout.
 func TestBusyBudgetRefusesWithRetry(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	c := newCharger(f)
+	_, c := chargeGPU(t)
 	c.LockWait = 20 * time.Millisecond
 	ctx := context.Background()
 	_, unlock, err := c.lock(ctx, "team-a", "gpu")

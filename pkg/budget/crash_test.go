@@ -54,8 +54,7 @@ func panicking() *Pricer {
 
 // A panic while pricing is an error of the review (refused), not a crash.
 func TestAdmitRecoversPanic(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	c := newCharger(f)
+	_, c := chargeGPU(t)
 	c.Pricer = panicking()
 	resp := c.Admit(context.Background(), review(t, share("a", "1Gi"), false))
 	if resp.Allowed || resp.Result.Code != 500 || !strings.Contains(resp.Result.Message, "boom") {

@@ -34,8 +34,7 @@ func newReconciler(f *fakeBudgets, claims *[]*resourceapi.ResourceClaim, now *ti
 // yet) until the claim is seen or the entry expires, and never writes used
 // below it.
 func TestReconcilerKeepsChargesInFlight(t *testing.T) {
-	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
-	charger := newCharger(f)
+	f, charger := chargeGPU(t)
 	ctx := context.Background()
 	now := clock
 	var held []*resourceapi.ResourceClaim
