@@ -15,15 +15,45 @@ import (
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
+
+// admissionCase is a claim (or, with template, a claim template) with this
+// GpuConfig and the refusal its creation must get.
+type admissionCase struct {
+	name      string
+	gpuConfig string
+	template  bool
+	want      string // "" means admitted
+}
+
+// checkAdmission runs each case as a subtest: create makes its claim, and
+// the API server's answer must be the refusal the case wants, or none.
+func checkAdmission(t *testing.T, cases []admissionCase, create func(admissionCase) error) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := create(tc)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused, want it admitted: %v", err)
+				}
+				t.Logf("admitted: %s", tc.gpuConfig)
+				return
+			}
+			if err == nil {
+				t.Fatalf("created; want it refused with %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refused with\n  %v\nwant the message\n  %s", err, tc.want)
+			}
+			t.Logf("refused at create: %v", err)
+		})
+	}
+}
 
 // TestWebhookRejectsBadGpuConfig: a claim or claim template whose GpuConfig
 // would fail at prepare is refused when it is created, and the user reads the
@@ -34,12 +64,7 @@ func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-webhook")
 
-	tests := []struct {
-		name      string
-		gpuConfig string
-		template  bool
-		want      string // "" means admitted
-	}{
+	tests := []admissionCase{
 		{
 			name:      "typo",
 			gpuConfig: `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolaton":"MPS"}}`,
@@ -69,25 +94,9 @@ func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 			template:  true,
 		},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			err := c.CreateClaim(ctx, ns, framework.Claim{Name: tc.name, Template: tc.template, Class: framework.SharedClass, Config: tc.gpuConfig})
-			if tc.want == "" {
-				if err != nil {
-					t.Fatalf("a good GpuConfig was refused: %v", err)
-				}
-				t.Logf("admitted: %s", tc.gpuConfig)
-				return
-			}
-			if err == nil {
-				t.Fatalf("created; want it refused with %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("refused with\n  %v\nwant the message\n  %s", err, tc.want)
-			}
-			t.Logf("refused at create: %v", err)
-		})
-	}
+	checkAdmission(t, tests, func(tc admissionCase) error {
+		return c.CreateClaim(ctx, ns, framework.Claim{Name: tc.name, Template: tc.template, Class: framework.SharedClass, Config: tc.gpuConfig})
+	})
 }
 
 // TestPluginTokenCannotWriteOtherNodesSlices: a token of the plugin's service
@@ -98,26 +107,7 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
-	pod, err := framework.PluginPod(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: &expiry,
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("token for %s/%s bound to pod %s: %v", framework.InstallNamespace, pod.Spec.ServiceAccountName, pod.Name, err)
-	}
-	cfg := rest.AnonymousClientConfig(c.Config)
-	cfg.BearerToken = tr.Status.Token
-	plugin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	plugin, node := pluginClient(t, c)
 
 	slice := func(node string) *resourceapi.ResourceSlice {
 		return &resourceapi.ResourceSlice{
@@ -133,16 +123,16 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 
 	// Its own node: admitted (dry run, nothing is stored).
-	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(pod.Spec.NodeName), dryRun); err != nil {
-		t.Fatalf("the plugin's token may not create a slice of its own node %s: %v", pod.Spec.NodeName, err)
+	if _, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(node), dryRun); err != nil {
+		t.Fatalf("the plugin's token may not create a slice of its own node %s: %v", node, err)
 	}
-	t.Logf("own node %s: create admitted (dry run)", pod.Spec.NodeName)
+	t.Logf("own node %s: create admitted (dry run)", node)
 
 	// Another node: refused on create, and on update and delete of a slice an
 	// admin created.
 	const other = "e2e-other-node"
-	want := fmt.Sprintf("the tessera kubelet plugin on node '%s' may not modify ResourceSlices of node '%s'", pod.Spec.NodeName, other)
-	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(other), dryRun)
+	want := fmt.Sprintf("the tessera kubelet plugin on node '%s' may not modify ResourceSlices of node '%s'", node, other)
+	_, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(other), dryRun)
 	framework.CheckDenied(t, "create", err, want)
 
 	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(other), metav1.CreateOptions{})

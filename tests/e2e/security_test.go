@@ -18,11 +18,9 @@ import (
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 )
 
 // pluginClient is a client with a token of the plugin's service account
@@ -34,23 +32,7 @@ func pluginClient(t *testing.T, c *framework.Cluster) (kubernetes.Interface, str
 	if err != nil {
 		t.Fatal(err)
 	}
-	expiry := int64(600)
-	tr, err := c.Client.CoreV1().ServiceAccounts(framework.InstallNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: &expiry,
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("token bound to pod %s: %v", pod.Name, err)
-	}
-	cfg := rest.AnonymousClientConfig(c.Config)
-	cfg.BearerToken = tr.Status.Token
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client, pod.Spec.NodeName
+	return pluginTokenClient(t, c, pod), pod.Spec.NodeName
 }
 
 // TestPluginTokenCannotWriteOtherDriversSlices: on its own node, the plugin's
