@@ -25,9 +25,13 @@ func (n *MockNode) migGPU(i int) (*mockMIGGPU, error) {
 	return s, nil
 }
 
-// stateError is the error of a failed state-file write for a knob.
-func (n *MockNode) stateError() error {
-	return fmt.Errorf("mock node %s: writing MIG state file %s: %w", n.Profile, n.migFile, n.migWriteErr)
+// commitKnob commits a knob's change as commit does; a failed state-file
+// write is its error. Call it with the lock held.
+func (n *MockNode) commitKnob(undo func()) error {
+	if n.commit(undo) != nvml.SUCCESS {
+		return fmt.Errorf("mock node %s: writing MIG state file %s: %w", n.Profile, n.migFile, n.migWriteErr)
+	}
+	return nil
 }
 
 // SetMIG turns GPU i's MIG mode on or off, as nvidia-smi -mig followed by a
@@ -35,21 +39,34 @@ func (n *MockNode) stateError() error {
 // the mode destroys the GPU's instances, as the reset does. It fails for a
 // product without MIG.
 func (n *MockNode) SetMIG(i int, enabled bool) error {
+	return n.withMIGGPU(i, func(s *mockMIGGPU) error { return n.setMode(s, enabled, enabled) })
+}
+
+// withMIGGPU runs f on GPU i's MIG state with the lock held.
+func (n *MockNode) withMIGGPU(i int, f func(s *mockMIGGPU) error) error {
 	s, err := n.migGPU(i)
 	if err != nil {
 		return err
 	}
 	n.state.mu.Lock()
 	defer n.state.mu.Unlock()
+	return f(s)
+}
+
+// setMode sets s's current and pending MIG mode and commits the change; a
+// change of the current mode destroys the GPU's instances. Call it with the
+// lock held.
+func (n *MockNode) setMode(s *mockMIGGPU, current, pending bool) error {
 	old := *s
-	s.current, s.pending = enabled, enabled
-	if old.current != enabled {
+	changed := old.current != current
+	s.current, s.pending = current, pending
+	if changed {
 		s.instances = nil
 	}
-	if n.commit(func() { *s = old }) != nvml.SUCCESS {
-		return n.stateError()
+	if err := n.commitKnob(func() { *s = old }); err != nil {
+		return err
 	}
-	if old.current != enabled {
+	if changed {
 		markGone(old.instances)
 	}
 	return nil
@@ -59,18 +76,7 @@ func (n *MockNode) SetMIG(i int, enabled bool) error {
 // -mig <0|1> does while the GPU is in use: the current mode and the
 // instances stay until ResetGPU.
 func (n *MockNode) SetMIGPending(i int, enabled bool) error {
-	s, err := n.migGPU(i)
-	if err != nil {
-		return err
-	}
-	n.state.mu.Lock()
-	defer n.state.mu.Unlock()
-	old := s.pending
-	s.pending = enabled
-	if n.commit(func() { s.pending = old }) != nvml.SUCCESS {
-		return n.stateError()
-	}
-	return nil
+	return n.withMIGGPU(i, func(s *mockMIGGPU) error { return n.setMode(s, s.current, enabled) })
 }
 
 // ResetGPU resets GPU i (nvidia-smi -r): its pending MIG mode becomes the
@@ -91,19 +97,7 @@ func (n *MockNode) ResetGPU(i int) error {
 			return fmt.Errorf("mock node %s: GPU %d: MIG device %d/%d is in use by %d processes: reset refused", n.Profile, i, ci.gi.id, ci.id, len(ci.procs))
 		}
 	}
-	old := *s
-	changed := s.current != s.pending
-	s.current = s.pending
-	if changed {
-		s.instances = nil
-	}
-	if n.commit(func() { *s = old }) != nvml.SUCCESS {
-		return n.stateError()
-	}
-	if changed {
-		markGone(old.instances)
-	}
-	return nil
+	return n.setMode(s, s.pending, s.pending)
 }
 
 // markGone invalidates the handles of destroyed instances.
@@ -238,28 +232,21 @@ func (n *MockNode) DestroyMIGInstance(i, gi int) error {
 // IDs), its used memory is their sum, and destroying the instance is
 // refused while there are any. nil removes them.
 func (n *MockNode) SetMIGProcesses(i, gi, ci int, procs []nvml.ProcessInfo) error {
-	s, err := n.migGPU(i)
-	if err != nil {
-		return err
-	}
-	n.state.mu.Lock()
-	defer n.state.mu.Unlock()
-	for _, c := range s.computeInstances() {
-		if c.gi.id != gi || c.id != ci {
-			continue
+	return n.withMIGGPU(i, func(s *mockMIGGPU) error {
+		for _, c := range s.computeInstances() {
+			if c.gi.id != gi || c.id != ci {
+				continue
+			}
+			old := c.procs
+			c.procs = nil
+			for _, p := range procs {
+				p.GpuInstanceId, p.ComputeInstanceId = uint32(gi), uint32(ci)
+				c.procs = append(c.procs, p)
+			}
+			return n.commitKnob(func() { c.procs = old })
 		}
-		old := c.procs
-		c.procs = nil
-		for _, p := range procs {
-			p.GpuInstanceId, p.ComputeInstanceId = uint32(gi), uint32(ci)
-			c.procs = append(c.procs, p)
-		}
-		if n.commit(func() { c.procs = old }) != nvml.SUCCESS {
-			return n.stateError()
-		}
-		return nil
-	}
-	return fmt.Errorf("mock node %s: GPU %d has no compute instance %d in GPU instance %d", n.Profile, i, ci, gi)
+		return fmt.Errorf("mock node %s: GPU %d has no compute instance %d in GPU instance %d", n.Profile, i, ci, gi)
+	})
 }
 
 // InjectMIGEvent is InjectEvent for an event the driver attributes to GPU
