@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-dev/tessera/deployments/helm/pluginflags"
 	"github.com/tessera-dev/tessera/pkg/health"
 )
 
@@ -96,14 +97,7 @@ func pluginDaemonSet(t *testing.T, args ...string) (*appsv1.DaemonSet, corev1.Co
 }
 
 // flagValue returns the value of --name=value in args.
-func flagValue(args []string, name string) (string, bool) {
-	for _, a := range args {
-		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
-			return v, true
-		}
-	}
-	return "", false
-}
+var flagValue = pluginflags.Value
 
 // TestPluginMetricsAndHealth: the DaemonSet's flags, port, probe and hostPID
 // follow kubeletPlugin.metrics and kubeletPlugin.health.

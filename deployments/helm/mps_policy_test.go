@@ -25,6 +25,7 @@ import (
 
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/deployments/helm/pluginflags"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 )
@@ -128,29 +129,7 @@ func pluginUser(node string) user.Info {
 // (from its flags in the DaemonSet) and the MPS root it would use.
 func daemonConfig(t *testing.T, ds *appsv1.DaemonSet, node string) (mpsdaemon.Config, string) {
 	t.Helper()
-	arg := func(name string) (string, bool) {
-		for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
-			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
-				return v, true
-			}
-		}
-		return "", false
-	}
-	cfg := mpsdaemon.Config{Namespace: "tessera", NodeName: node}
-	cfg.Image, _ = arg("mps-image")
-	pull, _ := arg("mps-image-pull-policy")
-	cfg.ImagePullPolicy = corev1.PullPolicy(pull)
-	if s, ok := arg("mps-image-pull-secrets"); ok {
-		cfg.ImagePullSecrets = strings.Split(s, ",")
-	}
-	cfg.PriorityClassName, _ = arg("mps-priority-class")
-	_, cfg.Mock = arg("mock-profile")
-	cfg.DriverRoot, _ = arg("mps-host-driver-root")
-	root, ok := arg("mps-root")
-	if !ok {
-		dataDir, _ := arg("plugin-data-dir")
-		root = filepath.Join(dataDir, "mps")
-	}
+	cfg, root := pluginflags.MPSDaemon(ds.Spec.Template.Spec.Containers[0].Args, "tessera", node)
 	if cfg.Image == "" {
 		t.Fatalf("the DaemonSet passes no --mps-image: %v", ds.Spec.Template.Spec.Containers[0].Args)
 	}

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/tessera-dev/tessera/deployments/helm/pluginflags"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 )
@@ -49,29 +49,7 @@ func pluginTokenClient(t *testing.T, c *framework.Cluster, pod *corev1.Pod) kube
 func installedDaemonConfig(t *testing.T, ds *appsv1.DaemonSet, node string) (mpsdaemon.Config, string) {
 	t.Helper()
 	args := ds.Spec.Template.Spec.Containers[0].Args
-	arg := func(name string) (string, bool) {
-		for _, a := range args {
-			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
-				return v, true
-			}
-		}
-		return "", false
-	}
-	cfg := mpsdaemon.Config{Namespace: framework.InstallNamespace, NodeName: node}
-	cfg.Image, _ = arg("mps-image")
-	pull, _ := arg("mps-image-pull-policy")
-	cfg.ImagePullPolicy = corev1.PullPolicy(pull)
-	if s, ok := arg("mps-image-pull-secrets"); ok {
-		cfg.ImagePullSecrets = strings.Split(s, ",")
-	}
-	cfg.PriorityClassName, _ = arg("mps-priority-class")
-	_, cfg.Mock = arg("mock-profile")
-	cfg.DriverRoot, _ = arg("mps-host-driver-root")
-	root, ok := arg("mps-root")
-	if !ok {
-		dataDir, _ := arg("plugin-data-dir")
-		root = filepath.Join(dataDir, "mps")
-	}
+	cfg, root := pluginflags.MPSDaemon(args, framework.InstallNamespace, node)
 	if cfg.Image == "" {
 		t.Fatalf("DaemonSet %s passes no --mps-image: %v", ds.Name, args)
 	}
