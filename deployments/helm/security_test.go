@@ -17,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
@@ -306,7 +307,7 @@ func TestMetricsAccess(t *testing.T) {
 		if o.GetKind() != "ServiceMonitor" {
 			continue
 		}
-		endpoints, _, _ := unstructuredSlice(o.Object, "spec", "endpoints")
+		endpoints, _, _ := unstructured.NestedSlice(o.Object, "spec", "endpoints")
 		ep := endpoints[0].(map[string]any)
 		if ep["scheme"] != "https" || ep["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
 			t.Errorf("ServiceMonitor endpoint %v, want https with the bearer token", ep)
@@ -324,7 +325,7 @@ func TestMetricsAccess(t *testing.T) {
 			continue
 		}
 		monitors++
-		endpoints, _, _ := unstructuredSlice(o.Object, "spec", "endpoints")
+		endpoints, _, _ := unstructured.NestedSlice(o.Object, "spec", "endpoints")
 		ep := endpoints[0].(map[string]any)
 		tlsConfig, _ := ep["tlsConfig"].(map[string]any)
 		want := map[string]any{
@@ -356,19 +357,6 @@ func TestMetricsAccess(t *testing.T) {
 			t.Error("a NetworkPolicy by default")
 		}
 	}
-}
-
-func unstructuredSlice(obj map[string]any, fields ...string) ([]any, bool, error) {
-	var cur any = obj
-	for _, f := range fields {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false, nil
-		}
-		cur = m[f]
-	}
-	s, ok := cur.([]any)
-	return s, ok, nil
 }
 
 // TestWebhookAvailability: two replicas spread over nodes, a PDB, the

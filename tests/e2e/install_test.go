@@ -19,6 +19,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -373,9 +374,12 @@ func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
 	for _, o := range objs {
 		o.SetName(o.GetName() + "-after")
 		if o.GetKind() == "Pod" {
-			claims, _, _ := unstructuredSlice(o.Object, "spec", "resourceClaims")
+			claims, _, _ := unstructured.NestedSlice(o.Object, "spec", "resourceClaims")
 			for _, cl := range claims {
 				cl.(map[string]any)["resourceClaimName"] = "share-after"
+			}
+			if err := unstructured.SetNestedSlice(o.Object, claims, "spec", "resourceClaims"); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
@@ -447,17 +451,4 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return data
-}
-
-func unstructuredSlice(obj map[string]any, fields ...string) ([]any, bool, error) {
-	var cur any = obj
-	for _, f := range fields {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false, nil
-		}
-		cur = m[f]
-	}
-	s, ok := cur.([]any)
-	return s, ok, nil
 }
