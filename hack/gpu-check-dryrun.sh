@@ -77,24 +77,33 @@ EOF
   chmod 0755 "$r/usr/bin/nvidia-smi"
 }
 
-# run_in DIR: run.sh in DIR's root as nobody, no network, a private /proc.
-# The root is entered with pivot_root, not chroot: the kernel refuses a
-# user namespace to a chrooted process, and the check's container fallback
-# (a user and mount namespace, as unshare -rm) must run for real here.
-# enter.sh (busybox sh, in the root) then drops the host's root and becomes
-# nobody with busybox's su.
-run_in() {
-  cat >"$1/enter.sh" <<'EOF'
+# write_enter DIR COMMAND: DIR/enter.sh, which enter_root runs as root in
+# the new root: it drops the old root and runs COMMAND (a busybox sh
+# command line, in which $1 is the profile) as nobody, the host's
+# environment dropped.
+write_enter() {
+  {
+    cat <<'EOF'
 #!/bin/sh
 # Written by hack/gpu-check-dryrun.sh: run after pivot_root, as root.
 set -e
 umount -l /.oldroot
 rmdir /.oldroot
-exec su -s /bin/sh nobody -c "exec /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp /bin/sh -c 'cd /bundle && ./run.sh --mock $1 --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 1s'"
 EOF
+    printf 'exec su -s /bin/sh nobody -c "exec /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp %s"\n' "$2"
+  } >"$1/enter.sh"
   chmod 0755 "$1/enter.sh"
+}
+
+# enter_root SECONDS DIR [UNSHARE_FLAG...]: DIR/enter.sh with the profile as
+# its argument, in DIR as the root (pivot_root) with its own /proc and
+# /sys, in new mount and network namespaces (and those the flags add), for
+# at most SECONDS.
+enter_root() {
+  local secs=$1 dir=$2
+  shift 2
   # shellcheck disable=SC2016 # expanded by the inner sh
-  timeout 600 unshare -m -n sh -c '
+  timeout "$secs" unshare -m -n "$@" sh -c '
     mount --make-rprivate / || exit 97
     mount --bind "$1" "$1" || exit 97
     mount -t proc proc "$1/proc" || exit 97
@@ -102,7 +111,19 @@ EOF
     mkdir -p "$1/.oldroot"
     cd "$1" && pivot_root . .oldroot || exit 97
     exec /bin/busybox sh /enter.sh "$2"
-  ' sh "$1" "$profile"
+  ' sh "$dir" "$profile"
+}
+
+# run_in DIR: run.sh in DIR's root as nobody, no network, a private /proc.
+# The root is entered with pivot_root, not chroot: the kernel refuses a
+# user namespace to a chrooted process, and the check's container fallback
+# (a user and mount namespace, as unshare -rm) must run for real here.
+# enter.sh (busybox sh, in the root) then drops the host's root and becomes
+# nobody with busybox's su.
+run_in() {
+  # shellcheck disable=SC2016 # expanded by enter.sh
+  write_enter "$1" '/bin/sh -c '"'"'cd /bundle && ./run.sh --mock $1 --timeout 300 -- --proc-driver-nvidia /fake/proc/driver/nvidia --compute-time 1s'"'"
+  enter_root 600 "$1"
 }
 
 # run_term_in DIR: run.sh in DIR's root as nobody, in a PID namespace of
@@ -110,14 +131,8 @@ EOF
 # SIGTERM once its check runs; term-test.sh (below) then says whether it
 # stopped, left no process and no state directory, and said INCOMPLETE.
 run_term_in() {
-  cat >"$1/enter.sh" <<'EOF'
-#!/bin/sh
-# Written by hack/gpu-check-dryrun.sh: run after pivot_root, as root.
-set -e
-umount -l /.oldroot
-rmdir /.oldroot
-exec su -s /bin/sh nobody -c "exec /bin/env -i PATH=/usr/bin:/bin HOME=/tmp TMPDIR=/tmp /bin/sh /term-test.sh $1"
-EOF
+  # shellcheck disable=SC2016 # expanded by enter.sh
+  write_enter "$1" '/bin/sh /term-test.sh $1'
   cat >"$1/term-test.sh" <<'EOF'
 #!/bin/sh
 # Written by hack/gpu-check-dryrun.sh: SIGTERM to run.sh while its check runs.
@@ -155,17 +170,8 @@ left=$(probes)
 grep -q INCOMPLETE results/gpu-check.md || fail "results/gpu-check.md does not say INCOMPLETE"
 echo "term-test: ok"
 EOF
-  chmod 0755 "$1/enter.sh" "$1/term-test.sh"
-  # shellcheck disable=SC2016 # expanded by the inner sh
-  timeout 300 unshare -m -n -p -f sh -c '
-    mount --make-rprivate / || exit 97
-    mount --bind "$1" "$1" || exit 97
-    mount -t proc proc "$1/proc" || exit 97
-    mount -t sysfs sysfs "$1/sys" || exit 97
-    mkdir -p "$1/.oldroot"
-    cd "$1" && pivot_root . .oldroot || exit 97
-    exec /bin/busybox sh /enter.sh "$2"
-  ' sh "$1" "$profile"
+  chmod 0755 "$1/term-test.sh"
+  enter_root 300 "$1" -p -f
 }
 
 make_root "$root/ok"
