@@ -527,38 +527,20 @@ func hamiImage(t *testing.T) (repository, tag string, lib []byte) {
 	return repository, tag, lib
 }
 
-// hamiClientYAML is a HAMiCore share (6Gi, 30 cores guaranteed, computeLimit
-// 40) and a client that prints its env and what it finds of HAMi-core: the
-// mounts of the library, the preload file and the shared directory
-// (MOUNT_<path>=<root> <options> from /proc/self/mountinfo), the preload
-// file's content, the library's md5, whether the library, the preload file
-// and the shared directory can be opened for writing (busybox's test -w says
-// yes to root on a read-only mount; an append of nothing changes nothing),
-// and whether running a dynamically
-// linked program preloads the library. Busybox is static: its own programs
+// hamiShare is a HAMiCore share (6Gi, 30 cores guaranteed, computeLimit 40)
+// for hamiClientYAML's pod.
+var hamiShare = framework.Claim{Name: "hami", Template: true, Memory: "6Gi", Cores: "30", Config: framework.GpuConfig("sharing: {isolation: HAMiCore, computeLimit: 40}")}
+
+// hamiClientYAML is a client of hamiShare that prints its env and what it
+// finds of HAMi-core: the mounts of the library, the preload file and the
+// shared directory (MOUNT_<path>=<root> <options> from /proc/self/mountinfo),
+// the preload file's content, the library's md5, whether the library, the
+// preload file and the shared directory can be opened for writing (busybox's
+// test -w says yes to root on a read-only mount; an append of nothing changes
+// nothing), and whether running a dynamically linked program preloads the
+// library. Busybox is static: its own programs
 // never load it.
 const hamiClientYAML = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: hami}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: shared.gpu.tessera.dev
-          capacity:
-            requests: {memory: 6Gi, cores: "30"}
-      config:
-      - requests: ["gpu"]
-        opaque:
-          driver: gpu.tessera.dev
-          parameters:
-            apiVersion: gpu.tessera.dev/v1alpha1
-            kind: GpuConfig
-            sharing: {isolation: HAMiCore, computeLimit: 40}
----
 apiVersion: v1
 kind: Pod
 metadata: {name: hami-client}
@@ -646,7 +628,8 @@ func TestHAMiCoreBackend(t *testing.T) {
 	t.Logf("init container install-hami-core installed %s; the plugin runs with --hami-core-library=%s", installed, installed)
 
 	ns := c.Namespace(t, "e2e-hamicore")
-	p := c.RunObjects(t, ns, framework.MustDecodeYAML(t, fmt.Sprintf(hamiClientYAML, repository+":"+tag))...)["hami-client"]
+	objs := slices.Insert(framework.MustDecodeYAML(t, fmt.Sprintf(hamiClientYAML, repository+":"+tag)), 0, hamiShare.Object())
+	p := c.RunObjects(t, ns, objs...)["hami-client"]
 	dev := framework.ClaimOf(t, c, p, "gpu")
 	uuid := dev.Attribute("uuid")
 	claimName, uid := claimUID(t, c, p, "gpu")
