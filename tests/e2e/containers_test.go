@@ -105,26 +105,15 @@ func TestContainerWithTwoShareClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-two-shares")
-	objs := []*unstructured.Unstructured{
-		framework.Claim{Name: "share-a", Memory: "8Gi", Cores: "60"}.Object(),
-		framework.Claim{Name: "share-b", Memory: "12Gi", Cores: "50"}.Object(),
-	}
-	objs = append(objs, framework.EnvPodWith("two-shares",
-		[]framework.PodClaim{{Name: "a", Claim: "share-a"}, {Name: "b", Claim: "share-b"}},
-		framework.EnvContainer{Name: "ctr", Claims: []string{"a", "b"}},
-	))
-	p := c.RunObjects(t, ns, objs...)["two-shares"]
-	a, b := framework.ClaimOf(t, c, p, "a"), framework.ClaimOf(t, c, p, "b")
+	p, a, b := runWithTwoClaims(t, c, ns, "two-shares",
+		"a", framework.Claim{Name: "share-a", Memory: "8Gi", Cores: "60"},
+		"b", framework.Claim{Name: "share-b", Memory: "12Gi", Cores: "50"})
 	framework.WantConsumed(t, "two-shares", a, map[string]string{"memory": "8Gi", "cores": "60"})
 	framework.WantConsumed(t, "two-shares", b, map[string]string{"memory": "12Gi", "cores": "50"})
 	ga, gb := framework.ShareGPU(t, a, "8Gi", 60), framework.ShareGPU(t, b, "12Gi", 50)
 	framework.DistinctGPUs(t, ga, gb)
 
-	env := framework.ContainerEnvOf(t, p, "ctr")
-	framework.WantGPUs(t, "pod two-shares", env, ga, gb)
-	framework.WantVars(t, "pod two-shares", env, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
-	t.Logf("pod two-shares sees %s and %s", ga, gb)
-	framework.DeletePods(t, c, ns, "two-shares")
+	wantContainerSeesBoth(t, c, ns, p, ga, gb)
 }
 
 // TestContainerWithShareAndWholeClaims: one container references a share
@@ -134,16 +123,9 @@ func TestContainerWithShareAndWholeClaims(t *testing.T) {
 	c := needCluster(t)
 	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-share-whole")
-	objs := []*unstructured.Unstructured{
-		framework.Claim{Name: "share", Memory: "8Gi", Cores: "10"}.Object(),
-		framework.Claim{Name: "whole"}.Object(),
-	}
-	objs = append(objs, framework.EnvPodWith("share-and-whole",
-		[]framework.PodClaim{{Name: "share", Claim: "share"}, {Name: "whole", Claim: "whole"}},
-		framework.EnvContainer{Name: "ctr", Claims: []string{"share", "whole"}},
-	))
-	p := c.RunObjects(t, ns, objs...)["share-and-whole"]
-	s, w := framework.ClaimOf(t, c, p, "share"), framework.ClaimOf(t, c, p, "whole")
+	p, s, w := runWithTwoClaims(t, c, ns, "share-and-whole",
+		"share", framework.Claim{Name: "share", Memory: "8Gi", Cores: "10"},
+		"whole", framework.Claim{Name: "whole"})
 	framework.WantConsumed(t, "share-and-whole", s, map[string]string{"memory": "8Gi", "cores": "10"})
 	if w.Attribute("type") != "gpu" {
 		t.Errorf("claim whole got %s of type %q, want a whole GPU", w.Result.Device, w.Attribute("type"))
@@ -151,11 +133,31 @@ func TestContainerWithShareAndWholeClaims(t *testing.T) {
 	share, whole := framework.ShareGPU(t, s, "8Gi", 10), framework.WholeGPU(t, w)
 	framework.DistinctGPUs(t, share, whole)
 
+	wantContainerSeesBoth(t, c, ns, p, share, whole)
+}
+
+// runWithTwoClaims runs pod, whose one container ctr references both its
+// pod claims: podA for claim a and podB for claim b. It returns the pod and
+// the device each claim got.
+func runWithTwoClaims(t *testing.T, c *framework.Cluster, ns, pod, podA string, a framework.Claim, podB string, b framework.Claim) (framework.SpecPod, framework.Allocated, framework.Allocated) {
+	t.Helper()
+	p := c.RunObjects(t, ns, a.Object(), b.Object(), framework.EnvPodWith(pod,
+		[]framework.PodClaim{{Name: podA, Claim: a.Name}, {Name: podB, Claim: b.Name}},
+		framework.EnvContainer{Name: "ctr", Claims: []string{podA, podB}},
+	))[pod]
+	return p, framework.ClaimOf(t, c, p, podA), framework.ClaimOf(t, c, p, podB)
+}
+
+// wantContainerSeesBoth checks that p's container ctr sees the GPUs a and b
+// and no other, with TF_FORCE_GPU_ALLOW_GROWTH, then deletes the pod.
+func wantContainerSeesBoth(t *testing.T, c *framework.Cluster, ns string, p framework.SpecPod, a, b framework.SeenGPU) {
+	t.Helper()
+	who := "pod " + p.Pod.Name
 	env := framework.ContainerEnvOf(t, p, "ctr")
-	framework.WantGPUs(t, "pod share-and-whole", env, share, whole)
-	framework.WantVars(t, "pod share-and-whole", env, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
-	t.Logf("pod share-and-whole sees %s and %s", share, whole)
-	framework.DeletePods(t, c, ns, "share-and-whole")
+	framework.WantGPUs(t, who, env, a, b)
+	framework.WantVars(t, who, env, map[string]string{"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
+	t.Logf("%s sees %s and %s", who, a, b)
+	framework.DeletePods(t, c, ns, p.Pod.Name)
 }
 
 // TestInitAndMainContainersSeeTheirOwnClaims: an init container references a
