@@ -57,8 +57,7 @@ func attestation(t *testing.T, c *framework.Cluster, ns, claim string) *configap
 // enforced, and backend edits that the container did get (its env); for MPS
 // the daemon of the share's GPU. `tessera status` shows the same per share.
 func TestAttestationInClaimStatus(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-attest")
 	objs := framework.Claim{Name: "advisory", Memory: "6Gi", Cores: "15"}.WithPod()
 	objs = append(objs, framework.Claim{Name: "mps", Memory: "10Gi", Cores: "20",
@@ -172,8 +171,7 @@ func TestAttestationInClaimStatus(t *testing.T) {
 // reason and carries no attestation, a PrepareFailed event names the claim,
 // and `tessera status` shows the share as not prepared.
 func TestUnavailableBackendFailsClosed(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "shared.gpu.tessera.dev")
 	slices, err := cluster.DriverSlices(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -262,8 +262,7 @@ func driverMemoryClass(t *testing.T, c *framework.Cluster, name string) {
 // the claim's config fails to prepare with the reason in the claim's status
 // (Ready=False/PrepareFailed) and a PrepareFailed event.
 func TestDriverMemoryBackend(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 
@@ -594,8 +593,7 @@ spec:
 // compute. Deleting the pod removes the claim's spec and directory. The
 // release's values are restored at the end.
 func TestHAMiCoreBackend(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 

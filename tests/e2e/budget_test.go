@@ -40,8 +40,7 @@ import (
 // charged a whole GPU at its full memory, which the budget metrics show;
 // and a GPUBudget with a negative limit is refused by the CRD's schema.
 func TestBudget(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	framework.HelmUpgradeValues(t, c, map[string]any{
 		"budgets":       map[string]any{"enabled": true},
 		"webhook":       map[string]any{"legacyTranslation": map[string]any{"enabled": true}},

@@ -14,8 +14,7 @@ import (
 // device advertises) and the share's limits (TESSERA_GPU_<minor>_MEMORY_LIMIT,
 // _CORES_LIMIT), all from the CDI spec the driver wrote for the claim.
 func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-shared")
 	pods := cluster.RunSpec(t, ns, framework.Testdata(t, "shared-claim.yaml"))
@@ -47,8 +46,7 @@ func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 // associated-node:patch on resourceclaims/driver (resourceNames: the driver);
 // without it the API server refuses and the plugin only logs the refusal.
 func TestPluginWritesClaimStatus(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := cluster.Namespace(t, "e2e-status")
 	objs := append(framework.Claim{Name: "share", Memory: "12Gi", Cores: "20"}.WithPod(), framework.Claim{Name: "whole"}.WithPod()...)
 	pods := cluster.RunObjects(t, ns, objs...)

@@ -51,8 +51,7 @@ func keysOf(m map[string]framework.Allocated) []string { return slices.Sorted(ma
 // small sees only the share's GPU with its limits; container big sees only
 // the whole GPU, without limits or the share's isolation variables.
 func TestContainersSeeOnlyTheirRequest(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-per-request")
 	objs := framework.MustDecodeYAML(t, `
 apiVersion: resource.k8s.io/v1
@@ -102,8 +101,7 @@ spec:
 // cannot fit one GPU, so they are on two GPUs). The container sees both GPUs,
 // each with its own share's limits, and no other.
 func TestContainerWithTwoShareClaims(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-two-shares")
 	p, a, b := runWithTwoClaims(t, c, ns, "two-shares",
 		"a", framework.Claim{Name: "share-a", Memory: "8Gi", Cores: "60"},
@@ -120,8 +118,7 @@ func TestContainerWithTwoShareClaims(t *testing.T) {
 // claim (8Gi, 10 cores) and a whole-GPU claim. It sees both GPUs: the
 // share's with its limits, the whole one without.
 func TestContainerWithShareAndWholeClaims(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-share-whole")
 	p, s, w := runWithTwoClaims(t, c, ns, "share-and-whole",
 		"share", framework.Claim{Name: "share", Memory: "8Gi", Cores: "10"},
@@ -165,8 +162,7 @@ func wantContainerSeesBoth(t *testing.T, c *framework.Cluster, ns string, p fram
 // init container (it prints its env and exits) sees only the whole GPU,
 // without limits; the main container only the share's GPU, with its limits.
 func TestInitAndMainContainersSeeTheirOwnClaims(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-init-main")
 	objs := []*unstructured.Unstructured{
 		framework.Claim{Name: "init-whole"}.Object(),

@@ -24,8 +24,7 @@ import (
 // GPU, sees exactly that GPU (TESSERA_GPU_<minor>=<uuid>), and no share
 // limits or isolation backend.
 func TestDemoWholeGPU(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-whole")
 	p := c.RunSpec(t, ns, framework.SpecPath("20-whole-gpu.yaml"))["whole"]
 	dev := framework.ClaimOf(t, c, p, "gpu")
@@ -50,8 +49,7 @@ func TestDemoWholeGPU(t *testing.T) {
 // the plugin records them in the claim's status in its order (NVLink domain,
 // then PCI bus, which on hgx-h100 ascends with the minor).
 func TestDemoNVLinkPair(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-nvlink")
 	p := c.RunSpec(t, ns, framework.SpecPath("30-nvlink-pair.yaml"))["nvlink-pair"]
 	devs := framework.DevicesOf(t, c, p, "gpus")
@@ -99,8 +97,7 @@ func TestDemoNVLinkPair(t *testing.T) {
 // one ResourceClaim, one allocation (one share of 10Gi and 10 cores), reserved
 // for both pods; both containers see the same GPU and the same limits.
 func TestDemoSharedClaimTwoPods(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-team")
 	pods := c.RunSpec(t, ns, framework.SpecPath("40-shared-claim-two-pods.yaml"))
@@ -143,8 +140,7 @@ func TestDemoSharedClaimTwoPods(t *testing.T) {
 // as TESSERA_GPU_<minor>_CORES_LIMIT and as MPS's active thread percentage,
 // and its memory limit is MPS's pinned device memory limit in MiB.
 func TestDemoMPSShare(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-mps")
 	p := c.RunSpec(t, ns, framework.SpecPath("50-mps-share.yaml"))["mps"]
 	dev := framework.ClaimOf(t, c, p, "gpu")
@@ -170,8 +166,7 @@ func TestDemoMPSShare(t *testing.T) {
 // gpu.tessera.dev, which names that extended resource; the pod gets one whole
 // GPU and sees exactly that GPU.
 func TestDemoExtendedResource(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	dc, err := c.Client.ResourceV1().DeviceClasses().Get(ctx, "gpu.tessera.dev", metav1.GetOptions{})
 	if err != nil {

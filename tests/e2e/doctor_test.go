@@ -63,8 +63,7 @@ func kubectlTessera(t *testing.T, args ...string) (string, string, error) {
 // is the mock's, the kubelet's sockets answer, the clock agrees with the
 // API server's, and what a mock node lacks is skipped with the reason.
 func TestDoctorOnMockNode(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	pod, err := c.ReadyPluginPod(context.Background())
 	if err != nil {
 		t.Fatal(err)

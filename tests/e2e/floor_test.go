@@ -108,8 +108,7 @@ func TestFloorRefusesWeakerIsolationAtAdmission(t *testing.T) {
 // the claim's status (Ready=False), naming the isolation, who chose it and
 // the class's list. The pod does not start.
 func TestFloorRefusesAtPrepare(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	const class = "e2e-broken-floor.gpu.tessera.dev"
 	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory","allowedIsolations":["MPS"]}}`)
 	ctx := context.Background()

@@ -26,8 +26,7 @@ const forceDeleteBound = 60 * time.Second
 // releases it (Node event StaleClaimReleased) and prepares the new one, so the
 // new pod runs without waiting for the kubelet's late unprepare.
 func TestForceDeletedPodFreesItsGPU(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "gpu.tessera.dev")
+	cluster := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-force")
 

@@ -23,8 +23,7 @@ import (
 // 81559Mi less the driver's reserved memory) rounded down to the MiB, through
 // the H100 model's subrequest.
 func TestFractionHalvesTileTheNode(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	// The scheduler packs by what its informers say is allocated; right
 	// after the previous test's claims go, that view can still hold one on
 	// a loaded two-core machine, and a half then finds no GPU. One such
@@ -94,8 +93,7 @@ func runHalves(t *testing.T, c *framework.Cluster, ns string) (map[string]framew
 // gets a quarter of an H100 (20272Mi of 81089Mi, 25 cores) through the webhook's
 // expansion of its claim, and sees exactly that share.
 func TestDemoFractionQuarter(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-demo-fraction")
 	pods := c.RunSpec(t, ns, framework.SpecPath("80-fraction-quarter.yaml"))
 	if len(pods) != 2 {

@@ -120,8 +120,7 @@ func waitGPUTaint(c *framework.Cluster, ctx context.Context, t testing.TB, minor
 // recovery period passed without another error the taint goes and that pod
 // runs on the GPU.
 func TestHealthFatalXIDEvictsAndRecovers(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-health-fatal")
 
@@ -193,8 +192,7 @@ func TestHealthFatalXIDEvictsAndRecovers(t *testing.T) {
 // container, no restart), a new pod for that GPU stays unschedulable until
 // the taint is gone after the recovery period, and then runs there.
 func TestHealthNonFatalXIDKeepsNewPodsOff(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-health-noschedule")
 

@@ -105,8 +105,7 @@ func TestWebhookRejectsBadGpuConfig(t *testing.T) {
 // write its own node's ResourceSlices but is refused another node's, by the
 // chart's ValidatingAdmissionPolicy.
 func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	plugin, node := pluginClient(t, c)
 
@@ -156,8 +155,7 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 // prepared by Tessera in one labelled resource.kubernetes.io/admin-access=true,
 // where the container sees exactly that GPU, without limits.
 func TestAdminAccessNeedsLabelledNamespace(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	spec := framework.Testdata(t, "admin-access.yaml")
 
@@ -212,8 +210,7 @@ func TestAdminAccessNeedsLabelledNamespace(t *testing.T) {
 // namespace to whole GPUs: a share is refused with the quota's message, a
 // whole GPU is admitted.
 func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-whole-only")
 	data, err := os.ReadFile(framework.Testdata(t, "tenant-whole-gpus-only.yaml"))
@@ -286,8 +283,7 @@ func TestQuotaRefusesSharesInRestrictedNamespace(t *testing.T) {
 // pod's claim is prepared by the new plugin; deleting the old pod afterwards
 // unprepares its claim through the new plugin (from the checkpoint).
 func TestHelmUpgradeKeepsPreparedClaims(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	helm := framework.HelmBinary(t)
 	if out, err := exec.Command(helm, "status", "-n", framework.InstallNamespace, framework.InstallRelease).CombinedOutput(); err != nil {

@@ -37,8 +37,7 @@ import (
 // naming the field; and a ResourceQuota on requests.nvidia.com/gpu counts
 // device-plugin pods and refuses one over it.
 func TestLegacyTranslation(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	framework.HelmUpgradeValues(t, c, map[string]any{
 		"webhook":       map[string]any{"legacyTranslation": map[string]any{"enabled": true}},
 		"deviceClasses": map[string]any{"nvidiaGPU": map[string]any{"create": true}},

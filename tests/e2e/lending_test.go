@@ -123,8 +123,7 @@ func startOwner(t *testing.T, c *framework.Cluster, ns string) (gpu, index strin
 // second borrower waits while the owner is busy; once the owner idles again
 // the second borrower runs, and the owner leaving ends its loan.
 func TestLendingIdleGPU(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending")
 	const grace = 5
@@ -231,8 +230,7 @@ func TestLendingIdleGPU(t *testing.T) {
 // TestBorrowerTolerationsRefused: the chart's admission policy refuses
 // borrowers that tolerate the not-lent taint, or the reclaim taint forever.
 func TestBorrowerTolerationsRefused(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "lent.gpu.tessera.dev")
+	c := needDriver(t, "lent.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-borrower-policy")
 	for _, tc := range []struct{ name, toleration, want string }{
 		{"not-lent", `{key: gpu.tessera.dev/not-lent, operator: Exists}`, "tolerates the taint gpu.tessera.dev/not-lent"},
@@ -269,8 +267,7 @@ func TestLendingReclaimLatency(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set TESSERA_E2E_RECLAIMS=<cycles> (make bench-reclaim)")
 	}
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-reclaim")
 	gpu, index, owner := startOwner(t, c, ns)
@@ -347,8 +344,7 @@ func restartPlugin(t testing.TB, c *framework.Cluster) {
 // the batch pod runs on that GPU's lending device, preemptible, with the
 // lent class's enforced isolation (MPS) and its 20Gi limit.
 func TestDemoLendIdleNotebook(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ns := c.Namespace(t, "e2e-demo-lending")
 	pods := c.RunSpec(t, ns, framework.SpecPath("70-lend-idle-notebook.yaml"))
 	notebook := framework.ClaimOf(t, c, pods["notebook"], "gpu")
@@ -403,8 +399,7 @@ func lendShareToBorrower(t *testing.T, c *framework.Cluster, ns string, grace in
 // still there; its arrival takes the GPU back (OwnersChanged: the second
 // owner lends too, so consent is not what ends the loan).
 func TestLendingOwnerNeverWaits(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-owners")
 	shared, gpu, minor := lendShareToBorrower(t, c, ns, 30)
@@ -489,8 +484,7 @@ func setProcess(t testing.TB, index string, pid int, pod types.UID, memory int64
 // its reclaim grace plus the plugin's kill margin: the plugin kills its
 // container (cgroup.kill), says so on its claim, and the pod goes.
 func TestOutstayingBorrowerKilled(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-kill")
 	const grace = 5
@@ -555,8 +549,7 @@ func TestOutstayingBorrowerKilled(t *testing.T) {
 // and fails, with an event on its claim, until the borrower is gone; then it
 // runs.
 func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev", "lent.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-lending-consent")
 	const grace = 5

@@ -45,8 +45,7 @@ type localityGroup struct {
 // exclusion group ends up on (at most 3), 5 are left for the 5 anti-affinity
 // replicas, and the 4 affinity stages fit on any one of them.
 func TestLocalityRulesUnderConcurrentScheduling(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	// Last, after the release's values are back: no fence may outlive the
 	// test (the controller lifts its own when it stops; this is the net).
 	t.Cleanup(func() {

@@ -29,6 +29,16 @@ func needCluster(t testing.TB) *framework.Cluster {
 	return cluster
 }
 
+// needDriver is needCluster for a test of the driver: it skips (or, when the
+// suite installed Tessera, fails) unless these DeviceClasses and the
+// driver's ResourceSlices exist (RequireDriver).
+func needDriver(t testing.TB, deviceClasses ...string) *framework.Cluster {
+	t.Helper()
+	c := needCluster(t)
+	c.RequireDriver(t, deviceClasses...)
+	return c
+}
+
 // TestMain finds the cluster:
 //   - KUBECONFIG set: that cluster (Tessera installed or not; tests that need the
 //     driver skip without it);

@@ -167,8 +167,7 @@ func staticMIG(devices map[string]resourceapi.Device, profile string) resourceap
 // whole or shared device, and one with a pending mode change is tainted; a
 // MIG claim asking for HAMiCore is refused at apply.
 func TestMIG(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", migClass)
+	c := needDriver(t, "gpu.tessera.dev", migClass)
 	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 	framework.HelmValues(t, c, migValues(nil))
@@ -366,8 +365,7 @@ func TestMIG(t *testing.T) {
 // recorded as intent, destroys it, and the kubelet's retried prepare makes
 // the claim's instance again: one instance while the pod runs, none after.
 func TestMIGCrashAfterCreate(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", migClass)
+	c := needDriver(t, "gpu.tessera.dev", migClass)
 	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 	once := filepath.Join("/var/lib/kubelet/plugins/gpu.tessera.dev", fmt.Sprintf("e2e-failpoint-%d", time.Now().UnixNano()))

@@ -65,8 +65,7 @@ spec:
 // directories are writable by any uid). On a release with one daemon per
 // GPU, tenant B read tenant A's /dev/shm file.
 func TestMPSTrustDomains(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	nsA := c.Namespace(t, "e2e-mps-a")
 	nsB := c.Namespace(t, "e2e-mps-b")

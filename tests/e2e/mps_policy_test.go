@@ -64,8 +64,7 @@ func installedDaemonConfig(t *testing.T, ds *appsv1.DaemonSet, node string) (mps
 // with a hostPath /etc, and the deletion of a pod that is not a daemon pod
 // (the plugin's own) or of another node's daemon pod.
 func TestPluginTokenMPSPods(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	pod, err := framework.PluginPod(ctx, c)
 	if err != nil {

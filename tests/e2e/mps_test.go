@@ -92,8 +92,7 @@ func mpsDaemonPods(c *framework.Cluster, ctx context.Context, uuid string) ([]co
 // same UID, never restarted) and the client's container; deleting the client
 // (the claim's unprepare) deletes the daemon pod.
 func TestMPSDaemonOutlivesPlugin(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-mps")
 	client := c.RunObjects(t, ns, append([]*unstructured.Unstructured{mpsClaim.Object()}, framework.MustDecodeYAML(t, mpsClientYAML)...)...)["mps-client"]

@@ -221,8 +221,7 @@ type operateStatus struct {
 // allocated to the demo claims, and that `tessera status` lists every demo
 // pod on the GPU its claim got.
 func TestOperateMetricsAndStatus(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-operate")
 	specs := []string{"10-quarter-gpu-shares.yaml", "20-whole-gpu.yaml", "30-nvlink-pair.yaml", "40-shared-claim-two-pods.yaml", "50-mps-share.yaml"}
@@ -388,8 +387,7 @@ func claimTemplateCommands(t *testing.T) [][]string {
 // command of docs/operating.md (whole, share, NVLink prefer and require, MPS)
 // with a busybox pod using the template, and waits for each pod to run.
 func TestOperateClaimTemplateVariants(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-templates")
 	type variant struct{ name, pod string }

@@ -38,8 +38,7 @@ import (
 //     Pending, its claim unallocated, the scheduler says it cannot allocate
 //     the claims, and tessera why names the constraint and the roots.
 func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	framework.RequireNodeFiles(t) // the fake plugin must run beside the kubelet
 	ctx := context.Background()
 

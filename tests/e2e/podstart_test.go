@@ -60,8 +60,7 @@ func TestPodStartLatency(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set TESSERA_E2E_PODSTARTS=<rounds> (make bench-podstart)")
 	}
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-podstart")
 	for _, tmpl := range podStartTemplates {

@@ -24,8 +24,7 @@ import (
 // plugin: the pods go, their CDI specs go from /var/run/cdi and their entries
 // from the plugin's checkpoint.
 func TestPluginRestartLosesNothing(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	framework.RequireNodeFiles(t)
 	ctx := context.Background()
 	start := time.Now()

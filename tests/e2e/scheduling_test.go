@@ -25,8 +25,7 @@ const unschedulableClaims = "cannot allocate all claims"
 // cores), so a fifth pod from the same template gets a share of another GPU,
 // and sees that GPU, and only it, with the quarter's limits.
 func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	// The scheduler places the four by first fit over what its informers
 	// say is allocated. Right after the previous test's claims are deleted
 	// that view can still hold one of them (it lags on a loaded two-core
@@ -82,8 +81,7 @@ func TestFifthQuarterLandsOnSecondGPU(t *testing.T) {
 // the pod's PodScheduled condition and FailedScheduling event carry the
 // scheduler's reason.
 func TestOversizedClaimsStayPending(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-oversized")
 	objs := append(framework.Claim{Name: "too-much-memory", Memory: "100Gi", Cores: "10"}.WithPod(),
@@ -143,8 +141,7 @@ func TestOversizedClaimsStayPending(t *testing.T) {
 // shares run; once the share pods are deleted, its pod starts on that GPU and
 // sees exactly that GPU, without limits.
 func TestWholeGPUWaitsForSharesToGo(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-reclaim")
 	objs := []*unstructured.Unstructured{

@@ -40,8 +40,7 @@ func pluginClient(t *testing.T, c *framework.Cluster) (kubernetes.Interface, str
 // of one an admin created) and a slice of its driver in a pool other than
 // the node's.
 func TestPluginTokenCannotWriteOtherDriversSlices(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	plugin, node := pluginClient(t, c)
 	slice := func(driver, pool string) *resourceapi.ResourceSlice {
@@ -100,8 +99,7 @@ func TestPluginTokenCannotWriteOtherDriversSlices(t *testing.T) {
 // bound to it is served; /healthz answers without a token (the kubelet's
 // liveness probe has none).
 func TestMetricsNeedAuthorization(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev")
 	ctx := context.Background()
 	metricsURL := operateMetricsURL()
 	if !strings.HasPrefix(metricsURL, "https://") {
@@ -166,8 +164,7 @@ func TestMetricsNeedAuthorization(t *testing.T) {
 // webhook's answer (good claims admitted, a bad one refused with the field),
 // none fails because the webhook could not be reached.
 func TestWebhookSurvivesReplicaDeletion(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "shared.gpu.tessera.dev")
+	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	dep, err := c.Client.AppsV1().Deployments(framework.InstallNamespace).Get(ctx, "tessera-webhook", metav1.GetOptions{})
 	if err != nil {

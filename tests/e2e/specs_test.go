@@ -15,8 +15,7 @@ import (
 // of the cores (TESSERA_GPU_<minor>_MEMORY_LIMIT, _CORES_LIMIT; Advisory
 // isolation).
 func TestDemoQuarterShares(t *testing.T) {
-	cluster := needCluster(t)
-	cluster.RequireDriver(t, "shared.gpu.tessera.dev")
+	cluster := needDriver(t, "shared.gpu.tessera.dev")
 	// As in TestFractionHalvesTileTheNode: right after earlier tests'
 	// claims go, the scheduler's view can still hold one on a loaded
 	// two-core machine, and a quarter then lands on a second GPU. One such

@@ -29,8 +29,7 @@ import (
 // the test creates (and deletes) taints NoSchedule: the scheduler keeps it
 // pending, and the explanation names the rule.
 func TestWhyExplainsPendingPods(t *testing.T) {
-	c := needCluster(t)
-	c.RequireDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
+	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-why")
 	// The rule first, so that the scheduler has seen it long before the pod
