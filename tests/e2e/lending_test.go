@@ -77,12 +77,16 @@ var lendsWhenIdle = framework.GpuConfig("lending: {lendWhenIdle: true}")
 // borrowerClaimYAML is a borrower of 8Gi that may save its work for grace
 // seconds before it is evicted (no toleration: evicted at once).
 func borrowerClaimYAML(name string, grace int) string {
-	tol := ""
+	exactly := []string{"capacity: {requests: {memory: 8Gi}}"}
 	if grace > 0 {
-		tol = fmt.Sprintf(`
-        tolerations:
-        - {key: gpu.tessera.dev/reclaim, operator: Exists, effect: NoExecute, tolerationSeconds: %d}`, grace)
+		exactly = append(exactly, fmt.Sprintf("tolerations: [{key: gpu.tessera.dev/reclaim, operator: Exists, effect: NoExecute, tolerationSeconds: %d}]", grace))
 	}
+	return lentClaimYAML(name, exactly...)
+}
+
+// lentClaimYAML is a claim for a lending device, with these lines (YAML
+// flow) added to its request's exactly.
+func lentClaimYAML(name string, exactly ...string) string {
 	return fmt.Sprintf(`
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -93,9 +97,7 @@ spec:
     - name: gpu
       exactly:
         deviceClassName: lent.gpu.tessera.dev
-        capacity:
-          requests: {memory: 8Gi}%s
-`, name, tol)
+%s`, name, "        "+strings.Join(exactly, "\n        ")+"\n")
 }
 
 // startOwner runs the owner pod on a whole GPU that it lends, with a
@@ -237,18 +239,7 @@ func TestBorrowerTolerationsRefused(t *testing.T) {
 		{"everything", `{operator: Exists}`, "tolerates the taint gpu.tessera.dev/not-lent"},
 		{"forever", `{key: gpu.tessera.dev/reclaim, operator: Exists, effect: NoExecute}`, "within 600 seconds"},
 	} {
-		objs := framework.MustDecodeYAML(t, fmt.Sprintf(`
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: %s}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: lent.gpu.tessera.dev
-        tolerations: [%s]
-`, tc.name, tc.toleration))
+		objs := framework.MustDecodeYAML(t, lentClaimYAML(tc.name, "tolerations: ["+tc.toleration+"]"))
 		_, err := c.Dynamic.Resource(resourceClaimsGVR).Namespace(ns).Create(context.Background(), objs[0], metav1.CreateOptions{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("claim %s: %v, want refused (%s)", tc.name, err, tc.want)
