@@ -30,22 +30,16 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 	// attempt is retried in a fresh namespace after a longer settle, with
 	// every allocation in the cluster logged first; a second fails the
 	// test.
-	var pods map[string]framework.SpecPod
-	for attempt := 1; ; attempt++ {
-		ns := c.Namespace(t, "e2e-fraction")
-		var err error
-		pods, err = runHalves(t, c, ns)
-		if err == nil {
-			break
+	pods, err := runRetryingOnce(t, c, "e2e-fraction", func(ns string) (map[string]framework.SpecPod, error) {
+		pods, err := runHalves(t, c, ns)
+		if err != nil {
+			logFractionClaims(t, c, ns)
 		}
-		logFractionClaims(t, c, ns)
+		return pods, err
+	})
+	if err != nil {
 		framework.LogAllocations(t, c)
-		if attempt == 2 {
-			t.Fatal(err)
-		}
-		t.Logf("attempt %d: %v; retrying once after a settle", attempt, err)
-		c.DeleteNamespace(t, ns)
-		time.Sleep(3 * framework.NamespaceSettle)
+		t.Fatal(err)
 	}
 	perGPU := map[string][]string{}
 	for name, p := range pods {
@@ -65,6 +59,24 @@ func TestFractionHalvesTileTheNode(t *testing.T) {
 		}
 	}
 	t.Logf("halves per GPU: %v", perGPU)
+}
+
+// runRetryingOnce runs try in a fresh namespace (prefix) and returns its
+// pods. When try fails, it logs every allocation in the cluster, deletes
+// the namespace and, after a longer settle, runs try once more in another;
+// what that second try returns is returned, error or not.
+func runRetryingOnce(t *testing.T, c *framework.Cluster, prefix string, try func(ns string) (map[string]framework.SpecPod, error)) (map[string]framework.SpecPod, error) {
+	for attempt := 1; ; attempt++ {
+		ns := c.Namespace(t, prefix)
+		pods, err := try(ns)
+		if err == nil || attempt == 2 {
+			return pods, err
+		}
+		framework.LogAllocations(t, c)
+		t.Logf("attempt %d: %v; retrying once after a settle", attempt, err)
+		c.DeleteNamespace(t, ns)
+		time.Sleep(3 * framework.NamespaceSettle)
+	}
 }
 
 // runHalves creates the half-GPU template and 16 pods using it in ns at

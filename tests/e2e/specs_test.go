@@ -3,8 +3,8 @@
 package e2e
 
 import (
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
@@ -21,10 +21,9 @@ func TestDemoQuarterShares(t *testing.T) {
 	// two-core machine, and a quarter then lands on a second GPU. One such
 	// attempt is retried in a fresh namespace after a longer settle, with
 	// every allocation in the cluster logged first.
-	var pods map[string]framework.SpecPod
-	for attempt := 1; ; attempt++ {
-		ns := cluster.Namespace(t, "e2e-quarter")
-		pods = cluster.RunSpec(t, ns, framework.SpecPath("10-quarter-gpu-shares.yaml"))
+	// A second spread is left to the checks below.
+	pods, _ := runRetryingOnce(t, cluster, "e2e-quarter", func(ns string) (map[string]framework.SpecPod, error) {
+		pods := cluster.RunSpec(t, ns, framework.SpecPath("10-quarter-gpu-shares.yaml"))
 		if len(pods) != 4 {
 			t.Fatalf("%d pods ran, want 4", len(pods))
 		}
@@ -32,14 +31,11 @@ func TestDemoQuarterShares(t *testing.T) {
 		for _, p := range pods {
 			on[framework.ClaimOf(t, cluster, p, "gpu").Result.Device] = true
 		}
-		if len(on) == 1 || attempt == 2 {
-			break
+		if len(on) != 1 {
+			return pods, fmt.Errorf("the four quarters went to %v", on)
 		}
-		framework.LogAllocations(t, cluster)
-		t.Logf("attempt %d: the four quarters went to %v; retrying once after a settle", attempt, on)
-		cluster.DeleteNamespace(t, ns)
-		time.Sleep(3 * framework.NamespaceSettle)
-	}
+		return pods, nil
+	})
 	devices := map[string]bool{}
 	shareIDs := map[string]bool{}
 	for name, p := range pods {
