@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // flags are the plugin's command line, in groups. Each group registers its
@@ -83,7 +84,7 @@ type nodeFlags struct {
 
 	// Set by validate.
 	modes   gpu.ComputeModePolicy
-	dynamic plugin.DynamicMIG
+	dynamic publish.DynamicMIG
 }
 
 func (g *nodeFlags) register(fs *pflag.FlagSet) {
@@ -106,7 +107,7 @@ func (g *nodeFlags) validate() error {
 	if err != nil {
 		return err
 	}
-	dynamic, err := plugin.ParseDynamicMIG(g.dynamicMIG)
+	dynamic, err := publish.ParseDynamicMIG(g.dynamicMIG)
 	if err != nil {
 		return fmt.Errorf("--dynamic-mig: %w", err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // daemon is what run wires together, filled in step by step.
@@ -56,7 +57,7 @@ type daemon struct {
 	metrics      *metrics.Metrics
 
 	plugin *plugin.Plugin
-	inv    *plugin.Inventory
+	inv    *publish.Inventory
 
 	// sockets and publisher are /healthz's checks of the kubelet plugin's
 	// gRPC servers and of the inventory loop.
@@ -77,7 +78,7 @@ func (d *daemon) openGPUs(ctx context.Context) error {
 		}
 		logger.Error(d.nvmlErr, "NVML is not available: running without GPUs; claims prepared earlier can still be unprepared. The plugin restarts once NVML can be opened.")
 	}
-	d.discover = plugin.NVMLDiscovery(d.lib, d.nvmlErr)
+	d.discover = publish.NVMLDiscovery(d.lib, d.nvmlErr)
 	discovered, err := d.discover()
 	if err == nil {
 		logger.Info("Discovered GPUs", "count", len(discovered.GPUs), "failed", len(discovered.Failed), "mock", d.mock, "profile", d.f.mock.profile)
@@ -292,7 +293,7 @@ func (d *daemon) openPlugin(ctx context.Context, opts plugin.Options) error {
 // taints and the model's options.
 func (d *daemon) buildInventory(ctx context.Context) {
 	p := d.plugin
-	inv := &plugin.Inventory{NodeName: d.f.node.name, DiscoverNode: d.discover, OnChange: p.SetGPUs, Events: d.events, ComputeModes: d.f.node.modes,
+	inv := &publish.Inventory{NodeName: d.f.node.name, DiscoverNode: d.discover, OnChange: p.SetGPUs, Events: d.events, ComputeModes: d.f.node.modes,
 		DynamicMIG: d.f.node.dynamic, MIGHeld: p.MIGHeld}
 	// A created or destroyed MIG instance is republished soon, not at the
 	// next --rediscover-interval.
@@ -311,7 +312,7 @@ func (d *daemon) buildInventory(ctx context.Context) {
 		inv.Model = append(inv.Model, model.WithLocalityVerdicts())
 	}
 	if d.tracker != nil {
-		inv.Taints = plugin.HealthTaints(d.tracker)
+		inv.Taints = publish.HealthTaints(d.tracker)
 		// XIDs that name one MIG device taint that device only.
 		inv.DeviceTaints = d.tracker.MIGTaints
 	}

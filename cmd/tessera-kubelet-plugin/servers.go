@@ -19,7 +19,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/metricsserver"
 	"github.com/tessera-dev/tessera/pkg/model"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // startServers registers the plugin's and the inventory's metrics and
@@ -28,7 +28,7 @@ import (
 //
 // /healthz fails when the helper's gRPC servers stop answering or the
 // inventory loop that publishes the slices has stopped; a node without
-// GPUs is reported, not failed (see plugin.Inventory.HealthzHandler).
+// GPUs is reported, not failed (see publish.Inventory.HealthzHandler).
 func (d *daemon) startServers(ctx context.Context) error {
 	var usage *metrics.Usage
 	if d.lib != nil {
@@ -144,7 +144,7 @@ func (d *daemon) startKubeletPlugin(ctx context.Context) (*kubeletplugin.Helper,
 // inventory; only a failed publication stops the plugin.
 func (d *daemon) publish(ctx context.Context, helper *kubeletplugin.Helper) error {
 	d.inv.Publisher = helper
-	if _, err := d.inv.Sync(ctx); err != nil && !errors.Is(err, plugin.ErrDiscovery) {
+	if _, err := d.inv.Sync(ctx); err != nil && !errors.Is(err, publish.ErrDiscovery) {
 		return err
 	}
 	go d.publisher.Run(func() { d.inv.Run(ctx, d.f.node.rediscoverEvery) })
@@ -158,7 +158,7 @@ func (d *daemon) watchHealth(ctx context.Context) (wait func()) {
 	if d.tracker == nil {
 		return func() {}
 	}
-	go plugin.FollowHealth(ctx, d.tracker, d.inv)
+	go publish.FollowHealth(ctx, d.tracker, d.inv)
 	if d.lib == nil {
 		return func() {}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // The MIG checks (docs/gpu-check.md, the checks "MIG: …"), run only on a GPU in
@@ -265,7 +266,7 @@ func (n *node) startMIGPlugin(ctx context.Context, g gpu.GPU) (*migPlugin, error
 	mp := &migPlugin{guard: &guardedMIG{inner: &mig.NVML{Lib: n.cfg.NVML}}, cdiDirs: []string{specs.Root()}}
 	opts := plugin.Options{
 		NodeName: n.cfg.NodeName, GPUs: []gpu.GPU{g}, Store: store, Recovery: rec, Specs: specs, Mock: n.cfg.Mock,
-		Client: n.client, MIG: mp.guard, DynamicMIG: plugin.DynamicMIG{Names: []string{g.UUID}},
+		Client: n.client, MIG: mp.guard, DynamicMIG: publish.DynamicMIG{Names: []string{g.UUID}},
 	}
 	if !n.cfg.Mock {
 		opts.DevNodes = isolation.HostDevNodes{DriverRoot: n.cfg.DriverRoot}

@@ -3,8 +3,6 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // lockedPublisher records publications; safe for the inventory's goroutine.
@@ -101,7 +100,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 		o.HealthResend = 20 * time.Millisecond
 	})
 	pub := &lockedPublisher{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil),
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil),
 		Publisher: pub, OnChange: p.SetGPUs, Taints: tracker.Taints}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
@@ -110,7 +109,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { inv.Run(ctx, time.Hour) })
-	wg.Go(func() { FollowHealth(ctx, tracker, inv) })
+	wg.Go(func() { publish.FollowHealth(ctx, tracker, inv) })
 	watcherDone := make(chan error, 1)
 	wg.Go(func() {
 		watcherDone <- (&health.Watcher{Lib: node, Tracker: tracker, WaitTimeout: 10 * time.Millisecond}).Run(ctx)
@@ -189,70 +188,5 @@ func TestWatchHealthStatusNotSupported(t *testing.T) {
 	p := newEnv(t).start(nil)
 	if err := p.WatchHealthStatus(ctxFor(t), make(chan kubeletplugin.DeviceHealthReport)); err != kubeletplugin.ErrHealthNotSupported {
 		t.Errorf("got %v, want ErrHealthNotSupported", err)
-	}
-}
-
-// A discovery failure (a GPU lost from the bus) must not hold back its taint.
-func TestInventoryPublishesTaintsWhenDiscoveryFails(t *testing.T) {
-	gpus := testGPUs()
-	var discoverErr error
-	taints := map[string][]resourceapi.DeviceTaint{}
-	pub := &lockedPublisher{}
-	inv := &Inventory{NodeName: testNode, Publisher: pub,
-		DiscoverNode: func() (gpu.Discovery, error) { return gpu.Discovery{GPUs: gpus}, discoverErr },
-		Taints:       func() map[string][]resourceapi.DeviceTaint { return taints }}
-	ctx := ctxFor(t)
-	if _, err := inv.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	discoverErr = fmt.Errorf("GPU index 1: nvmlDeviceGetMemoryInfo: GPU is lost")
-	taints = map[string][]resourceapi.DeviceTaint{uuidOf(1): {{Key: health.TaintKey, Value: "GPULost", Effect: resourceapi.DeviceTaintEffectNoExecute}}}
-	changed, err := inv.Sync(ctx)
-	if err == nil || !changed {
-		t.Fatalf("changed %v, err %v; want a publication and the discovery error", changed, err)
-	}
-	if got := pub.taints(); len(got) != 2 || got["gpu-1"] == nil || got["gpu-1-shared"] == nil {
-		t.Errorf("published taints %v", got)
-	}
-	if changed, _ := inv.Sync(ctx); changed {
-		t.Error("republished without a change")
-	}
-}
-
-// The two instances of a surge rolling update publish the same taints: the
-// new one starts with the old one's faults (the state file in the data
-// directory), and picks up later faults at its next inventory sync.
-func TestHealthTaintsSharedBetweenInstances(t *testing.T) {
-	ctx := ctxFor(t)
-	store := health.Store{Path: filepath.Join(t.TempDir(), health.StateFile)}
-	clk := clocktesting.NewFakePassiveClock(time.Now())
-	old := health.NewTracker(health.DefaultPolicy(), clk)
-	old.Persist(ctx, store)
-	old.Observe(health.Event{UUID: uuidOf(1), Kind: health.KindXID, XID: 79})
-
-	clk.SetTime(clk.Now().Add(time.Minute))
-	young := health.NewTracker(health.DefaultPolicy(), clk)
-	young.Persist(ctx, store)
-	pub := &lockedPublisher{}
-	inv := &Inventory{NodeName: testNode, Publisher: pub, Taints: HealthTaints(young),
-		DiscoverNode: func() (gpu.Discovery, error) { return gpu.Discovery{GPUs: testGPUs()}, nil }}
-	if _, err := inv.Sync(ctx); err != nil {
-		t.Fatal(err)
-	}
-	fatal := resourceapi.DeviceTaint{Key: health.TaintKey, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}
-	if got := pub.taints(); len(got) != 2 || len(got["gpu-1"]) != 1 || got["gpu-1"][0] != fatal {
-		t.Fatalf("the new instance publishes %v, want gpu-1's devices tainted %v", got, fatal)
-	}
-
-	// A fault only the old instance saw (it registered for events first).
-	old.Observe(health.Event{UUID: uuidOf(2), Kind: health.KindXID, XID: 94})
-	if changed, err := inv.Sync(ctx); err != nil || !changed {
-		t.Fatalf("sync: changed %v, err %v", changed, err)
-	}
-	if got := pub.taints(); len(got) != 4 || len(got["gpu-2-shared"]) != 1 || got["gpu-2-shared"][0].Value != "XID-94" {
-		t.Errorf("after the old instance's fault the new one publishes %v", got)
-	}
-	if o, y := old.Taints(), young.Taints(); !reflect.DeepEqual(o, y) {
-		t.Errorf("taints differ:\nold   %v\nyoung %v", o, y)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // The hgx-h100-mig mock node: GPU 0 in MIG mode with a 4g.40gb at memory
@@ -48,7 +49,7 @@ func migNode(t testing.TB) *gpu.MockNode {
 }
 
 // dynamicGPU1 publishes GPU 1 (index 1) with dynamic MIG.
-var dynamicGPU1 = DynamicMIG{Names: []string{"1"}}
+var dynamicGPU1 = publish.DynamicMIG{Names: []string{"1"}}
 
 // startMIG starts a plugin over e on node: its GPUs as discovery sees them
 // now, MIG instances managed through the node's NVML, GPU 1 dynamic.
@@ -618,7 +619,7 @@ func TestMIGForeignAtStart(t *testing.T) {
 
 	// The model publishes the kept instances' slices as taken.
 	pub := &fakePublisher{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -637,7 +638,7 @@ func TestMIGDynamicOverAdminLayout(t *testing.T) {
 	e := newEnv(t)
 	node := migNode(t)
 	before := instances(t, node, 0)
-	i := e.startMIG(node, func(o *Options) { o.DynamicMIG = DynamicMIG{All: true} })
+	i := e.startMIG(node, func(o *Options) { o.DynamicMIG = publish.DynamicMIG{All: true} })
 	if in := instances(t, node, 0); !reflect.DeepEqual(in, before) {
 		t.Fatalf("GPU 0's layout after the first dynamic start: %+v, want %+v", in, before)
 	}
@@ -890,7 +891,7 @@ func TestMIGStaticInUseTaint(t *testing.T) {
 	}
 	i := e.startMIG(node, nil)
 	pub := &fakePublisher{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
 	sync := func() map[string][]resourceapi.DeviceTaint {
 		t.Helper()
 		if _, err := inv.Sync(ctxFor(t)); err != nil {
@@ -942,7 +943,7 @@ func TestMIGAdoptedAtStart(t *testing.T) {
 		t.Errorf("prepare after restart: %v, want %v", cdiIDs(again), cdiIDs(devs))
 	}
 	pub := &fakePublisher{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: restarted.MIGHeld}
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: restarted.MIGHeld}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -987,8 +988,8 @@ func TestMIGUnprepareInUse(t *testing.T) {
 func TestInventoryDynamicMIG(t *testing.T) {
 	node := migNode(t)
 	pub, events := &fakePublisher{}, &fakeEvents{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events,
-		DynamicMIG: DynamicMIG{Names: []string{"1", gpuUUID(node, 3), "GPU-nope"}}}
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, Events: events,
+		DynamicMIG: publish.DynamicMIG{Names: []string{"1", gpuUUID(node, 3), "GPU-nope"}}}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -1007,27 +1008,6 @@ func TestInventoryDynamicMIG(t *testing.T) {
 	n := len(events.list())
 	if _, err := inv.Sync(ctxFor(t)); err != nil || len(events.list()) != n {
 		t.Errorf("second sync: %v, events again %q", err, events.list()[n:])
-	}
-}
-
-func TestParseDynamicMIG(t *testing.T) {
-	for _, tc := range []struct {
-		in   []string
-		want DynamicMIG
-		err  bool
-	}{
-		{in: nil},
-		{in: []string{"all"}, want: DynamicMIG{All: true}},
-		{in: []string{"0", "GPU-abc"}, want: DynamicMIG{Names: []string{"0", "GPU-abc"}}},
-		{in: []string{"all", "1"}, err: true},
-		{in: []string{"-1"}, err: true},
-		{in: []string{"01"}, err: true},
-		{in: []string{"gpu3"}, err: true},
-	} {
-		got, err := ParseDynamicMIG(tc.in)
-		if (err != nil) != tc.err || !tc.err && (got.All != tc.want.All || !slices.Equal(got.Names, tc.want.Names)) {
-			t.Errorf("ParseDynamicMIG(%q) = %+v, %v", tc.in, got, err)
-		}
 	}
 }
 
@@ -1120,8 +1100,8 @@ func TestMIGDeviceHealth(t *testing.T) {
 	tracker.Observe(health.Event{UUID: gpuUUID(node, 0), Kind: health.KindXID, XID: 94,
 		MIG: &health.MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: -1}})
 	pub := &fakePublisher{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1,
-		Taints: HealthTaints(tracker), DeviceTaints: tracker.MIGTaints}
+	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1,
+		Taints: publish.HealthTaints(tracker), DeviceTaints: tracker.MIGTaints}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}

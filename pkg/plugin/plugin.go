@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // Specs is where the plugin writes one CDI spec per claim; [cdi.Dir] is the
@@ -121,7 +122,7 @@ type Options struct {
 	// dynamic MIG device can be prepared, static ones are taken from GPUs.
 	MIG MIGInstances
 	// DynamicMIG names the GPUs published with dynamic MIG (--dynamic-mig).
-	DynamicMIG DynamicMIG
+	DynamicMIG publish.DynamicMIG
 }
 
 // Plugin implements kubeletplugin.DRAPlugin for gpu.tessera.dev.

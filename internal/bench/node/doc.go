@@ -32,7 +32,7 @@
 //     without /proc they are zero.
 //   - API writes are counted on client-go's fake clientset driven by
 //     k8s.io/dynamic-resource-allocation/resourceslice's controller, the one
-//     kubeletplugin.Helper.PublishResources runs, fed by [plugin.Inventory] as
+//     kubeletplugin.Helper.PublishResources runs, fed by [publish.Inventory] as
 //     in the kubelet plugin. Only create, update, patch and delete of
 //     resourceslices count; reads (the node lookup, list and watch) do not.
 //   - Run returns an error, and no report, if any prepare or unprepare fails

@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 func procs() int { return runtime.GOMAXPROCS(0) }
@@ -101,7 +102,7 @@ func startNode(ctx context.Context, profile, dir, runDir string) (*node, error) 
 		plugin: p, store: store, specs: specs, gpus: gpus, api: api,
 		pub: &slicePublisher{ctx: ctx, nodeName: nodeName, client: api.client, syncDelay: syncDelay, cacheTTL: cacheTTL},
 	}
-	n.inv = &plugin.Inventory{NodeName: nodeName, DiscoverNode: plugin.NVMLDiscovery(lib, nil), Publisher: n.pub, OnChange: p.SetGPUs, Taints: n.currentTaints}
+	n.inv = &publish.Inventory{NodeName: nodeName, DiscoverNode: publish.NVMLDiscovery(lib, nil), Publisher: n.pub, OnChange: p.SetGPUs, Taints: n.currentTaints}
 	return n, nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
 // Options sizes a run; the zero value is the full measurement.
@@ -102,14 +103,14 @@ type APIWrites struct {
 	// Publish is the first publication of the node.
 	Publish Writes
 	// Republish is a second publication of identical resources
-	// (PublishResources called again; plugin.Inventory does not even call
+	// (PublishResources called again; publish.Inventory does not even call
 	// it when nothing changed, see InventorySkipsUnchanged).
 	Republish Writes
-	// InventorySkipsUnchanged is true when plugin.Inventory.Sync found
+	// InventorySkipsUnchanged is true when publish.Inventory.Sync found
 	// nothing to publish on an unchanged node.
 	InventorySkipsUnchanged bool
 	// HealthChange is one GPU turning unhealthy: a NoSchedule taint on its
-	// two devices, published through plugin.Inventory.
+	// two devices, published through publish.Inventory.
 	HealthChange Writes
 }
 
@@ -150,7 +151,7 @@ type node struct {
 	gpus   []gpu.GPU
 	api    *apiServer
 	pub    *slicePublisher
-	inv    *plugin.Inventory
+	inv    *publish.Inventory
 
 	taintsMu sync.Mutex
 	taints   map[string][]resourceapi.DeviceTaint

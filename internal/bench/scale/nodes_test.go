@@ -11,10 +11,10 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
-	"github.com/tessera-dev/tessera/pkg/plugin"
+	"github.com/tessera-dev/tessera/pkg/publish"
 )
 
-// capture is a plugin.Publisher that keeps what it is given.
+// capture is a publish.Publisher that keeps what it is given.
 type capture struct {
 	res *resourceslice.DriverResources
 }
@@ -40,9 +40,9 @@ func TestNodeSlicesAreWhatThePluginPublishes(t *testing.T) {
 				t.Fatal(err)
 			}
 			pub := &capture{}
-			inv := &plugin.Inventory{
+			inv := &publish.Inventory{
 				NodeName:     node,
-				DiscoverNode: plugin.NVMLDiscovery(lib, nil),
+				DiscoverNode: publish.NVMLDiscovery(lib, nil),
 				Publisher:    pub,
 				Model:        []model.Option{model.WithDriverMemoryLimits(false)},
 			}

@@ -1,4 +1,4 @@
-package plugin
+package publish
 
 import (
 	"cmp"
@@ -29,6 +29,14 @@ import (
 // real one.
 type Publisher interface {
 	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// EventRecorder records events on this node's Node object (the plugin's
+// EventRecorder is one).
+type EventRecorder interface {
+	// Event records an event of type corev1.EventTypeNormal or Warning on
+	// the Node.
+	Event(eventType, reason, message string)
 }
 
 // DiscoveryFailedTaint is the device taint on both devices of a GPU that
