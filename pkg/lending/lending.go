@@ -228,8 +228,10 @@ func decide(p Policy, s State, o Observation, now time.Time) (Phase, string) {
 	if s.Phase == Reclaiming && borrowed {
 		return Reclaiming, s.Reason
 	}
-	var reason string
-	phase := OwnerBusy
+	var (
+		phase  Phase
+		reason string
+	)
 	switch {
 	case o.OwnerWaiting:
 		phase, reason = OwnerDoesNotLend, ReasonOwnerDoesNotLend
