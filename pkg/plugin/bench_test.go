@@ -20,7 +20,7 @@ import (
 
 // BenchmarkPrepareUnprepare measures one claim's prepare plus unprepare in
 // mock mode with the real checkpoint file and CDI directory, and reports the
-// 50th and 99th percentile per claim. Run: go test -bench PrepareUnprepare ./pkg/plugin
+// 50th and 99th percentile per claim. Run: go test -bench PrepareUnprepare ./pkg/plugin.
 func BenchmarkPrepareUnprepare(b *testing.B) {
 	for _, iso := range []configapi.Isolation{configapi.IsolationAdvisory, configapi.IsolationMPS, configapi.IsolationHAMiCore} {
 		b.Run(string(iso), func(b *testing.B) {
@@ -80,7 +80,7 @@ func (d *driverTimed) Create(uuid string, profileID int, pl gpu.MIGPlacement, ow
 // state file in a temporary directory on the root disk, the CDI specs on
 // /dev/shm where that is a tmpfs (a node's /var/run/cdi is on the /run
 // tmpfs), else on the root disk too (b.Log says which). Unprepare (destroy)
-// is not timed. Run: go test -run '^$' -bench PrepareDynamicMIG ./pkg/plugin
+// is not timed. Run: go test -run '^$' -bench PrepareDynamicMIG ./pkg/plugin.
 func BenchmarkPrepareDynamicMIG(b *testing.B) {
 	e := newEnv(b)
 	if dir, err := os.MkdirTemp("/dev/shm", "tessera-bench-cdi-"); err == nil {

@@ -22,7 +22,6 @@ import (
 // the runtime does, and asserts the container's env, mounts and device nodes
 // exactly.
 func TestContainerSeesClaim(t *testing.T) {
-	const gi = int64(1) << 30
 	nvlinkRequired := `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","topology":{"nvlink":"Required"}}`
 	base := []string{"PATH=/usr/bin"}
 

@@ -3,14 +3,13 @@ package plugin
 import (
 	"context"
 	"encoding/json"
-	"github.com/go-logr/logr"
-	"k8s.io/klog/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 
+	"github.com/go-logr/logr"
 	oci "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"

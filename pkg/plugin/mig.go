@@ -244,8 +244,7 @@ func migInstanceByID(m *gpu.MIG, id int) (gpu.MIGInstance, bool) {
 // published with its ID ("" when it does not): profile, placement, or the
 // MIG UUIDs of its compute instances (fresh for every instance created).
 func migInstanceChanged(published, now gpu.MIGInstance) string {
-	switch {
-	case published.ProfileID != now.ProfileID || published.Placement != now.Placement:
+	if published.ProfileID != now.ProfileID || published.Placement != now.Placement {
 		return fmt.Sprintf("published as %s at memory slices %d-%d, now %s at %d-%d", published.ProfileName, published.Placement.Start, published.Placement.Start+published.Placement.Size-1,
 			now.ProfileName, now.Placement.Start, now.Placement.Start+now.Placement.Size-1)
 	}

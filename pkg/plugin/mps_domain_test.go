@@ -103,7 +103,7 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 		}
 	}
 	mustUnprepareKeepingRecord()
-	if err := os.RemoveAll(filepath.Join(e.cdiRoot)); err != nil {
+	if err := os.RemoveAll(e.cdiRoot); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(e.cdiRoot, 0o755); err != nil {

@@ -83,7 +83,7 @@ func (p *Plugin) planClaim(claim *resourceapi.ResourceClaim) (*plan, error) {
 		return nil, err
 	}
 	pl := &plan{}
-	var nvlinkPolicy configapi.NVLinkPolicy = configapi.NVLinkIgnore
+	nvlinkPolicy := configapi.NVLinkIgnore
 	for _, r := range alloc.Results {
 		if r.Driver != model.DriverName {
 			continue

@@ -398,7 +398,8 @@ func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl 
 		if d.toolkit != "" {
 			ids = append(ids, d.toolkit)
 		}
-		record.Devices[i].CDIDeviceIDs = append(ids, cdi.QualifiedName(record.UID, d.cdi.Name))
+		ids = append(ids, cdi.QualifiedName(record.UID, d.cdi.Name))
+		record.Devices[i].CDIDeviceIDs = ids
 	}
 	record.State = checkpoint.PrepareCompleted
 	raw, err := json.Marshal(record)
