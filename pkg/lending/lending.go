@@ -22,9 +22,10 @@
 //   - an owner never waits for a borrower to be scheduled: the lending
 //     device holds none of the GPU's counters.
 //
-// The policy is the patent CN114675976B's (lend a GPU idle for a preset
-// time to a waiting low-priority task; end the low-priority task when the
-// high-priority owner uses the GPU again), built on DRA device taints.
+// In short: a GPU idle for a preset time is lent to waiting low-priority
+// work, and that work is ended when the high-priority owner uses the GPU
+// again; the lending device's DRA device taints do the admitting and the
+// evicting.
 package lending
 
 import (

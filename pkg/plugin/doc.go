@@ -1,6 +1,8 @@
 // Package plugin is Tessera's kubelet plugin: the implementation of
 // kubeletplugin.DRAPlugin that prepares and unprepares the resource claims of
-// driver gpu.tessera.dev on one node.
+// driver gpu.tessera.dev on one node. It also reports device health to the
+// kubelet ([Plugin.WatchHealthStatus]) and lends idle GPUs (lending.go);
+// publishing the node's ResourceSlices is package publish's.
 //
 // # What the kubelet may assume
 //
@@ -67,7 +69,10 @@
 //
 // After a successful prepare the plugin applies (server-side apply, field
 // manager "gpu.tessera.dev/<node>") one status.devices entry per prepared
-// device, with data {uuid, memoryLimit, coresLimit, isolation} and a Ready
+// device, with a GpuAttestation (api/gpu.tessera.dev/v1alpha1) as data: the
+// node, the GPU's UUID and, for a share, the isolation backend, what the
+// share holds, the limits it applies and which of them it enforces, and the
+// backend's CDI edits, computed from what was applied; and a Ready
 // condition (plus an NVLink condition when topology.nvlink is Preferred and not
 // met). A failure to write status is logged and does not fail prepare: the
 // container runs the same with or without it, and failing would make the
