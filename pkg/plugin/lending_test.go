@@ -62,6 +62,27 @@ func (e *lendingEnv) startLender(t *testing.T) {
 	e.l = l
 }
 
+// startLenderWith starts a plugin and a Lender of the default policy, with
+// its lending state in a directory of its own, no busy threshold and no
+// republishing; mutate sets the options a test is about.
+func (e *lendingEnv) startLenderWith(t *testing.T, mutate func(*LenderOptions)) {
+	t.Helper()
+	e.i = e.start(nil)
+	o := LenderOptions{
+		Policy: lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
+		Sample: e.act.sample,
+		Store:  lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
+		BootID: e.bootID,
+		Now:    func() time.Time { return e.now },
+	}
+	mutate(&o)
+	l, err := NewLender(ctxFor(t), e.i.Plugin, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.l = l
+}
+
 func (e *lendingEnv) tick(t *testing.T, d time.Duration) {
 	e.now = e.now.Add(d)
 	e.l.Tick(ctxFor(t))
@@ -203,23 +224,13 @@ func eventsContain(events []string, prefix string) bool {
 // activity, while a process of an unknown pod is the owners'.
 func TestLendingIgnoresServicePods(t *testing.T) {
 	e := newLendingEnv(t)
-	e.i = e.start(nil)
 	calls := 0
-	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
-		Policy: lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
-		Sample: e.act.sample,
-		Store:  lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
-		BootID: e.bootID,
-		Now:    func() time.Time { return e.now },
-		ServicePods: func(context.Context) (map[types.UID]bool, error) {
+	e.startLenderWith(t, func(o *LenderOptions) {
+		o.ServicePods = func(context.Context) (map[types.UID]bool, error) {
 			calls++
 			return map[types.UID]bool{"mps-daemon": true}, nil
-		},
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.l = l
 	uuid := uuidOf(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"mps-daemon": {SM: 90, Memory: 1 << 30, PIDs: []uint32{7}}}
@@ -285,24 +296,14 @@ type killCall struct {
 // while it holds the GPU, and its claim is told once.
 func TestOutstayingBorrowerIsKilled(t *testing.T) {
 	e := newLendingEnv(t)
-	e.i = e.start(nil)
 	var calls []killCall
-	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
-		Policy:     lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
-		Sample:     e.act.sample,
-		Store:      lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
-		BootID:     e.bootID,
-		Now:        func() time.Time { return e.now },
-		KillMargin: 20 * time.Second,
-		Kill: func(pod types.UID, pids []uint32) ([]string, error) {
+	e.startLenderWith(t, func(o *LenderOptions) {
+		o.KillMargin = 20 * time.Second
+		o.Kill = func(pod types.UID, pids []uint32) ([]string, error) {
 			calls = append(calls, killCall{pod, pids})
 			return []string{"/sys/fs/cgroup/kubepods/pod" + string(pod)}, nil
-		},
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.l = l
 	uuid := uuidOf(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
@@ -355,23 +356,13 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 // reason, and tried again.
 func TestOutstayingBorrowerNotKillable(t *testing.T) {
 	e := newLendingEnv(t)
-	e.i = e.start(nil)
 	tries := 0
-	l, err := NewLender(ctxFor(t), e.i.Plugin, LenderOptions{
-		Policy: lending.Policy{IdlePeriod: time.Minute, MinLend: 1 << 30, Reserve: 1 << 30, MemorySlack: 256 << 20},
-		Sample: e.act.sample,
-		Store:  lending.Store{Path: filepath.Join(t.TempDir(), lending.StateFile)},
-		BootID: e.bootID,
-		Now:    func() time.Time { return e.now },
-		Kill: func(types.UID, []uint32) ([]string, error) {
+	e.startLenderWith(t, func(o *LenderOptions) {
+		o.Kill = func(types.UID, []uint32) ([]string, error) {
 			tries++
 			return nil, fmt.Errorf("no cgroup v2 hierarchy")
-		},
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.l = l
 	uuid := uuidOf(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
