@@ -17,8 +17,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/tessera-dev/tessera/tests/e2e/framework"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
 
 // byRequest returns a claim's allocated devices by request, failing unless

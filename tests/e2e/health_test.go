@@ -171,7 +171,7 @@ func TestHealthFatalXIDEvictsAndRecovers(t *testing.T) {
 	}
 	t.Logf("pod after (claim for minor %s) while tainted: %s: %s", minor, cond.Reason, cond.Message)
 
-	took = waitGPUTaint(c, ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
+	waitGPUTaint(c, ctx, t, minor, "", healthRecoveryPeriod+taintSlack)
 	since := time.Since(injected)
 	if since < healthRecoveryPeriod {
 		t.Errorf("the taint went %v after the XID, before the recovery period (%v)", since.Round(100*time.Millisecond), healthRecoveryPeriod)

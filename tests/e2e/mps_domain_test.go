@@ -10,8 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tessera-dev/tessera/tests/e2e/framework"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
 
 // mpsTenant is an MPS share and a client, run as runAsUser (0: the
