@@ -384,7 +384,7 @@ func (r *Report) nodeMarkdown(b *strings.Builder) {
 
 	p("\n### API writes to publish the node\n\n")
 	p("ResourceSlice creates, updates and deletes seen by client-go's fake clientset, written by k8s.io/dynamic-resource-allocation's " +
-		"resourceslice controller (what kubeletplugin.Helper.PublishResources runs, with the node as owner) fed by plugin.Inventory; reads " +
+		"resourceslice controller (what kubeletplugin.Helper.PublishResources runs, with the node as owner) fed by publish.Inventory; reads " +
 		"(node lookup, list, watch) not counted. The controller's follow-up syncs were shortened (20 ms sync delay, 100 ms mutation cache TTL) " +
 		"and each step waited for 400 ms without writes, so every write it makes after a change is counted.\n\n")
 	p("| event | slices | creates | updates | deletes |\n|---|---|---|---|---|\n")
@@ -403,9 +403,9 @@ func (r *Report) nodeMarkdown(b *strings.Builder) {
 		skips = skips && run.Writes.InventorySkipsUnchanged
 	}
 	if skips {
-		p("\nplugin.Inventory does not call PublishResources at all when discovery and taints are unchanged; the second row calls it directly.\n")
+		p("\npublish.Inventory does not call PublishResources at all when discovery and taints are unchanged; the second row calls it directly.\n")
 	} else {
-		p("\nplugin.Inventory called PublishResources again for an unchanged node in at least one run.\n")
+		p("\npublish.Inventory called PublishResources again for an unchanged node in at least one run.\n")
 	}
 }
 
