@@ -180,7 +180,8 @@ func (p *Plugin) planDevice(claim *resourceapi.ResourceClaim, r resourceapi.Devi
 		}
 		// MIG devices are never lent, and carry no shares.
 		d = plannedDevice{request: r.Request, pool: r.Pool, device: r.Device, gpu: g, adminAccess: r.AdminAccess != nil && *r.AdminAccess}
-		return d, configapi.NVLinkIgnore, p.planMIG(claim, &d, name, cfg, source)
+		err := p.planMIG(claim, &d, name, cfg, source)
+		return d, configapi.NVLinkIgnore, err
 	}
 	minor, kind, err := model.ParseDevice(r.Device)
 	if err != nil {
