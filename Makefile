@@ -79,7 +79,7 @@ fmt:
 lint: vet helm-lint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@command -v shellcheck >/dev/null || { echo "shellcheck missing: apt-get install -y shellcheck"; exit 1; }
-	@scripts=$$(git ls-files '*.sh' .ci/run); for s in $$scripts; do bash -n "$$s" || exit 1; done; shellcheck $$scripts
+	@scripts=$$(git ls-files '*.sh' .ci/run); for s in $$scripts; do bash -n "$$s" || exit 1; done; shellcheck -x $$scripts
 	@bin=$$(hack/tools/golangci-lint/build.sh | tail -n1) && $$bin/golangci-lint run ./...
 
 ## helm-lint: the chart with default, local-cluster, cert-manager, legacy-translation and budgets values

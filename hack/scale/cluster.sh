@@ -31,9 +31,10 @@
 #   TESSERA_UP_TIMEOUT        seconds to wait for each component [180]
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 # shellcheck source=SCRIPTDIR/../lib/cluster.sh
+[ -r "$repo/hack/lib/cluster.sh" ] || { echo "$0: $repo/hack/lib/cluster.sh is missing: run this script from a Tessera checkout" >&2; exit 1; }
 . "$repo/hack/lib/cluster.sh"
 CLUSTER_LOG_PREFIX=scale-cluster
 CLUSTER_NAME=tessera-scale

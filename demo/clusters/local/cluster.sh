@@ -29,9 +29,10 @@
 # certs.d/_default), so `docker.io/library/busybox:1.36` is served from it.
 set -euo pipefail
 
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 # shellcheck source=SCRIPTDIR/../../../hack/lib/cluster.sh
+[ -r "$repo/hack/lib/cluster.sh" ] || { echo "$0: $repo/hack/lib/cluster.sh is missing: run this script from a Tessera checkout" >&2; exit 1; }
 . "$repo/hack/lib/cluster.sh"
 CLUSTER_LOG_PREFIX=cluster
 CLUSTER_NAME=tessera-local
