@@ -62,8 +62,8 @@ func (p *Plugin) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 }
 
-// HealthReport is the current health of every published device.
-func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
+// gpusByMinor returns the plugin's GPUs, ordered by minor number.
+func (p *Plugin) gpusByMinor() []gpu.GPU {
 	p.gpusMu.RLock()
 	gpus := make([]gpu.GPU, 0, len(p.gpus))
 	for _, g := range p.gpus {
@@ -71,6 +71,12 @@ func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
 	}
 	p.gpusMu.RUnlock()
 	slices.SortFunc(gpus, func(a, b gpu.GPU) int { return a.Minor - b.Minor })
+	return gpus
+}
+
+// HealthReport is the current health of every published device.
+func (p *Plugin) HealthReport() kubeletplugin.DeviceHealthReport {
+	gpus := p.gpusByMinor()
 
 	now := time.Now()
 	// A MIG device an XID named is unhealthy on its own (the GPU's other

@@ -552,13 +552,7 @@ func (p *Plugin) reconcileMIG(ctx context.Context) {
 			}
 		}
 	}
-	p.gpusMu.RLock()
-	gpus := make([]gpu.GPU, 0, len(p.gpus))
-	for _, g := range p.gpus {
-		gpus = append(gpus, g)
-	}
-	p.gpusMu.RUnlock()
-	slices.SortFunc(gpus, func(a, b gpu.GPU) int { return a.Minor - b.Minor })
+	gpus := p.gpusByMinor()
 	for _, g := range gpus {
 		if !g.MIGEnabled && len(byGPU[g.UUID]) == 0 {
 			continue
@@ -611,6 +605,19 @@ func (p *Plugin) reconcileMIG(ctx context.Context) {
 	}
 }
 
+// firstMIGReport records that the MIG report named key was made, and says
+// whether this is the first time.
+func (p *Plugin) firstMIGReport(key string) bool {
+	p.migReportedMu.Lock()
+	defer p.migReportedMu.Unlock()
+	if p.migReported == nil {
+		p.migReported = map[string]bool{}
+	}
+	seen := p.migReported[key]
+	p.migReported[key] = true
+	return !seen
+}
+
 // foreignMIG reports, once per instance, an instance of a dynamic-MIG GPU
 // that no record holds: it is kept (an admin's, another tool's, or one a
 // release without MIG support left), and its slices are published as taken
@@ -620,14 +627,7 @@ func (p *Plugin) foreignMIG(ctx context.Context, g gpu.GPU, in gpu.MIGInstance) 
 	for _, ci := range in.ComputeInstances {
 		key += "/" + ci.UUID
 	}
-	p.migReportedMu.Lock()
-	if p.migReported == nil {
-		p.migReported = map[string]bool{}
-	}
-	seen := p.migReported[key]
-	p.migReported[key] = true
-	p.migReportedMu.Unlock()
-	if seen {
+	if !p.firstMIGReport(key) {
 		return
 	}
 	msg := mig.Describe(g, in) + " is held by no claim of this plugin: it is kept, and its memory slices are published as taken until it is gone (an admin's or another tool's instance on a GPU named in --dynamic-mig; " +
@@ -768,14 +768,7 @@ func (p *Plugin) warnMIGVisibility(claims []*resourceapi.ResourceClaim, result m
 				continue
 			}
 			key := string(ref.UID) + "/" + string(claim.UID)
-			p.migReportedMu.Lock()
-			if p.migReported == nil {
-				p.migReported = map[string]bool{}
-			}
-			seen := p.migReported[key]
-			p.migReported[key] = true
-			p.migReportedMu.Unlock()
-			if !seen {
+			if p.firstMIGReport(key) {
 				p.claimEvent(claim, corev1.EventTypeWarning, "MIGVisibleDevices", msg)
 			}
 		}
