@@ -33,17 +33,20 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
-// The names of pkg/model's resource model that a fraction depends on. They
-// are repeated here (a test keeps them equal) because pkg/model links NVML,
-// and the admission webhook, a static binary, uses this package.
+// The names of the resource model that a fraction depends on, from
+// modelnames (pkg/model links NVML; the admission webhook, a static binary,
+// uses this package). The two attributes not in modelnames are repeated (a
+// test keeps them equal to pkg/model's).
 const (
-	driverName      = "gpu.tessera.dev"
-	sharedClassName = "shared." + driverName
-	attrType        = resourceapi.QualifiedName("type")
+	driverName      = modelnames.DriverName
+	sharedClassName = modelnames.SharedClassName
+	attrType        = modelnames.AttrType
 	attrProductName = resourceapi.QualifiedName("productName")
-	typeShared      = "shared"
+	typeShared      = modelnames.TypeShared
 	capMemory       = resourceapi.QualifiedName("memory")
 	capCores        = resourceapi.QualifiedName("cores")
 	coresPerGPU     = 100

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // A fraction of a MIG class is not a share: MIG devices are whole GPU
@@ -21,10 +23,10 @@ import (
 // memory: 1g.10gb has 1 of 8 memory slices, less than 1/7), 1/8 is 1g.10gb,
 // 1/4 is 2g.20gb, 1/3 is 3g.40gb, 1/2 is 4g.40gb and 1 is 7g.80gb.
 
-// MIG names of pkg/model that MIG fractions depend on (a test keeps them
-// equal).
+// MIG names that MIG fractions depend on (a test keeps attrProfile equal to
+// pkg/model's).
 const (
-	migClassName       = "mig." + driverName
+	migClassName       = modelnames.MIGClassName
 	attrProfile        = resourceapi.QualifiedName("profile")
 	migProfileMaxChars = resourceapi.DeviceAttributeMaxValueLength
 )
