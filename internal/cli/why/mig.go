@@ -190,6 +190,24 @@ func slicesRange(idx []int) string {
 	return "memory slices " + strings.Join(parts, ", ")
 }
 
+// slicesByHolder groups memory slices by who holds them, the holders in the
+// order they first come.
+type slicesByHolder struct {
+	holders []string
+	slices  map[string][]int
+}
+
+// add counts memory slice i as held by holder.
+func (s *slicesByHolder) add(holder string, i int) {
+	if s.slices == nil {
+		s.slices = map[string][]int{}
+	}
+	if _, seen := s.slices[holder]; !seen {
+		s.holders = append(s.holders, holder)
+	}
+	s.slices[holder] = append(s.slices[holder], i)
+}
+
 // migSlices is the memory slices a placement covers: "memory slices 4-7".
 func migSlices(cc resourceapi.DeviceCounterConsumption) string {
 	var mem []int
@@ -246,8 +264,7 @@ func (e *explainer) migCounterReasons(d device) (reason string, short bool) {
 		return fmt.Sprintf("counter set %s is not published", cc.CounterSet), true
 	}
 	// Taken memory slices grouped by who takes them, in slice order.
-	var order []string
-	takenBy := map[string][]int{}
+	var taken slicesByHolder
 	var totals []string
 	for _, name := range slices.SortedFunc(maps.Keys(cc.Counters), compareCounters) {
 		c := cc.Counters[name]
@@ -263,18 +280,14 @@ func (e *explainer) migCounterReasons(d device) (reason string, short bool) {
 			if u.foreign(name) > 0 {
 				who = append(who, "used by a MIG instance no claim holds (made by an admin, or left behind)")
 			}
-			key := strings.Join(who, " and ")
-			if _, seen := takenBy[key]; !seen {
-				order = append(order, key)
-			}
-			takenBy[key] = append(takenBy[key], i)
+			taken.add(strings.Join(who, " and "), i)
 			continue
 		}
 		totals = append(totals, fmt.Sprintf("needs %s, %d free", amountOf(need, name), max(free, 0)))
 	}
 	var parts []string
-	for _, who := range order {
-		parts = append(parts, slicesRange(takenBy[who])+" "+who)
+	for _, who := range taken.holders {
+		parts = append(parts, slicesRange(taken.slices[who])+" "+who)
 	}
 	parts = append(parts, totals...)
 	if len(parts) == 0 {
@@ -292,8 +305,7 @@ func (e *explainer) migUsage(pool, name string) string {
 	}
 	var mem []int
 	var engines []string
-	var memOrder []string
-	memBy := map[string][]int{}
+	var memBy slicesByHolder
 	var parts []string
 	for _, counter := range slices.SortedFunc(maps.Keys(u.set.Counters), compareCounters) {
 		used := u.full[counter] - u.free(counter)
@@ -309,11 +321,7 @@ func (e *explainer) migUsage(pool, name string) string {
 			if u.foreign(counter) > 0 {
 				by = append(by, "instances no claim holds")
 			}
-			key := strings.Join(by, ", ")
-			if _, seen := memBy[key]; !seen {
-				memOrder = append(memOrder, key)
-			}
-			memBy[key] = append(memBy[key], i)
+			memBy.add(strings.Join(by, ", "), i)
 			continue
 		}
 		if used <= 0 {
@@ -342,8 +350,8 @@ func (e *explainer) migUsage(pool, name string) string {
 	used := "no memory slice used"
 	if len(mem) > 0 {
 		var by []string
-		for _, who := range memOrder {
-			by = append(by, strings.TrimPrefix(strings.TrimPrefix(slicesRange(memBy[who]), "memory slices "), "memory slice ")+" "+who)
+		for _, who := range memBy.holders {
+			by = append(by, strings.TrimPrefix(strings.TrimPrefix(slicesRange(memBy.slices[who]), "memory slices "), "memory slice ")+" "+who)
 		}
 		used = fmt.Sprintf("%s used (%s)", slicesRange(mem), strings.Join(by, ", "))
 	}
