@@ -10,6 +10,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // What discovery finds wrong with a GPU it described is never silent: a MIG
@@ -36,12 +37,12 @@ func TestInventoryConditions(t *testing.T) {
 	mustDo(node.FailDiscovery(4, "nvmlDeviceGetNvLinkState", nvml.ERROR_UNKNOWN))
 	uuid := func(i int) string { u, _ := node.Devices[i].GetUUID(); return u }
 
-	pub, events := &fakePublisher{}, &fakeEvents{}
+	pub, events := &publishtest.Publisher{}, &publishtest.Events{}
 	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events}
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("first sync: changed %v, err %v", changed, err)
 	}
-	devs, _ := pub.devices(t)
+	devs, _ := pub.Devices(t)
 	if _, ok := devs["gpu-1"]; ok || len(devs) != 14 {
 		t.Errorf("published %d devices (gpu-1 among them: %v), want the 7 GPUs not in MIG mode (GPU 1 has no MIG instance)", len(devs), ok)
 	}
@@ -61,14 +62,14 @@ func TestInventoryConditions(t *testing.T) {
 			t.Errorf("%s tainted: %v", name, devs[name])
 		}
 	}
-	list := events.list()
+	list := events.List()
 	for _, e := range []struct{ reason, gpu, says string }{
 		{"Warning GPUMIGEnabled", "GPU index 1 (" + uuid(1) + ")", "published as MIG devices only"},
 		{"Warning GPUFabricNotReady", "GPU index 2 (" + uuid(2) + ")", "NotStarted"},
 		{"Warning GPUComputeMode", "GPU index 3 (" + uuid(3) + ")", "compute mode is ExclusiveProcess, Tessera expects Default"},
 		{"Warning GPUNVLinkUnknown", "GPU index 4 (" + uuid(4) + ")", "nvmlDeviceGetNvLinkState"},
 	} {
-		if !hasEvent(list, e.reason, e.gpu, e.says) {
+		if !publishtest.HasEvent(list, e.reason, e.gpu, e.says) {
 			t.Errorf("events %q, want %s for %s saying %q", list, e.reason, e.gpu, e.says)
 		}
 	}
@@ -84,9 +85,9 @@ func TestInventoryConditions(t *testing.T) {
 		t.Errorf("metrics conditions %+v", snap.Conditions)
 	}
 	// Unchanged: no new event, nothing republished.
-	n := len(events.list())
-	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.list()) != n {
-		t.Errorf("unchanged: changed %v, err %v, new events %q", changed, err, events.list()[n:])
+	n := len(events.List())
+	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.List()) != n {
+		t.Errorf("unchanged: changed %v, err %v, new events %q", changed, err, events.List()[n:])
 	}
 
 	// The Fabric Manager registers GPU 2; the admin puts GPU 3 back.
@@ -95,19 +96,19 @@ func TestInventoryConditions(t *testing.T) {
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("after the fix: changed %v, err %v", changed, err)
 	}
-	devs, _ = pub.devices(t)
+	devs, _ = pub.Devices(t)
 	for _, name := range []string{"gpu-2", "gpu-2-shared", "gpu-3", "gpu-3-shared"} {
 		if devs[name] != nil {
 			t.Errorf("after the fix: %s taints %v", name, devs[name])
 		}
 	}
 	for _, reason := range []string{"FabricNotReady", "ComputeMode"} {
-		if !hasEvent(events.list(), "Normal GPUConditionCleared", reason+" no longer holds") {
-			t.Errorf("events %q, want GPUConditionCleared for %s", events.list(), reason)
+		if !publishtest.HasEvent(events.List(), "Normal GPUConditionCleared", reason+" no longer holds") {
+			t.Errorf("events %q, want GPUConditionCleared for %s", events.List(), reason)
 		}
 	}
-	if hasEvent(events.list(), "Normal GPUConditionCleared", "MIGEnabled") {
-		t.Errorf("MIG cleared although GPU 1 is still in MIG mode: %q", events.list())
+	if publishtest.HasEvent(events.List(), "Normal GPUConditionCleared", "MIGEnabled") {
+		t.Errorf("MIG cleared although GPU 1 is still in MIG mode: %q", events.List())
 	}
 }
 
@@ -122,13 +123,13 @@ func TestInventoryExpectedComputeMode(t *testing.T) {
 	if err := node.SetComputeMode(0, gpu.ComputeModeExclusiveProcess); err != nil {
 		t.Fatal(err)
 	}
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub,
 		ComputeModes: gpu.ComputeModePolicy{PerGPU: func(g gpu.GPU) (gpu.ComputeMode, bool) { return gpu.ComputeModeExclusiveProcess, g.Index == 0 }}}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if devs, _ := pub.devices(t); devs["gpu-0"] != nil || devs["gpu-1"] != nil {
+	if devs, _ := pub.Devices(t); devs["gpu-0"] != nil || devs["gpu-1"] != nil {
 		t.Errorf("taints gpu-0 %v gpu-1 %v, want none", devs["gpu-0"], devs["gpu-1"])
 	}
 }
@@ -147,13 +148,13 @@ func TestInventoryAllMIG(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	events := &fakeEvents{}
-	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: &fakePublisher{}, Events: events}
+	events := &publishtest.Events{}
+	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: &publishtest.Publisher{}, Events: events}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if hasEvent(events.list(), "Warning NoGPUs", "NVML reports no GPU") {
-		t.Errorf("events %q: NoGPUs although NVML reports 4", events.list())
+	if publishtest.HasEvent(events.List(), "Warning NoGPUs", "NVML reports no GPU") {
+		t.Errorf("events %q: NoGPUs although NVML reports 4", events.List())
 	}
 	if s := inv.Status(); !strings.HasPrefix(s, "ok: 4 GPUs published (4 as MIG devices); GPU index 0") {
 		t.Errorf("status %q", s)

@@ -13,14 +13,15 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // TestInventorySync publishes at first sync and then only when discovery
 // finds something different; a discovery error keeps the last publication.
 func TestInventorySync(t *testing.T) {
-	gpus := testGPUs()
+	gpus := publishtest.GPUs()
 	var discoverErr error
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	var seen [][]gpu.GPU
 	inv := &Inventory{
 		NodeName:     testNode,
@@ -43,8 +44,8 @@ func TestInventorySync(t *testing.T) {
 	if _, err := inv.Sync(ctx); err == nil {
 		t.Fatal("discovery error not returned")
 	}
-	if len(pub.published) != 2 || len(seen) != 2 || len(seen[1]) != 3 {
-		t.Errorf("published %d times, OnChange %d times", len(pub.published), len(seen))
+	if len(pub.Published) != 2 || len(seen) != 2 || len(seen[1]) != 3 {
+		t.Errorf("published %d times, OnChange %d times", len(pub.Published), len(seen))
 	}
 }
 
@@ -62,14 +63,14 @@ func TestInventoryBrokenGPU(t *testing.T) {
 	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.ERROR_UNKNOWN); err != nil {
 		t.Fatal(err)
 	}
-	pub, events := &fakePublisher{}, &fakeEvents{}
+	pub, events := &publishtest.Publisher{}, &publishtest.Events{}
 	var seen [][]gpu.GPU
 	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub, Events: events,
 		OnChange: func(g []gpu.GPU) { seen = append(seen, g) }}
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("first sync: changed %v, err %v; want a publication without error", changed, err)
 	}
-	devs, _ := pub.devices(t)
+	devs, _ := pub.Devices(t)
 	if len(devs) != 14 || devs["gpu-3"] != nil || devs["gpu-2"] != nil || len(devs["gpu-2-shared"]) != 0 {
 		t.Errorf("published %d devices %v, want the 7 healthy GPUs' 14, untainted", len(devs), slices.Sorted(maps.Keys(devs)))
 	}
@@ -80,8 +81,8 @@ func TestInventoryBrokenGPU(t *testing.T) {
 		t.Errorf("OnChange got %d inventories", len(seen))
 	}
 	uuid3, _ := node.Devices[3].GetUUID()
-	if !hasEvent(events.list(), "Warning GPUDiscoveryFailed", "GPU index 3 ("+uuid3+")", "nvmlDeviceGetMemoryInfo", "not published") {
-		t.Errorf("events %q, want a Warning GPUDiscoveryFailed for GPU index 3", events.list())
+	if !publishtest.HasEvent(events.List(), "Warning GPUDiscoveryFailed", "GPU index 3 ("+uuid3+")", "nvmlDeviceGetMemoryInfo", "not published") {
+		t.Errorf("events %q, want a Warning GPUDiscoveryFailed for GPU index 3", events.List())
 	}
 	if s := inv.Status(); !strings.HasPrefix(s, "ok: 7 GPUs published; GPU index 3") {
 		t.Errorf("status %q", s)
@@ -91,9 +92,9 @@ func TestInventoryBrokenGPU(t *testing.T) {
 		t.Errorf("metrics snapshot %+v", snap)
 	}
 	// The same failure again: no new event, nothing republished.
-	n := len(events.list())
-	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.list()) != n {
-		t.Errorf("unchanged failure: changed %v, err %v, events %q", changed, err, events.list()[n:])
+	n := len(events.List())
+	if changed, err := inv.Sync(ctx); err != nil || changed || len(events.List()) != n {
+		t.Errorf("unchanged failure: changed %v, err %v, events %q", changed, err, events.List()[n:])
 	}
 
 	// It recovers: published, reported.
@@ -103,11 +104,11 @@ func TestInventoryBrokenGPU(t *testing.T) {
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("after recovery: changed %v, err %v", changed, err)
 	}
-	if devs, _ := pub.devices(t); len(devs) != 16 || devs["gpu-3"] != nil {
+	if devs, _ := pub.Devices(t); len(devs) != 16 || devs["gpu-3"] != nil {
 		t.Errorf("after recovery: %d devices, gpu-3 taints %v", len(devs), devs["gpu-3"])
 	}
-	if !hasEvent(events.list(), "Normal GPUDiscoveryRecovered", "GPU index 3") {
-		t.Errorf("events %q, want GPUDiscoveryRecovered", events.list())
+	if !publishtest.HasEvent(events.List(), "Normal GPUDiscoveryRecovered", "GPU index 3") {
+		t.Errorf("events %q, want GPUDiscoveryRecovered", events.List())
 	}
 	if s := inv.Status(); s != "ok: 8 GPUs published" {
 		t.Errorf("status %q", s)
@@ -120,7 +121,7 @@ func TestInventoryBrokenGPU(t *testing.T) {
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("broken again: changed %v, err %v", changed, err)
 	}
-	devs, _ = pub.devices(t)
+	devs, _ = pub.Devices(t)
 	if len(devs) != 16 {
 		t.Errorf("broken again: %d devices, want 16", len(devs))
 	}
@@ -132,8 +133,8 @@ func TestInventoryBrokenGPU(t *testing.T) {
 	if devs["gpu-4"] != nil {
 		t.Errorf("gpu-4 tainted: %v", devs["gpu-4"])
 	}
-	if !hasEvent(events.list(), "Warning GPUDiscoveryFailed", "GPU index 3", "published as gpu-3 with taint gpu.tessera.dev/unhealthy=DiscoveryFailed:NoSchedule") {
-		t.Errorf("events %q", events.list())
+	if !publishtest.HasEvent(events.List(), "Warning GPUDiscoveryFailed", "GPU index 3", "published as gpu-3 with taint gpu.tessera.dev/unhealthy=DiscoveryFailed:NoSchedule") {
+		t.Errorf("events %q", events.List())
 	}
 	if g := seen[len(seen)-1]; len(g) != 8 || g[3].UUID != uuid3 || g[3].NVLinkDomain != "" {
 		t.Errorf("OnChange: %d GPUs, gpu-3 %+v; want all 8, gpu-3 in no NVLink domain", len(g), g[3])
@@ -156,13 +157,13 @@ func TestInventoryPartlyDescribedGPU(t *testing.T) {
 	}
 	uuid1, _ := node.Devices[1].GetUUID()
 	xid := resourceapi.DeviceTaint{Key: health.TaintKey, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &Inventory{NodeName: testNode, DiscoverNode: NVMLDiscovery(node, nil), Publisher: pub,
 		Taints: func() map[string][]resourceapi.DeviceTaint { return map[string][]resourceapi.DeviceTaint{uuid1: {xid}} }}
 	if _, err := inv.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	devs, _ := pub.devices(t)
+	devs, _ := pub.Devices(t)
 	if got := devs["gpu-1"]; len(devs) != 8 || !slices.Equal(got, []resourceapi.DeviceTaint{xid, DiscoveryFailedTaint}) {
 		t.Errorf("%d devices, gpu-1 taints %v; want 8 and the XID and discovery taints", len(devs), got)
 	}
