@@ -46,32 +46,28 @@ func mockKnobBase() string {
 	return "http://127.0.0.1:9477"
 }
 
-var (
-	cliOnce sync.Once
-	cliPath string
-	cliErr  error
-)
-
 // TesseraCLI builds cmd/tessera once per run.
 func TesseraCLI(t *testing.T) string {
 	t.Helper()
-	cliOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tessera-e2e-cli-")
-		if err != nil {
-			cliErr = err
-			return
-		}
-		cliPath = filepath.Join(dir, "tessera")
-		out, err := exec.Command("go", "build", "-o", cliPath, filepath.Join(RepoRoot, "cmd", "tessera")).CombinedOutput()
-		if err != nil {
-			cliErr = fmt.Errorf("go build ./cmd/tessera: %v\n%s", err, out)
-		}
-	})
-	if cliErr != nil {
-		t.Fatal(cliErr)
+	path, err := buildCLI()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return cliPath
+	return path
 }
+
+var buildCLI = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "tessera-e2e-cli-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "tessera")
+	out, err := exec.Command("go", "build", "-o", path, filepath.Join(RepoRoot, "cmd", "tessera")).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ./cmd/tessera: %v\n%s", err, out)
+	}
+	return path, nil
+})
 
 // Kubeconfig is the kubeconfig file of the cluster under test.
 func Kubeconfig(t *testing.T) string {
