@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
@@ -15,23 +14,11 @@ import (
 // _CORES_LIMIT), all from the CDI spec the driver wrote for the claim.
 func TestSharedClaimGetsItsGPUAndLimits(t *testing.T) {
 	cluster := needDriver(t, "shared.gpu.tessera.dev")
-	ctx := context.Background()
 	ns := cluster.Namespace(t, "e2e-shared")
 	pods := cluster.RunSpec(t, ns, framework.Testdata(t, "shared-claim.yaml"))
 	got := pods["shared-claim"]
 
-	claimName, err := framework.PodClaimName(got.Pod, "gpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	devices, err := cluster.AllocatedDevices(ctx, ns, claimName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(devices) != 1 {
-		t.Fatalf("claim %s/%s: %d devices allocated, want 1", ns, claimName, len(devices))
-	}
-	dev := devices[0]
+	dev := framework.ClaimOf(t, cluster, got, "gpu")
 	if dev.Attribute("type") != "shared" {
 		t.Errorf("allocated device %s has type %q, want shared", dev.Result.Device, dev.Attribute("type"))
 	}

@@ -97,18 +97,7 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	ns := c.Namespace(t, "e2e-mps")
 	client := c.RunObjects(t, ns, append([]*unstructured.Unstructured{mpsClaim.Object()}, framework.MustDecodeYAML(t, mpsClientYAML)...)...)["mps-client"]
 
-	claimName, err := framework.PodClaimName(client.Pod, "gpu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs, err := c.AllocatedDevices(ctx, ns, claimName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(devs) != 1 {
-		t.Fatalf("claim %s: %d devices, want 1", claimName, len(devs))
-	}
-	uuid := devs[0].Attribute("uuid")
+	uuid := framework.ClaimOf(t, c, client, "gpu").Attribute("uuid")
 	for k, want := range map[string]string{
 		"CUDA_VISIBLE_DEVICES":              uuid,
 		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
