@@ -172,21 +172,18 @@ func (typeMetaChecker) Interpret(data []byte) (*schema.GroupVersionKind, error) 
 		}
 		return nil, fmt.Errorf("not valid JSON: %v", err)
 	}
-	supported := SchemeGroupVersion.String()
 	var problems []string
-	switch typeMeta.APIVersion {
-	case supported:
-	case "":
-		problems = append(problems, fmt.Sprintf("apiVersion is missing (supported: %s)", supported))
-	default:
-		problems = append(problems, fmt.Sprintf("apiVersion %q is not supported (supported: %s)", typeMeta.APIVersion, supported))
-	}
-	switch typeMeta.Kind {
-	case GpuConfigKind:
-	case "":
-		problems = append(problems, fmt.Sprintf("kind is missing (supported: %s)", GpuConfigKind))
-	default:
-		problems = append(problems, fmt.Sprintf("kind %q is not supported (supported: %s)", typeMeta.Kind, GpuConfigKind))
+	for _, f := range []struct{ name, value, supported string }{
+		{"apiVersion", typeMeta.APIVersion, SchemeGroupVersion.String()},
+		{"kind", typeMeta.Kind, GpuConfigKind},
+	} {
+		switch f.value {
+		case f.supported:
+		case "":
+			problems = append(problems, fmt.Sprintf("%s is missing (supported: %s)", f.name, f.supported))
+		default:
+			problems = append(problems, fmt.Sprintf("%s %q is not supported (supported: %s)", f.name, f.value, f.supported))
+		}
 	}
 	if len(problems) > 0 {
 		return nil, typeMetaError(problems)
