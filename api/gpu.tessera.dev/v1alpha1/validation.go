@@ -56,13 +56,8 @@ func (c *GpuConfig) Validate() field.ErrorList {
 	if c == nil {
 		return nil
 	}
-	var errs field.ErrorList
-	if c.APIVersion != "" && c.APIVersion != SchemeGroupVersion.String() {
-		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{SchemeGroupVersion.String()}))
-	}
-	if c.Kind != "" && c.Kind != GpuConfigKind {
-		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{GpuConfigKind}))
-	}
+	errs := notSupported(field.NewPath("apiVersion"), c.APIVersion, []string{SchemeGroupVersion.String()})
+	errs = append(errs, notSupported(field.NewPath("kind"), c.Kind, []string{GpuConfigKind})...)
 	errs = append(errs, c.Sharing.validate(field.NewPath("sharing"))...)
 	errs = append(errs, c.Topology.validate(field.NewPath("topology"))...)
 	errs = append(errs, c.Locality.validate(field.NewPath("locality"))...)
@@ -87,20 +82,14 @@ func (l *LocalityConfig) validate(path *field.Path) field.ErrorList {
 			errs = append(errs, field.Invalid(path.Child(f.name), f.value, msg))
 		}
 	}
-	if l.Scope != "" && !slices.Contains(SupportedLocalityScopes, l.Scope) {
-		errs = append(errs, field.NotSupported(path.Child("scope"), l.Scope, SupportedLocalityScopes))
-	}
-	return errs
+	return append(errs, notSupported(path.Child("scope"), l.Scope, SupportedLocalityScopes)...)
 }
 
 func (s *SharingConfig) validate(path *field.Path) field.ErrorList {
 	if s == nil {
 		return nil
 	}
-	var errs field.ErrorList
-	if s.Isolation != "" && !slices.Contains(SupportedIsolations, s.Isolation) {
-		errs = append(errs, field.NotSupported(path.Child("isolation"), s.Isolation, SupportedIsolations))
-	}
+	errs := notSupported(path.Child("isolation"), s.Isolation, SupportedIsolations)
 	if s.ComputeLimit != nil && (*s.ComputeLimit < MinComputeLimit || *s.ComputeLimit > MaxComputeLimit) {
 		errs = append(errs, field.Invalid(path.Child("computeLimit"), *s.ComputeLimit, "must be between 1 and 100"))
 	}
@@ -198,11 +187,16 @@ func (t *TopologyConfig) validate(path *field.Path) field.ErrorList {
 	if t == nil {
 		return nil
 	}
-	var errs field.ErrorList
-	if t.NVLink != "" && !slices.Contains(SupportedNVLinkPolicies, t.NVLink) {
-		errs = append(errs, field.NotSupported(path.Child("nvlink"), t.NVLink, SupportedNVLinkPolicies))
+	return notSupported(path.Child("nvlink"), t.NVLink, SupportedNVLinkPolicies)
+}
+
+// notSupported is the error for a value that is set (not "") and is not one
+// of supported; nil otherwise.
+func notSupported[T ~string](path *field.Path, value T, supported []T) field.ErrorList {
+	if value == "" || slices.Contains(supported, value) {
+		return nil
 	}
-	return errs
+	return field.ErrorList{field.NotSupported(path, value, supported)}
 }
 
 // joinErrors renders field errors on one line, separated by "; ", without the
