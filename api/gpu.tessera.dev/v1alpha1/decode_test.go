@@ -25,6 +25,23 @@ func decodeAndValidate(raw []byte) (*GpuConfig, error) {
 	return config, nil
 }
 
+// isWantedError fails t unless err is the error want says: none for "",
+// else one whose message is want. It reports whether an error was wanted,
+// when the case has no result to check; got, the result, is named when an
+// error was wanted and none came.
+func isWantedError(t *testing.T, err error, want string, got any) bool {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("unexpected error: %v", err)
+	case want != "" && err == nil:
+		t.Fatalf("got %+v, want error %q", got, want)
+	case want != "" && err.Error() != want:
+		t.Fatalf("wrong error\n got: %s\nwant: %s", err, want)
+	}
+	return want != ""
+}
+
 func TestBadConfigs(t *testing.T) {
 	tests := []struct {
 		name string
@@ -438,14 +455,8 @@ func TestDecodeLenient(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			config, err := DecodeLenient([]byte(tc.in))
-			if tc.wantErr != "" {
-				if err == nil || err.Error() != tc.wantErr {
-					t.Fatalf("got error %v, want %q", err, tc.wantErr)
-				}
+			if isWantedError(t, err, tc.wantErr, config) {
 				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
 			}
 			if diff := cmp.Diff(tc.want, config); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -102,17 +103,8 @@ func TestShareLimits(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			memory, cores, err := tc.config.ShareLimits(tc.consumedMemory, tc.consumedCores)
-			if tc.wantErr != "" {
-				if err == nil {
-					t.Fatalf("got limits %d bytes, %d cores; want error %q", memory, cores, tc.wantErr)
-				}
-				if err.Error() != tc.wantErr {
-					t.Fatalf("wrong error\n got: %s\nwant: %s", err, tc.wantErr)
-				}
+			if isWantedError(t, err, tc.wantErr, fmt.Sprintf("limits of %d bytes, %d cores", memory, cores)) {
 				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
 			}
 			if memory != tc.wantMemory || cores != tc.wantCores {
 				t.Errorf("got %d bytes, %d cores; want %d bytes, %d cores", memory, cores, tc.wantMemory, tc.wantCores)

@@ -314,17 +314,8 @@ func TestConfigForRequest(t *testing.T) {
 				tc.configs[i].DeepCopyInto(&before[i])
 			}
 			got, err := ConfigForRequest(tc.configs, tc.request)
-			if tc.wantErr != "" {
-				if err == nil {
-					t.Fatalf("got config %+v, want error %q", got, tc.wantErr)
-				}
-				if err.Error() != tc.wantErr {
-					t.Fatalf("wrong error\n got: %s\nwant: %s", err, tc.wantErr)
-				}
+			if isWantedError(t, err, tc.wantErr, got) {
 				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("merged config (-want +got):\n%s", diff)
