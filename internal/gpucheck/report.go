@@ -284,36 +284,31 @@ func (r *Report) Evaluate(t Targets) {
 			if m == nil {
 				continue
 			}
-			switch {
-			case !b.Enforces.Memory:
-				m.Verdict = NotEnforced
-			case math.Abs(m.ObtainedMiB-m.LimitMiB) <= t.MemoryToleranceMiB:
-				m.Verdict = Pass
-				r.Measured++
-			default:
-				m.Verdict = Miss
-				r.Measured++
-				r.Pass = false
-			}
+			m.Verdict = r.judge(b.Enforces.Memory, math.Abs(m.ObtainedMiB-m.LimitMiB) <= t.MemoryToleranceMiB)
 		}
 		if c := b.Compute; c != nil {
 			within := true
 			for k := range c.MeasuredPercent {
 				within = within && math.Abs(c.MeasuredPercent[k]-c.ExpectedPercent[k]) <= t.SplitTolerancePoints
 			}
-			switch {
-			case !b.Enforces.Compute:
-				c.Verdict = NotEnforced
-			case within:
-				c.Verdict = Pass
-				r.Measured++
-			default:
-				c.Verdict = Miss
-				r.Measured++
-				r.Pass = false
-			}
+			c.Verdict = r.judge(b.Enforces.Compute, within)
 		}
 	}
+}
+
+// judge is the verdict on one measurement: NotEnforced where the backend
+// does not enforce what it measured, else Pass or Miss as within says. A
+// judged measurement counts in r.Measured, and a Miss fails the report.
+func (r *Report) judge(enforced, within bool) string {
+	if !enforced {
+		return NotEnforced
+	}
+	r.Measured++
+	if !within {
+		r.Pass = false
+		return Miss
+	}
+	return Pass
 }
 
 // WriteTable writes the human-readable report.
