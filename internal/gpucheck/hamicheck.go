@@ -194,12 +194,7 @@ func (n *node) hamiShared(ctx context.Context, ep ExecProber, env []string, c Ch
 		_, _ = p.next(ep.timeout(), "result")
 	}
 	detail, bad := judgeHAMiShared(n.memory, n.targets.MemoryToleranceMiB, probes)
-	if len(bad) > 0 {
-		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+detail
-		return c
-	}
-	c.Status, c.Detail = n.measured(), detail
-	return c
+	return n.judged(c, bad, detail)
 }
 
 // judgeHAMiShared holds N processes of one claim (their probes, holding

@@ -540,12 +540,7 @@ func (n *node) migMemoryCheck(ctx context.Context, ep ExecProber, plan migPlan, 
 	if n.cfg.Mock {
 		detail += "; mock: the simulated probe sees the MIG device the mock NVML lists, with its memory"
 	}
-	if len(bad) > 0 {
-		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+detail
-		return c
-	}
-	c.Status, c.Detail = n.measured(), detail
-	return c
+	return n.judged(c, bad, detail)
 }
 
 func (n *node) migIsolationCheck(ctx context.Context, ep ExecProber, plan migPlan, a, b migInstance, c Check) Check {
@@ -580,12 +575,7 @@ func (n *node) migIsolationCheck(ctx context.Context, ep ExecProber, plan migPla
 	if n.cfg.Mock {
 		detail += "; mock: the simulated probes see the MIG devices the mock NVML lists"
 	}
-	if len(bad) > 0 {
-		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+detail
-		return c
-	}
-	c.Status, c.Detail = n.measured(), detail
-	return c
+	return n.judged(c, bad, detail)
 }
 
 // migReference is the most memory a process in the instance may see: the

@@ -206,6 +206,18 @@ func (n *node) measured() string {
 	return StatusMeasured
 }
 
+// judged is c with the outcome of a measurement: a mismatch naming bad
+// before detail, or with nothing bad, measured (simulated in a mock run)
+// with detail.
+func (n *node) judged(c Check, bad []string, detail string) Check {
+	if len(bad) > 0 {
+		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+detail
+		return c
+	}
+	c.Status, c.Detail = n.measured(), detail
+	return c
+}
+
 // asUID makes cmd run as uid and gid. The probe is executed through a
 // descriptor this process opened (/proc/self/fd/3 in the child, as
 // fexecve does), so that directories the other uid cannot search (a bundle
@@ -603,12 +615,8 @@ func (n *node) mpsMemoryCheck(ctx context.Context, ep ExecProber, c Check) Check
 		detail = append(detail, fmt.Sprintf("mock: the mock NVML counts each simulated client as a %d MiB process and, while a (pipe directory, uid) has clients, a simulated server of %d MiB", SimulatedContextMiB, SimulatedServerMiB))
 	}
 	pids := [2]int{clients[0].cmd.Process.Pid, clients[1].cmd.Process.Pid}
-	if bad := judgeMPSMemory(servers, pids, server, client2, int64(isolation.DefaultMPSServerReserve)); len(bad) > 0 {
-		c.Status, c.Detail = StatusMismatch, strings.Join(bad, "; ")+" — "+strings.Join(detail, "; ")
-		return c
-	}
-	c.Status, c.Detail = n.measured(), strings.Join(detail, "; ")
-	return c
+	bad := judgeMPSMemory(servers, pids, server, client2, int64(isolation.DefaultMPSServerReserve))
+	return n.judged(c, bad, strings.Join(detail, "; "))
 }
 
 // mpsServerFloor is the least a server's context can take: a figure below
