@@ -246,13 +246,7 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 		}
 		devicesOf[c.Name] = devs
 		for _, d := range devs {
-			if d.Result.ShareID != nil {
-				q := d.Result.ConsumedCapacity["memory"]
-				demoMemory += q.Value()
-			} else {
-				q := d.Device.Capacity["memory"].Value
-				demoMemory += q.Value()
-			}
+			demoMemory += d.Memory()
 		}
 	}
 	t.Logf("demo: %d pods, %d claims, %s allocated (%d bytes)", len(pods), len(claims.Items),
@@ -291,13 +285,7 @@ func TestOperateMetricsAndStatus(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, d := range devs {
-				if d.Result.ShareID != nil {
-					q := d.Result.ConsumedCapacity["memory"]
-					clusterMemory += q.Value()
-				} else {
-					q := d.Device.Capacity["memory"].Value
-					clusterMemory += q.Value()
-				}
+				clusterMemory += d.Memory()
 			}
 		}
 	}

@@ -656,6 +656,17 @@ type Allocated struct {
 	Slice  *resourceapi.ResourceSlice
 }
 
+// Memory is the memory the allocation holds, in bytes: a share's consumed
+// memory, or a whole device's memory capacity.
+func (a Allocated) Memory() int64 {
+	if a.Result.ShareID != nil {
+		q := a.Result.ConsumedCapacity["memory"]
+		return q.Value()
+	}
+	q := a.Device.Capacity["memory"].Value
+	return q.Value()
+}
+
 // Attribute returns the device's attribute by its name in the driver's domain
 // ("uuid") or its qualified name, as a string.
 func (a Allocated) Attribute(name string) string {
