@@ -63,13 +63,13 @@ func TestRealGPUWithoutToolkitFailsClosed(t *testing.T) {
 
 	p.CheckToolkit(ctxFor(t))
 	found := false
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "NoToolkitCDISpec") && strings.Contains(ev, "GPU-00000002 (index 2)") && strings.Contains(ev, "nvidia-ctk cdi generate") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no NoToolkitCDISpec event naming the GPUs and the command: %v", e.events.list())
+		t.Errorf("no NoToolkitCDISpec event naming the GPUs and the command: %v", e.events.List())
 	}
 }
 
@@ -127,7 +127,7 @@ func TestHAMiCoreClaimRootMoved(t *testing.T) {
 		return e.start(func(o *Options) { o.HAMiCore.OldClaimRoots = []string{oldRoot} })
 	}
 	p := upgraded()
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "CDISpecRewritten") {
 			t.Errorf("restart with a new claim root rewrote a spec: %s", ev)
 		}

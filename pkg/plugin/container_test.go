@@ -201,7 +201,7 @@ func TestContainerSeesClaim(t *testing.T) {
 			if diff := cmp.Diff(devs, again); diff != "" {
 				t.Errorf("second prepare differs (-first +second):\n%s", diff)
 			}
-			for _, ev := range e.events.list() {
+			for _, ev := range e.events.List() {
 				if strings.Contains(ev, "CDISpecRewritten") {
 					t.Errorf("the spec replayed from the record differs from the prepared one: %s", ev)
 				}
@@ -250,7 +250,7 @@ func TestToolkitDeviceFirst(t *testing.T) {
 	if again := mustPrepare(t, p.Plugin, c); !cmp.Equal(again, devs) {
 		t.Errorf("second prepare = %v, want %v", again, devs)
 	}
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "CDISpecRewritten") {
 			t.Errorf("the spec replayed from the record differs from the prepared one: %s", ev)
 		}

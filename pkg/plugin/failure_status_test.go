@@ -70,10 +70,10 @@ func TestPrepareFailureBeforePlanningOnClaim(t *testing.T) {
 				t.Errorf("status entries for %v, want %v", devices, tc.wantStatus)
 			}
 			wantEvent := "claim default/claim-uid-p: Warning PrepareFailed: "
-			if !slices.ContainsFunc(e.events.list(), func(ev string) bool {
+			if !slices.ContainsFunc(e.events.List(), func(ev string) bool {
 				return strings.HasPrefix(ev, wantEvent) && strings.Contains(ev, tc.reason)
 			}) {
-				t.Errorf("events %q, want %s… naming %q", e.events.list(), wantEvent, tc.reason)
+				t.Errorf("events %q, want %s… naming %q", e.events.List(), wantEvent, tc.reason)
 			}
 		})
 	}

@@ -9,44 +9,13 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/publish"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
-
-// lockedPublisher records publications; safe for the inventory's goroutine.
-type lockedPublisher struct {
-	mu   sync.Mutex
-	last resourceslice.DriverResources
-	n    int
-}
-
-func (p *lockedPublisher) PublishResources(_ context.Context, r resourceslice.DriverResources) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.last, p.n = r, p.n+1
-	return nil
-}
-
-// taints returns the taints of every device in the last publication that has any.
-func (p *lockedPublisher) taints() map[string][]resourceapi.DeviceTaint {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := map[string][]resourceapi.DeviceTaint{}
-	for _, pool := range p.last.Pools {
-		for _, s := range pool.Slices {
-			for _, d := range s.Devices {
-				if len(d.Taints) > 0 {
-					out[d.Name] = d.Taints
-				}
-			}
-		}
-	}
-	return out
-}
 
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -99,7 +68,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 		o.Health = tracker
 		o.HealthResend = 20 * time.Millisecond
 	})
-	pub := &lockedPublisher{}
+	pub := &publishtest.LockedPublisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil),
 		Publisher: pub, OnChange: p.SetGPUs, Taints: tracker.Taints}
 	if _, err := inv.Sync(ctx); err != nil {
@@ -152,7 +121,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 	}
 	want := resourceapi.DeviceTaint{Key: health.TaintKey, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}
 	eventually(t, "gpu-3's devices to be tainted in the published slices", func() (bool, string) {
-		got := pub.taints()
+		got := pub.Taints()
 		ok := len(got) == 2 && len(got["gpu-3"]) == 1 && got["gpu-3"][0] == want &&
 			len(got["gpu-3-shared"]) == 1 && got["gpu-3-shared"][0] == want
 		return ok, fmt.Sprint(got)
@@ -166,7 +135,7 @@ func TestHealthTaintsAndReports(t *testing.T) {
 	// Quiet for the recovery period: both clear.
 	clk.SetTime(clk.Now().Add(policy.RecoveryPeriod))
 	eventually(t, "the taints to clear", func() (bool, string) {
-		got := pub.taints()
+		got := pub.Taints()
 		return len(got) == 0, fmt.Sprint(got)
 	})
 	eventually(t, "the health stream to report every device healthy", func() (bool, string) {

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -25,32 +23,12 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
-	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 const testNode = "node-a"
-
-// testGPUs: gpu-0 and gpu-1 share NVLink domain "nvl-a", gpu-2 and gpu-3
-// "nvl-b". gpu-1 sits on a lower PCI bus than gpu-0, so device order differs
-// from minor order.
-func testGPUs() []gpu.GPU {
-	mk := func(minor int, bus, domain string) gpu.GPU {
-		return gpu.GPU{
-			UUID: "GPU-0000000" + string(rune('0'+minor)), Minor: minor, Index: minor,
-			ProductName: "NVIDIA H100 80GB HBM3", MemoryBytes: 80 << 30, PCIBusID: bus, NVLinkDomain: domain,
-		}
-	}
-	return []gpu.GPU{
-		mk(0, "0000:0a:00.0", "nvl-a"),
-		mk(1, "0000:07:00.0", "nvl-a"),
-		mk(2, "0000:41:00.0", "nvl-b"),
-		mk(3, "0000:44:00.0", "nvl-b"),
-	}
-}
-
-func uuidOf(minor int) string { return testGPUs()[minor].UUID }
 
 // env is one node's state that survives a plugin restart: the directories
 // and the (fake) MPS daemons, which are processes outside the plugin.
@@ -62,7 +40,7 @@ type env struct {
 	hamiLib    string
 	preload    string
 	runner     *isolation.FakeRunner
-	events     *fakeEvents
+	events     *publishtest.Events
 	bootID     string
 }
 
@@ -76,7 +54,7 @@ func newEnv(t testing.TB) *env {
 		mpsRoot:    filepath.Join(dir, "mps"),
 		hamiLib:    filepath.Join(dir, "hami", "libvgpu.so"),
 		runner:     isolation.NewFakeRunner(),
-		events:     &fakeEvents{},
+		events:     &publishtest.Events{},
 		bootID:     "boot-1",
 	}
 	if err := os.MkdirAll(filepath.Dir(e.hamiLib), 0o755); err != nil {
@@ -91,29 +69,6 @@ func newEnv(t testing.TB) *env {
 	}
 	e.preload = preload
 	return e
-}
-
-type fakeEvents struct {
-	mu     sync.Mutex
-	events []string
-}
-
-func (f *fakeEvents) Event(eventType, reason, message string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.events = append(f.events, eventType+" "+reason+": "+message)
-}
-
-func (f *fakeEvents) ClaimEvent(claim *resourceapi.ResourceClaim, eventType, reason, message string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.events = append(f.events, "claim "+claim.Namespace+"/"+claim.Name+": "+eventType+" "+reason+": "+message)
-}
-
-func (f *fakeEvents) list() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.events)
 }
 
 // instance is one plugin process over env.
@@ -149,7 +104,7 @@ func (e *env) start(mutate func(*Options)) *instance {
 	}
 	opts := Options{
 		NodeName: testNode,
-		GPUs:     testGPUs(),
+		GPUs:     publishtest.GPUs(),
 		Store:    store,
 		Recovery: rec,
 		Specs:    specs,

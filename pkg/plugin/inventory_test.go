@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,58 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
-
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/publish"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
-
-type fakePublisher struct {
-	published []resourceslice.DriverResources
-}
-
-func (f *fakePublisher) PublishResources(_ context.Context, r resourceslice.DriverResources) error {
-	f.published = append(f.published, r)
-	return nil
-}
-
-// devices returns the taints of every device of the last publication, by
-// device name (nil for an untainted device), and how many slices it had.
-func (f *fakePublisher) devices(t *testing.T) (map[string][]resourceapi.DeviceTaint, int) {
-	t.Helper()
-	if len(f.published) == 0 {
-		t.Fatal("nothing published")
-	}
-	last := f.published[len(f.published)-1]
-	out := map[string][]resourceapi.DeviceTaint{}
-	n := 0
-	for _, pool := range last.Pools {
-		for _, s := range pool.Slices {
-			n++
-			for _, d := range s.Devices {
-				out[d.Name] = d.Taints
-			}
-		}
-	}
-	return out, n
-}
-
-func hasEvent(events []string, prefix string, parts ...string) bool {
-	for _, e := range events {
-		if !strings.HasPrefix(e, prefix) {
-			continue
-		}
-		ok := true
-		for _, p := range parts {
-			ok = ok && strings.Contains(e, p)
-		}
-		if ok {
-			return true
-		}
-	}
-	return false
-}
 
 // A node without GPUs, or without NVML, keeps the plugin up: without NVML
 // nothing is published (an empty pool would replace the slices of an instance
@@ -77,7 +28,7 @@ func TestInventoryNoGPUs(t *testing.T) {
 	// The driver is gone after a restart: NVML cannot be loaded.
 	noLib := fmt.Errorf("NVML library libnvidia-ml.so.1 not found under driver root \"/\": %w", gpu.ErrLibraryNotFound)
 	after := e.start(func(o *Options) { o.GPUs = nil })
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(nil, noLib), Publisher: pub, Events: e.events, OnChange: after.SetGPUs}
 	if s := inv.Status(); !strings.HasPrefix(s, "starting") {
 		t.Errorf("status before the first sync: %q", s)
@@ -87,11 +38,11 @@ func TestInventoryNoGPUs(t *testing.T) {
 		t.Fatalf("sync: changed %v, synced %v, err %v; want nothing published and the NVML error", changed, inv.Synced(), err)
 	}
 	// Nothing is published: slices another instance published stay.
-	if len(pub.published) != 0 {
-		t.Errorf("published %d times without NVML, want never", len(pub.published))
+	if len(pub.Published) != 0 {
+		t.Errorf("published %d times without NVML, want never", len(pub.Published))
 	}
-	if !hasEvent(e.events.list(), "Warning NoGPUs", "libnvidia-ml.so.1 not found", "can still be unprepared") {
-		t.Errorf("events %q, want Warning NoGPUs naming the library", e.events.list())
+	if !publishtest.HasEvent(e.events.List(), "Warning NoGPUs", "libnvidia-ml.so.1 not found", "can still be unprepared") {
+		t.Errorf("events %q, want Warning NoGPUs naming the library", e.events.List())
 	}
 	rec := httptest.NewRecorder()
 	inv.HealthzHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
@@ -102,9 +53,9 @@ func TestInventoryNoGPUs(t *testing.T) {
 		t.Errorf("metrics snapshot %+v", snap)
 	}
 	// Repeated failures are neither republished nor re-reported.
-	n := len(e.events.list())
-	if changed, _ := inv.Sync(ctx); changed || len(e.events.list()) != n {
-		t.Errorf("second sync: changed %v, new events %q", changed, e.events.list()[n:])
+	n := len(e.events.List())
+	if changed, _ := inv.Sync(ctx); changed || len(e.events.List()) != n {
+		t.Errorf("second sync: changed %v, new events %q", changed, e.events.List()[n:])
 	}
 	mustUnprepare(t, after.Plugin, claim.UID)
 	e.assertClean(after)
@@ -115,17 +66,17 @@ func TestInventoryNoGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	node.Devices = nil
-	events := &fakeEvents{}
-	pub = &fakePublisher{}
+	events := &publishtest.Events{}
+	pub = &publishtest.Publisher{}
 	inv = &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, Events: events}
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("no GPUs: changed %v, err %v", changed, err)
 	}
-	if devs, n := pub.devices(t); len(devs) != 0 || n != 1 {
+	if devs, n := pub.Devices(t); len(devs) != 0 || n != 1 {
 		t.Errorf("published %d devices in %d slices, want an empty pool", len(devs), n)
 	}
-	if !hasEvent(events.list(), "Warning NoGPUs", "NVML reports no GPU") {
-		t.Errorf("events %q", events.list())
+	if !publishtest.HasEvent(events.List(), "Warning NoGPUs", "NVML reports no GPU") {
+		t.Errorf("events %q", events.List())
 	}
 	if s := inv.Status(); s != "ok: no GPUs: NVML reports none on this node" {
 		t.Errorf("status %q", s)
@@ -136,7 +87,7 @@ func TestInventoryNoGPUs(t *testing.T) {
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("GPUs appeared: changed %v, err %v", changed, err)
 	}
-	if !hasEvent(events.list(), "Normal GPUsDiscovered", "4 GPUs published") {
-		t.Errorf("events %q", events.list())
+	if !publishtest.HasEvent(events.List(), "Normal GPUsDiscovered", "4 GPUs published") {
+		t.Errorf("events %q", events.List())
 	}
 }

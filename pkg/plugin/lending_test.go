@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/lending"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 const lendConfig = `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","lending":{"lendWhenIdle":true}}`
@@ -91,7 +92,7 @@ func (e *lendingEnv) tick(t *testing.T, d time.Duration) {
 func TestLendingLifecycle(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	lent := model.LentDeviceName(0)
 	borrower := newClaim("borrower", []result{share("gpu", lent, "s-1", "8Gi", "50")})
 
@@ -140,8 +141,8 @@ func TestLendingLifecycle(t *testing.T) {
 	if e.l.Lent()[uuid].Open {
 		t.Error("a reclaimed GPU is still open")
 	}
-	if !eventsContain(e.events.list(), "claim default/claim-borrower: Warning Reclaimed") {
-		t.Errorf("no Reclaimed event on the borrower claim: %v", e.events.list())
+	if !publishtest.HasEvent(e.events.List(), "claim default/claim-borrower: Warning Reclaimed") {
+		t.Errorf("no Reclaimed event on the borrower claim: %v", e.events.List())
 	}
 	// A second borrower is refused while the GPU is taken back.
 	if r := prepare(t, e.i.Plugin, newClaim("borrower-2", []result{share("gpu", lent, "s-2", "1Gi", "")})); r.Err == nil {
@@ -152,13 +153,13 @@ func TestLendingLifecycle(t *testing.T) {
 	e.tick(t, 31*time.Second)
 	e.tick(t, time.Second)
 	outstayed := 0
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.HasPrefix(ev, "claim default/claim-borrower: Warning BorrowerOutstayed") {
 			outstayed++
 		}
 	}
 	if outstayed != 1 {
-		t.Errorf("%d BorrowerOutstayed events, want 1: %v", outstayed, e.events.list())
+		t.Errorf("%d BorrowerOutstayed events, want 1: %v", outstayed, e.events.List())
 	}
 	// The borrower's pod is evicted and its claim unprepared: the GPU is the owner's.
 	mustUnprepare(t, e.i.Plugin, "borrower")
@@ -183,13 +184,13 @@ func TestLendingNeedsEveryOwnersConsent(t *testing.T) {
 	mustPrepare(t, e.i.Plugin, newClaim("b", []result{share("gpu", shared, "b-1", "10Gi", "20")}))
 	e.tick(t, time.Second)
 	e.tick(t, 2*time.Minute)
-	if s := e.l.States()[uuidOf(1)]; s.Phase != lending.OwnerDoesNotLend {
+	if s := e.l.States()[publishtest.UUID(1)]; s.Phase != lending.OwnerDoesNotLend {
 		t.Fatalf("one owner does not lend: %s, want %s", s.Phase, lending.OwnerDoesNotLend)
 	}
 	mustUnprepare(t, e.i.Plugin, "b")
 	e.tick(t, time.Second)
 	e.tick(t, 2*time.Minute)
-	if s := e.l.States()[uuidOf(1)]; s.Phase != lending.Lent {
+	if s := e.l.States()[publishtest.UUID(1)]; s.Phase != lending.Lent {
 		t.Fatalf("the lending owner alone: %s, want %s", s.Phase, lending.Lent)
 	}
 }
@@ -211,15 +212,6 @@ func slicesContain(list []string, s string) bool {
 	return false
 }
 
-func eventsContain(events []string, prefix string) bool {
-	for _, e := range events {
-		if strings.HasPrefix(e, prefix) {
-			return true
-		}
-	}
-	return false
-}
-
 // The MPS daemons' processes compute for their clients: they are nobody's
 // activity, while a process of an unknown pod is the owners'.
 func TestLendingIgnoresServicePods(t *testing.T) {
@@ -231,7 +223,7 @@ func TestLendingIgnoresServicePods(t *testing.T) {
 			return map[types.UID]bool{"mps-daemon": true}, nil
 		}
 	})
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"mps-daemon": {SM: 90, Memory: 1 << 30, PIDs: []uint32{7}}}
 	e.tick(t, time.Second)
@@ -254,7 +246,7 @@ func TestLendingIgnoresServicePods(t *testing.T) {
 func TestBorrowersFitWhatIsLent(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
 	e.tick(t, time.Second)
@@ -304,7 +296,7 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 			return []string{"/sys/fs/cgroup/kubepods/pod" + string(pod)}, nil
 		}
 	})
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
 	e.tick(t, time.Second)
@@ -333,7 +325,7 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 		t.Fatalf("next sample: %d kills, want 2", len(calls))
 	}
 	var killed []string
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.HasPrefix(ev, "claim default/claim-borrower: Warning BorrowerKilled") {
 			killed = append(killed, ev)
 		}
@@ -363,7 +355,7 @@ func TestOutstayingBorrowerNotKillable(t *testing.T) {
 			return nil, fmt.Errorf("no cgroup v2 hierarchy")
 		}
 	})
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
 	e.tick(t, time.Second)
@@ -376,7 +368,7 @@ func TestOutstayingBorrowerNotKillable(t *testing.T) {
 	if tries != 2 {
 		t.Fatalf("%d kill attempts, want 2 (one per sample from the default margin on)", tries)
 	}
-	if ev := e.events.list(); !eventsContain(ev, "claim default/claim-borrower: Warning BorrowerOutstayed") || !strings.Contains(strings.Join(ev, "\n"), "no cgroup v2 hierarchy") {
+	if ev := e.events.List(); !publishtest.HasEvent(ev, "claim default/claim-borrower: Warning BorrowerOutstayed") || !strings.Contains(strings.Join(ev, "\n"), "no cgroup v2 hierarchy") {
 		t.Fatalf("events %v: want BorrowerOutstayed with the reason", ev)
 	}
 }
@@ -387,7 +379,7 @@ func TestOutstayingBorrowerNotKillable(t *testing.T) {
 func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	shared := model.SharedDeviceName(0)
 	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{share("gpu", shared, "o-1", "20Gi", "20")}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
@@ -404,8 +396,8 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "is being taken back") || !strings.Contains(r.Err.Error(), "default/claim-borrower") {
 		t.Fatalf("a claim that does not lend on a lent GPU: %v, want refused while default/claim-borrower is taken back", r.Err)
 	}
-	if !eventsContain(e.events.list(), "claim default/claim-second: Warning WaitingForBorrowers") {
-		t.Errorf("no WaitingForBorrowers event on the waiting claim: %v", e.events.list())
+	if !publishtest.HasEvent(e.events.List(), "claim default/claim-second: Warning WaitingForBorrowers") {
+		t.Errorf("no WaitingForBorrowers event on the waiting claim: %v", e.events.List())
 	}
 	// The refusal asked for a sample now (Run's kick), which takes the GPU back.
 	select {
@@ -444,7 +436,7 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 func TestLendableLeavesSharesTheirMemory(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, e.i.Plugin, newClaim("a", []result{share("gpu", model.SharedDeviceName(0), "a-1", "20Gi", "20")}, claimConfig(lendConfig)))
 	mustPrepare(t, e.i.Plugin, newClaim("b", []result{share("gpu", model.SharedDeviceName(0), "b-1", "30Gi", "20")}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"a-pod": {Memory: 1 << 30, PIDs: []uint32{100}}, "b-pod": {Memory: 1 << 30, PIDs: []uint32{101}}}
@@ -467,7 +459,7 @@ func TestOwnerAndBorrowerPreparedAtOnce(t *testing.T) {
 		t.Run(first+" first", func(t *testing.T) {
 			e := newLendingEnv(t)
 			e.startLender(t)
-			uuid := uuidOf(0)
+			uuid := publishtest.UUID(0)
 			shared := model.SharedDeviceName(0)
 			mustPrepare(t, e.i.Plugin, newClaim("lender", []result{share("gpu", shared, "l-1", "20Gi", "20")}, claimConfig(lendConfig)))
 			e.act.pods[uuid] = map[types.UID]lending.Activity{"lender-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
@@ -551,7 +543,7 @@ func TestSurgeLendingChangeRepublishes(t *testing.T) {
 	}
 	oldI, newI := e.start(nil), e.start(nil)
 	old, surge := newLender("old", oldI), newLender("new", newI)
-	uuid := uuidOf(0)
+	uuid := publishtest.UUID(0)
 	mustPrepare(t, oldI.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
 	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
 

@@ -17,6 +17,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // TestRestartUnprepareFromCheckpoint: prepare in one plugin instance,
@@ -180,7 +181,7 @@ func TestCrashConsistency(t *testing.T) {
 			}
 			devs := mustPrepare(t, next.Plugin, victim)
 			inject(t, cdiIDs(devs), e.cdiRoot)
-			if h := next.opts.MPS.Holders()[uuidOf(0)]; !cmp.Equal(h, []types.UID{healthy.UID, victim.UID}) {
+			if h := next.opts.MPS.Holders()[publishtest.UUID(0)]; !cmp.Equal(h, []types.UID{healthy.UID, victim.UID}) {
 				t.Errorf("MPS holders of gpu-0: %v", h)
 			}
 			mustUnprepare(t, next.Plugin, victim.UID)
@@ -233,7 +234,7 @@ func TestParallelClaims(t *testing.T) {
 	if uids, _ := p.specs.List(); len(uids) != n {
 		t.Errorf("%d CDI specs, want %d", len(uids), n)
 	}
-	if got := len(p.opts.MPS.Holders()[uuidOf(1)]); got != mps {
+	if got := len(p.opts.MPS.Holders()[publishtest.UUID(1)]); got != mps {
 		t.Errorf("gpu-1 MPS daemon has %d holders, want %d", got, mps)
 	}
 	if starts, _ := e.runner.Counts(); starts != 1 {
@@ -391,7 +392,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if p.rec.Kind != checkpoint.RecoveryCorrupt {
 			t.Fatalf("recovery %q, want Corrupt", p.rec.Kind)
 		}
-		ev := e.events.list()
+		ev := e.events.List()
 		if len(ev) != 2 || !strings.HasPrefix(ev[0], "Warning CheckpointRecovered: ") ||
 			!strings.HasPrefix(ev[1], "Warning CheckpointRebuilt: adopted 2 claims from their CDI specs into the checkpoint; kept 1 specs") {
 			t.Errorf("events %q, want CheckpointRecovered and CheckpointRebuilt (2 adopted, 1 kept)", ev)
@@ -399,7 +400,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
 			t.Errorf("specs after recovery %v: a spec was deleted", uids)
 		}
-		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{uuidOf(1)}) {
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{publishtest.UUID(1)}) {
 			t.Errorf("MPS daemons after recovery %v, want the share's", running)
 		}
 		// The next start (the checkpoint is valid now) deletes nothing either.
@@ -407,7 +408,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if uids, _ := p.specs.List(); !slices.Equal(uids, []types.UID{"uid-c1", "uid-c2", "uid-old"}) {
 			t.Errorf("specs after the next restart %v: a spec was deleted", uids)
 		}
-		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{uuidOf(1)}) {
+		if running, _ := e.runner.Running(ctxFor(t)); !slices.Equal(gpusOf(running), []string{publishtest.UUID(1)}) {
 			t.Errorf("MPS daemons after the next restart %v, want the share's", running)
 		}
 		// The rebuilt entries answer as before and still hold their GPUs.
@@ -434,7 +435,7 @@ func TestRecoveryAtStart(t *testing.T) {
 		if p.rec.Kind != checkpoint.RecoveryRebooted || len(p.rec.Dropped) != 1 {
 			t.Fatalf("recovery %q with %d dropped, want Rebooted with 1", p.rec.Kind, len(p.rec.Dropped))
 		}
-		if ev := e.events.list(); len(ev) != 1 || !strings.Contains(ev[0], "CheckpointRecovered") {
+		if ev := e.events.List(); len(ev) != 1 || !strings.Contains(ev[0], "CheckpointRecovered") {
 			t.Errorf("events %q", ev)
 		}
 		e.assertClean(p) // stale spec removed, orphaned daemon stopped

@@ -31,6 +31,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/mig"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/publish"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // The hgx-h100-mig mock node: GPU 0 in MIG mode with a 4g.40gb at memory
@@ -363,18 +364,18 @@ func TestMIGVisibleDevicesWarning(t *testing.T) {
 	if err != nil || res[migClaim.UID].Err != nil || res[gpuClaim.UID].Err != nil {
 		t.Fatalf("prepare: %v %+v", err, res)
 	}
-	events := e.events.list()
+	events := e.events.List()
 	for _, c := range []string{"claim-uid-m", "claim-uid-g"} {
-		if !hasEvent(events, "claim default/"+c+": Warning MIGVisibleDevices", "pod default/mixed", "default/claim-uid-m", "default/claim-uid-g", "sees only the MIG devices") {
+		if !publishtest.HasEvent(events, "claim default/"+c+": Warning MIGVisibleDevices", "pod default/mixed", "default/claim-uid-m", "default/claim-uid-g", "sees only the MIG devices") {
 			t.Errorf("no warning on %s: %q", c, events)
 		}
 	}
 	// Prepared again (the kubelet's retry): not reported twice.
-	n := len(e.events.list())
+	n := len(e.events.List())
 	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{migClaim, gpuClaim}); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.events.list(); len(got) != n {
+	if got := e.events.List(); len(got) != n {
 		t.Errorf("reported again: %q", got[n:])
 	}
 	// Two MIG-only claims of one pod.
@@ -383,17 +384,17 @@ func TestMIGVisibleDevicesWarning(t *testing.T) {
 	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{a, b}); err != nil {
 		t.Fatal(err)
 	}
-	if !hasEvent(e.events.list(), "claim default/claim-uid-a: Warning MIGVisibleDevices", "pod default/two-mig", "one claim's CUDA_VISIBLE_DEVICES") {
-		t.Errorf("two MIG claims of one pod: %q", e.events.list())
+	if !publishtest.HasEvent(e.events.List(), "claim default/claim-uid-a: Warning MIGVisibleDevices", "pod default/two-mig", "one claim's CUDA_VISIBLE_DEVICES") {
+		t.Errorf("two MIG claims of one pod: %q", e.events.List())
 	}
 	// Other pods: nothing.
-	n = len(e.events.list())
+	n = len(e.events.List())
 	alone := forPod(newClaim("uid-alone", []result{whole("mig", "gpu-1-mig-1g-10gb-3")}), "alone")
 	other := forPod(newClaim("uid-other", []result{whole("gpu", "gpu-3")}), "other")
 	if _, err := i.PrepareResourceClaims(ctxFor(t), []*resourceapi.ResourceClaim{alone, other}); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.events.list(); len(got) != n {
+	if got := e.events.List(); len(got) != n {
 		t.Errorf("claims of different pods: %q", got[n:])
 	}
 }
@@ -600,9 +601,9 @@ func TestMIGForeignAtStart(t *testing.T) {
 	if len(instances(t, node, 0)) != 2 {
 		t.Errorf("the static GPU's instances were touched")
 	}
-	events := e.events.list()
-	if !hasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (1g.10gb at memory slices 6-6", idleGI), "kept") ||
-		!hasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (2g.20gb at memory slices 2-3", busyGI), "with 1 processes") {
+	events := e.events.List()
+	if !publishtest.HasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (1g.10gb at memory slices 6-6", idleGI), "kept") ||
+		!publishtest.HasEvent(events, "Warning MIGInstanceForeign", fmt.Sprintf("GPU instance %d (2g.20gb at memory slices 2-3", busyGI), "with 1 processes") {
 		t.Errorf("events %q", events)
 	}
 	for _, ev := range events {
@@ -611,19 +612,19 @@ func TestMIGForeignAtStart(t *testing.T) {
 		}
 	}
 	// Once per instance: reconciling again reports nothing new.
-	n := len(e.events.list())
+	n := len(e.events.List())
 	i.reconcileMIG(ctxFor(t))
-	if got := e.events.list(); len(got) != n {
+	if got := e.events.List(); len(got) != n {
 		t.Errorf("second reconcile reported again: %q", got[n:])
 	}
 
 	// The model publishes the kept instances' slices as taken.
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
-	counters := pub.counters(t, model.MIGCounterSetName(1))
+	counters := pub.Counters(t, model.MIGCounterSetName(1))
 	for slice, want := range map[int]int64{0: 1, 1: 1, 2: 0, 3: 0, 4: 1, 5: 1, 6: 0, 7: 1} {
 		if got := counters[model.MemorySliceCounter(slice)]; got != want {
 			t.Errorf("memory-slice-%d = %d, want %d", slice, got, want)
@@ -642,8 +643,8 @@ func TestMIGDynamicOverAdminLayout(t *testing.T) {
 	if in := instances(t, node, 0); !reflect.DeepEqual(in, before) {
 		t.Fatalf("GPU 0's layout after the first dynamic start: %+v, want %+v", in, before)
 	}
-	if n := strings.Count(strings.Join(e.events.list(), "\n"), "Warning MIGInstanceForeign"); n != 2 {
-		t.Errorf("%d foreign reports, want GPU 0's 2 instances: %q", n, e.events.list())
+	if n := strings.Count(strings.Join(e.events.List(), "\n"), "Warning MIGInstanceForeign"); n != 2 {
+		t.Errorf("%d foreign reports, want GPU 0's 2 instances: %q", n, e.events.List())
 	}
 	r := prepare(t, i.Plugin, newClaim("uid-over", []result{whole("mig", "gpu-0-mig-1g-10gb-6")}))
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "taken by GPU "+gpuUUID(node, 0)) || !strings.Contains(r.Err.Error(), "3g.40gb at memory slices 4-7") {
@@ -737,8 +738,8 @@ func TestMIGUnprepareChangedInstance(t *testing.T) {
 	if in := instances(t, node, 1); !reflect.DeepEqual(in, remade) {
 		t.Errorf("after unprepare: %+v, want the re-made instance kept %+v", in, remade)
 	}
-	if !hasEvent(e.events.list(), "Warning MIGInstanceChanged", "is not MIG device "+m.UUID, "was not destroyed") {
-		t.Errorf("events %q", e.events.list())
+	if !publishtest.HasEvent(e.events.List(), "Warning MIGInstanceChanged", "is not MIG device "+m.UUID, "was not destroyed") {
+		t.Errorf("events %q", e.events.List())
 	}
 	e.assertClean(i)
 }
@@ -761,8 +762,8 @@ func TestMIGChangedAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.startMIG(node, nil)
-	events := e.events.list()
-	if !hasEvent(events, "Warning MIGInstanceChanged", "is no longer MIG device "+m.UUID) || !hasEvent(events, "Warning MIGInstanceForeign", "1g.10gb at memory slices 6-6") {
+	events := e.events.List()
+	if !publishtest.HasEvent(events, "Warning MIGInstanceChanged", "is no longer MIG device "+m.UUID) || !publishtest.HasEvent(events, "Warning MIGInstanceForeign", "1g.10gb at memory slices 6-6") {
 		t.Errorf("events %q", events)
 	}
 	if in := instances(t, node, 1); len(in) != 1 {
@@ -890,14 +891,14 @@ func TestMIGStaticInUseTaint(t *testing.T) {
 		t.Fatal(err)
 	}
 	i := e.startMIG(node, nil)
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: i.MIGHeld}
 	sync := func() map[string][]resourceapi.DeviceTaint {
 		t.Helper()
 		if _, err := inv.Sync(ctxFor(t)); err != nil {
 			t.Fatal(err)
 		}
-		devs, _ := pub.devices(t)
+		devs, _ := pub.Devices(t)
 		return devs
 	}
 	devs := sync()
@@ -942,12 +943,12 @@ func TestMIGAdoptedAtStart(t *testing.T) {
 	if again := mustPrepare(t, restarted.Plugin, claim); !slices.Equal(cdiIDs(again), cdiIDs(devs)) {
 		t.Errorf("prepare after restart: %v, want %v", cdiIDs(again), cdiIDs(devs))
 	}
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1, MIGHeld: restarted.MIGHeld}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
-	if c := pub.counters(t, model.MIGCounterSetName(1)); c[model.MemorySliceCounter(0)] != 1 || c[model.MemorySliceCounter(1)] != 1 {
+	if c := pub.Counters(t, model.MIGCounterSetName(1)); c[model.MemorySliceCounter(0)] != 1 || c[model.MemorySliceCounter(1)] != 1 {
 		t.Errorf("held instance's slices published as taken: %v", c)
 	}
 	mustUnprepare(t, restarted.Plugin, claim.UID)
@@ -987,13 +988,13 @@ func TestMIGUnprepareInUse(t *testing.T) {
 // reports a named GPU that is not in MIG mode, and a name of no GPU.
 func TestInventoryDynamicMIG(t *testing.T) {
 	node := migNode(t)
-	pub, events := &fakePublisher{}, &fakeEvents{}
+	pub, events := &publishtest.Publisher{}, &publishtest.Events{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, Events: events,
 		DynamicMIG: publish.DynamicMIG{Names: []string{"1", gpuUUID(node, 3), "GPU-nope"}}}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
-	devs, _ := pub.devices(t)
+	devs, _ := pub.Devices(t)
 	for _, name := range []string{"gpu-0-mig-1", "gpu-0-mig-2", "gpu-1-mig-1g-10gb-0", "gpu-1-mig-7g-80gb-0", "gpu-3", "gpu-3-shared"} {
 		if _, ok := devs[name]; !ok {
 			t.Errorf("%s not published", name)
@@ -1002,12 +1003,12 @@ func TestInventoryDynamicMIG(t *testing.T) {
 	if _, ok := devs["gpu-0-mig-1g-10gb-6"]; ok {
 		t.Errorf("static GPU 0 published with placements")
 	}
-	if !hasEvent(events.list(), "Warning DynamicMIGNotApplied", "GPU index 3", "not in MIG mode", `"GPU-nope"`) {
-		t.Errorf("events %q", events.list())
+	if !publishtest.HasEvent(events.List(), "Warning DynamicMIGNotApplied", "GPU index 3", "not in MIG mode", `"GPU-nope"`) {
+		t.Errorf("events %q", events.List())
 	}
-	n := len(events.list())
-	if _, err := inv.Sync(ctxFor(t)); err != nil || len(events.list()) != n {
-		t.Errorf("second sync: %v, events again %q", err, events.list()[n:])
+	n := len(events.List())
+	if _, err := inv.Sync(ctxFor(t)); err != nil || len(events.List()) != n {
+		t.Errorf("second sync: %v, events again %q", err, events.List()[n:])
 	}
 }
 
@@ -1025,31 +1026,6 @@ func TestMIGHealthReportNames(t *testing.T) {
 		names[len(names)-2] != "gpu-2" {
 		t.Errorf("device names %v", names)
 	}
-}
-
-// counters are the values of the counter set name in the last publication.
-func (f *fakePublisher) counters(t *testing.T, name string) map[string]int64 {
-	t.Helper()
-	if len(f.published) == 0 {
-		t.Fatal("nothing published")
-	}
-	last := f.published[len(f.published)-1]
-	for _, pool := range last.Pools {
-		for _, s := range pool.Slices {
-			for _, cs := range s.SharedCounters {
-				if cs.Name != name {
-					continue
-				}
-				out := map[string]int64{}
-				for k, v := range cs.Counters {
-					out[k] = v.Value.Value()
-				}
-				return out
-			}
-		}
-	}
-	t.Fatalf("no counter set %s published", name)
-	return nil
 }
 
 // TestEnvFailpoint runs a child test process that reaches the failpoint:
@@ -1099,13 +1075,13 @@ func TestMIGDeviceHealth(t *testing.T) {
 	tracker := health.NewTracker(health.DefaultPolicy(), nil)
 	tracker.Observe(health.Event{UUID: gpuUUID(node, 0), Kind: health.KindXID, XID: 94,
 		MIG: &health.MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: -1}})
-	pub := &fakePublisher{}
+	pub := &publishtest.Publisher{}
 	inv := &publish.Inventory{NodeName: testNode, DiscoverNode: publish.NVMLDiscovery(node, nil), Publisher: pub, DynamicMIG: dynamicGPU1,
 		Taints: publish.HealthTaints(tracker), DeviceTaints: tracker.MIGTaints}
 	if _, err := inv.Sync(ctxFor(t)); err != nil {
 		t.Fatal(err)
 	}
-	devs, _ := pub.devices(t)
+	devs, _ := pub.Devices(t)
 	if len(devs["gpu-0-mig-2"]) != 1 || devs["gpu-0-mig-2"][0].Key != health.TaintKey || len(devs["gpu-0-mig-1"]) != 0 || len(devs["gpu-2"]) != 0 {
 		t.Errorf("taints: gpu-0-mig-2 %v, gpu-0-mig-1 %v, gpu-2 %v", devs["gpu-0-mig-2"], devs["gpu-0-mig-1"], devs["gpu-2"])
 	}

@@ -13,6 +13,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // gpusOf are the GPUs of running daemons, in order, without repeats.
@@ -61,7 +62,7 @@ func TestMPSNamespacesNeverShare(t *testing.T) {
 			t.Errorf("both namespaces' containers get %s at %s", ha, path)
 		}
 	}
-	want := []isolation.DaemonKey{{GPU: uuidOf(1), Domain: "team-a"}, {GPU: uuidOf(1), Domain: "team-b"}}
+	want := []isolation.DaemonKey{{GPU: publishtest.UUID(1), Domain: "team-a"}, {GPU: publishtest.UUID(1), Domain: "team-b"}}
 	if running, _ := e.runner.Running(ctxFor(t)); !cmp.Equal(running, want) {
 		t.Errorf("running daemons %v, want %v", running, want)
 	}
@@ -98,7 +99,7 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustUnprepareKeepingRecord := func() {
-		if err := a.opts.MPS.Release(context.Background(), uuidOf(1), "default", "uid-old"); err != nil {
+		if err := a.opts.MPS.Release(context.Background(), publishtest.UUID(1), "default", "uid-old"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +112,7 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 	}
 
 	b := e.start(nil)
-	legacy := isolation.DaemonKey{GPU: uuidOf(1)}
+	legacy := isolation.DaemonKey{GPU: publishtest.UUID(1)}
 	if running, _ := e.runner.Running(ctxFor(t)); !cmp.Equal(running, []isolation.DaemonKey{legacy}) {
 		t.Errorf("running after the upgrade: %v, want the GPU-wide daemon %v", running, legacy)
 	}
@@ -124,7 +125,7 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 	if err := b.ensureSpec(ctxFor(t), got); err != nil {
 		t.Fatal(err)
 	}
-	if src := mountOf(t, e, ids, isolation.MPSShmContainerDir); src != filepath.Join(e.mpsRoot, uuidOf(1), "shm") {
+	if src := mountOf(t, e, ids, isolation.MPSShmContainerDir); src != filepath.Join(e.mpsRoot, publishtest.UUID(1), "shm") {
 		t.Errorf("/dev/shm of the old claim is %s, want the GPU-wide daemon's", src)
 	}
 	mustUnprepare(t, b.Plugin, "uid-old")

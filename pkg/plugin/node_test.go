@@ -21,6 +21,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/isolation"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // containerEnv is what a container that references ids sees of Tessera: its
@@ -80,7 +81,7 @@ func TestContainerCombinations(t *testing.T) {
 	shared := results(t, p.Plugin, newClaim("uid-shared", []result{share("gpu", "gpu-1-shared", "s-2", "20Gi", "25")}))
 	wholeGPU := results(t, p.Plugin, newClaim("uid-whole", []result{whole("gpu", "gpu-3")}))
 
-	gpu := func(minor int) string { return isolation.GPUVariable(minor) + "=" + uuidOf(minor) }
+	gpu := func(minor int) string { return isolation.GPUVariable(minor) + "=" + publishtest.UUID(minor) }
 	for name, tc := range map[string]struct {
 		ids  []string
 		want []string
@@ -136,7 +137,7 @@ func TestAdminAccessSurvivesRestart(t *testing.T) {
 	}
 
 	p = e.start(nil)
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "DoubleGrant") {
 			t.Errorf("restart reported %q", ev)
 		}
@@ -179,13 +180,13 @@ func TestSharesNeverOversubscribe(t *testing.T) {
 				t.Fatalf("prepare = %v, want an error naming gpu-0 and %q", r.Err, tc.want)
 			}
 			var claimEvents []string
-			for _, ev := range e.events.list() {
+			for _, ev := range e.events.List() {
 				if strings.HasPrefix(ev, "claim default/claim-uid-b: Warning GPUOversubscribed") {
 					claimEvents = append(claimEvents, ev)
 				}
 			}
 			if len(claimEvents) != 1 {
-				t.Errorf("events %q, want one GPUOversubscribed on the claim", e.events.list())
+				t.Errorf("events %q, want one GPUOversubscribed on the claim", e.events.List())
 			}
 			// A share that fits still prepares.
 			mustPrepare(t, p.Plugin, newClaim("uid-c", []result{share("gpu", "gpu-0-shared", "s-3", "10Gi", "10")}))
@@ -200,7 +201,7 @@ func TestSharesNeverOversubscribe(t *testing.T) {
 // further.
 func TestSharesAllocatedBeforeReservedMemoryPrepare(t *testing.T) {
 	e := newEnv(t)
-	gpus := testGPUs()
+	gpus := publishtest.GPUs()
 	for i := range gpus {
 		gpus[i].MemoryTotalBytes = gpus[i].MemoryBytes
 		gpus[i].MemoryReservedBytes = 470 << 20
@@ -210,7 +211,7 @@ func TestSharesAllocatedBeforeReservedMemoryPrepare(t *testing.T) {
 	mustPrepare(t, p.Plugin, newClaim("uid-a", []result{share("gpu", "gpu-0-shared", "s-1", "40Gi", "10")}))
 	mustPrepare(t, p.Plugin, newClaim("uid-b", []result{share("gpu", "gpu-0-shared", "s-2", "40Gi", "10")}))
 	p = e.start(func(o *Options) { o.GPUs = gpus })
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "DoubleGrant") || strings.Contains(ev, "Oversubscribed") {
 			t.Errorf("restart reported %q", ev)
 		}
@@ -246,7 +247,7 @@ func TestRecoveryWaitsForTheLock(t *testing.T) {
 	started := make(chan *Plugin, 1)
 	go func() {
 		p, err := Open(ctxFor(t), lockPath, e.checkpoint, e.bootID, Options{
-			NodeName: testNode, GPUs: testGPUs(), Specs: old.specs, Mock: true,
+			NodeName: testNode, GPUs: publishtest.GPUs(), Specs: old.specs, Mock: true,
 			MPS: isolation.NewMPS(e.mpsRoot, e.runner), Events: e.events,
 		})
 		if err != nil {
@@ -297,7 +298,7 @@ func TestPrepareRewritesMissingSpec(t *testing.T) {
 	devs := mustPrepare(t, p.Plugin, c)
 	want := inject(t, cdiIDs(devs), e.cdiRoot).Process.Env
 	mustPrepare(t, p.Plugin, c)
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		if strings.Contains(ev, "CDISpecRewritten") {
 			t.Fatalf("an intact spec was rewritten: %s", ev)
 		}
@@ -354,11 +355,11 @@ func TestForceDeletedHolderIsReleased(t *testing.T) {
 		t.Error("the deleted claim is still prepared")
 	}
 	found := false
-	for _, ev := range e.events.list() {
+	for _, ev := range e.events.List() {
 		found = found || strings.HasPrefix(ev, "Normal StaleClaimReleased: released claim default/claim-uid-old")
 	}
 	if !found {
-		t.Errorf("events %q, want StaleClaimReleased", e.events.list())
+		t.Errorf("events %q, want StaleClaimReleased", e.events.List())
 	}
 	mustUnprepare(t, p.Plugin, "uid-old") // the kubelet's late unprepare is a no-op
 	mustUnprepare(t, p.Plugin, "uid-next")
@@ -395,7 +396,7 @@ func TestGoneHolderWithProcessesIsKept(t *testing.T) {
 	p := e.start(func(o *Options) {
 		o.Client = client
 		o.Processes = func(uuid string) (int, error) {
-			if uuid == uuidOf(0) {
+			if uuid == publishtest.UUID(0) {
 				return 1, nil
 			}
 			return 0, nil

@@ -19,6 +19,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/metrics"
+	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
 
 // statusEntry is one status.devices entry of the driver, decoded.
@@ -90,19 +91,19 @@ func TestClaimStatus(t *testing.T) {
 		t.Fatalf("status of share claim: %+v, want one entry with an attestation and its backend", got)
 	}
 	backend := got[0].Data.Backend
-	if backend.MPSDaemon == nil || backend.MPSDaemon.GPU != uuidOf(1) || !strings.HasPrefix(backend.MPSDaemon.PipeDirectory, e.mpsRoot) {
-		t.Errorf("MPS daemon %+v, want GPU %s's daemon under %s", backend.MPSDaemon, uuidOf(1), e.mpsRoot)
+	if backend.MPSDaemon == nil || backend.MPSDaemon.GPU != publishtest.UUID(1) || !strings.HasPrefix(backend.MPSDaemon.PipeDirectory, e.mpsRoot) {
+		t.Errorf("MPS daemon %+v, want GPU %s's daemon under %s", backend.MPSDaemon, publishtest.UUID(1), e.mpsRoot)
 	}
 	got[0].Data.Backend = nil // compared with the spec in TestAttestationIsWhatTheContainerGets
 	want := []statusEntry{{
 		Device: "gpu-1-shared", ShareID: "share-1",
 		Data: &configapi.GpuAttestation{
-			TypeMeta: attestationHeader(), Node: testNode, UUID: uuidOf(1), Isolation: configapi.IsolationMPS,
+			TypeMeta: attestationHeader(), Node: testNode, UUID: publishtest.UUID(1), Isolation: configapi.IsolationMPS,
 			Memory: 20 << 30, Cores: 25, MemoryLimit: 20 << 30, CoresLimit: 25,
 			Enforced: &configapi.EnforcedLimits{Memory: true, Cores: true},
 		},
 		Conditions: map[string]string{"Ready": "True/Prepared"},
-		Messages:   map[string]string{"Ready": "prepared on node node-a: MPS enforces memory 20Gi and compute 25% (GPU " + uuidOf(1) + ")"},
+		Messages:   map[string]string{"Ready": "prepared on node node-a: MPS enforces memory 20Gi and compute 25% (GPU " + publishtest.UUID(1) + ")"},
 	}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status of share claim (-want +got):\n%s", diff)
@@ -115,8 +116,8 @@ func TestClaimStatus(t *testing.T) {
 		got[i].Messages = nil
 	}
 	want = []statusEntry{
-		{Device: "gpu-0", Data: &configapi.GpuAttestation{TypeMeta: attestationHeader(), Node: testNode, UUID: uuidOf(0)}, Conditions: cond},
-		{Device: "gpu-2", Data: &configapi.GpuAttestation{TypeMeta: attestationHeader(), Node: testNode, UUID: uuidOf(2)}, Conditions: cond},
+		{Device: "gpu-0", Data: &configapi.GpuAttestation{TypeMeta: attestationHeader(), Node: testNode, UUID: publishtest.UUID(0)}, Conditions: cond},
+		{Device: "gpu-2", Data: &configapi.GpuAttestation{TypeMeta: attestationHeader(), Node: testNode, UUID: publishtest.UUID(2)}, Conditions: cond},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("status of NVLink-preferred pair (-want +got):\n%s", diff)
@@ -330,10 +331,10 @@ func TestBackendUnavailableFailsClosed(t *testing.T) {
 						t.Errorf("status %+v, want one entry Ready=False/PrepareFailed naming %q, without attestation", got, tc.reason)
 					}
 					wantEvent := "claim default/claim-uid-f: Warning PrepareFailed: "
-					if !slices.ContainsFunc(e.events.list(), func(ev string) bool {
+					if !slices.ContainsFunc(e.events.List(), func(ev string) bool {
 						return strings.HasPrefix(ev, wantEvent) && strings.Contains(ev, tc.reason)
 					}) {
-						t.Errorf("events %q, want %s… naming %q", e.events.list(), wantEvent, tc.reason)
+						t.Errorf("events %q, want %s… naming %q", e.events.List(), wantEvent, tc.reason)
 					}
 
 					// The backend comes back (another plugin start with it):
