@@ -10,8 +10,10 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu"
 )
 
-func TestSamplerAndObserve(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100")
+// mockNode is a fresh mock node of the profile and its GPUs as discovered.
+func mockNode(t *testing.T, profile string) (*gpu.MockNode, []gpu.GPU) {
+	t.Helper()
+	node, err := gpu.NewMockNode(profile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,6 +21,11 @@ func TestSamplerAndObserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return node, gpus
+}
+
+func TestSamplerAndObserve(t *testing.T) {
+	node, gpus := mockNode(t, "hgx-h100")
 	uuid, memory := gpus[0].UUID, int64(gpus[0].MemoryBytes)
 	s := &Sampler{Lib: node, PodOf: node.PodOfProcess}
 	owners := []Owner{{Claim: "owner", Lend: true}}
@@ -171,14 +178,7 @@ func TestSamplerNoSamplesIsIdle(t *testing.T) {
 // The mock node answers like go-nvml over a real driver: an idle owner on a
 // mock GPU is seen idle.
 func TestSamplerIdleOwnerOnMockNode(t *testing.T) {
-	node, err := gpu.NewMockNode("l4x4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, gpus := mockNode(t, "l4x4")
 	if _, ret := node.Devices[0].GetProcessUtilization(0); ret != nvml.ERROR_INSUFFICIENT_SIZE {
 		t.Fatalf("mock GetProcessUtilization without samples answers %v, want go-nvml's ERROR_INSUFFICIENT_SIZE", ret)
 	}
