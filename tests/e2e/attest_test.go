@@ -193,23 +193,7 @@ func TestUnavailableBackendFailsClosed(t *testing.T) {
 		Config:    framework.GpuConfig("sharing: {isolation: DriverMemory}")}.WithPod()...)
 
 	ctx := context.Background()
-	var message string
-	err = framework.Poll(ctx, "claim dmem's Ready=False condition", framework.PodTimeout, func(ctx context.Context) (bool, error) {
-		c, err := cluster.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "dmem", metav1.GetOptions{})
-		if err != nil {
-			return false, framework.Retry("%v", err)
-		}
-		for _, d := range c.Status.Devices {
-			if d.Data != nil {
-				return false, fmt.Errorf("the failed share has status data %s", d.Data.Raw)
-			}
-			if ready := meta.FindStatusCondition(d.Conditions, "Ready"); ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "PrepareFailed" {
-				message = ready.Message
-				return true, nil
-			}
-		}
-		return false, framework.Retry("status.devices %+v", c.Status.Devices)
-	})
+	message, err := cluster.WaitForPrepareFailed(ctx, ns, "dmem")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,15 +211,7 @@ func TestUnavailableBackendFailsClosed(t *testing.T) {
 	if !found {
 		t.Errorf("no PrepareFailed event on claim dmem naming DriverMemory: %+v", events.Items)
 	}
-	pod, err := cluster.Client.CoreV1().Pods(ns).Get(ctx, "dmem", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.State.Running != nil {
-			t.Errorf("pod dmem's container %s runs although its share could not be enforced", cs.Name)
-		}
-	}
+	cluster.WantNoContainerRunning(ctx, t, ns, "dmem")
 	table := framework.RunCLI(t, "status", "--kubeconfig", framework.Kubeconfig(t))
 	if !strings.Contains(table, ns+"/dmem (claim dmem: 4Gi, 10 cores; not prepared: ") {
 		t.Errorf("tessera status does not show dmem as not prepared:\n%s", table)

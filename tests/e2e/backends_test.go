@@ -19,7 +19,6 @@ import (
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -376,23 +375,7 @@ func TestDriverMemoryBackend(t *testing.T) {
 	t.Logf("pod unschedulable (class %s, no device with driverMemoryLimits=true): %s", class, cond.Message)
 
 	const reason = "isolation DriverMemory: this node cannot enforce driver memory limits (mock GPUs (the test knob --mock-driver-memory-limits is off))"
-	var message string
-	err = framework.Poll(ctx, "claim refused's Ready=False condition", framework.PodTimeout, func(ctx context.Context) (bool, error) {
-		claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, "refused", metav1.GetOptions{})
-		if err != nil {
-			return false, framework.Retry("%v", err)
-		}
-		for _, d := range claim.Status.Devices {
-			if d.Data != nil {
-				return false, fmt.Errorf("the refused share has status data %s", d.Data.Raw)
-			}
-			if ready := meta.FindStatusCondition(d.Conditions, "Ready"); ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "PrepareFailed" {
-				message = ready.Message
-				return true, nil
-			}
-		}
-		return false, framework.Retry("status.devices %+v", claim.Status.Devices)
-	})
+	message, err := c.WaitForPrepareFailed(ctx, ns, "refused")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, c.DescribePod(ctx, ns, "refused"))
 	}
@@ -418,15 +401,7 @@ func TestDriverMemoryBackend(t *testing.T) {
 	if err != nil {
 		t.Error(err)
 	}
-	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "refused", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.State.Running != nil {
-			t.Errorf("pod refused's container %s runs although its share cannot be enforced", cs.Name)
-		}
-	}
+	c.WantNoContainerRunning(ctx, t, ns, "refused")
 }
 
 // hamiLibrarySource is the dummy libvgpu.so: harmless, but its constructor

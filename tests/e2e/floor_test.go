@@ -120,22 +120,7 @@ func TestFloorRefusesAtPrepare(t *testing.T) {
 	c.Apply(t, ns, framework.EnvPod("weak", "weak", false))
 
 	const want = `isolation Advisory (set by the device class's config) is not allowed by the device class's config (allowed: MPS)`
-	var message string
-	err := framework.Poll(ctx, "the plugin to refuse the claim with Ready=False", framework.PodTimeout, func(ctx context.Context) (bool, error) {
-		devices, err := c.ClaimStatusDevices(ctx, ns, "weak")
-		if err != nil {
-			return false, framework.Retry("%v", err)
-		}
-		for _, d := range devices {
-			for _, cond := range d.Conditions {
-				if cond.Type == "Ready" && cond.Status == metav1.ConditionFalse {
-					message = cond.Message
-					return true, nil
-				}
-			}
-		}
-		return false, framework.Retry("status.devices %+v", devices)
-	})
+	message, err := c.WaitForPrepareFailed(ctx, ns, "weak")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, c.DescribePod(ctx, ns, "weak"))
 	}
@@ -144,13 +129,5 @@ func TestFloorRefusesAtPrepare(t *testing.T) {
 	}
 	t.Logf("refused at prepare: %s", message)
 
-	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "weak", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range pod.Status.ContainerStatuses {
-		if s.State.Running != nil {
-			t.Errorf("container %s runs although its claim was refused", s.Name)
-		}
-	}
+	c.WantNoContainerRunning(ctx, t, ns, "weak")
 }

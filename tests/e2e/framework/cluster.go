@@ -799,6 +799,46 @@ func (c *Cluster) WaitForUnschedulable(ctx context.Context, ns, name string) (co
 	return cond, nil
 }
 
+// WaitForPrepareFailed waits until a device of the claim has the condition
+// the plugin writes when prepare refuses the claim (Ready=False, reason
+// PrepareFailed) and returns its message. A device with status data, which
+// the plugin writes only for what it prepared, ends the wait with an error.
+func (c *Cluster) WaitForPrepareFailed(ctx context.Context, ns, claim string) (string, error) {
+	var message string
+	err := Poll(ctx, "claim "+claim+"'s Ready=False condition", PodTimeout, func(ctx context.Context) (bool, error) {
+		rc, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+		if err != nil {
+			return false, Retry("%v", err)
+		}
+		for _, d := range rc.Status.Devices {
+			if d.Data != nil {
+				return false, fmt.Errorf("claim %s: the refused device %s has status data %s", claim, d.Device, d.Data.Raw)
+			}
+			if ready := meta.FindStatusCondition(d.Conditions, "Ready"); ready != nil && ready.Status == metav1.ConditionFalse && ready.Reason == "PrepareFailed" {
+				message = ready.Message
+				return true, nil
+			}
+		}
+		return false, Retry("status.devices %+v", rc.Status.Devices)
+	})
+	return message, err
+}
+
+// WantNoContainerRunning fails the test if a container of the pod runs, for
+// a pod whose claim prepare refused.
+func (c *Cluster) WantNoContainerRunning(ctx context.Context, t testing.TB, ns, name string) {
+	t.Helper()
+	pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Running != nil {
+			t.Errorf("pod %s: container %s runs although prepare refused its claim", name, cs.Name)
+		}
+	}
+}
+
 // PodEvents returns the messages of the pod's events with this reason
 // ("FailedScheduling"), oldest first.
 func (c *Cluster) PodEvents(ctx context.Context, ns, name, reason string) ([]string, error) {
