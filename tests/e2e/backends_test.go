@@ -74,29 +74,12 @@ func currentExtraArgs(t *testing.T) []string {
 // republishes its slices).
 func waitDriverMemoryAttribute(t *testing.T, c *framework.Cluster, want bool) {
 	t.Helper()
-	err := framework.Poll(context.Background(), fmt.Sprintf("every device to publish driverMemoryLimits=%v", want), framework.PodTimeout, func(ctx context.Context) (bool, error) {
-		slices, err := c.DriverSlices(ctx)
-		if err != nil {
-			return false, framework.Retry("%v", err)
-		}
-		n := 0
-		for _, s := range slices {
-			for _, d := range s.Spec.Devices {
-				a, ok := d.Attributes["driverMemoryLimits"]
-				if !ok || a.BoolValue == nil || *a.BoolValue != want {
-					return false, framework.Retry("device %s of slice %s: driverMemoryLimits %+v", d.Name, s.Name, a)
-				}
-				n++
-			}
-		}
-		if n == 0 {
-			return false, framework.Retry("no devices published")
+	c.WaitForDevices(t, fmt.Sprintf("every device to publish driverMemoryLimits=%v", want), func(d resourceapi.Device) (bool, error) {
+		if a, ok := d.Attributes["driverMemoryLimits"]; !ok || a.BoolValue == nil || *a.BoolValue != want {
+			return false, fmt.Errorf("driverMemoryLimits %+v", a)
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // claimSpecDevice reads the claim's CDI spec from the node and returns its

@@ -464,31 +464,15 @@ func localityClaim(t *testing.T, name string, g localityGroup) *resourceapi.Reso
 // the locality binding conditions (the plugin republished after its restart).
 func waitLocalityVerdicts(t *testing.T, c *framework.Cluster) {
 	t.Helper()
-	err := framework.Poll(context.Background(), "shared devices to publish the locality binding conditions", framework.PodTimeout, func(ctx context.Context) (bool, error) {
-		slices_, err := c.DriverSlices(ctx)
-		if err != nil {
-			return false, framework.Retry("%v", err)
+	c.WaitForDevices(t, "shared devices to publish the locality binding conditions", func(d resourceapi.Device) (bool, error) {
+		if _, kind, err := model.ParseDevice(d.Name); err != nil || kind != model.KindShared {
+			return false, nil
 		}
-		n := 0
-		for _, s := range slices_ {
-			for _, d := range s.Spec.Devices {
-				if _, kind, err := model.ParseDevice(d.Name); err != nil || kind != model.KindShared {
-					continue
-				}
-				if !slices.Contains(d.BindingConditions, model.LocalityAcceptedCondition) {
-					return false, framework.Retry("device %s has binding conditions %v", d.Name, d.BindingConditions)
-				}
-				n++
-			}
-		}
-		if n == 0 {
-			return false, framework.Retry("no shared device published")
+		if !slices.Contains(d.BindingConditions, model.LocalityAcceptedCondition) {
+			return false, fmt.Errorf("binding conditions %v", d.BindingConditions)
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // logSchedulingLatency logs, over the namespace's pods, the time from

@@ -752,6 +752,40 @@ func (c *Cluster) DriverSlices(ctx context.Context) ([]resourceapi.ResourceSlice
 	return list.Items, nil
 }
 
+// WaitForDevices waits until the driver publishes at least one device that
+// check counts and none that check finds not yet as wanted, and fails the
+// test if that does not happen within PodTimeout; what names the wait.
+// check returns false to pass over a device, and an error (why) for a device
+// not yet as wanted.
+func (c *Cluster) WaitForDevices(t testing.TB, what string, check func(resourceapi.Device) (bool, error)) {
+	t.Helper()
+	err := Poll(context.Background(), what, PodTimeout, func(ctx context.Context) (bool, error) {
+		slices, err := c.DriverSlices(ctx)
+		if err != nil {
+			return false, Retry("%v", err)
+		}
+		n := 0
+		for _, s := range slices {
+			for _, d := range s.Spec.Devices {
+				counts, err := check(d)
+				if err != nil {
+					return false, Retry("device %s of slice %s: %v", d.Name, s.Name, err)
+				}
+				if counts {
+					n++
+				}
+			}
+		}
+		if n == 0 {
+			return false, Retry("no device to check published")
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // RequireDriver skips the test when Tessera is not installed (no DeviceClass or
 // no ResourceSlice), so the cluster tests run before the plugin exists.
 //
