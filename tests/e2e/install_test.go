@@ -135,13 +135,7 @@ func TestPluginTokenCannotWriteOtherNodesSlices(t *testing.T) {
 	_, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice(other), dryRun)
 	framework.CheckDenied(t, "create", err, want)
 
-	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(other), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("admin: create a slice of %s: %v", other, err)
-	}
-	t.Cleanup(func() {
-		_ = c.Client.ResourceV1().ResourceSlices().Delete(context.Background(), existing.Name, metav1.DeleteOptions{})
-	})
+	existing := c.CreateSlice(ctx, t, slice(other))
 	changed := existing.DeepCopy()
 	changed.Spec.Pool.Generation++
 	_, err = plugin.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})

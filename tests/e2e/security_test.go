@@ -66,13 +66,7 @@ func TestPluginTokenCannotWriteOtherDriversSlices(t *testing.T) {
 	_, err = plugin.ResourceV1().ResourceSlices().Create(ctx, slice(framework.Driver, "e2e-other-pool"), dryRun)
 	framework.CheckDenied(t, "create a slice in another pool", err, fmt.Sprintf("may only modify ResourceSlices of pool '%s', not of pool 'e2e-other-pool'", node))
 
-	existing, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice(otherDriver, node), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("admin: create a slice of driver %s on %s: %v", otherDriver, node, err)
-	}
-	t.Cleanup(func() {
-		_ = c.Client.ResourceV1().ResourceSlices().Delete(context.Background(), existing.Name, metav1.DeleteOptions{})
-	})
+	existing := c.CreateSlice(ctx, t, slice(otherDriver, node))
 	changed := existing.DeepCopy()
 	changed.Spec.Pool.Generation++
 	_, err = plugin.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -151,6 +152,21 @@ func CheckDenied(t *testing.T, op string, err error, want string) {
 		return
 	}
 	t.Logf("%s: refused: %v", op, err)
+}
+
+// CreateSlice creates the slice with the cluster's own (admin) client, for a
+// test of what the plugin's token may do to it, and deletes it when the test
+// ends.
+func (c *Cluster) CreateSlice(ctx context.Context, t testing.TB, slice *resourceapi.ResourceSlice) *resourceapi.ResourceSlice {
+	t.Helper()
+	created, err := c.Client.ResourceV1().ResourceSlices().Create(ctx, slice, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("admin: create a slice of driver %s, pool %s: %v", slice.Spec.Driver, slice.Spec.Pool.Name, err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
+	return created
 }
 
 // HelmBinary finds the pinned helm the way deployments/helm's tests do:
