@@ -68,6 +68,15 @@ func (e *env) startMIG(node *gpu.MockNode, mutate func(*Options)) *instance {
 	})
 }
 
+// startMIGNode starts a plugin (startMIG) over a fresh env and a fresh
+// hgx-h100-mig mock node.
+func startMIGNode(t testing.TB, mutate func(*Options)) (*env, *gpu.MockNode, *instance) {
+	t.Helper()
+	e := newEnv(t)
+	node := migNode(t)
+	return e, node, e.startMIG(node, mutate)
+}
+
 // instances lists GPU i's GPU instances as NVML has them now.
 func instances(t testing.TB, node *gpu.MockNode, i int) []gpu.MIGInstance {
 	t.Helper()
@@ -109,9 +118,7 @@ func migRecord(t testing.TB, i *instance, uid types.UID) *checkpoint.MIGDevice {
 // it now; the container gets its MIG UUID, profile and capability nodes,
 // not the GPU; unprepare leaves the instance.
 func TestMIGStaticPrepare(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-static", []result{whole("mig", "gpu-0-mig-2")})
 	devs := mustPrepare(t, i.Plugin, claim)
 	in := instances(t, node, 0)
@@ -148,9 +155,7 @@ func TestMIGStaticPrepare(t *testing.T) {
 // A static device whose instance an admin destroyed after it was published
 // fails with the reason, read from NVML rather than the inventory.
 func TestMIGStaticGone(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	if err := node.DestroyMIGInstance(0, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -174,9 +179,7 @@ func TestMIGStaticGone(t *testing.T) {
 // container gets that MIG device; a repeated prepare answers the same
 // without a second instance; unprepare destroys it.
 func TestMIGDynamicPrepare(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-dyn", []result{whole("mig", "gpu-1-mig-3g-40gb-4")})
 	devs := mustPrepare(t, i.Plugin, claim)
 	in := instances(t, node, 1)
@@ -226,9 +229,7 @@ func TestMIGRealNodeCDI(t *testing.T) {
 		"neither: refused, clean": {err: "no NVIDIA container toolkit CDI spec"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			node := migNode(t)
-			i := e.startMIG(node, func(o *Options) {
+			e, node, i := startMIGNode(t, func(o *Options) {
 				o.Mock, o.DevNodes, o.Toolkit, o.LegacyRuntime = false, isolation.StaticDevNodes{UVMMajor: 508, CapsMajor: 509}, tc.toolkit, tc.legacy
 			})
 			claim := newClaim("uid-real", []result{whole("mig", "gpu-1-mig-1g-10gb-6")})
@@ -293,9 +294,7 @@ func TestMIGRealNodeCDI(t *testing.T) {
 // CUDA_VISIBLE_DEVICES set from that device's TESSERA_MIG_… variable. This
 // test checks the environment only (mock mode: no CUDA runs).
 func TestMIGTwoDevicesOneContainer(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	both := newClaim("uid-two", []result{whole("a", "gpu-1-mig-1g-10gb-6"), whole("b", "gpu-1-mig-1g-10gb-5")})
 	devs := mustPrepare(t, i.Plugin, both)
 	in := instances(t, node, 1)
@@ -351,9 +350,7 @@ func TestMIGTwoDevicesOneContainer(t *testing.T) {
 // GPU of the other claim. Two MIG-only claims of one pod get one too; claims
 // of different pods, or a single claim, get none.
 func TestMIGVisibleDevicesWarning(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, _, i := startMIGNode(t, nil)
 	forPod := func(c *resourceapi.ResourceClaim, pod string) *resourceapi.ResourceClaim {
 		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID("uid-" + pod)}}
 		return c
@@ -405,9 +402,7 @@ func TestMIGVisibleDevicesWarning(t *testing.T) {
 func TestMIGIsolationRefused(t *testing.T) {
 	for _, iso := range []configapi.Isolation{configapi.IsolationHAMiCore, configapi.IsolationDriverMemory} {
 		t.Run(string(iso), func(t *testing.T) {
-			e := newEnv(t)
-			node := migNode(t)
-			i := e.startMIG(node, nil)
+			e, node, i := startMIGNode(t, nil)
 			claim := newClaim("uid-"+strings.ToLower(string(iso)), []result{whole("mig", "gpu-1-mig-2g-20gb-4")}, claimConfig(isolationConfig(iso)))
 			r := prepare(t, i.Plugin, claim)
 			if r.Err == nil || !strings.Contains(r.Err.Error(), "isolation "+string(iso)+" (set by the claim's config) is refused on a MIG device") {
@@ -419,9 +414,7 @@ func TestMIGIsolationRefused(t *testing.T) {
 			e.assertClean(i)
 		})
 	}
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, func(o *Options) { o.DefaultIsolation = configapi.IsolationHAMiCore })
+	e, _, i := startMIGNode(t, func(o *Options) { o.DefaultIsolation = configapi.IsolationHAMiCore })
 	claim := newClaim("uid-default", []result{whole("mig", "gpu-1-mig-2g-20gb-4")})
 	mustPrepare(t, i.Plugin, claim)
 	mustUnprepare(t, i.Plugin, claim.UID)
@@ -437,9 +430,7 @@ func TestMIGIsolationRefused(t *testing.T) {
 // MPS inside one MIG device: its own daemon, keyed by the MIG UUID and the
 // claim's namespace, and CUDA_VISIBLE_DEVICES names the MIG device.
 func TestMIGMPS(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-mig-mps", []result{whole("mig", "gpu-1-mig-3g-40gb-0")}, claimConfig(isolationConfig(configapi.IsolationMPS)))
 	devs := mustPrepare(t, i.Plugin, claim)
 	m := migRecord(t, i, claim.UID)
@@ -462,9 +453,7 @@ func TestMIGMPS(t *testing.T) {
 // overlapping placement, another claim holds is refused before anything is
 // made, naming that claim.
 func TestMIGDoubleGrant(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	_, node, i := startMIGNode(t, nil)
 	mustPrepare(t, i.Plugin, newClaim("uid-a", []result{whole("mig", "gpu-0-mig-1")}))
 	r := prepare(t, i.Plugin, newClaim("uid-b", []result{whole("mig", "gpu-0-mig-1")}))
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "already prepared for claim default/claim-uid-a") {
@@ -489,9 +478,7 @@ func TestMIGDoubleGrant(t *testing.T) {
 // Devices that do not fit the GPU's mode now are refused: a placement on a
 // static GPU, a whole GPU in MIG mode, a MIG device of a GPU not in MIG mode.
 func TestMIGWrongMode(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, _, i := startMIGNode(t, nil)
 	for device, want := range map[string]string{
 		"gpu-0-mig-1g-10gb-6": "is not published with dynamic MIG",
 		"gpu-1":               "is in MIG mode now",
@@ -509,9 +496,7 @@ func TestMIGWrongMode(t *testing.T) {
 // failpoint): the intent is recorded, the instance exists; the next start
 // finds it by placement, destroys it and drops the record.
 func TestMIGCrashAfterCreate(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-crash", []result{whole("mig", "gpu-1-mig-4g-40gb-0")})
 	var atFailpoint []checkpoint.Claim
 	var made []gpu.MIGInstance
@@ -552,9 +537,7 @@ func TestMIGCrashAfterCreate(t *testing.T) {
 // (PrepareStarted, IDs) is rolled back at start, which destroys the
 // instance found by placement.
 func TestMIGCrashAfterRecord(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	gi, ci, err := node.CreateMIGInstance(1, "2g.20gb", 2)
 	if err != nil {
 		t.Fatal(err)
@@ -662,9 +645,7 @@ func TestMIGDynamicOverAdminLayout(t *testing.T) {
 // it; one made between that check and the create is refused by the create,
 // and the rollback leaves it.
 func TestMIGPrepareRefusesForeignInstance(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	gi, ci, err := node.CreateMIGInstance(1, "1g.10gb", 6)
 	if err != nil {
 		t.Fatal(err)
@@ -717,9 +698,7 @@ func (r *raceMIG) Create(uuid string, profileID int, pl gpu.MIGPlacement, own st
 // one an admin destroyed and re-made at the placement (same IDs, fresh UUID)
 // is left, reported, and the record goes.
 func TestMIGUnprepareChangedInstance(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-changed", []result{whole("mig", "gpu-1-mig-2g-20gb-4")})
 	mustPrepare(t, i.Plugin, claim)
 	m := migRecord(t, i, claim.UID)
@@ -749,9 +728,7 @@ func TestMIGUnprepareChangedInstance(t *testing.T) {
 // gives every created instance a fresh UUID); the re-made instance is
 // foreign: kept, its slices taken.
 func TestMIGChangedAtStart(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-moved", []result{whole("mig", "gpu-1-mig-1g-10gb-6")})
 	mustPrepare(t, i.Plugin, claim)
 	m := migRecord(t, i, claim.UID)
@@ -775,9 +752,7 @@ func TestMIGChangedAtStart(t *testing.T) {
 // prepare checks the instance read now against what the plugin published
 // under the name (profile, placement, MIG UUIDs) and refuses one made since.
 func TestMIGStaticChangedSincePublished(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	// GPU instance 1 was a 4g.40gb at 0-3; an admin makes a 3g.40gb there,
 	// which gets ID 1 again.
 	if err := node.DestroyMIGInstance(0, 1); err != nil {
@@ -930,9 +905,7 @@ func TestMIGStaticInUseTaint(t *testing.T) {
 // the unprepare that follows; the published slices of a held instance stay
 // free (its claim consumes them).
 func TestMIGAdoptedAtStart(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-adopt", []result{whole("mig", "gpu-1-mig-2g-20gb-0")})
 	devs := mustPrepare(t, i.Plugin, claim)
 
@@ -961,9 +934,7 @@ func TestMIGAdoptedAtStart(t *testing.T) {
 // Unprepare refuses to destroy an instance a process still runs on: the
 // claim stays recorded, and the kubelet's retry finishes once it is idle.
 func TestMIGUnprepareInUse(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	e, node, i := startMIGNode(t, nil)
 	claim := newClaim("uid-busy", []result{whole("mig", "gpu-1-mig-1g-20gb-6")})
 	mustPrepare(t, i.Plugin, claim)
 	m := migRecord(t, i, claim.UID)
@@ -1014,9 +985,7 @@ func TestInventoryDynamicMIG(t *testing.T) {
 
 // Health is reported for the MIG devices a GPU in MIG mode publishes.
 func TestMIGHealthReportNames(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	_, _, i := startMIGNode(t, nil)
 	var names []string
 	for minor := 0; minor < 3; minor++ {
 		g, _ := i.gpuByMinor(minor)
@@ -1101,9 +1070,7 @@ func TestMIGDeviceHealth(t *testing.T) {
 // The metrics snapshot lists the MIG devices: the static instances of GPU 0
 // and the placement a claim holds on dynamic GPU 1, with its holder.
 func TestMIGMetricsSnapshot(t *testing.T) {
-	e := newEnv(t)
-	node := migNode(t)
-	i := e.startMIG(node, nil)
+	_, _, i := startMIGNode(t, nil)
 	claim := newClaim("uid-dyn", []result{whole("mig", "gpu-1-mig-3g-40gb-4")})
 	mustPrepare(t, i.Plugin, claim)
 	byDevice := map[string]metrics.MIGDevice{}
