@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-dev/tessera/internal/cli/clusterview"
 )
 
 func newStatusCommand() *cobra.Command {
 	var (
-		kube         kubeFlags
-		node, output string
+		flags clusterReportFlags
+		node  string
 	)
 	cmd := &cobra.Command{
 		Use:   "status [--node NAME] [-o table|json|yaml]",
@@ -26,30 +29,21 @@ still pending (needs list on gpubudgets.gpu.tessera.dev).`,
   tessera status --node gpu-node-1 -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkReportFormat(output); err != nil {
-				return err
-			}
-			client, _, err := kube.client()
-			if err != nil {
-				return err
-			}
-			report, err := clusterview.Get(cmd.Context(), client, node)
-			if err != nil {
-				return err
-			}
-			dyn, err := kube.dynamicClient()
-			if err != nil {
-				return err
-			}
-			if report.Budgets, err = clusterview.GetBudgets(cmd.Context(), dyn); err != nil {
-				return err
-			}
-			return writeReport(cmd.OutOrStdout(), output, report, report.WriteTable)
+			return runClusterReport(cmd, &flags, func(ctx context.Context, client kubernetes.Interface, _ string) (clusterview.Report, error) {
+				report, err := clusterview.Get(ctx, client, node)
+				if err != nil {
+					return report, err
+				}
+				dyn, err := flags.kube.dynamicClient()
+				if err != nil {
+					return report, err
+				}
+				report.Budgets, err = clusterview.GetBudgets(ctx, dyn)
+				return report, err
+			})
 		},
 	}
-	kube.add(cmd)
-	f := cmd.Flags()
-	f.StringVar(&node, "node", "", "show only this node")
-	f.StringVarP(&output, "output", "o", formatTable, "output format: table, json or yaml")
+	cmd.Flags().StringVar(&node, "node", "", "show only this node")
+	flags.add(cmd)
 	return cmd
 }

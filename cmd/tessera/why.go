@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-dev/tessera/internal/cli/why"
@@ -13,8 +15,8 @@ import (
 
 func newWhyCommand() *cobra.Command {
 	var (
-		kube              kubeFlags
-		namespace, output string
+		flags     clusterReportFlags
+		namespace string
 	)
 	cmd := &cobra.Command{
 		Use:   "why (POD | pod/NAME | claim/NAME) [-n NAMESPACE] [-o table|json|yaml]",
@@ -47,27 +49,16 @@ considered.`,
   tessera why claim/train-0-gpu -n ml -o json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkReportFormat(output); err != nil {
-				return err
-			}
-			client, ns, err := kube.client()
-			if err != nil {
-				return err
-			}
-			if namespace != "" {
-				ns = namespace
-			}
-			report, err := why.Get(cmd.Context(), client, ns, args[0])
-			if err != nil {
-				return err
-			}
-			return writeReport(cmd.OutOrStdout(), output, report, report.WriteTable)
+			return runClusterReport(cmd, &flags, func(ctx context.Context, client kubernetes.Interface, ns string) (why.Report, error) {
+				if namespace != "" {
+					ns = namespace
+				}
+				return why.Get(ctx, client, ns, args[0])
+			})
 		},
 	}
-	kube.add(cmd)
-	f := cmd.Flags()
-	f.StringVarP(&namespace, "namespace", "n", "", "namespace of the pod or claim (default: the kubeconfig context's)")
-	f.StringVarP(&output, "output", "o", formatTable, "output format: table, json or yaml")
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "namespace of the pod or claim (default: the kubeconfig context's)")
+	flags.add(cmd)
 	return cmd
 }
 
@@ -104,4 +95,38 @@ func writeReport(w io.Writer, format string, v any, table func(io.Writer) error)
 		return table(w)
 	}
 	return checkReportFormat(format)
+}
+
+// clusterReportFlags are the flags of a command that reads the cluster and
+// writes a report: kubectl's and -o.
+type clusterReportFlags struct {
+	kube   kubeFlags
+	output string
+}
+
+func (f *clusterReportFlags) add(cmd *cobra.Command) {
+	f.kube.add(cmd)
+	cmd.Flags().StringVarP(&f.output, "output", "o", formatTable, "output format: table, json or yaml")
+}
+
+// tableReport is a report that writes itself as a table too.
+type tableReport interface {
+	WriteTable(w io.Writer) error
+}
+
+// runClusterReport checks -o, connects to the cluster, reads the report with
+// get (namespace: the kubeconfig context's) and writes it.
+func runClusterReport[R tableReport](cmd *cobra.Command, f *clusterReportFlags, get func(ctx context.Context, client kubernetes.Interface, namespace string) (R, error)) error {
+	if err := checkReportFormat(f.output); err != nil {
+		return err
+	}
+	client, ns, err := f.kube.client()
+	if err != nil {
+		return err
+	}
+	report, err := get(cmd.Context(), client, ns)
+	if err != nil {
+		return err
+	}
+	return writeReport(cmd.OutOrStdout(), f.output, report, report.WriteTable)
 }
