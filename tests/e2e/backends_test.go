@@ -20,6 +20,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -485,10 +486,10 @@ func hamiImage(t *testing.T) (repository, tag string, lib []byte) {
 }
 
 // hamiShare is a HAMiCore share (6Gi, 30 cores guaranteed, computeLimit 40)
-// for hamiClientYAML's pod.
+// for hamiClient's pod.
 var hamiShare = framework.Claim{Name: "hami", Template: true, Memory: "6Gi", Cores: "30", Config: framework.GpuConfig("sharing: {isolation: HAMiCore, computeLimit: 40}")}
 
-// hamiClientYAML is a client of hamiShare that prints its env and what it
+// hamiClient is hamiShare's client, in image: it prints its env and what it
 // finds of HAMi-core: the mounts of the library, the preload file and the
 // shared directory (MOUNT_<path>=<root> <options> from /proc/self/mountinfo),
 // the preload file's content, the library's md5, whether the library, the
@@ -497,38 +498,22 @@ var hamiShare = framework.Claim{Name: "hami", Template: true, Memory: "6Gi", Cor
 // nothing), and whether running a dynamically linked program preloads the
 // library. Busybox is static: its own programs
 // never load it.
-const hamiClientYAML = `
-apiVersion: v1
-kind: Pod
-metadata: {name: hami-client}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: hami
-  containers:
-  - name: ctr
-    image: %s
-    command:
-    - sh
-    - -c
-    - |
-      env | grep -E "^(NVIDIA_|CUDA_|TESSERA_|TF_FORCE)" | sort
-      awk '$5 ~ "^(/usr/local/vgpu|/etc/ld.so.preload|/tmp/vgpulock)" { print "MOUNT_" $5 "=" $4 " " $6 }' /proc/self/mountinfo
-      echo "PRELOAD_FILE=$(cat /etc/ld.so.preload)"
-      echo "LIB_MD5=$(md5sum /usr/local/vgpu/libvgpu.so | cut -d' ' -f1)"
-      if (: >> /usr/local/vgpu/libvgpu.so) 2>/dev/null; then echo LIB_ACCESS=writable; else echo LIB_ACCESS=read-only; fi
-      if (: >> /etc/ld.so.preload) 2>/dev/null; then echo PRELOAD_ACCESS=writable; else echo PRELOAD_ACCESS=read-only; fi
-      if [ -e /tmp/vgpulock/preloaded ]; then echo PRELOADED_BEFORE=yes; else echo PRELOADED_BEFORE=no; fi
-      /usr/bin/dyn-true; echo "DYNAMIC_EXIT=$?"
-      echo "PRELOADED_INTO=$(cat /tmp/vgpulock/preloaded 2>/dev/null)"
-      if touch /tmp/vgpulock/tenant-was-here 2>/dev/null; then echo SHARED_DIR=writable; else echo SHARED_DIR=read-only; fi
-      echo tessera-env-done
-      exec sleep 2147483647
-    resources:
-      claims:
-      - name: gpu
-`
+func hamiClient(image string) *unstructured.Unstructured {
+	pod := framework.ScriptPod("hami-client", "hami", true, `
+env | grep -E "^(NVIDIA_|CUDA_|TESSERA_|TF_FORCE)" | sort
+awk '$5 ~ "^(/usr/local/vgpu|/etc/ld.so.preload|/tmp/vgpulock)" { print "MOUNT_" $5 "=" $4 " " $6 }' /proc/self/mountinfo
+echo "PRELOAD_FILE=$(cat /etc/ld.so.preload)"
+echo "LIB_MD5=$(md5sum /usr/local/vgpu/libvgpu.so | cut -d' ' -f1)"
+if (: >> /usr/local/vgpu/libvgpu.so) 2>/dev/null; then echo LIB_ACCESS=writable; else echo LIB_ACCESS=read-only; fi
+if (: >> /etc/ld.so.preload) 2>/dev/null; then echo PRELOAD_ACCESS=writable; else echo PRELOAD_ACCESS=read-only; fi
+if [ -e /tmp/vgpulock/preloaded ]; then echo PRELOADED_BEFORE=yes; else echo PRELOADED_BEFORE=no; fi
+/usr/bin/dyn-true; echo "DYNAMIC_EXIT=$?"
+echo "PRELOADED_INTO=$(cat /tmp/vgpulock/preloaded 2>/dev/null)"
+if touch /tmp/vgpulock/tenant-was-here 2>/dev/null; then echo SHARED_DIR=writable; else echo SHARED_DIR=read-only; fi
+`)
+	pod.Spec.Containers[0].Image = image
+	return framework.Unstructured(pod)
+}
 
 // TestHAMiCoreBackend: the chart's hamiCore.image installer (helm upgrade
 // with an image built here: a dummy libvgpu.so, busybox and a dynamically
@@ -584,8 +569,7 @@ func TestHAMiCoreBackend(t *testing.T) {
 	t.Logf("init container install-hami-core installed %s; the plugin runs with --hami-core-library=%s", installed, installed)
 
 	ns := c.Namespace(t, "e2e-hamicore")
-	objs := slices.Insert(framework.MustDecodeYAML(t, fmt.Sprintf(hamiClientYAML, repository+":"+tag)), 0, hamiShare.Object())
-	p := c.RunObjects(t, ns, objs...)["hami-client"]
+	p := c.RunObjects(t, ns, hamiShare.Object(), hamiClient(repository+":"+tag))["hami-client"]
 	dev := framework.ClaimOf(t, c, p, "gpu")
 	uuid := dev.Attribute("uuid")
 	claimName, uid := claimUID(t, c, p, "gpu")

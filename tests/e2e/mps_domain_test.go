@@ -4,13 +4,14 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 )
@@ -19,44 +20,24 @@ import (
 // image's user), that writes a marker into its /dev/shm and prints the
 // inode of the control socket it reaches, then waits. A non-empty uuid pins
 // the share to that GPU.
-func mpsTenant(t *testing.T, runAsUser int, uuid string) []*unstructured.Unstructured {
+func mpsTenant(runAsUser int, uuid string) []*unstructured.Unstructured {
 	claim := framework.Claim{Name: "mps", Template: true, Memory: "4Gi", Cores: "10", Config: framework.GpuConfig("sharing: {isolation: MPS}")}
 	if uuid != "" {
 		claim.Selectors = []string{framework.PinnedToUUID(uuid)}
 	}
-	security := ""
+	pod := framework.ScriptPod("tenant", "mps", true, `
+echo "MPS_UID=$(id -u)"
+if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
+echo "MPS_CONTROL_INODE=$(stat -c %i /tmp/nvidia-mps/control 2>/dev/null)"
+if echo "$POD_NAMESPACE" > /dev/shm/tenant-secret 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=not-writable; fi
+`)
+	ctr := &pod.Spec.Containers[0]
+	ctr.Env = []corev1.EnvVar{{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}
 	if runAsUser != 0 {
-		security = fmt.Sprintf("\n    securityContext: {runAsUser: %d, runAsGroup: %d, runAsNonRoot: true}", runAsUser, runAsUser)
+		id := int64(runAsUser)
+		ctr.SecurityContext = &corev1.SecurityContext{RunAsUser: &id, RunAsGroup: &id, RunAsNonRoot: ptr.To(true)}
 	}
-	return append([]*unstructured.Unstructured{claim.Object()}, framework.MustDecodeYAML(t, `
-apiVersion: v1
-kind: Pod
-metadata: {name: tenant}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: mps
-  containers:
-  - name: ctr
-    image: docker.io/library/busybox:1.36`+security+`
-    command:
-    - sh
-    - -c
-    - |
-      echo "MPS_UID=$(id -u)"
-      if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
-      echo "MPS_CONTROL_INODE=$(stat -c %i /tmp/nvidia-mps/control 2>/dev/null)"
-      if echo "$POD_NAMESPACE" > /dev/shm/tenant-secret 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=not-writable; fi
-      echo tessera-env-done
-      exec sleep 2147483647
-    env:
-    - name: POD_NAMESPACE
-      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
-    resources:
-      claims:
-      - name: gpu
-`)...)
+	return []*unstructured.Unstructured{claim.Object(), framework.Unstructured(pod)}
 }
 
 // TestMPSTrustDomains: MPS shares in two namespaces on one GPU run with two
@@ -72,7 +53,7 @@ func TestMPSTrustDomains(t *testing.T) {
 	nsB := c.Namespace(t, "e2e-mps-b")
 	// Both shares on one GPU: B's claim selects the GPU the scheduler
 	// gave A, so the two domains meet on one GPU.
-	a := c.RunObjects(t, nsA, mpsTenant(t, 0, "")...)["tenant"]
+	a := c.RunObjects(t, nsA, mpsTenant(0, "")...)["tenant"]
 	uuidOf := func(ns string, p framework.SpecPod) string {
 		name, err := framework.PodClaimName(p.Pod, "gpu")
 		if err != nil {
@@ -84,7 +65,7 @@ func TestMPSTrustDomains(t *testing.T) {
 		}
 		return devs[0].Attribute("uuid")
 	}
-	b := c.RunObjects(t, nsB, mpsTenant(t, 1000, uuidOf(nsA, a))...)["tenant"]
+	b := c.RunObjects(t, nsB, mpsTenant(1000, uuidOf(nsA, a))...)["tenant"]
 	sameGPU := uuidOf(nsA, a) == uuidOf(nsB, b)
 	if !sameGPU {
 		t.Fatalf("the two shares landed on different GPUs (%s, %s) although B selected A's", uuidOf(nsA, a), uuidOf(nsB, b))

@@ -16,45 +16,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // mpsDaemonSelector selects the MPS control daemon pods the plugin creates
 // (pkg/mpsdaemon).
 const mpsDaemonSelector = "app.kubernetes.io/component=mps-control-daemon"
 
-// mpsClaim is an MPS share; mpsClientYAML a client of it that prints its
+// mpsClaim is an MPS share; mpsClient a client of it that prints its
 // env and what it can do with the daemon's directories: the control socket
 // must be there, the pipe directory read-only, the daemon's logs absent.
 var mpsClaim = framework.Claim{Name: "mps", Template: true, Memory: "8Gi", Cores: "20", Config: framework.GpuConfig("sharing: {isolation: MPS}")}
 
-const mpsClientYAML = `
-apiVersion: v1
-kind: Pod
-metadata: {name: mps-client}
-spec:
-  terminationGracePeriodSeconds: 1
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: mps
-  containers:
-  - name: ctr
-    image: docker.io/library/busybox:1.36
-    command:
-    - sh
-    - -c
-    - |
-      env | grep -E "^(NVIDIA_|CUDA_|TESSERA_)" | sort
-      if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
-      if touch /tmp/nvidia-mps/tenant-was-here 2>/dev/null; then echo MPS_PIPE=writable; else echo MPS_PIPE=read-only; fi
-      if [ -e /var/log/nvidia-mps ]; then echo MPS_LOGS=visible; else echo MPS_LOGS=absent; fi
-      if touch /dev/shm/tessera-e2e 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=read-only; fi
-      echo tessera-env-done
-      exec sleep 2147483647
-    resources:
-      claims:
-      - name: gpu
-`
+var mpsClient = framework.ScriptPod("mps-client", "mps", true, `
+env | grep -E "^(NVIDIA_|CUDA_|TESSERA_)" | sort
+if [ -S /tmp/nvidia-mps/control ]; then echo MPS_CONTROL=socket; else echo MPS_CONTROL=missing; fi
+if touch /tmp/nvidia-mps/tenant-was-here 2>/dev/null; then echo MPS_PIPE=writable; else echo MPS_PIPE=read-only; fi
+if [ -e /var/log/nvidia-mps ]; then echo MPS_LOGS=visible; else echo MPS_LOGS=absent; fi
+if touch /dev/shm/tessera-e2e 2>/dev/null; then echo MPS_SHM=writable; else echo MPS_SHM=read-only; fi
+`)
 
 // mpsDaemonPod returns the daemon pod of the GPU (by the annotation the
 // plugin writes), failing unless there is exactly one.
@@ -95,7 +74,7 @@ func TestMPSDaemonOutlivesPlugin(t *testing.T) {
 	c := needDriver(t, "shared.gpu.tessera.dev")
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-mps")
-	client := c.RunObjects(t, ns, append([]*unstructured.Unstructured{mpsClaim.Object()}, framework.MustDecodeYAML(t, mpsClientYAML)...)...)["mps-client"]
+	client := c.RunObjects(t, ns, mpsClaim.Object(), framework.Unstructured(mpsClient))["mps-client"]
 
 	uuid := framework.ClaimOf(t, c, client, "gpu").Attribute("uuid")
 	for k, want := range map[string]string{

@@ -155,13 +155,19 @@ func (c Claim) ResourceClaimTemplate() *resourceapi.ResourceClaimTemplate {
 // Object is the claim (or, with Template, the template) for Apply and
 // RunObjects.
 func (c Claim) Object() *unstructured.Unstructured {
-	var obj runtime.Object = c.ResourceClaim()
 	if c.Template {
-		obj = c.ResourceClaimTemplate()
+		return Unstructured(c.ResourceClaimTemplate())
 	}
+	return Unstructured(c.ResourceClaim())
+}
+
+// Unstructured is a typed object, its TypeMeta set, for Apply and
+// RunObjects: without the empty creationTimestamp and status the conversion
+// writes.
+func Unstructured(obj runtime.Object) *unstructured.Unstructured {
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
 	if err != nil {
-		panic(fmt.Sprintf("claim %s: %v", c.Name, err))
+		panic(fmt.Sprintf("%T: %v", obj, err))
 	}
 	u := &unstructured.Unstructured{Object: m}
 	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 )
 
 // Driver is the DRA driver name the tests look for in ResourceSlices.
@@ -991,6 +992,35 @@ func EnvPod(name, claim string, template bool) *unstructured.Unstructured {
 			}},
 		},
 	}}
+}
+
+// ScriptPod is a pod whose one container, ctr, uses one claim as its claim
+// entry "gpu" (the named ResourceClaim, or, with template, a claim generated
+// from the named ResourceClaimTemplate) and runs script with sh -c in
+// EnvImage, then prints EnvDoneMarker and sleeps: the KEY=value lines the
+// script prints are what WaitForEnvPod returns. Tests may change the pod
+// (the container's image, env, securityContext) before Unstructured.
+func ScriptPod(name, claim string, template bool, script string) *corev1.Pod {
+	ref := corev1.PodResourceClaim{Name: "gpu"}
+	if template {
+		ref.ResourceClaimTemplateName = &claim
+	} else {
+		ref.ResourceClaimName = &claim
+	}
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			ResourceClaims:                []corev1.PodResourceClaim{ref},
+			Containers: []corev1.Container{{
+				Name:      "ctr",
+				Image:     EnvImage,
+				Command:   []string{"sh", "-c", strings.TrimSpace(script) + "\necho " + EnvDoneMarker + "\nexec sleep 2147483647"},
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+			}},
+		},
+	}
 }
 
 // PodClaim is one entry of a pod's spec.resourceClaims: Name, and either
