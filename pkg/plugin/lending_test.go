@@ -89,6 +89,16 @@ func (e *lendingEnv) tick(t *testing.T, d time.Duration) {
 	e.l.Tick(ctxFor(t))
 }
 
+// prepareAndIdle prepares owner, a claim on GPU 0 that lends, sets pods as
+// the activity on GPU 0 and samples it at once and after the idle period.
+func (e *lendingEnv) prepareAndIdle(t *testing.T, owner *resourceapi.ResourceClaim, pods map[types.UID]lending.Activity) {
+	t.Helper()
+	mustPrepare(t, e.i.Plugin, owner)
+	e.act.pods[publishtest.UUID(0)] = pods
+	e.tick(t, time.Second)
+	e.tick(t, time.Minute)
+}
+
 func TestLendingLifecycle(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
@@ -224,10 +234,8 @@ func TestLendingIgnoresServicePods(t *testing.T) {
 		}
 	})
 	uuid := publishtest.UUID(0)
-	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
-	e.act.pods[uuid] = map[types.UID]lending.Activity{"mps-daemon": {SM: 90, Memory: 1 << 30, PIDs: []uint32{7}}}
-	e.tick(t, time.Second)
-	e.tick(t, time.Minute)
+	e.prepareAndIdle(t, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)),
+		map[types.UID]lending.Activity{"mps-daemon": {SM: 90, Memory: 1 << 30, PIDs: []uint32{7}}})
 	if s := e.l.States()[uuid]; s.Phase != lending.Lent {
 		t.Fatalf("an MPS server computing: %s, want %s (it is nobody's activity)", s.Phase, lending.Lent)
 	}
@@ -247,10 +255,8 @@ func TestBorrowersFitWhatIsLent(t *testing.T) {
 	e := newLendingEnv(t)
 	e.startLender(t)
 	uuid := publishtest.UUID(0)
-	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
-	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
-	e.tick(t, time.Second)
-	e.tick(t, time.Minute)
+	e.prepareAndIdle(t, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)),
+		map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}})
 	lent := e.l.States()[uuid].Lendable
 	if lent == 0 {
 		t.Fatal("not lent")
@@ -297,10 +303,8 @@ func TestOutstayingBorrowerIsKilled(t *testing.T) {
 		}
 	})
 	uuid := publishtest.UUID(0)
-	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
-	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
-	e.tick(t, time.Second)
-	e.tick(t, time.Minute)
+	e.prepareAndIdle(t, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)),
+		map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}})
 	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 10))
 	e.act.pods[uuid]["borrower-pod"] = lending.Activity{Memory: 4 << 30, PIDs: []uint32{200, 201}}
 
@@ -356,10 +360,8 @@ func TestOutstayingBorrowerNotKillable(t *testing.T) {
 		}
 	})
 	uuid := publishtest.UUID(0)
-	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)))
-	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}}
-	e.tick(t, time.Second)
-	e.tick(t, time.Minute)
+	e.prepareAndIdle(t, newClaim("owner", []result{whole("gpu", model.WholeDeviceName(0))}, claimConfig(lendConfig)),
+		map[types.UID]lending.Activity{"owner-pod": {Memory: 10 << 30, PIDs: []uint32{100}}})
 	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 0))
 	e.act.pods[uuid]["owner-pod"] = lending.Activity{SM: 80, Memory: 10 << 30, PIDs: []uint32{100}}
 	e.tick(t, time.Second)
@@ -381,10 +383,8 @@ func TestNonLendingOwnerReclaimsAtPrepare(t *testing.T) {
 	e.startLender(t)
 	uuid := publishtest.UUID(0)
 	shared := model.SharedDeviceName(0)
-	mustPrepare(t, e.i.Plugin, newClaim("owner", []result{share("gpu", shared, "o-1", "20Gi", "20")}, claimConfig(lendConfig)))
-	e.act.pods[uuid] = map[types.UID]lending.Activity{"owner-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
-	e.tick(t, time.Second)
-	e.tick(t, time.Minute)
+	e.prepareAndIdle(t, newClaim("owner", []result{share("gpu", shared, "o-1", "20Gi", "20")}, claimConfig(lendConfig)),
+		map[types.UID]lending.Activity{"owner-pod": {Memory: 2 << 30, PIDs: []uint32{100}}})
 	mustPrepare(t, e.i.Plugin, borrowerFor("borrower", "borrower-pod", "8Gi", 5))
 
 	select { // the prepares so far asked for a sample too
@@ -461,10 +461,8 @@ func TestOwnerAndBorrowerPreparedAtOnce(t *testing.T) {
 			e.startLender(t)
 			uuid := publishtest.UUID(0)
 			shared := model.SharedDeviceName(0)
-			mustPrepare(t, e.i.Plugin, newClaim("lender", []result{share("gpu", shared, "l-1", "20Gi", "20")}, claimConfig(lendConfig)))
-			e.act.pods[uuid] = map[types.UID]lending.Activity{"lender-pod": {Memory: 2 << 30, PIDs: []uint32{100}}}
-			e.tick(t, time.Second)
-			e.tick(t, time.Minute)
+			e.prepareAndIdle(t, newClaim("lender", []result{share("gpu", shared, "l-1", "20Gi", "20")}, claimConfig(lendConfig)),
+				map[types.UID]lending.Activity{"lender-pod": {Memory: 2 << 30, PIDs: []uint32{100}}})
 			if !e.l.Lent()[uuid].Open {
 				t.Fatalf("GPU not lent: %v", e.l.States()[uuid])
 			}
