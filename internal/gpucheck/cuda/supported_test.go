@@ -4,9 +4,6 @@ package cuda
 
 import (
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -51,19 +48,7 @@ int cuDeviceGetUuid_v2(unsigned char *u, int d) { for (int i = 0; i < 16; i++) u
 // the rest of this test binary: it runs after open_test.go's test, which
 // needs no library loaded.)
 func TestSupportedReadsDeviceAttributes(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler to build the fake driver:", err)
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "fake.c")
-	if err := os.WriteFile(src, []byte(fakeDriver), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	lib := filepath.Join(dir, "libcuda.so.1")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", lib, err, out)
-	}
+	lib := buildLib(t, "the fake driver", "libcuda.so.1", fakeDriver)
 	l, err := open(lib)
 	if err != nil {
 		t.Fatal(err)
