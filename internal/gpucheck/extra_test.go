@@ -311,28 +311,11 @@ func TestMPSDomainsInOneDaemonFail(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the simulated probes")
 	}
-	_, ctx := ktesting.NewTestContext(t)
 	old := mpsDomainB
 	mpsDomainB = mpsDomainA
-	defer func() { mpsDomainB = old }()
-	cfg := simConfig(t, configapi.IsolationMPS)
-	n := &node{cfg: cfg, targets: DefaultTargets, memory: 4 << 30}
-	disc, err := gpu.DiscoverNode(cfg.NVML)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.gpu = disc.GPUs[2]
-	if err := os.MkdirAll(n.simDir(), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(n.simDir(), 0o1777); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer n.stop(ctx)
-	c := n.mpsDomainsCheck(ctx, cfg.Prober.(ExecProber), Check{Name: "domains"})
+	t.Cleanup(func() { mpsDomainB = old })
+	n, ep, ctx := simNode(t, nil, configapi.IsolationMPS)
+	c := n.mpsDomainsCheck(ctx, ep, Check{Name: "domains"})
 	if c.Status != StatusMismatch || !strings.Contains(c.Detail, "not time-sliced") {
 		t.Errorf("%s: %s, want a mismatch saying the servers were not time-sliced", c.Status, c.Detail)
 	}
