@@ -193,13 +193,7 @@ func TestUnavailableBackendFailsClosed(t *testing.T) {
 		Config:    framework.GpuConfig("sharing: {isolation: DriverMemory}")}.WithPod()...)
 
 	ctx := context.Background()
-	message, err := cluster.WaitForPrepareFailed(ctx, ns, "dmem")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(message, "isolation DriverMemory: this node cannot enforce driver memory limits") {
-		t.Errorf("Ready=False message %q, want the DriverMemory reason", message)
-	}
+	cluster.WantPrepareFailed(ctx, t, ns, "dmem", "dmem", "isolation DriverMemory: this node cannot enforce driver memory limits")
 	events, err := cluster.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=ResourceClaim,involvedObject.name=dmem"})
 	if err != nil {
 		t.Fatal(err)

@@ -834,11 +834,14 @@ func (c *Cluster) WaitForUnschedulable(ctx context.Context, ns, name string) (co
 	return cond, nil
 }
 
-// WaitForPrepareFailed waits until a device of the claim has the condition
-// the plugin writes when prepare refuses the claim (Ready=False, reason
-// PrepareFailed) and returns its message. A device with status data, which
-// the plugin writes only for what it prepared, ends the wait with an error.
-func (c *Cluster) WaitForPrepareFailed(ctx context.Context, ns, claim string) (string, error) {
+// WantPrepareFailed waits until a device of the claim has the condition the
+// plugin writes when prepare refuses the claim (Ready=False, reason
+// PrepareFailed) and checks that its message contains want. It fails the
+// test, describing pod (the claim's user), if the condition does not come
+// or a device has status data, which the plugin writes only for what it
+// prepared.
+func (c *Cluster) WantPrepareFailed(ctx context.Context, t testing.TB, ns, claim, pod, want string) {
+	t.Helper()
 	var message string
 	err := Poll(ctx, "claim "+claim+"'s Ready=False condition", PodTimeout, func(ctx context.Context) (bool, error) {
 		rc, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim, metav1.GetOptions{})
@@ -856,7 +859,14 @@ func (c *Cluster) WaitForPrepareFailed(ctx context.Context, ns, claim string) (s
 		}
 		return false, Retry("status.devices %+v", rc.Status.Devices)
 	})
-	return message, err
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.DescribePod(ctx, ns, pod))
+	}
+	if !strings.Contains(message, want) {
+		t.Errorf("claim %s: Ready=False with\n  %s\nwant the message to contain\n  %s", claim, message, want)
+		return
+	}
+	t.Logf("claim %s refused at prepare: %s", claim, message)
 }
 
 // WantNoContainerRunning fails the test if a container of the pod runs, for
