@@ -287,9 +287,7 @@ func TestDriverMemoryBackend(t *testing.T) {
 		if got := dev.Attribute("driverMemoryLimits"); got != "true" {
 			t.Errorf("pod %s: allocated device %s has driverMemoryLimits %q, want true", tc.pod, dev.Result.Device, got)
 		}
-		g := framework.ShareGPU(t, dev, tc.memory, tc.cores)
-		g.Enforced = true
-		framework.WantGPUs(t, "pod "+tc.pod, p.Env, g)
+		framework.WantGPUs(t, "pod "+tc.pod, p.Env, framework.EnforcedShareGPU(t, dev, tc.memory, tc.cores))
 		framework.WantEnv(t, p, map[string]string{
 			"NVIDIA_GPU_MEMORY_REQUEST":       tc.mib,
 			"NVIDIA_GPU_MEMORY_LIMIT":         tc.mib,
@@ -571,9 +569,7 @@ func TestHAMiCoreBackend(t *testing.T) {
 	claimDir := filepath.Join("/var/run/tessera/hami-claims", string(uid))
 
 	// The container: variables, limits, mounts, files.
-	g := framework.ShareGPU(t, dev, "6Gi", 40)
-	g.Enforced = true
-	framework.WantGPUs(t, "pod hami-client", p.Env, g)
+	framework.WantGPUs(t, "pod hami-client", p.Env, framework.EnforcedShareGPU(t, dev, "6Gi", 40))
 	framework.WantEnv(t, p, map[string]string{
 		"CUDA_DEVICE_MEMORY_LIMIT_0":      "6144m",
 		"CUDA_DEVICE_SM_LIMIT_0":          "40",

@@ -146,9 +146,7 @@ func TestDemoMPSShare(t *testing.T) {
 	dev := framework.ClaimOf(t, c, p, "gpu")
 	framework.WantConsumed(t, "mps", dev, map[string]string{"memory": "16Gi", "cores": "30"})
 	uuid := dev.Attribute("uuid")
-	seen := framework.ShareGPU(t, dev, "16Gi", 50)
-	seen.Enforced = true
-	framework.WantGPUs(t, "pod mps", p.Env, seen)
+	framework.WantGPUs(t, "pod mps", p.Env, framework.EnforcedShareGPU(t, dev, "16Gi", 50))
 	framework.WantEnv(t, p, map[string]string{
 		"CUDA_MPS_PIPE_DIRECTORY":           "/tmp/nvidia-mps",
 		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",

@@ -214,6 +214,16 @@ func ShareGPU(t *testing.T, dev Allocated, memory string, cores int64) SeenGPU {
 	return g
 }
 
+// EnforcedShareGPU is ShareGPU for a share whose backend enforces its
+// limits (MPS, HAMiCore, DriverMemory): its device also sets
+// CUDA_VISIBLE_DEVICES to the GPU's UUID.
+func EnforcedShareGPU(t *testing.T, dev Allocated, memory string, cores int64) SeenGPU {
+	t.Helper()
+	g := ShareGPU(t, dev, memory, cores)
+	g.Enforced = true
+	return g
+}
+
 func (g SeenGPU) String() string {
 	s := fmt.Sprintf("%s=%s (%s", GPUVar(g.Minor), g.Uuid, g.Device)
 	if g.Share {
