@@ -378,22 +378,14 @@ type lendEvent struct {
 	gen  int
 }
 
-type lendEvents []lendEvent
+// lendEvents is the event queue: by time, then in the order the events were made.
+type lendEvents = orderedHeap[lendEvent]
 
-func (q lendEvents) Len() int { return len(q) }
-func (q lendEvents) Less(i, j int) bool {
-	if q[i].t != q[j].t {
-		return q[i].t < q[j].t
+func (a lendEvent) before(b lendEvent) bool {
+	if a.t != b.t {
+		return a.t < b.t
 	}
-	return q[i].seq < q[j].seq
-}
-func (q lendEvents) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *lendEvents) Push(x any)   { *q = append(*q, x.(lendEvent)) }
-func (q *lendEvents) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+	return a.seq < b.seq
 }
 
 type lendSim struct {

@@ -193,18 +193,9 @@ type scoredNode struct {
 }
 
 // scoreHeap is framework.sortedNodeScores' heap with every Randomizer 0.
-type scoreHeap []scoredNode
+type scoreHeap = orderedHeap[scoredNode]
 
-func (h scoreHeap) Len() int           { return len(h) }
-func (h scoreHeap) Less(i, j int) bool { return h[i].score > h[j].score }
-func (h scoreHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *scoreHeap) Push(x any)        { *h = append(*h, x.(scoredNode)) }
-func (h *scoreHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
+func (a scoredNode) before(b scoredNode) bool { return a.score > b.score }
 
 // size is a claim's size for the known-answer shortcuts: claims of one
 // class (the same kind of request, type constraint and NVLink need) are

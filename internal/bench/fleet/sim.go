@@ -410,15 +410,21 @@ type completion struct {
 }
 
 // completions is a min-heap on time, then job ID (deterministic on ties).
-type completions []completion
+type completions = orderedHeap[completion]
 
-func (h completions) Len() int { return len(h) }
-func (h completions) Less(i, j int) bool {
-	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].job < h[j].job)
+func (a completion) before(b completion) bool {
+	return a.at < b.at || (a.at == b.at && a.job < b.job)
 }
-func (h completions) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *completions) Push(x any)   { *h = append(*h, x.(completion)) }
-func (h *completions) Pop() any {
+
+// orderedHeap is a container/heap.Interface over a slice, ordered by its
+// elements' before: the top is the element before every other.
+type orderedHeap[T interface{ before(T) bool }] []T
+
+func (h orderedHeap[T]) Len() int           { return len(h) }
+func (h orderedHeap[T]) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h orderedHeap[T]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *orderedHeap[T]) Push(x any)        { *h = append(*h, x.(T)) }
+func (h *orderedHeap[T]) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
