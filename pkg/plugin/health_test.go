@@ -50,10 +50,7 @@ func unhealthyDevices(r kubeletplugin.DeviceHealthReport) map[string]string {
 func TestHealthTaintsAndReports(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctxFor(t))
 	defer cancel()
-	node, err := gpu.NewMockNode("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "hgx-h100")
 	gpus, err := gpu.Discover(node)
 	if err != nil {
 		t.Fatal(err)

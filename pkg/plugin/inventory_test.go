@@ -61,10 +61,7 @@ func TestInventoryNoGPUs(t *testing.T) {
 	e.assertClean(after)
 
 	// NVML works but reports no GPU.
-	node, err := gpu.NewMockNode("l4x4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "l4x4")
 	node.Devices = nil
 	events := &publishtest.Events{}
 	pub = &publishtest.Publisher{}

@@ -42,11 +42,7 @@ import (
 // migNode is a fresh hgx-h100-mig mock node.
 func migNode(t testing.TB) *gpu.MockNode {
 	t.Helper()
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return node
+	return publishtest.MockNode(t, "hgx-h100-mig")
 }
 
 // dynamicGPU1 publishes GPU 1 (index 1) with dynamic MIG.

@@ -21,10 +21,7 @@ import (
 // taint goes once the GPU is fixed, with an event.
 func TestInventoryConditions(t *testing.T) {
 	ctx := ctxFor(t)
-	node, err := gpu.NewMockNode("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "hgx-h100")
 	mustDo := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -116,10 +113,7 @@ func TestInventoryConditions(t *testing.T) {
 // tainted for being in it.
 func TestInventoryExpectedComputeMode(t *testing.T) {
 	ctx := ctxFor(t)
-	node, err := gpu.NewMockNode("l4x4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "l4x4")
 	if err := node.SetComputeMode(0, gpu.ComputeModeExclusiveProcess); err != nil {
 		t.Fatal(err)
 	}
@@ -139,10 +133,7 @@ func TestInventoryExpectedComputeMode(t *testing.T) {
 // that NVML sees no GPU.
 func TestInventoryAllMIG(t *testing.T) {
 	ctx := ctxFor(t)
-	node, err := gpu.NewMockNode("a100-pairs")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "a100-pairs")
 	for i := range node.Devices {
 		if err := node.SetMIG(i, true); err != nil {
 			t.Fatal(err)

@@ -54,10 +54,7 @@ func TestInventorySync(t *testing.T) {
 // its facts are known, published tainted; it comes back untainted.
 func TestInventoryBrokenGPU(t *testing.T) {
 	ctx := ctxFor(t)
-	node, err := gpu.NewMockNode("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "hgx-h100")
 	// Broken from the start: its memory size cannot be read, so it cannot
 	// be published.
 	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.ERROR_UNKNOWN); err != nil {
@@ -148,10 +145,7 @@ func TestInventoryBrokenGPU(t *testing.T) {
 // tainted with the facts that were read; its health taints stay.
 func TestInventoryPartlyDescribedGPU(t *testing.T) {
 	ctx := ctxFor(t)
-	node, err := gpu.NewMockNode("l4x4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := publishtest.MockNode(t, "l4x4")
 	if err := node.FailDiscovery(1, "nvmlDeviceGetPciInfo", nvml.ERROR_UNKNOWN); err != nil {
 		t.Fatal(err)
 	}
