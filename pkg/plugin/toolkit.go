@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-dev/tessera/pkg/gpu"
 )
 
 // CheckToolkit reports, at start, the GPUs of a real node that have no
@@ -34,34 +36,16 @@ func (p *Plugin) CheckToolkit(ctx context.Context) {
 	var errs []error
 	for _, m := range minors {
 		g, _ := p.gpuByMinor(m)
-		if g.MIGEnabled {
-			// The toolkit gives a GPU in MIG mode no device of its
-			// own (nor instances made after the spec): its MIG devices
-			// take the spec's common edits, so the spec must exist.
-			if p.opts.Toolkit != nil {
-				_, ok, err := p.opts.Toolkit.CommonEdits()
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				if ok {
-					continue
-				}
-			}
+		ok, err := p.inToolkitSpec(g)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case ok: // in the spec: nothing to report
+		case g.MIGEnabled:
 			missing = append(missing, fmt.Sprintf("%s (index %d, in MIG mode: no toolkit spec at all)", g.UUID, g.Index))
-			continue
+		default:
+			missing = append(missing, fmt.Sprintf("%s (index %d)", g.UUID, g.Index))
 		}
-		if p.opts.Toolkit != nil {
-			_, ok, err := p.opts.Toolkit.DeviceID(g.UUID, g.Index)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			if ok {
-				continue
-			}
-		}
-		missing = append(missing, fmt.Sprintf("%s (index %d)", g.UUID, g.Index))
 	}
 	if len(missing) == 0 && len(errs) == 0 {
 		return
@@ -77,4 +61,22 @@ func (p *Plugin) CheckToolkit(ctx context.Context) {
 	}
 	klog.FromContext(ctx).Error(nil, msg)
 	p.event(corev1.EventTypeWarning, "NoToolkitCDISpec", msg)
+}
+
+// inToolkitSpec reports whether the toolkit's CDI spec has what the
+// containers of g need: g's device, or for a GPU in MIG mode the spec's
+// common edits (the toolkit gives a GPU in MIG mode no device of its own,
+// nor instances made after the spec: its MIG devices take the common edits,
+// so the spec must exist). Without a toolkit it reports false.
+func (p *Plugin) inToolkitSpec(g gpu.GPU) (bool, error) {
+	switch {
+	case p.opts.Toolkit == nil:
+		return false, nil
+	case g.MIGEnabled:
+		_, ok, err := p.opts.Toolkit.CommonEdits()
+		return ok, err
+	default:
+		_, ok, err := p.opts.Toolkit.DeviceID(g.UUID, g.Index)
+		return ok, err
+	}
 }
