@@ -99,6 +99,28 @@ func (e ExecProber) start(ctx context.Context, env []string, args ...string) (*p
 	return e.startCmd(cmd)
 }
 
+// startAll starts one probe with args in each of envs. On an error it
+// kills those it started; otherwise the caller kills them (killProbes).
+func (e ExecProber) startAll(ctx context.Context, envs [][]string, args ...string) ([]*probeProcess, error) {
+	procs := make([]*probeProcess, 0, len(envs))
+	for _, env := range envs {
+		p, err := e.start(ctx, env, args...)
+		if err != nil {
+			killProbes(procs)
+			return nil, err
+		}
+		procs = append(procs, p)
+	}
+	return procs, nil
+}
+
+// killProbes kills every probe of procs.
+func killProbes(procs []*probeProcess) {
+	for _, p := range procs {
+		p.kill()
+	}
+}
+
 // startCmd starts cmd (a probe, or a wrapper that runs one: a namespace
 // shim, a container runtime) with its stdin and stdout as the protocol's.
 func (e ExecProber) startCmd(cmd *exec.Cmd) (*probeProcess, error) {
@@ -299,19 +321,11 @@ func (e ExecProber) MemoryWith(ctx context.Context, uuid string, env []string, o
 // Compute implements [Prober]: every probe loads its kernel and reports
 // ready; then all get the start signal at once.
 func (e ExecProber) Compute(ctx context.Context, envs [][]string, d time.Duration) ([]ComputeProbe, error) {
-	procs := make([]*probeProcess, 0, len(envs))
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	for _, env := range envs {
-		p, err := e.start(ctx, env, "compute", "--seconds", fmt.Sprint(d.Seconds()))
-		if err != nil {
-			return nil, err
-		}
-		procs = append(procs, p)
+	procs, err := e.startAll(ctx, envs, "compute", "--seconds", fmt.Sprint(d.Seconds()))
+	if err != nil {
+		return nil, err
 	}
+	defer killProbes(procs)
 	for i, p := range procs {
 		if _, err := p.next(e.timeout(), "ready"); err != nil {
 			return nil, fmt.Errorf("compute probe %d: %w", i, err)

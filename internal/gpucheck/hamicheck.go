@@ -145,21 +145,13 @@ func judgeHAMiAllocation(limit int64, tol float64, a cuda.Allocator, p MemoryPro
 // their memory together to the one limit, either way.
 func (n *node) hamiShared(ctx context.Context, ep ExecProber, env []string, c Check) Check {
 	count := n.hamiProcesses()
-	var procs []*probeProcess
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
 	stop := fmt.Sprint((uint64(n.memory) + hamiStopMargin + mib - 1) / mib)
-	for range count {
-		p, err := ep.start(ctx, env, "memory", "--wait-start", "--stop-after-mib", stop)
-		if err != nil {
-			c.Status, c.Detail = StatusError, err.Error()
-			return c
-		}
-		procs = append(procs, p)
+	procs, err := ep.startAll(ctx, slices.Repeat([][]string{env}, count), "memory", "--wait-start", "--stop-after-mib", stop)
+	if err != nil {
+		c.Status, c.Detail = StatusError, err.Error()
+		return c
 	}
+	defer killProbes(procs)
 	for i, p := range procs {
 		if _, err := p.next(ep.timeout(), "ready"); err != nil {
 			c.Status, c.Detail = StatusError, fmt.Sprintf("process %d: %v", i+1, err)

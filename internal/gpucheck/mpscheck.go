@@ -369,19 +369,11 @@ func (n *node) mpsUIDCheck(ctx context.Context, ep ExecProber, c Check) Check {
 // rates (loop iterations per second); servers, when asked, are each
 // domain's servers while the probes held their contexts.
 func (n *node) workPhase(ctx context.Context, ep ExecProber, envs [][]string, d time.Duration, domains []string) ([]float64, []int, map[string][]mpsServer, error) {
-	var procs []*probeProcess
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	for _, env := range envs {
-		p, err := ep.start(ctx, env, "work", "--seconds", fmt.Sprint(d.Seconds()))
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		procs = append(procs, p)
+	procs, err := ep.startAll(ctx, envs, "work", "--seconds", fmt.Sprint(d.Seconds()))
+	if err != nil {
+		return nil, nil, nil, err
 	}
+	defer killProbes(procs)
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		if _, err := p.next(ep.timeout(), "ready"); err != nil {
@@ -555,11 +547,7 @@ func (n *node) mpsMemoryCheck(ctx context.Context, ep ExecProber, c Check) Check
 		return c
 	}
 	var clients []*probeProcess
-	defer func() {
-		for _, p := range clients {
-			p.kill()
-		}
-	}()
+	defer func() { killProbes(clients) }()
 	used := []uint64{daemonOnly}
 	for i := range 2 {
 		p, err := ep.start(ctx, env, "hold")
