@@ -334,40 +334,36 @@ func probeCommand() *cobra.Command {
 			return gpucheck.RunHoldProbe(os.Stdin, os.Stdout)
 		},
 	})
-	var workSeconds float64
-	work := &cobra.Command{
-		Use:   "work",
-		Short: "Run fixed-work kernels on a quarter of the SMs for --seconds after a line on stdin",
-		RunE: func(*cobra.Command, []string) error {
-			if workSeconds <= 0 {
-				return fmt.Errorf("--seconds %v: want a positive duration", workSeconds)
-			}
-			d := time.Duration(workSeconds * float64(time.Second))
-			if simulateMiB > 0 {
-				return gpucheck.RunSimulatedWorkProbe(os.Stdin, os.Stdout, os.Environ(), d, gpucheck.SimRegistry{Dir: registry})
-			}
-			return gpucheck.RunWorkProbe(os.Stdin, os.Stdout, d)
-		},
-	}
-	work.Flags().Float64Var(&workSeconds, "seconds", 5, "wall time to run")
-	cmd.AddCommand(work)
+	cmd.AddCommand(timedCommand("work", "Run fixed-work kernels on a quarter of the SMs for --seconds after a line on stdin", 5, "wall time to run", func(d time.Duration) error {
+		if simulateMiB > 0 {
+			return gpucheck.RunSimulatedWorkProbe(os.Stdin, os.Stdout, os.Environ(), d, gpucheck.SimRegistry{Dir: registry})
+		}
+		return gpucheck.RunWorkProbe(os.Stdin, os.Stdout, d)
+	}))
+	cmd.AddCommand(timedCommand("compute", "Spin the PTX kernel for --seconds after a line on stdin; report the work done", 10, "wall time to spin", func(d time.Duration) error {
+		if simulateMiB > 0 {
+			return gpucheck.RunSimulatedComputeProbe(os.Stdin, os.Stdout, os.Environ(), d)
+		}
+		return gpucheck.RunComputeProbe(os.Stdin, os.Stdout, d)
+	}))
+	return cmd
+}
+
+// timedCommand is a probe command with a --seconds flag (def by default,
+// usage its help) that must be positive; run gets it as a duration.
+func timedCommand(use, short string, def float64, usage string, run func(time.Duration) error) *cobra.Command {
 	var seconds float64
-	compute := &cobra.Command{
-		Use:   "compute",
-		Short: "Spin the PTX kernel for --seconds after a line on stdin; report the work done",
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
 		RunE: func(*cobra.Command, []string) error {
 			if seconds <= 0 {
 				return fmt.Errorf("--seconds %v: want a positive duration", seconds)
 			}
-			d := time.Duration(seconds * float64(time.Second))
-			if simulateMiB > 0 {
-				return gpucheck.RunSimulatedComputeProbe(os.Stdin, os.Stdout, os.Environ(), d)
-			}
-			return gpucheck.RunComputeProbe(os.Stdin, os.Stdout, d)
+			return run(time.Duration(seconds * float64(time.Second)))
 		},
 	}
-	compute.Flags().Float64Var(&seconds, "seconds", 10, "wall time to spin")
-	cmd.AddCommand(compute)
+	cmd.Flags().Float64Var(&seconds, "seconds", def, usage)
 	return cmd
 }
 
