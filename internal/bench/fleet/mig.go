@@ -146,28 +146,13 @@ func (m *migModel) migGPUs(s NodeSpec) ([]gpu.GPU, []string, error) {
 
 // slices is what the kubelet plugin publishes for a node of spec s whose
 // GPUs are all in MIG mode, with no instance, and named in dynamicMIG:
-// model.Resources with WithDynamicMIG, as tesseraSlices publishes shares.
+// publishedSlices with model.WithDynamicMIG, as tesseraSlices publishes shares.
 func (m *migModel) slices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
 	gpus, uuids, err := m.migGPUs(s)
 	if err != nil {
 		return nil, err
 	}
-	res, err := model.Resources(node, gpus, model.WithDynamicMIG(uuids...))
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
-	}
-	sl, err := model.ResourceSlices(node, res)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", node, err)
-	}
-	out := make([]*resourceapi.ResourceSlice, len(sl))
-	for i := range sl {
-		if sl[i].Name == "" {
-			sl[i].Name = sl[i].GenerateName + "sim"
-		}
-		out[i] = &sl[i]
-	}
-	return out, nil
+	return publishedSlices(node, gpus, model.WithDynamicMIG(uuids...))
 }
 
 func (*migModel) classes() []*resourceapi.DeviceClass { return tesseraClasses() }

@@ -28,16 +28,22 @@ var hgxGPUs = sync.OnceValues(func() ([]gpu.GPU, error) {
 })
 
 // tesseraSlices is exactly what the kubelet plugin publishes for a node of
-// spec s: model.Resources over its GPUs (for an hgx-h100 node the mock
-// profile's, discovered through pkg/gpu), turned into ResourceSlices by
-// model.ResourceSlices. The API server would name the slices from their
-// generateName; the allocator walks slices by name, so the name is set the same way.
+// spec s: publishedSlices over its GPUs (for an hgx-h100 node the mock
+// profile's, discovered through pkg/gpu).
 func tesseraSlices(node string, s NodeSpec) ([]*resourceapi.ResourceSlice, error) {
 	gpus, err := gpusOf(s)
 	if err != nil {
 		return nil, err
 	}
-	res, err := model.Resources(node, gpus)
+	return publishedSlices(node, gpus)
+}
+
+// publishedSlices is model.Resources over gpus with opts, turned into
+// ResourceSlices by model.ResourceSlices. The API server would name the
+// slices from their generateName; the allocator walks slices by name, so the
+// name is set the same way.
+func publishedSlices(node string, gpus []gpu.GPU, opts ...model.Option) ([]*resourceapi.ResourceSlice, error) {
+	res, err := model.Resources(node, gpus, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
