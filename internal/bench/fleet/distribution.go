@@ -258,42 +258,31 @@ func ParseDistribution(spec string) (Distribution, error) {
 		return out, nil
 	}
 	switch kind {
-	case "normal":
+	case "normal", "lognormal", "pareto", "uniform":
 		v, err := nums(2)
 		if err != nil {
 			return nil, err
 		}
-		if v[0] <= 0 || v[0] > 1 || v[1] < 0 {
-			return nil, fmt.Errorf("normal:%s: want 0 < MEAN <= 1 and SD >= 0", args)
+		a, b := v[0], v[1]
+		var (
+			d     Distribution
+			valid bool
+			want  string
+		)
+		switch kind {
+		case "normal":
+			d, valid, want = Normal{a, b}, a > 0 && a <= 1 && b >= 0, "0 < MEAN <= 1 and SD >= 0"
+		case "lognormal":
+			d, valid, want = LogNormal{a, b}, a > 0 && a <= 1 && b >= 0, "0 < MEDIAN <= 1 and SIGMA >= 0"
+		case "pareto":
+			d, valid, want = Pareto{a, b}, a > 0 && a <= 1 && b > 0, "0 < XMIN <= 1 and ALPHA > 0"
+		case "uniform":
+			d, valid, want = Uniform{a, b}, a > 0 && b <= 1 && a <= b, "0 < LO <= HI <= 1"
 		}
-		return Normal{v[0], v[1]}, nil
-	case "lognormal":
-		v, err := nums(2)
-		if err != nil {
-			return nil, err
+		if !valid {
+			return nil, fmt.Errorf("%s:%s: want %s", kind, args, want)
 		}
-		if v[0] <= 0 || v[0] > 1 || v[1] < 0 {
-			return nil, fmt.Errorf("lognormal:%s: want 0 < MEDIAN <= 1 and SIGMA >= 0", args)
-		}
-		return LogNormal{v[0], v[1]}, nil
-	case "pareto":
-		v, err := nums(2)
-		if err != nil {
-			return nil, err
-		}
-		if v[0] <= 0 || v[0] > 1 || v[1] <= 0 {
-			return nil, fmt.Errorf("pareto:%s: want 0 < XMIN <= 1 and ALPHA > 0", args)
-		}
-		return Pareto{v[0], v[1]}, nil
-	case "uniform":
-		v, err := nums(2)
-		if err != nil {
-			return nil, err
-		}
-		if v[0] <= 0 || v[1] > 1 || v[0] > v[1] {
-			return nil, fmt.Errorf("uniform:%s: want 0 < LO <= HI <= 1", args)
-		}
-		return Uniform{v[0], v[1]}, nil
+		return d, nil
 	case "discrete":
 		var d Discrete
 		for _, p := range strings.Split(args, ",") {
