@@ -150,6 +150,23 @@ func TestFillSequence(t *testing.T) {
 	}
 }
 
+// fillPlacer is the placer the fill experiment uses for k on opt.Fleet.
+func fillPlacer(t *testing.T, k Kind, opt Options) placer {
+	t.Helper()
+	if k == TesseraBestFit {
+		return newOraclePlacer(opt.Fleet, opt, true)
+	}
+	m, err := newDeviceModel(k, opt.Fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newAllocatorPlacer(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestHeterogeneousPlacement: on a fleet of an H100 node and a T4 node, a
 // Tessera share without a GPU-type constraint goes to the T4 node
 // (DynamicResources scores the firstAvailable subrequest, smallest memory
@@ -168,19 +185,7 @@ func TestHeterogeneousPlacement(t *testing.T) {
 	}
 	jobs[1].Models = []string{"h100"}
 	for _, k := range []Kind{Tessera, Whole, Partition, TesseraBestFit} {
-		opt := Options{Fleet: f, Check: true}
-		var p placer
-		if k == TesseraBestFit {
-			p = newOraclePlacer(f, opt, true)
-		} else {
-			m, err := newDeviceModel(k, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p, err = newAllocatorPlacer(m, opt); err != nil {
-				t.Fatal(err)
-			}
-		}
+		p := fillPlacer(t, k, Options{Fleet: f, Check: true})
 		wantNode := []int{0, 0, 0}
 		switch k {
 		case Tessera:
@@ -206,19 +211,7 @@ func TestHeterogeneousPlacement(t *testing.T) {
 	}
 	for _, k := range []Kind{Tessera, Whole, Partition, TesseraBestFit} {
 		for _, nvlink := range []bool{false, true} {
-			opt := Options{Fleet: pair, Check: true}
-			var p placer
-			if k == TesseraBestFit {
-				p = newOraclePlacer(pair, opt, true)
-			} else {
-				m, err := newDeviceModel(k, pair)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if p, err = newAllocatorPlacer(m, opt); err != nil {
-					t.Fatal(err)
-				}
-			}
+			p := fillPlacer(t, k, Options{Fleet: pair, Check: true})
 			j := Job{Runtime: 1, Memory: 1, Cores: 1, Demand: 1, GPUs: 2, NVLink: nvlink}
 			pl, ok, err := p.place(context.Background(), &j)
 			want := 0
