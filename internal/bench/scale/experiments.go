@@ -83,15 +83,8 @@ func ensureTemplates(ctx context.Context, c kubernetes.Interface, ns string, ws 
 // Each Result has Run (1…runs) and Published set. The nodes publish Tessera's
 // slices again at the end.
 func Peer(ctx context.Context, cfg Config, nodes, runs, pods int) ([]Result, error) {
-	whole, err := workload(cfg.Namespace, "whole-claim")
+	whole, peer, err := prepareComparison(ctx, &cfg, nodes, NVIDIAWholeWorkload)
 	if err != nil {
-		return nil, err
-	}
-	peer, err := workload(cfg.Namespace, NVIDIAWholeWorkload)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareExperiment(ctx, &cfg, nodes, whole, peer); err != nil {
 		return nil, err
 	}
 	tessera, nvidia := TesseraPublisher(cfg.Profile), NVIDIAPublisher(cfg.Profile)
@@ -132,15 +125,8 @@ func Peer(ctx context.Context, cfg Config, nodes, runs, pods int) ([]Result, err
 // has Fill (taken GPUs ÷ 8) and Published set. The nodes publish Tessera's
 // ordinary slices again at the end.
 func MIGFill(ctx context.Context, cfg Config, nodes int, fills []int, pods int) ([]Result, error) {
-	whole, err := workload(cfg.Namespace, "whole-claim")
+	whole, mig, err := prepareComparison(ctx, &cfg, nodes, MIGWorkload)
 	if err != nil {
-		return nil, err
-	}
-	mig, err := workload(cfg.Namespace, MIGWorkload)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareExperiment(ctx, &cfg, nodes, whole, mig); err != nil {
 		return nil, err
 	}
 	plain, dynamic := TesseraPublisher(MIGBaselineProfile), DynamicMIGPublisher(DynamicMIGProfile)
@@ -178,6 +164,21 @@ func MIGFill(ctx context.Context, cfg Config, nodes int, fills []int, pods int) 
 		return nil
 	}()
 	return out, errors.Join(err, PublishOnNodes(context.WithoutCancel(ctx), cfg.Client, nodes, cfg.Workers, TesseraPublisher(cfg.Profile)))
+}
+
+// prepareComparison is prepareExperiment for a comparison of the whole-claim
+// workload with the workload named other: it returns the two workloads.
+func prepareComparison(ctx context.Context, cfg *Config, nodes int, other string) (whole, w Workload, err error) {
+	if whole, err = workload(cfg.Namespace, "whole-claim"); err != nil {
+		return Workload{}, Workload{}, err
+	}
+	if w, err = workload(cfg.Namespace, other); err != nil {
+		return Workload{}, Workload{}, err
+	}
+	if err := prepareExperiment(ctx, cfg, nodes, whole, w); err != nil {
+		return Workload{}, Workload{}, err
+	}
+	return whole, w, nil
 }
 
 // prepareExperiment makes the classes (Tessera's and NVIDIA's), the
