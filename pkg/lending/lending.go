@@ -81,7 +81,7 @@ const (
 // Policy is the node's lending policy.
 type Policy struct {
 	// IdlePeriod is how long the owners must be idle before the GPU is
-	// lent (the patent's preset time).
+	// lent.
 	IdlePeriod time.Duration
 	// MemorySlack is how much an owner's GPU memory may grow, after the
 	// GPU was lent, before the owner counts as busy.
