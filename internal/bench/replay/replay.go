@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/internal/bench/fleet"
+	"github.com/tessera-dev/tessera/internal/bench/scale"
 )
 
 // RunLabel is on every pod and claim of one replay.
@@ -145,25 +146,13 @@ func Replay(ctx context.Context, cfg Config) (Outcome, error) {
 		mu.Unlock()
 		signal()
 	}
-	observe := func(obj any) {
-		now := time.Now()
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.NodeName == "" {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		i, ok := index[p.Name]
-		if !ok || !state[i].bound.IsZero() {
-			return
-		}
-		state[i].bound = now
+	observe := scale.ObserveBindings(&mu, index, func(i int) *time.Time { return &state[i].bound }, func(i int) {
 		bound++
 		run := time.Duration(cfg.Jobs[i].Runtime / cfg.Speed * float64(time.Second))
 		deletes.Add(1)
 		timers = append(timers, time.AfterFunc(run, func() { finish(i) }))
 		signal()
-	}
+	})
 
 	factory := informers.NewSharedInformerFactoryWithOptions(c, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))

@@ -126,6 +126,27 @@ func ensureNamespace(ctx context.Context, c kubernetes.Interface, ns string) err
 	})
 }
 
+// ObserveBindings returns a pod informer's handler for the pods named in
+// index: the first time it sees pod i bound to a node it sets *boundAt(i) to
+// when it saw it and calls then(i), both with mu held.
+func ObserveBindings(mu *sync.Mutex, index map[string]int, boundAt func(i int) *time.Time, then func(i int)) func(obj any) {
+	return func(obj any) {
+		now := time.Now()
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Spec.NodeName == "" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		i, ok := index[p.Name]
+		if !ok || !boundAt(i).IsZero() {
+			return
+		}
+		*boundAt(i) = now
+		then(i)
+	}
+}
+
 // runOnce creates pods pods of w on the n-node cluster, measures them and cleans
 // up. The error is for a failure of the benchmark itself (the API, the cleanup,
 // verify, which when set runs before the cleanup); pods that were not bound go
@@ -153,25 +174,13 @@ func runOnce(ctx context.Context, cfg *Config, w Workload, n, pods int, verify f
 		names[i] = fmt.Sprintf("%s-n%d-%05d", w.Name, n, i)
 		index[names[i]] = i
 	}
-	observe := func(obj any) {
-		now := time.Now()
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.NodeName == "" {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		i, ok := index[p.Name]
-		if !ok || !samples[i].Bound.IsZero() {
-			return
-		}
-		samples[i].Bound = now
+	observe := ObserveBindings(&mu, index, func(i int) *time.Time { return &samples[i].Bound }, func(int) {
 		bound++
 		select {
 		case changed <- struct{}{}:
 		default:
 		}
-	}
+	})
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
 	inf := factory.Core().V1().Pods().Informer()
