@@ -43,10 +43,8 @@ PATH (or --kubectl) and pods/exec on the plugin's pods.`,
   kubectl tessera doctor gpu-node-7 -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch output {
-			case "table", formatJSON, formatYAML:
-			default:
-				return fmt.Errorf("--output %q: unknown format (valid: table, json, yaml)", output)
+			if err := checkReportFormat(output); err != nil {
+				return err
 			}
 			node := ""
 			if len(args) == 1 {
@@ -79,7 +77,7 @@ PATH (or --kubectl) and pods/exec on the plugin's pods.`,
 	f.StringVarP(&namespace, "namespace", "n", "", "namespace of the kubelet plugin (default: all namespaces)")
 	f.StringVarP(&selector, "selector", "l", doctor.PluginSelector, "label selector of the kubelet plugin pods")
 	f.StringVar(&kctl, "kubectl", "kubectl", "the kubectl binary that runs kubectl exec")
-	f.StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	f.StringVarP(&output, "output", "o", formatTable, "output format: table, json or yaml")
 	return cmd
 }
 
