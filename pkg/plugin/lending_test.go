@@ -128,7 +128,7 @@ func TestLendingLifecycle(t *testing.T) {
 	}
 	devs := mustPrepare(t, e.i.Plugin, borrower)
 	spec := inject(t, cdiIDs(devs), e.cdiRoot)
-	if !slicesContain(spec.Process.Env, "TESSERA_PREEMPTIBLE=true") {
+	if !slices.Contains(spec.Process.Env, "TESSERA_PREEMPTIBLE=true") {
 		t.Errorf("borrower env %v lacks TESSERA_PREEMPTIBLE=true", spec.Process.Env)
 	}
 
@@ -211,15 +211,6 @@ func TestBorrowerRefusedWithoutLending(t *testing.T) {
 	if r.Err == nil || !strings.Contains(r.Err.Error(), "lending is off") {
 		t.Fatalf("borrower without a lender: %v, want refused (lending is off)", r.Err)
 	}
-}
-
-func slicesContain(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // The MPS daemons' processes compute for their clients: they are nobody's
