@@ -7,6 +7,10 @@
 #   STATE               the state dir (pids/, logs/, pki/)
 #   APISERVER_PORT      kube-apiserver's port on 127.0.0.1
 #   SERVICE_CIDR        the service range (its .1 is in the serving cert)
+# and, for the control-plane starters (start_etcd and the rest):
+#   ETCD_PORT           etcd's client port on 127.0.0.1
+#   ETCD_PEER_PORT      etcd's peer port on 127.0.0.1
+#   UP_TIMEOUT          seconds to wait for etcd and kube-apiserver
 
 log() { echo "$CLUSTER_LOG_PREFIX: $*" >&2; }
 die() { echo "$CLUSTER_LOG_PREFIX: error: $*" >&2; exit 1; }
@@ -155,4 +159,67 @@ contexts:
 current-context: $CLUSTER_NAME
 KUBECONFIG
   chmod 600 "$file"
+}
+
+# ---------------------------------------------------------------------------
+# The control plane, on 127.0.0.1: what both clusters start alike. Each starter
+# takes the bin dir of the built binaries, then the flags only its caller passes.
+
+# start_etcd BIN NAME ARGS...: a single-member etcd NAME, data in $STATE/etcd; waits
+# for its /health.
+start_etcd() {
+  local bin=$1 name=$2
+  shift 2
+  log "starting etcd on 127.0.0.1:$ETCD_PORT"
+  start etcd "$bin/etcd" --name "$name" --data-dir "$STATE/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "$name=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn "$@"
+  wait_for etcd "$UP_TIMEOUT" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+}
+
+# start_apiserver BIN ARGS...: kube-apiserver on $APISERVER_PORT with the
+# credentials of gen_pki; waits for its /readyz.
+start_apiserver() {
+  local bin=$1 p=$STATE/pki
+  shift
+  log "starting kube-apiserver on 127.0.0.1:$APISERVER_PORT"
+  # No --advertise-address: a loopback one is refused (LOCAL-CLUSTER.md).
+  start kube-apiserver "$bin/kube-apiserver" \
+    --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
+    --client-ca-file "$p/ca.crt" --token-auth-file "$p/tokens.csv" \
+    --authorization-mode Node,RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --profiling=false "$@"
+  wait_for "kube-apiserver /readyz" "$UP_TIMEOUT" \
+    curl -fsS --cacert "$p/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz"
+}
+
+# start_controller_manager BIN ARGS...: kube-controller-manager on port 10257, as
+# system:kube-controller-manager ($STATE/controller-manager.kubeconfig).
+start_controller_manager() {
+  local bin=$1 p=$STATE/pki
+  shift
+  start kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
+    --use-service-account-credentials --service-account-private-key-file "$p/sa.key" \
+    --root-ca-file "$p/ca.crt" --service-cluster-ip-range "$SERVICE_CIDR" "$@"
+}
+
+# start_scheduler BIN ARGS...: kube-scheduler on port 10259, checking its callers as
+# system:kube-scheduler ($STATE/scheduler.kubeconfig). ARGS say how it reaches the
+# apiserver (--kubeconfig, or a --config file).
+start_scheduler() {
+  local bin=$1
+  shift
+  start kube-scheduler "$bin/kube-scheduler" "$@" \
+    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10259
 }

@@ -162,42 +162,13 @@ cmd_up() {
     write_scheduler_config
     (cd "$here/tools" && go run ./kwok-stages) >"$STATE/kwok-stages.yaml"
 
-    log "starting etcd on 127.0.0.1:$ETCD_PORT"
-    start etcd "$bin/etcd" --name scale --data-dir "$STATE/etcd" \
-      --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-      --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-      --initial-cluster "scale=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn \
-      --quota-backend-bytes 8589934592
-    wait_for etcd "$UP_TIMEOUT" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
-
-    log "starting kube-apiserver on 127.0.0.1:$APISERVER_PORT"
-    local p=$STATE/pki
-    start kube-apiserver "$bin/kube-apiserver" \
-      --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-      --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-      --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
-      --client-ca-file "$p/ca.crt" --token-auth-file "$p/tokens.csv" \
-      --authorization-mode Node,RBAC \
-      --service-account-issuer https://kubernetes.default.svc.cluster.local \
-      --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
-      --service-cluster-ip-range "$SERVICE_CIDR" --profiling=false
-    wait_for "kube-apiserver /readyz" "$UP_TIMEOUT" \
-      curl -fsS --cacert "$p/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz"
+    start_etcd "$bin" scale --quota-backend-bytes 8589934592
+    start_apiserver "$bin"
 
     log "starting kube-controller-manager, kube-scheduler (client QPS/burst: $QPS) and kwok"
     # shellcheck disable=SC2046 # kcm_qps_args is zero or two words
-    start kube-controller-manager "$bin/kube-controller-manager" \
-      --kubeconfig "$STATE/controller-manager.kubeconfig" \
-      --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
-      --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
-      --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
-      --use-service-account-credentials --service-account-private-key-file "$p/sa.key" \
-      --root-ca-file "$p/ca.crt" --service-cluster-ip-range "$SERVICE_CIDR" \
-      --node-monitor-grace-period "$NODE_GRACE" $(kcm_qps_args)
-    start kube-scheduler "$bin/kube-scheduler" --config "$STATE/scheduler.yaml" \
-      --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
-      --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-      --bind-address 127.0.0.1 --secure-port 10259
+    start_controller_manager "$bin" --node-monitor-grace-period "$NODE_GRACE" $(kcm_qps_args)
+    start_scheduler "$bin" --config "$STATE/scheduler.yaml"
     start kwok "$kwok" --kubeconfig "$STATE/admin.kubeconfig" --config "$STATE/kwok-stages.yaml" \
       --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
       --node-lease-duration-seconds "$LEASE_SECONDS" --server-address 127.0.0.1:10247

@@ -309,30 +309,11 @@ cmd_up() {
   log "starting the registry on $REGISTRY"
   start registry "$BIN/crane" registry serve --address "$REGISTRY"
 
-  log "starting etcd on 127.0.0.1:$ETCD_PORT"
-  start etcd "$BIN/etcd" --name local --data-dir "$STATE/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-    --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --log-level warn
-  wait_for etcd "$UP_TIMEOUT" curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
-
-  log "starting kube-apiserver on 127.0.0.1:$APISERVER_PORT"
+  start_etcd "$BIN" local
   local p=$STATE/pki
-  # No --advertise-address: a loopback one is refused (LOCAL-CLUSTER.md).
-  start kube-apiserver "$BIN/kube-apiserver" \
-    --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
-    --client-ca-file "$p/ca.crt" --token-auth-file "$p/tokens.csv" \
-    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
+  start_apiserver "$BIN" --enable-admission-plugins NodeRestriction --allow-privileged \
     --kubelet-client-certificate "$p/kubelet-client.crt" --kubelet-client-key "$p/kubelet-client.key" \
-    --kubelet-preferred-address-types Hostname,InternalIP \
-    --profiling=false
-  wait_for "kube-apiserver /readyz" "$UP_TIMEOUT" \
-    curl -fsS --cacert "$p/ca.crt" "https://127.0.0.1:$APISERVER_PORT/readyz"
+    --kubelet-preferred-address-types Hostname,InternalIP
 
   log "starting containerd"
   PATH="$STATE/bin:$BIN:$PATH" start containerd "$BIN/containerd" --config "$STATE/containerd/config.toml"
@@ -341,19 +322,9 @@ cmd_up() {
   images
 
   log "starting kube-controller-manager and kube-scheduler"
-  start kube-controller-manager "$BIN/kube-controller-manager" \
-    --kubeconfig "$STATE/controller-manager.kubeconfig" \
-    --authentication-kubeconfig "$STATE/controller-manager.kubeconfig" \
-    --authorization-kubeconfig "$STATE/controller-manager.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 10257 --leader-elect=false \
-    --use-service-account-credentials --service-account-private-key-file "$p/sa.key" \
-    --root-ca-file "$p/ca.crt" --cluster-signing-cert-file "$p/ca.crt" --cluster-signing-key-file "$p/ca.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR"
-  start kube-scheduler "$BIN/kube-scheduler" \
-    --kubeconfig "$STATE/scheduler.kubeconfig" \
-    --authentication-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --authorization-kubeconfig "$STATE/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port 10259 --leader-elect=false
+  start_controller_manager "$BIN" \
+    --cluster-signing-cert-file "$p/ca.crt" --cluster-signing-key-file "$p/ca.key"
+  start_scheduler "$BIN" --kubeconfig "$STATE/scheduler.kubeconfig" --leader-elect=false
 
   log "starting the kubelet (node $NODE, root dir $KUBELET_ROOT)"
   start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
