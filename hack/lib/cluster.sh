@@ -74,6 +74,24 @@ stop() {
   rm -f "$(pidfile "$name")"
 }
 
+# stop_in_reverse NAME...: stops each NAME, the last one first (NAMEs in start order).
+stop_in_reverse() {
+  local names=("$@") i
+  for ((i = ${#names[@]} - 1; i >= 0; i--)); do
+    stop "${names[i]}" 30
+  done
+}
+
+# print_status NAME...: a line per NAME, "NAME: running (pid PID)" or "NAME: stopped";
+# fails if any is stopped.
+print_status() {
+  local n pid rc=0
+  for n in "$@"; do
+    if pid=$(alive "$n"); then echo "$n: running (pid $pid)"; else echo "$n: stopped"; rc=1; fi
+  done
+  return "$rc"
+}
+
 # wait_for WHAT SECONDS CMD...: polls CMD every second until it succeeds.
 wait_for() {
   local what=$1 secs=$2 i

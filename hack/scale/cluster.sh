@@ -61,12 +61,9 @@ COMPONENTS=(lock etcd kube-apiserver kube-controller-manager kube-scheduler kwok
 # invocation's cluster).
 LOCK_WAITER=
 stop_started() {
-  local i
   # A start aborted while waiting for the lock: its waiter must not take it.
   if [ -n "$LOCK_WAITER" ]; then kill "$LOCK_WAITER" 2>/dev/null || true; fi
-  for ((i = ${#STARTED[@]} - 1; i >= 0; i--)); do
-    stop "${STARTED[i]}" 30
-  done
+  stop_in_reverse "${STARTED[@]}"
 }
 
 # take_lock: a child process holds the lock (flock on its inherited fd) until
@@ -189,19 +186,14 @@ cmd_up() {
 
 cmd_down() {
   [ -d "$STATE" ] || { log "not up ($STATE does not exist)"; return 0; }
-  local i
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    stop "${COMPONENTS[i]}" 30
-  done
+  stop_in_reverse "${COMPONENTS[@]}"
   rm -rf "$STATE"
   log "down"
 }
 
 cmd_status() {
-  local n pid rc=0
-  for n in "${COMPONENTS[@]}"; do
-    if pid=$(alive "$n"); then echo "$n: running (pid $pid)"; else echo "$n: stopped"; rc=1; fi
-  done
+  local rc=0
+  print_status "${COMPONENTS[@]}" || rc=1
   if alive kube-apiserver >/dev/null; then
     echo "nodes: $("$(cat "$STATE/bindir")/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get nodes --no-headers | wc -l)"
   fi

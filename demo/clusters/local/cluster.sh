@@ -365,10 +365,7 @@ cmd_down() {
       timeout 20 "${ctr[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
     done
   fi
-  local i
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
-    stop "${COMPONENTS[i]}" 30
-  done
+  stop_in_reverse "${COMPONENTS[@]}"
   # Shims are started by our containerd with its socket address on their command
   # line; any left over are ours.
   local pid
@@ -394,10 +391,8 @@ cmd_down() {
 }
 
 cmd_status() {
-  local n pid rc=0
-  for n in "${COMPONENTS[@]}"; do
-    if pid=$(alive "$n"); then echo "$n: running (pid $pid)"; else echo "$n: stopped"; rc=1; fi
-  done
+  local rc=0
+  print_status "${COMPONENTS[@]}" || rc=1
   if [ "$rc" = 0 ]; then
     BIN=$(dirname "$(awk '{print $2}' "$STATE/pids/kubelet")")
     "$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get nodes -o wide || rc=1
