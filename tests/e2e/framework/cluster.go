@@ -866,7 +866,7 @@ func (c *Cluster) WantPrepareFailed(ctx context.Context, t testing.TB, ns, claim
 		t.Errorf("claim %s: Ready=False with\n  %s\nwant the message to contain\n  %s", claim, message, want)
 		return
 	}
-	t.Logf("claim %s refused at prepare: %s", claim, message)
+	t.Logf("claim %s: refused at prepare: %s", claim, message)
 }
 
 // WantNoContainerRunning fails the test if a container of the pod runs, for
