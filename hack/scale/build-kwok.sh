@@ -7,13 +7,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cache=${TESSERA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
-key=$(cat "$here/tools/go.mod" "$here/tools/go.sum" | sha256sum | cut -c1-12)
-bin="$cache/kwok-$key"
-if [ ! -x "$bin/kwok" ]; then
-  mkdir -p "$bin"
-  echo "build-kwok: building kwok ($(awk '/^require sigs.k8s.io\/kwok/ {print $3}' "$here/tools/go.mod")) into $bin" >&2
-  (cd "$here/tools" && go build -trimpath -o "$bin/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok) >&2
-  mv "$bin/kwok.tmp" "$bin/kwok"
-fi
+# shellcheck source=SCRIPTDIR/../lib/tools.sh
+. "$here/../lib/tools.sh"
+version=$(awk '/^require sigs.k8s.io\/kwok/ {print $3}' "$here/tools/go.mod")
+bin=$(build_pinned_tool "$here/tools" kwok sigs.k8s.io/kwok/cmd/kwok "$version")
 echo "$bin/kwok"

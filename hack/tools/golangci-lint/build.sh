@@ -9,21 +9,11 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cache=${TESSERA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}
-
+# shellcheck source=SCRIPTDIR/../../lib/tools.sh
+. "$here/../../lib/tools.sh"
+version=$(sed -n 's/^\tgithub.com\/golangci\/golangci-lint\/v2 \(v[^ ]*\).*/\1/p' "$here/go.mod")
 # The bin dir is keyed by this module's go.mod and go.sum, so bumping the pin
-# rebuilds; editing this script (comments, logging) does not.
-key=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
-bin="$cache/golangci-lint-$key"
-
-if [ ! -x "$bin/golangci-lint" ]; then
-  mkdir -p "$bin"
-  echo "build-golangci-lint: building $(sed -n 's/^\tgithub.com\/golangci\/golangci-lint\/v2 \(v[^ ]*\).*/\1/p' "$here/go.mod")" >&2
-  # The module's own go.sum pins every dependency: -mod=readonly refuses to build
-  # anything go.mod and go.sum do not already name.
-  (cd "$here" && go build -mod=readonly -trimpath -o "$bin/golangci-lint.tmp" \
-    github.com/golangci/golangci-lint/v2/cmd/golangci-lint) >&2
-  mv "$bin/golangci-lint.tmp" "$bin/golangci-lint"
-fi
-
-echo "$bin"
+# rebuilds. The module's own go.sum pins every dependency: -mod=readonly refuses to
+# build anything go.mod and go.sum do not already name.
+build_pinned_tool "$here" golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint \
+  "$version" -mod=readonly
