@@ -416,9 +416,13 @@ func (a completion) before(b completion) bool {
 	return a.at < b.at || (a.at == b.at && a.job < b.job)
 }
 
+// heapItem is an element of an orderedHeap: a.before(b) when a is to pop
+// first.
+type heapItem[T any] interface{ before(T) bool }
+
 // orderedHeap is a container/heap.Interface over a slice, ordered by its
 // elements' before: the top is the element before every other.
-type orderedHeap[T interface{ before(T) bool }] []T
+type orderedHeap[T heapItem[T]] []T
 
 func (h orderedHeap[T]) Len() int           { return len(h) }
 func (h orderedHeap[T]) Less(i, j int) bool { return h[i].before(h[j]) }
