@@ -10,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -19,22 +20,8 @@ import (
 // without instances) and returns it with its GPUs as discovered.
 func startMIGWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock) (*gpu.MockNode, *Tracker, []gpu.GPU) {
 	t.Helper()
-	node, gpus := migNode(t)
+	node, gpus := gputest.Node(t, "hgx-h100-mig")
 	return node, watch(t, node, p, clk), gpus
-}
-
-// migNode is a fresh hgx-h100-mig mock node and its GPUs as discovered.
-func migNode(t *testing.T) (*gpu.MockNode, []gpu.GPU) {
-	t.Helper()
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return node, gpus
 }
 
 // An XID that the driver attributes to a compute instance marks only that
@@ -106,7 +93,7 @@ func TestWatcherMIGXID(t *testing.T) {
 // instance: the placement recorded with the event, else the instance's
 // that has the ID now.
 func TestMIGDevices(t *testing.T) {
-	_, gpus := migNode(t)
+	_, gpus := gputest.Node(t, "hgx-h100-mig")
 	g0 := gpus[0]
 	three := MIGScope{GPUInstance: 2, ComputeInstance: 0, ProfileID: 9, Placement: gpu.MIGPlacement{Start: 4, Size: 4}}
 	upper := []string{"gpu-0-mig-1g-10gb-4", "gpu-0-mig-1g-10gb-5", "gpu-0-mig-1g-10gb-6", "gpu-0-mig-1g-10gb-me-4", "gpu-0-mig-1g-10gb-me-5", "gpu-0-mig-1g-10gb-me-6",
@@ -145,7 +132,7 @@ func TestMIGDevices(t *testing.T) {
 // publishes, and on no other device (model shares one taint list among a
 // GPU's devices).
 func TestTaintDevices(t *testing.T) {
-	_, gpus := migNode(t)
+	_, gpus := gputest.Node(t, "hgx-h100-mig")
 	gpuTaint := resourceapi.DeviceTaint{Key: TaintKey, Value: "XID-94", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	res, err := model.Resources("node-1", gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{gpus[0].UUID: {{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule}}}))
 	if err != nil {

@@ -11,16 +11,14 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 // startWatcher runs a watcher over a fresh hgx-h100 mock node until the test
 // ends and waits until it has registered its event set.
 func startWatcher(t *testing.T, p Policy, clk *clocktesting.FakePassiveClock) (*gpu.MockNode, *Tracker) {
 	t.Helper()
-	node, err := gpu.NewMockNode("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := gputest.MockNode(t, "hgx-h100")
 	return node, watch(t, node, p, clk)
 }
 

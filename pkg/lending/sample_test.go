@@ -7,25 +7,11 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
-// mockNode is a fresh mock node of the profile and its GPUs as discovered.
-func mockNode(t *testing.T, profile string) (*gpu.MockNode, []gpu.GPU) {
-	t.Helper()
-	node, err := gpu.NewMockNode(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return node, gpus
-}
-
 func TestSamplerAndObserve(t *testing.T) {
-	node, gpus := mockNode(t, "hgx-h100")
+	node, gpus := gputest.Node(t, "hgx-h100")
 	uuid, memory := gpus[0].UUID, int64(gpus[0].MemoryBytes)
 	s := &Sampler{Lib: node, PodOf: node.PodOfProcess}
 	owners := []Owner{{Claim: "owner", Lend: true}}
@@ -178,7 +164,7 @@ func TestSamplerNoSamplesIsIdle(t *testing.T) {
 // The mock node answers like go-nvml over a real driver: an idle owner on a
 // mock GPU is seen idle.
 func TestSamplerIdleOwnerOnMockNode(t *testing.T) {
-	node, gpus := mockNode(t, "l4x4")
+	node, gpus := gputest.Node(t, "l4x4")
 	if _, ret := node.Devices[0].GetProcessUtilization(0); ret != nvml.ERROR_INSUFFICIENT_SIZE {
 		t.Fatalf("mock GetProcessUtilization without samples answers %v, want go-nvml's ERROR_INSUFFICIENT_SIZE", ret)
 	}
