@@ -11,7 +11,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/publish"
 	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
@@ -50,11 +50,7 @@ func unhealthyDevices(r kubeletplugin.DeviceHealthReport) map[string]string {
 func TestHealthTaintsAndReports(t *testing.T) {
 	ctx, cancel := context.WithCancel(ctxFor(t))
 	defer cancel()
-	node := publishtest.MockNode(t, "hgx-h100")
-	gpus, err := gpu.Discover(node)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node, gpus := gputest.Node(t, "hgx-h100")
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	policy := health.DefaultPolicy()
 	tracker := health.NewTracker(policy, clk)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/publish"
 	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
 )
@@ -61,7 +62,7 @@ func TestInventoryNoGPUs(t *testing.T) {
 	e.assertClean(after)
 
 	// NVML works but reports no GPU.
-	node := publishtest.MockNode(t, "l4x4")
+	node := gputest.MockNode(t, "l4x4")
 	node.Devices = nil
 	events := &publishtest.Events{}
 	pub = &publishtest.Publisher{}
@@ -79,7 +80,7 @@ func TestInventoryNoGPUs(t *testing.T) {
 		t.Errorf("status %q", s)
 	}
 	// A GPU appears (hot-plug, or the driver came up): published, reported.
-	fresh, _ := gpu.NewMockNode("l4x4")
+	fresh := gputest.MockNode(t, "l4x4")
 	node.Devices = fresh.Devices
 	if changed, err := inv.Sync(ctx); err != nil || !changed {
 		t.Fatalf("GPUs appeared: changed %v, err %v", changed, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 	"github.com/tessera-dev/tessera/pkg/metrics"
@@ -42,7 +43,7 @@ import (
 // migNode is a fresh hgx-h100-mig mock node.
 func migNode(t testing.TB) *gpu.MockNode {
 	t.Helper()
-	return publishtest.MockNode(t, "hgx-h100-mig")
+	return gputest.MockNode(t, "hgx-h100-mig")
 }
 
 // dynamicGPU1 publishes GPU 1 (index 1) with dynamic MIG.

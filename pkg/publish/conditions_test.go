@@ -8,6 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
@@ -21,7 +22,7 @@ import (
 // taint goes once the GPU is fixed, with an event.
 func TestInventoryConditions(t *testing.T) {
 	ctx := ctxFor(t)
-	node := publishtest.MockNode(t, "hgx-h100")
+	node := gputest.MockNode(t, "hgx-h100")
 	mustDo := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -113,7 +114,7 @@ func TestInventoryConditions(t *testing.T) {
 // tainted for being in it.
 func TestInventoryExpectedComputeMode(t *testing.T) {
 	ctx := ctxFor(t)
-	node := publishtest.MockNode(t, "l4x4")
+	node := gputest.MockNode(t, "l4x4")
 	if err := node.SetComputeMode(0, gpu.ComputeModeExclusiveProcess); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestInventoryExpectedComputeMode(t *testing.T) {
 // that NVML sees no GPU.
 func TestInventoryAllMIG(t *testing.T) {
 	ctx := ctxFor(t)
-	node := publishtest.MockNode(t, "a100-pairs")
+	node := gputest.MockNode(t, "a100-pairs")
 	for i := range node.Devices {
 		if err := node.SetMIG(i, true); err != nil {
 			t.Fatal(err)

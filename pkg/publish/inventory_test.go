@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/health"
 	"github.com/tessera-dev/tessera/pkg/metrics"
 	"github.com/tessera-dev/tessera/pkg/publish/publishtest"
@@ -54,7 +55,7 @@ func TestInventorySync(t *testing.T) {
 // its facts are known, published tainted; it comes back untainted.
 func TestInventoryBrokenGPU(t *testing.T) {
 	ctx := ctxFor(t)
-	node := publishtest.MockNode(t, "hgx-h100")
+	node := gputest.MockNode(t, "hgx-h100")
 	// Broken from the start: its memory size cannot be read, so it cannot
 	// be published.
 	if err := node.FailDiscovery(3, "nvmlDeviceGetMemoryInfo", nvml.ERROR_UNKNOWN); err != nil {
@@ -145,7 +146,7 @@ func TestInventoryBrokenGPU(t *testing.T) {
 // tainted with the facts that were read; its health taints stay.
 func TestInventoryPartlyDescribedGPU(t *testing.T) {
 	ctx := ctxFor(t)
-	node := publishtest.MockNode(t, "l4x4")
+	node := gputest.MockNode(t, "l4x4")
 	if err := node.FailDiscovery(1, "nvmlDeviceGetPciInfo", nvml.ERROR_UNKNOWN); err != nil {
 		t.Fatal(err)
 	}

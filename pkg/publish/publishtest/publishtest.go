@@ -38,17 +38,6 @@ func GPUs() []gpu.GPU {
 // UUID is the UUID of the GPU of [GPUs] with minor number minor.
 func UUID(minor int) string { return GPUs()[minor].UUID }
 
-// MockNode returns a fresh mock node of pkg/gpu's profile (hgx-h100, l4x4,
-// …); t fails when there is no such profile.
-func MockNode(t testing.TB, profile string) *gpu.MockNode {
-	t.Helper()
-	node, err := gpu.NewMockNode(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return node
-}
-
 // Events records Node events as "<type> <reason>: <message>" and claim
 // events as "claim <namespace>/<name>: <type> <reason>: <message>". It is
 // safe for concurrent use.
