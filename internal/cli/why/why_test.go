@@ -26,34 +26,15 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/locality"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
 const gi = int64(1) << 30
 
-// gpus are n 80Gi GPUs; domain names each one's NVLink domain.
-func gpus(n int, domain func(minor int) string) []gpu.GPU {
-	out := make([]gpu.GPU, n)
-	for i := range out {
-		out[i] = gpu.GPU{
-			UUID:                  fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i),
-			Minor:                 i,
-			Index:                 i,
-			ProductName:           "NVIDIA H100 80GB HBM3",
-			Architecture:          "hopper",
-			CUDAComputeCapability: "9.0",
-			DriverVersion:         "580.95.05",
-			CUDADriverVersion:     "13.0",
-			MemoryBytes:           uint64(80 * gi),
-			MultiprocessorCount:   132,
-			PCIBusID:              fmt.Sprintf("0000:%02x:00.0", 0x10+i),
-			NVLinkDomain:          domain(i),
-		}
-	}
-	return out
-}
-
+// pairs and separate are NVLink domains for gputest.H100s: two GPUs to a
+// domain, or one each.
 func pairs(minor int) string    { return fmt.Sprintf("nvl-%d", minor/2) }
 func separate(minor int) string { return fmt.Sprintf("nvl-solo-%d", minor) }
 
@@ -226,7 +207,7 @@ func table(t *testing.T, r Report) string {
 // An oversized share fits no GPU: each GPU says by how much, and the node
 // says what would fit.
 func TestOversizedShare(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs)})
 	claim := shareClaim("big", "100Gi", "50")
 	c.in.Claims = append(c.in.Claims, *claim)
 	r := c.why("big-pod", podFor("big-pod", "big"))
@@ -249,7 +230,7 @@ func TestOversizedShare(t *testing.T) {
 // A share that is short on a GPU others hold part of: by how much, and who
 // holds it.
 func TestShareShortNamesHolders(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.allocate("node-1", shareClaim("a", "60Gi", "50"))
 	c.allocate("node-1", shareClaim("b", "10Gi", "40"))
 	c.in.Claims = append(c.in.Claims, *shareClaim("late", "20Gi", "20"))
@@ -269,7 +250,7 @@ func TestShareShortNamesHolders(t *testing.T) {
 // A whole GPU is blocked by the shares on it (the counters), and a GPU held
 // whole says by whom.
 func TestWholeGPUBlockedByShares(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs)})
 	c.allocate("node-1", shareClaim("small", "1Gi", "5")) // lands on gpu-0
 	c.allocate("node-1", wholeClaim("train", 1))          // gpu-1
 	c.in.Claims = append(c.in.Claims, *wholeClaim("whole", 1))
@@ -286,7 +267,7 @@ func TestWholeGPUBlockedByShares(t *testing.T) {
 // A tainted (unhealthy) GPU is named with its taint, and neither a share nor
 // the whole GPU counts as fitting now.
 func TestTaintedGPU(t *testing.T) {
-	g := gpus(1, pairs)
+	g := gputest.H100s(1, pairs)
 	taint := resourceapi.DeviceTaint{Key: "gpu.tessera.dev/unhealthy", Value: "XID79", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	c := newCluster(t, map[string][]gpu.GPU{"node-1": g}, model.WithTaints(map[string][]resourceapi.DeviceTaint{g[0].UUID: {taint}}))
 	c.in.Claims = append(c.in.Claims, *shareClaim("s", "1Gi", "1"))
@@ -300,7 +281,7 @@ func TestTaintedGPU(t *testing.T) {
 
 // A CEL selector that is false on every GPU is quoted.
 func TestSelectorFalse(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs)})
 	sel := `device.attributes["gpu.tessera.dev"].productName == "NVIDIA A100-SXM4-80GB"`
 	c.in.Claims = append(c.in.Claims, *wholeClaim("a100", 1, sel))
 	r := c.why("claim/a100")
@@ -312,7 +293,7 @@ func TestSelectorFalse(t *testing.T) {
 // Two GPUs in different NVLink domains cannot serve an NVLink pair: the node
 // says the largest domain is too small.
 func TestNVLinkPairImpossible(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, separate)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, separate)})
 	pair := wholeClaim("pair", 2)
 	attr := resourceapi.FullyQualifiedName(model.DriverName + "/" + string(model.AttrNVLinkDomain))
 	pair.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: &attr}}
@@ -325,7 +306,7 @@ func TestNVLinkPairImpossible(t *testing.T) {
 		t.Errorf("whole GPUs free %d, want 2", n.FitsNow.WholeGPUs)
 	}
 	// The same pair fits where the GPUs share a domain.
-	c = newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs)})
+	c = newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs)})
 	c.in.Claims = append(c.in.Claims, *pair)
 	if n := nodeOf(t, c.why("claim/pair"), "node-1"); !n.Fits || len(n.Allocation) != 2 {
 		t.Errorf("pair on one domain: %+v, want it to fit on gpu-0 and gpu-1", n)
@@ -334,7 +315,7 @@ func TestNVLinkPairImpossible(t *testing.T) {
 
 // With every GPU held whole, nothing fits now, and each GPU names its holder.
 func TestEverythingFull(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs), "node-2": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs), "node-2": gputest.H100s(1, pairs)})
 	c.allocate("node-1", wholeClaim("w1", 2))
 	c.allocate("node-2", wholeClaim("w2", 1))
 	c.in.Claims = append(c.in.Claims, *shareClaim("s", "1Gi", "1"))
@@ -354,7 +335,7 @@ func TestEverythingFull(t *testing.T) {
 
 // A borrower's claim is kept off GPUs that are not lent.
 func TestNotLent(t *testing.T) {
-	g := gpus(1, pairs)
+	g := gputest.H100s(1, pairs)
 	c := newCluster(t, map[string][]gpu.GPU{"node-1": g}, model.WithLending(map[string]model.Lent{g[0].UUID: {Reason: "Busy"}}))
 	borrow := newClaim("borrow", []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
 		DeviceClassName: model.LentClassName, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}})
@@ -366,13 +347,13 @@ func TestNotLent(t *testing.T) {
 // A claim that fits is reported as fitting, with the devices the allocator
 // picked; a pod with allocated claims does not wait for devices.
 func TestFitsAndAllocated(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.in.Claims = append(c.in.Claims, *shareClaim("ok", "1Gi", "1"))
 	n := nodeOf(t, c.why("claim/ok"), "node-1")
 	if !n.Fits || len(n.Allocation) != 1 || n.Allocation[0] != "ok/gpu: gpu-0-shared" || len(n.GPUs) != 0 {
 		t.Errorf("fitting claim: %+v", n)
 	}
-	c = newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c = newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.allocate("node-1", shareClaim("done", "1Gi", "1"))
 	r := c.why("p", podFor("p", "done"))
 	if len(r.Nodes) != 0 || !strings.Contains(strings.Join(r.Notes, "\n"), "every claim is allocated") ||
@@ -384,7 +365,7 @@ func TestFitsAndAllocated(t *testing.T) {
 // A pod's template claim that does not exist yet is a note; tessera.dev/gpu
 // extended resources become the claim the scheduler would create.
 func TestPodClaimsFromTemplateAndExtendedResource(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.allocate("node-1", wholeClaim("held", 1))
 	pod := podFor("p")
 	pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("tmpl")}}
@@ -399,7 +380,7 @@ func TestPodClaimsFromTemplateAndExtendedResource(t *testing.T) {
 
 // JSON output carries the same verdicts.
 func TestReportJSON(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.in.Claims = append(c.in.Claims, *shareClaim("big", "100Gi", "1"))
 	b, err := json.Marshal(c.why("claim/big"))
 	if err != nil {
@@ -428,7 +409,7 @@ func TestGetBadTarget(t *testing.T) {
 // devices (not reported missing); with the NIC whose root has no GPU the
 // explanation names the constraint and the roots each request could have.
 func TestWhyForeignDriverPCIeRoot(t *testing.T) {
-	g := gpus(4, pairs)
+	g := gputest.H100s(4, pairs)
 	for i := range g {
 		g[i].PCIeRoot = fmt.Sprintf("pci0000:%02x", 0x10*(i/2+1)) // 0-1 under 10, 2-3 under 20
 	}
@@ -525,7 +506,7 @@ func fenceRule(t *testing.T, pool, device string) *resourceapi.DeviceTaintRule {
 // share off the GPU: the explanation names the rule, its taint and effect,
 // the share does not fit and does not count as fitting now.
 func TestDeviceTaintRuleFence(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	rule := fenceRule(t, poolOf(t, c, "node-1"), "gpu-0-shared")
 	c.in.Claims = append(c.in.Claims, *shareClaim("s", "1Gi", "1"))
 	r := c.why("claim/s", rule)
@@ -553,7 +534,7 @@ func TestDeviceTaintRuleFence(t *testing.T) {
 // Rules whose selector picks no device of the node, or that have no
 // selector, or whose effect is None, change nothing: the share fits.
 func TestDeviceTaintRuleNotMatching(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.in.Claims = append(c.in.Claims, *shareClaim("s", "1Gi", "1"))
 	taint := resourceapi.DeviceTaint{Key: "example.com/maintenance", Effect: resourceapi.DeviceTaintEffectNoSchedule}
 	rule := func(name string, sel *resourceapi.DeviceTaintSelector) *resourceapi.DeviceTaintRule {
@@ -582,7 +563,7 @@ func TestDeviceTaintRuleNotMatching(t *testing.T) {
 // A rule with an empty selector taints every device; a claim that tolerates
 // its taint fits anyway, one that does not is told which rule.
 func TestDeviceTaintRuleTolerated(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(2, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(2, pairs)})
 	all := &resourceapi.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "drain-everything"},
 		Spec: resourceapi.DeviceTaintRuleSpec{DeviceSelector: &resourceapi.DeviceTaintSelector{},
 			Taint: resourceapi.DeviceTaint{Key: "example.com/drain", Value: "now", Effect: resourceapi.DeviceTaintEffectNoExecute}}}
@@ -605,7 +586,7 @@ func TestDeviceTaintRuleTolerated(t *testing.T) {
 // Without permission to list DeviceTaintRules the report says so and
 // explains with the slices' own taints.
 func TestDeviceTaintRulesForbidden(t *testing.T) {
-	c := newCluster(t, map[string][]gpu.GPU{"node-1": gpus(1, pairs)})
+	c := newCluster(t, map[string][]gpu.GPU{"node-1": gputest.H100s(1, pairs)})
 	c.in.Claims = append(c.in.Claims, *shareClaim("s", "1Gi", "1"))
 	client := c.client()
 	client.PrependReactor("list", "devicetaintrules", func(clienttesting.Action) (bool, runtime.Object, error) {
