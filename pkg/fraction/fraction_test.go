@@ -11,7 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
@@ -117,19 +116,12 @@ type node struct {
 
 func newNode(slices []resourceapi.ResourceSlice) *node {
 	n := &node{
-		classes: model.ClassLister{},
+		classes: model.NewClassLister(model.DeviceClasses()),
 		cel:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}),
-		state: structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		},
+		state:   model.NewAllocatedState(),
 	}
 	for i := range slices {
 		n.slices = append(n.slices, &slices[i])
-	}
-	for _, c := range model.DeviceClasses() {
-		n.classes[c.Name] = &c
 	}
 	return n
 }

@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
@@ -53,20 +52,13 @@ func newSimNode(t *testing.T) *simNode {
 	}
 	n := &simNode{
 		node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}},
-		classes: model.ClassLister{},
+		classes: model.NewClassLister(model.DeviceClasses()),
 		cel:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}),
-		state: structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		},
+		state:   model.NewAllocatedState(),
 	}
 	for i := range objs {
 		objs[i].Name = fmt.Sprintf("slice-%d", i)
 		n.slices = append(n.slices, &objs[i])
-	}
-	for _, c := range model.DeviceClasses() {
-		n.classes[c.Name] = &c
 	}
 	return n
 }

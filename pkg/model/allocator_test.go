@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
@@ -56,23 +55,16 @@ func newTestNode(t testing.TB, gpus []gpu.GPU, opts ...Option) *testNode {
 	n := &testNode{
 		t:       t,
 		node:    &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-1-uid"}},
-		classes: ClassLister{},
+		classes: NewClassLister(DeviceClasses()),
 		cel:     cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}),
-		state: structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		},
-		claims: map[string]*resourceapi.ResourceClaim{},
+		state:   NewAllocatedState(),
+		claims:  map[string]*resourceapi.ResourceClaim{},
 	}
 	for i := range objs {
 		s := &objs[i]
 		s.Name = s.GenerateName + "abcde" // the API server's random suffix
 		s.UID = types.UID(fmt.Sprintf("slice-%d", i))
 		n.slices = append(n.slices, s)
-	}
-	for _, c := range DeviceClasses() {
-		n.classes[c.Name] = &c
 	}
 	return n
 }

@@ -7,6 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 )
 
@@ -25,6 +26,16 @@ var SchedulerFeatures = structured.Features{
 	FractionalCapacityRange: true,
 	PartitionableDevices:    true,
 	PrioritizedList:         true,
+}
+
+// NewAllocatedState is the allocator's record of a cluster where nothing is
+// allocated yet; what is allocated goes into its sets and collection.
+func NewAllocatedState() structured.AllocatedState {
+	return structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
 }
 
 // ClassLister serves DeviceClasses to the allocator by name

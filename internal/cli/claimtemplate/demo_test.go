@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stypes "k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"sigs.k8s.io/yaml"
@@ -66,14 +65,10 @@ func admitted(t *testing.T, kind string, obj any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	classes := map[string]*resourceapi.DeviceClass{}
-	for _, c := range model.DeviceClasses() {
-		classes[c.Name] = &c
-	}
 	resp := webhook.Review(context.Background(), &admissionv1.AdmissionRequest{
 		UID: "u", Kind: metav1.GroupVersionKind{Group: webhook.ResourceGroup, Version: "v1", Kind: kind},
 		Operation: admissionv1.Create, Namespace: "tessera-demo", Name: "x", Object: runtime.RawExtension{Raw: raw},
-	}, webhook.DeviceClassMap(classes))
+	}, webhook.DeviceClassMap(model.NewClassLister(model.DeviceClasses())))
 	if !resp.Allowed {
 		t.Fatalf("%s denied: %s", kind, resp.Result.Message)
 	}
@@ -90,16 +85,8 @@ func allocateOnMIGNode(t *testing.T, devices resourceapi.DeviceClaim) []string {
 		objs[i].Name = fmt.Sprintf("%s%d", objs[i].GenerateName, i)
 		slices = append(slices, &objs[i])
 	}
-	classes := model.ClassLister{}
-	for _, c := range model.DeviceClasses() {
-		classes[c.Name] = &c
-	}
-	state := structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	a, err := structured.NewAllocator(context.Background(), model.SchedulerFeatures, state, classes, slices, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
+	classes := model.NewClassLister(model.DeviceClasses())
+	a, err := structured.NewAllocator(context.Background(), model.SchedulerFeatures, model.NewAllocatedState(), classes, slices, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
