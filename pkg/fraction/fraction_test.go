@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -69,18 +69,7 @@ func profileSlices(t *testing.T, profile string, n int) []resourceapi.ResourceSl
 // profileGPUs are the first n GPUs of a mock profile (all of them with n 0).
 func profileGPUs(t *testing.T, profile string, n int) []gpu.GPU {
 	t.Helper()
-	lib, err := gpu.NewMock(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("%s: NVML init: %v", profile, ret)
-	}
-	defer lib.Shutdown()
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := gputest.GPUs(t, profile)
 	if n > 0 {
 		gpus = gpus[:n]
 	}
