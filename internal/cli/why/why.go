@@ -11,7 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/kubernetes"
@@ -367,24 +366,6 @@ func allocationNode(a *resourceapi.AllocationResult) string {
 	return ""
 }
 
-// classLister serves the DeviceClasses to the allocator.
-type classLister map[string]*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
-	out := make([]*resourceapi.DeviceClass, 0, len(l))
-	for _, c := range l {
-		out = append(out, c)
-	}
-	return out, nil
-}
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	if c, ok := l[name]; ok {
-		return c, nil
-	}
-	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}, name)
-}
-
 // holder is an allocated result of a claim, for naming who holds a device.
 type holder struct {
 	claim  string // NAMESPACE/NAME
@@ -407,7 +388,7 @@ func (h holder) String() string {
 // explainer holds the cluster, indexed.
 type explainer struct {
 	in      Input
-	classes classLister
+	classes model.ClassLister
 	cel     *cel.Cache
 	slices  []*resourceapi.ResourceSlice
 	state   structured.AllocatedState
@@ -423,19 +404,12 @@ type explainer struct {
 func newExplainer(in Input) *explainer {
 	e := &explainer{
 		in:      in,
-		classes: classLister{},
+		classes: model.NewClassLister(in.Classes),
 		cel:     cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}),
-		state: structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		},
+		state:   model.NewAllocatedState(),
 		byRule:  ruleTaints{},
 		holders: map[structured.DeviceID][]holder{},
 		newest:  map[string]int64{},
-	}
-	for i := range in.Classes {
-		e.classes[in.Classes[i].Name] = &in.Classes[i]
 	}
 	rules := sortedRules(in.TaintRules)
 	for i := range in.Slices {
