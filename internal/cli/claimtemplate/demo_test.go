@@ -22,6 +22,7 @@ import (
 
 	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/fraction"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
 )
@@ -79,7 +80,7 @@ func admitted(t *testing.T, kind string, obj any) {
 // 0 and 1) and returns the allocated devices.
 func allocateOnMIGNode(t *testing.T, devices resourceapi.DeviceClaim) []string {
 	t.Helper()
-	objs := clitest.Slices(t, "node-1", clitest.MockGPUs(t, "hgx-h100-mig"))
+	objs := clitest.Slices(t, "node-1", gputest.GPUs(t, "hgx-h100-mig"))
 	var slices []*resourceapi.ResourceSlice
 	for i := range objs {
 		objs[i].Name = fmt.Sprintf("%s%d", objs[i].GenerateName, i)

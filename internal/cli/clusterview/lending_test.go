@@ -8,13 +8,14 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/tessera-dev/tessera/internal/cli/clitest"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
 // A lent GPU shows what it lends and to whom, beside its owner; the lending
 // devices' taints are not health.
 func TestStatusLending(t *testing.T) {
-	gpus := clitest.MockGPUs(t, "hgx-h100")
+	gpus := gputest.GPUs(t, "hgx-h100")
 	rs := clitest.Slices(t, "node-a", gpus, model.WithLending(map[string]model.Lent{
 		gpus[7].UUID: {Open: true, Memory: 68 << 30},
 		gpus[6].UUID: {Reason: "OwnerBusy"},

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/internal/cli/clitest"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -20,7 +21,7 @@ import (
 // unhealthy as pkg/health marks one MIG device.
 func migPublishedSlices(t *testing.T, node string) []runtime.Object {
 	t.Helper()
-	gpus := clitest.MockGPUs(t, "hgx-h100-mig")
+	gpus := gputest.GPUs(t, "hgx-h100-mig")
 	slices := clitest.Slices(t, node, gpus, model.WithDynamicMIG(gpus[1].UUID))
 	var out []runtime.Object
 	for i := range slices {

@@ -17,6 +17,7 @@ import (
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/internal/cli/clitest"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -42,7 +43,7 @@ func tableHas(t *testing.T, r Report, want ...string) {
 // with gpu-3 tainted unhealthy.
 func published(t *testing.T, node, profile string) []runtime.Object {
 	t.Helper()
-	gpus := clitest.MockGPUs(t, profile)
+	gpus := gputest.GPUs(t, profile)
 	slices := clitest.Slices(t, node, gpus, model.WithTaints(map[string][]resourceapi.DeviceTaint{
 		gpus[3].UUID: {{Key: unhealthyTaint, Value: "XID-79", Effect: resourceapi.DeviceTaintEffectNoExecute}},
 	}))

@@ -7,8 +7,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/tessera-dev/tessera/internal/cli/clitest"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 )
 
@@ -16,7 +16,7 @@ import (
 // a static 4g.40gb (GPU instance 1) and 3g.40gb (2), GPU 1 in MIG mode
 // without instances, GPUs 2-7 not in MIG mode.
 func migGPUs(t *testing.T) []gpu.GPU {
-	return clitest.MockGPUs(t, "hgx-h100-mig")
+	return gputest.GPUs(t, "hgx-h100-mig")
 }
 
 func migClaim(name, profile string) *resourceapi.ResourceClaim {
