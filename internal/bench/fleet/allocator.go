@@ -2,7 +2,6 @@ package fleet
 
 import (
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
@@ -21,14 +20,6 @@ func newClassLister(classes []*resourceapi.DeviceClass) model.ClassLister {
 
 func newCELCache() *cel.Cache {
 	return cel.NewCache(100, cel.Features{EnableConsumableCapacity: true})
-}
-
-func newAllocatedState() structured.AllocatedState {
-	return structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
 }
 
 // commit records an allocation in the state the way kube-scheduler's allocated-devices

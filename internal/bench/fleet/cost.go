@@ -65,7 +65,7 @@ func NewCostScenario(kind CostKind, nodes, shares int) (*CostScenario, error) {
 	default:
 		return nil, fmt.Errorf("cost scenario: unknown kind %q", kind)
 	}
-	s := &CostScenario{Kind: kind, Nodes: nodes, Shares: shares, classes: newClassLister(m.classes()), cel: newCELCache(), state: newAllocatedState()}
+	s := &CostScenario{Kind: kind, Nodes: nodes, Shares: shares, classes: newClassLister(m.classes()), cel: newCELCache(), state: model.NewAllocatedState()}
 	// An eighth of the GPU in whole MiB (81089Mi/8 rounded down) and 12 cores, so
 	// that eight fit on one GPU.
 	eighth := map[resourceapi.QualifiedName]resource.Quantity{

@@ -270,7 +270,7 @@ func newAllocatorPlacer(m deviceModel, opt Options) (*allocatorPlacer, error) {
 			spec:    spec,
 			gpuBase: base,
 			slices:  sl,
-			state:   newAllocatedState(),
+			state:   model.NewAllocatedState(),
 			load:    nodeLoad{allocCPU: cmp.Or(spec.MilliCPU, opt.Scoring.NodeMilliCPU), allocMem: cmp.Or(spec.MemoryMiB<<20, opt.Scoring.NodeMemory)},
 		}
 		if spec.GPUs > 0 {
