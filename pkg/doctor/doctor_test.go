@@ -20,6 +20,7 @@ import (
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/cdi"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
@@ -103,17 +104,9 @@ func listen(t *testing.T, path string) {
 	}()
 }
 
+// mockNVML opens a mock node of profile as it is.
 func mockNVML(t *testing.T, profile string) func() (nvml.Interface, error) {
-	return func() (nvml.Interface, error) {
-		lib, err := gpu.NewMockNode(profile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := gpu.Open(lib); err != nil {
-			return nil, err
-		}
-		return lib, nil
-	}
+	return mockNode(t, profile, func(*gpu.MockNode) error { return nil })
 }
 
 func result(t *testing.T, r Report, check string) Result {
@@ -215,16 +208,8 @@ func toolkitSpec(t *testing.T, dir string, uuids ...string) {
 
 func mockUUIDs(t *testing.T) []string {
 	t.Helper()
-	lib, err := mockNVML(t, "hgx-h100")()
-	if err != nil {
-		t.Fatal(err)
-	}
-	gpus, err := gpu.Discover(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []string
-	for _, g := range gpus {
+	for _, g := range gputest.GPUs(t, "hgx-h100") {
 		out = append(out, g.UUID)
 	}
 	return out

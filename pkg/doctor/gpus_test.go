@@ -7,15 +7,13 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 // mockNode opens a mock node of profile after set has turned its knobs.
 func mockNode(t *testing.T, profile string, set func(*gpu.MockNode) error) func() (nvml.Interface, error) {
 	return func() (nvml.Interface, error) {
-		node, err := gpu.NewMockNode(profile)
-		if err != nil {
-			t.Fatal(err)
-		}
+		node := gputest.MockNode(t, profile)
 		if err := set(node); err != nil {
 			t.Fatal(err)
 		}
