@@ -13,7 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 type fixedSource Snapshot
@@ -45,16 +45,6 @@ func TestPodUIDFromCgroup(t *testing.T) {
 	}
 }
 
-// mockNode is a fresh mock node of the given profile.
-func mockNode(t *testing.T, profile string) *gpu.MockNode {
-	t.Helper()
-	node, err := gpu.NewMockNode(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return node
-}
-
 // scrape returns the text exposition of m.
 func scrape(t *testing.T, m *Metrics) string {
 	t.Helper()
@@ -84,7 +74,7 @@ func mustContain(t *testing.T, text string, lines ...string) {
 // The GPU and claim gauges add up what the source says; latency and errors
 // are counted; per-pod memory is mapped through /proc/<pid>/cgroup.
 func TestMetrics(t *testing.T) {
-	node := mockNode(t, "l4x4")
+	node := gputest.MockNode(t, "l4x4")
 	uuid0, _ := node.Devices[0].GetUUID()
 	uuid1, _ := node.Devices[1].GetUUID()
 	src := fixedSource{
@@ -253,7 +243,7 @@ func TestTwoSharesOfOneGPU(t *testing.T) {
 
 // A lost GPU's processes cannot be read; the others still are.
 func TestUsageLostGPU(t *testing.T) {
-	node := mockNode(t, "l4x4")
+	node := gputest.MockNode(t, "l4x4")
 	uuid0, _ := node.Devices[0].GetUUID()
 	proc := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(proc, "5"), 0o755); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 // MIG devices are listed with their holders: every static instance of GPU
@@ -15,10 +16,7 @@ import (
 // ones); claim series name the holders, and the GPUs' allocated memory and
 // cores are those of the held MIG devices (admin access holds nothing).
 func TestMIGMetrics(t *testing.T) {
-	gpus, err := gpu.Discover(mockNode(t, "hgx-h100-mig"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := gputest.GPUs(t, "hgx-h100-mig")
 	g0, g1 := gpus[0], gpus[1]
 	dynamic := func(g gpu.GPU) bool { return g.UUID == g1.UUID }
 	claims := []checkpoint.Claim{
