@@ -9,16 +9,14 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 // mockGPU is GPU 1 of the hgx-h100-mig mock node: H100 80GB in MIG mode
 // without instances.
 func mockGPU(t *testing.T) (*gpu.MockNode, *NVML, string) {
 	t.Helper()
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := gputest.MockNode(t, "hgx-h100-mig")
 	uuid, _ := node.Devices[1].GetUUID()
 	return node, &NVML{Lib: node}, uuid
 }
