@@ -17,6 +17,7 @@ import (
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 // backendProber is a Prober that behaves as a GPU under each backend would,
@@ -119,10 +120,7 @@ func mockConfig(t *testing.T, prober Prober) Config {
 // mockConfigOf is mockConfig on another mock profile.
 func mockConfigOf(t *testing.T, profile string, prober Prober) Config {
 	t.Helper()
-	lib, err := gpu.NewMock(profile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib := gputest.MockNode(t, profile)
 	if err := gpu.Open(lib); err != nil {
 		t.Fatal(err)
 	}
@@ -154,8 +152,7 @@ func backend(t *testing.T, r *Report, iso configapi.Isolation) BackendReport {
 // variables) report.
 func TestRunMock(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	lib, _ := gpu.NewMock("hgx-h100")
-	gpuUUID, _ := lib.(*gpu.MockNode).Devices[2].GetUUID()
+	gpuUUID, _ := gputest.MockNode(t, "hgx-h100").Devices[2].GetUUID()
 	prober := &backendProber{t: t, gpuMemory: 81559 << 20, uuid: gpuUUID}
 	cfg := mockConfig(t, prober)
 	r, err := Run(ctx, cfg, DefaultTargets)
@@ -241,8 +238,7 @@ func TestRunMock(t *testing.T) {
 // its limit misses the target and fails the check.
 func TestRunMissedTargets(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
-	lib, _ := gpu.NewMock("hgx-h100")
-	gpuUUID, _ := lib.(*gpu.MockNode).Devices[2].GetUUID()
+	gpuUUID, _ := gputest.MockNode(t, "hgx-h100").Devices[2].GetUUID()
 	cfg := mockConfig(t, &backendProber{t: t, gpuMemory: 81559 << 20, uuid: gpuUUID, overshoot: 2 << 20})
 	cfg.Isolations = []configapi.Isolation{configapi.IsolationMPS}
 	r, err := Run(ctx, cfg, DefaultTargets)

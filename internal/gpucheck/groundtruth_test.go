@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 func TestParseNvidiaSMI(t *testing.T) {
@@ -103,19 +104,9 @@ func TestReadAndCompareProc(t *testing.T) {
 // TestMockGroundTruthAgrees: the dry run's fake views of a mock profile
 // agree with discovery of that profile, through the same parsers.
 func TestMockGroundTruthAgrees(t *testing.T) {
-	lib, err := gpu.NewMock("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := gpu.Open(lib); err != nil {
-		t.Fatal(err)
-	}
-	disc, err := gpu.DiscoverNode(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gpus := gputest.GPUs(t, "hgx-h100")
 	dir := t.TempDir()
-	if err := WriteMockGroundTruth(dir, disc.GPUs); err != nil {
+	if err := WriteMockGroundTruth(dir, gpus); err != nil {
 		t.Fatal(err)
 	}
 	csv, _ := os.ReadFile(filepath.Join(dir, "nvidia-smi.csv"))
@@ -127,7 +118,7 @@ func TestMockGroundTruthAgrees(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := append(CompareSMI(disc.GPUs, smi), CompareProc(disc.GPUs, proc)...); len(m) != 0 || len(smi) != 8 || len(proc) != 8 {
+	if m := append(CompareSMI(gpus, smi), CompareProc(gpus, proc)...); len(m) != 0 || len(smi) != 8 || len(proc) != 8 {
 		t.Errorf("%d and %d GPUs, mismatches %v", len(smi), len(proc), m)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/mig"
 )
 
@@ -24,10 +25,7 @@ func migGPUs(t *testing.T, node *gpu.MockNode) []gpu.GPU {
 }
 
 func TestPlanMIG(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := gputest.MockNode(t, "hgx-h100-mig")
 	plan, why := planMIG(migGPUs(t, node))
 	if why != "" || plan.gpu.Minor != 1 || plan.profile.Name != "1g.10gb" || len(plan.placements) != 2 || plan.placements[0].Start != 6 || plan.placements[1].Start != 5 {
 		t.Fatalf("plan %+v (%s), want 1g.10gb at 6 and 5 on gpu-1 (gpu-0 is full)", plan, why)
@@ -50,12 +48,12 @@ func TestPlanMIG(t *testing.T) {
 	}
 	// A node without MIG GPUs is a skip that says the check never turns
 	// MIG mode on.
-	plain, _ := gpu.NewMockNode("hgx-h100")
+	plain := gputest.MockNode(t, "hgx-h100")
 	if _, why = planMIG(migGPUs(t, plain)); !strings.Contains(why, "never turns MIG mode on") {
 		t.Errorf("no MIG GPU: %q", why)
 	}
 	// A GPU whose MIG mode change is pending is left alone.
-	node, _ = gpu.NewMockNode("hgx-h100-mig")
+	node = gputest.MockNode(t, "hgx-h100-mig")
 	if err := node.SetMIGPending(1, false); err != nil {
 		t.Fatal(err)
 	}

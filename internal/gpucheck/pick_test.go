@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-dev/tessera/pkg/gpu"
+	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 )
 
 func migEnabled() (int, int, nvml.Return) {
@@ -81,10 +82,7 @@ func TestRunRefusesUnavailableMemory(t *testing.T) {
 // TestNVMLProcessMemoryNotAvailable: a process whose memory NVML reports as
 // NVML_VALUE_NOT_AVAILABLE has no NVML figure (the probe's own stand).
 func TestNVMLProcessMemoryNotAvailable(t *testing.T) {
-	node, err := gpu.NewMockNode("hgx-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := gputest.MockNode(t, "hgx-h100")
 	uuid, _ := node.Devices[2].GetUUID()
 	if err := node.SetProcesses(2, []nvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: ^uint64(0)}, {Pid: 4343, UsedGpuMemory: 3 << 30}}); err != nil {
 		t.Fatal(err)
