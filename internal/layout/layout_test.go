@@ -1,4 +1,4 @@
-// Package layout holds a test of the repository's layout: what the kubelet
+// Package layout holds tests of the repository's layout: what the kubelet
 // plugin and webhook images build (api/, pkg/ and their two commands, the only
 // folders deployments/container/Dockerfile copies besides cmd/) imports nothing
 // from internal/, where the lab (internal/bench, internal/gpucheck) and the
@@ -43,5 +43,30 @@ func TestShippedCodeImportsNoInternalPackage(t *testing.T) {
 	}
 	for _, b := range bad {
 		t.Errorf("%s: the images are built from api/, pkg/ and cmd/ only (deployments/container/Dockerfile)", b)
+	}
+}
+
+// The test fixtures in pkg/ (gputest, publishtest, ...) are for tests only:
+// neither image binary may link them, nor the standard testing package.
+func TestImagesLinkNoTestFixture(t *testing.T) {
+	args := []string{"list", "-deps", "./cmd/tessera-kubelet-plugin", "./cmd/tessera-webhook"}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
+	}
+	packages := 0
+	for line := range strings.Lines(string(out)) {
+		p := strings.TrimSpace(line)
+		if strings.HasPrefix(p, module+"/") {
+			packages++
+		}
+		if p == "testing" || strings.HasPrefix(p, module+"/") && strings.HasSuffix(p, "test") {
+			t.Errorf("an image binary links %s", p)
+		}
+	}
+	if packages < 10 {
+		t.Fatalf("go list found only %d of the module's packages behind the image commands", packages)
 	}
 }
