@@ -2,7 +2,8 @@
 // plugin and webhook images build (api/, pkg/ and their two commands, the only
 // folders deployments/container/Dockerfile copies besides cmd/) imports nothing
 // from internal/, where the lab (internal/bench, internal/gpucheck) and the
-// CLI's own packages (internal/cli) live.
+// CLI's own packages (internal/cli) live, and the two binaries link none of
+// the test fixtures kept in pkg/.
 package layout
 
 import (
