@@ -3,23 +3,17 @@ package chart
 import (
 	"bytes"
 	"image/color"
-	"image/png"
 	"strings"
 	"testing"
+
+	"github.com/tessera-dev/tessera/internal/bench/chart/charttest"
 )
 
 func TestLineWritePNG(t *testing.T) {
 	red := color.RGBA{0xff, 0, 0, 0xff}
 	c := Line{Title: "T", XLabel: "X", YLabel: "Y", XTicks: []float64{1, 2},
 		Series: []Series{{Label: "A", Color: red, X: []float64{1, 2}, Y: []float64{3, 7}}}}
-	var buf bytes.Buffer
-	if err := c.WritePNG(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := charttest.PNG(t, c)
 	found := false
 	b := img.Bounds()
 	for y := b.Min.Y; y < b.Max.Y && !found; y++ {
@@ -38,7 +32,7 @@ func TestLineWritePNG(t *testing.T) {
 	if err := (Line{}).WritePNG(&bytes.Buffer{}); err != nil {
 		t.Errorf("empty chart: %v", err)
 	}
-	err = Line{Series: []Series{{Label: "ragged", X: []float64{1}}}}.WritePNG(&bytes.Buffer{})
+	err := Line{Series: []Series{{Label: "ragged", X: []float64{1}}}}.WritePNG(&bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "ragged") {
 		t.Errorf("ragged series: err = %v", err)
 	}

@@ -1,10 +1,8 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"image/png"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-dev/tessera/internal/bench/chart/charttest"
 	"github.com/tessera-dev/tessera/internal/bench/node"
 )
 
@@ -281,15 +280,7 @@ func TestReport(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
-	var buf bytes.Buffer
-	if err := rep.WritePNG(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() < 400 || b.Dy() < 300 {
+	if b := charttest.PNG(t, rep).Bounds(); b.Dx() < 400 || b.Dy() < 300 {
 		t.Errorf("plot is %v", b)
 	}
 }

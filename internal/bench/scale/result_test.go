@@ -1,13 +1,13 @@
 package scale
 
 import (
-	"bytes"
-	"image/png"
 	"math"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tessera-dev/tessera/internal/bench/chart/charttest"
 )
 
 func TestAggregate(t *testing.T) {
@@ -153,15 +153,7 @@ func TestMarkdownAndPNG(t *testing.T) {
 	if strings.Contains(md, "NaN") {
 		t.Errorf("Markdown has NaN:\n%s", md)
 	}
-	var buf bytes.Buffer
-	if err := r.WritePNG(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() != 900 || b.Dy() != 560 {
+	if b := charttest.PNG(t, r).Bounds(); b.Dx() != 900 || b.Dy() != 560 {
 		t.Errorf("PNG is %v", b)
 	}
 }
