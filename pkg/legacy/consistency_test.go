@@ -2,18 +2,15 @@ package legacy
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -23,6 +20,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 	"github.com/tessera-dev/tessera/pkg/webhook"
+	"github.com/tessera-dev/tessera/pkg/webhook/webhooktest"
 )
 
 // TestNamesAreTheModels: the names repeated from pkg/model are its.
@@ -124,24 +122,8 @@ func TestFractionTemplateExpands(t *testing.T) {
 		t.Fatalf("template %s", s)
 	}
 	claim := resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", Annotations: tmpl.Spec.Annotations}, Spec: tmpl.Spec.Spec}
-	raw, err := json.Marshal(claim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp := webhook.Mutate(&admissionv1.AdmissionRequest{
-		UID: "u", Kind: metav1.GroupVersionKind{Group: "resource.k8s.io", Version: "v1", Kind: "ResourceClaim"},
-		Operation: admissionv1.Create, Namespace: "ns", Name: "c", Object: runtime.RawExtension{Raw: raw},
-	}, func() ([]fraction.Model, error) { return []fraction.Model{h100}, nil })
-	if !resp.Allowed {
-		t.Fatalf("the webhook refuses the claim: %s", resp.Result.Message)
-	}
-	var patch []struct {
-		Value []resourceapi.DeviceRequest `json:"value"`
-	}
-	if err := json.Unmarshal(resp.Patch, &patch); err != nil || len(patch) != 1 {
-		t.Fatalf("patch %s: %v", resp.Patch, err)
-	}
-	claim.Spec.Devices.Requests = patch[0].Value
+	resp := webhook.Mutate(webhooktest.ClaimCreate(t, claim), func() ([]fraction.Model, error) { return []fraction.Model{h100}, nil })
+	claim.Spec.Devices.Requests = webhooktest.PatchedRequests(t, resp)
 	for _, r := range claim.Spec.Devices.Requests {
 		if len(r.FirstAvailable) != 1 || len(r.FirstAvailable[0].Selectors) != 2 {
 			t.Errorf("request %s expanded to %+v, want one alternative with the model's and the type selector", r.Name, r.FirstAvailable)

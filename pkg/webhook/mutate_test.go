@@ -16,6 +16,7 @@ import (
 
 	"github.com/tessera-dev/tessera/pkg/fraction"
 	"github.com/tessera-dev/tessera/pkg/model/modelnames"
+	"github.com/tessera-dev/tessera/pkg/webhook/webhooktest"
 )
 
 var mutateModels = []fraction.Model{
@@ -50,26 +51,6 @@ spec:
 `
 }
 
-// patchedRequests is the requests of the claim after resp, which must
-// allow it with a JSON patch of one replace of /spec/devices/requests.
-func patchedRequests(t *testing.T, resp *admissionv1.AdmissionResponse) []resourceapi.DeviceRequest {
-	t.Helper()
-	if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
-		t.Fatalf("response %+v: want allowed with a JSON patch", resp)
-	}
-	var patch []struct {
-		Op, Path string
-		Value    []resourceapi.DeviceRequest
-	}
-	if err := json.Unmarshal(resp.Patch, &patch); err != nil {
-		t.Fatal(err)
-	}
-	if len(patch) != 1 || patch[0].Op != "replace" || patch[0].Path != "/spec/devices/requests" {
-		t.Fatalf("patch %s: want one replace of /spec/devices/requests", resp.Patch)
-	}
-	return patch[0].Value
-}
-
 func TestMutateExpandsFraction(t *testing.T) {
 	req := claimReview(t, "v1", fractionClaim("1/2", "gpu", "shared.gpu.tessera.dev")+`    - name: whole
       exactly: {deviceClassName: gpu.tessera.dev}
@@ -77,7 +58,7 @@ func TestMutateExpandsFraction(t *testing.T) {
     - requests: [gpu]
       opaque: {driver: gpu.tessera.dev, parameters: {apiVersion: gpu.tessera.dev/v1alpha1, kind: GpuConfig, sharing: {isolation: Advisory}}}
 `)
-	requests := patchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { return mutateModels, nil }))
+	requests := webhooktest.PatchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { return mutateModels, nil }))
 	var claim resourceapi.ResourceClaim
 	if err := json.Unmarshal(req.Object.Raw, &claim); err != nil {
 		t.Fatal(err)
@@ -148,7 +129,7 @@ func TestMutateLeavesOthersAlone(t *testing.T) {
 // cluster's models; the validating webhook admits the result.
 func TestMutateExpandsMIGFraction(t *testing.T) {
 	req := claimReview(t, "v1", fractionClaim("1/7", "mig", "mig.gpu.tessera.dev"))
-	reqs := patchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { t.Fatal("models read for a MIG fraction"); return nil, nil }))
+	reqs := webhooktest.PatchedRequests(t, Mutate(req, func() ([]fraction.Model, error) { t.Fatal("models read for a MIG fraction"); return nil, nil }))
 	if len(reqs) != 1 || len(reqs[0].FirstAvailable) != len(fraction.MIGModels()) {
 		t.Fatalf("requests %+v: want one subrequest per MIG model", reqs)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/gpu/gputest"
 	"github.com/tessera-dev/tessera/pkg/model"
 	"github.com/tessera-dev/tessera/pkg/webhook"
+	"github.com/tessera-dev/tessera/pkg/webhook/webhooktest"
 )
 
 // migSpecTemplate is the ResourceClaimTemplate of a demo/specs/mig spec.
@@ -135,24 +136,8 @@ func TestDemoMIGFractionSpec(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "mig-half-gpu", Namespace: spec.Namespace, Annotations: spec.Spec.Annotations},
 		Spec:       spec.Spec.Spec,
 	}
-	raw, err := json.Marshal(claim)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp := webhook.Mutate(&admissionv1.AdmissionRequest{
-		UID: "u", Kind: metav1.GroupVersionKind{Group: webhook.ResourceGroup, Version: "v1", Kind: "ResourceClaim"},
-		Operation: admissionv1.Create, Namespace: claim.Namespace, Name: claim.Name, Object: runtime.RawExtension{Raw: raw},
-	}, func() ([]fraction.Model, error) { return nil, fmt.Errorf("no cluster read for a MIG fraction") })
-	if !resp.Allowed {
-		t.Fatalf("mutation denied: %s", resp.Result.Message)
-	}
-	var patch []struct {
-		Value []resourceapi.DeviceRequest `json:"value"`
-	}
-	if err := json.Unmarshal(resp.Patch, &patch); err != nil || len(patch) != 1 {
-		t.Fatalf("patch %s: %v", resp.Patch, err)
-	}
-	claim.Spec.Devices.Requests = patch[0].Value
+	resp := webhook.Mutate(webhooktest.ClaimCreate(t, claim), func() ([]fraction.Model, error) { return nil, fmt.Errorf("no cluster read for a MIG fraction") })
+	claim.Spec.Devices.Requests = webhooktest.PatchedRequests(t, resp)
 	built := mustBuild(t, Options{Name: "x", MIG: true, Fraction: "1/2"})
 	if !equality.Semantic.DeepEqual(claim.Spec.Devices, built.Spec.Spec.Devices) {
 		t.Errorf("the expanded claim differs from tessera claim-template --mig --fraction 1/2:\n claim %+v\n built %+v", claim.Spec.Devices, built.Spec.Spec.Devices)
