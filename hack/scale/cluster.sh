@@ -33,8 +33,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-# shellcheck source=SCRIPTDIR/../lib/cluster.sh
 [ -r "$repo/hack/lib/cluster.sh" ] || { echo "$0: $repo/hack/lib/cluster.sh is missing: run this script from a Tessera checkout" >&2; exit 1; }
+# shellcheck source=SCRIPTDIR/../lib/cluster.sh
 . "$repo/hack/lib/cluster.sh"
 CLUSTER_LOG_PREFIX=scale-cluster
 CLUSTER_NAME=tessera-scale
@@ -63,7 +63,7 @@ LOCK_WAITER=
 stop_started() {
   # A start aborted while waiting for the lock: its waiter must not take it.
   if [ -n "$LOCK_WAITER" ]; then kill "$LOCK_WAITER" 2>/dev/null || true; fi
-  stop_in_reverse "${STARTED[@]}"
+  stop_in_reverse ${STARTED[@]+"${STARTED[@]}"}
 }
 
 # take_lock: a child process holds the lock (flock on its inherited fd) until

@@ -31,8 +31,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
-# shellcheck source=SCRIPTDIR/../../../hack/lib/cluster.sh
 [ -r "$repo/hack/lib/cluster.sh" ] || { echo "$0: $repo/hack/lib/cluster.sh is missing: run this script from a Tessera checkout" >&2; exit 1; }
+# shellcheck source=SCRIPTDIR/../../../hack/lib/cluster.sh
 . "$repo/hack/lib/cluster.sh"
 CLUSTER_LOG_PREFIX=cluster
 CLUSTER_NAME=tessera-local
