@@ -25,11 +25,11 @@ func decodeAndValidate(raw []byte) (*GpuConfig, error) {
 	return config, nil
 }
 
-// isWantedError fails t unless err is the error want says: none for "",
-// else one whose message is want. It reports whether an error was wanted,
-// when the case has no result to check; got, the result, is named when an
+// checkError fails t unless err is the error want says: none for "",
+// else one whose message is want. It returns true when the case wanted an
+// error, which leaves no result to check; got, the result, is named when an
 // error was wanted and none came.
-func isWantedError(t *testing.T, err error, want string, got any) bool {
+func checkError(t *testing.T, err error, want string, got any) bool {
 	t.Helper()
 	switch {
 	case want == "" && err != nil:
@@ -455,7 +455,7 @@ func TestDecodeLenient(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			config, err := DecodeLenient([]byte(tc.in))
-			if isWantedError(t, err, tc.wantErr, config) {
+			if checkError(t, err, tc.wantErr, config) {
 				return
 			}
 			if diff := cmp.Diff(tc.want, config); diff != "" {

@@ -103,7 +103,7 @@ func TestShareLimits(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			memory, cores, err := tc.config.ShareLimits(tc.consumedMemory, tc.consumedCores)
-			if isWantedError(t, err, tc.wantErr, fmt.Sprintf("limits of %d bytes, %d cores", memory, cores)) {
+			if checkError(t, err, tc.wantErr, fmt.Sprintf("limits of %d bytes, %d cores", memory, cores)) {
 				return
 			}
 			if memory != tc.wantMemory || cores != tc.wantCores {

@@ -314,7 +314,7 @@ func TestConfigForRequest(t *testing.T) {
 				tc.configs[i].DeepCopyInto(&before[i])
 			}
 			got, err := ConfigForRequest(tc.configs, tc.request)
-			if isWantedError(t, err, tc.wantErr, got) {
+			if checkError(t, err, tc.wantErr, got) {
 				return
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
