@@ -106,11 +106,11 @@ func TestWriteValidates(t *testing.T) {
 }
 
 func TestStaticToolkit(t *testing.T) {
-	id, ok, err := StaticToolkit{"GPU-1": true}.DeviceID("GPU-1", 0)
+	id, ok, err := StaticToolkit{"GPU-1": true}.DeviceID("GPU-1", 0, 0)
 	if err != nil || !ok || id != "nvidia.com/gpu=GPU-1" {
 		t.Errorf("got %q %v %v", id, ok, err)
 	}
-	if _, ok, _ := (StaticToolkit{}).DeviceID("GPU-1", 0); ok {
+	if _, ok, _ := (StaticToolkit{}).DeviceID("GPU-1", 0, 0); ok {
 		t.Error("found a device that is not there")
 	}
 }

@@ -47,11 +47,21 @@ func NewToolkitSpecs(dirs ...string) (*ToolkitSpecs, error) {
 	return &ToolkitSpecs{cache: cache}, nil
 }
 
+// ErrStaleIndexDevice is the error of [ToolkitSpecs.DeviceID] when the
+// spec's device named by the GPU's NVML index holds another GPU's device
+// node: NVML numbers GPUs by PCI order at driver load, so after a GPU left
+// the bus or the node's GPUs changed, a spec generated before names the
+// index of one GPU for the device node of another.
+var ErrStaleIndexDevice = errors.New("the toolkit's CDI spec is older than the node's GPUs")
+
 // DeviceID returns "nvidia.com/gpu=<uuid>" or, failing that,
 // "nvidia.com/gpu=<index>" when a spec in the directories defines that
-// device, and ok=false otherwise. Broken spec files of other vendors do not
-// matter; the error is only for unreadable directories.
-func (t *ToolkitSpecs) DeviceID(uuid string, index int) (id string, ok bool, err error) {
+// device, and ok=false otherwise. A device named by index must give the
+// GPU's own device node (/dev/nvidia<minor>), or DeviceID returns an error
+// wrapping [ErrStaleIndexDevice]: handing out that device would give the
+// container another GPU. Broken spec files of other vendors do not matter;
+// the other errors are for unreadable directories.
+func (t *ToolkitSpecs) DeviceID(uuid string, index, minor int) (id string, ok bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Refresh returns the errors of every broken spec file in the dirs;
@@ -62,12 +72,25 @@ func (t *ToolkitSpecs) DeviceID(uuid string, index int) (id string, ok bool, err
 			return "", false, fmt.Errorf("cdi: toolkit spec dir %s: %w", dir, err)
 		}
 	}
-	for _, name := range []string{uuid, strconv.Itoa(index)} {
-		if id := ToolkitDeviceID(name); t.cache.GetDevice(id) != nil {
+	if id := ToolkitDeviceID(uuid); t.cache.GetDevice(id) != nil {
+		return id, true, nil
+	}
+	id = ToolkitDeviceID(strconv.Itoa(index))
+	dev := t.cache.GetDevice(id)
+	if dev == nil {
+		return "", false, nil
+	}
+	want := "/dev/nvidia" + strconv.Itoa(minor)
+	var nodes []string
+	for _, n := range dev.ContainerEdits.DeviceNodes {
+		if n.Path == want {
 			return id, true, nil
 		}
+		nodes = append(nodes, n.Path)
 	}
-	return "", false, nil
+	return "", false, fmt.Errorf("cdi: %w: its device %s (GPU index %d) has device nodes %v, not %s of GPU %s; "+
+		"generate the spec again (nvidia-ctk cdi generate), by UUID (--device-name-strategy=uuid) so that renumbering cannot matter",
+		ErrStaleIndexDevice, id, index, nodes, want, uuid)
 }
 
 // StaticToolkit is a fake of [ToolkitSpecs] for tests: the set of GPU UUIDs
@@ -75,7 +98,7 @@ func (t *ToolkitSpecs) DeviceID(uuid string, index int) (id string, ok bool, err
 type StaticToolkit map[string]bool
 
 // DeviceID implements the same lookup as [ToolkitSpecs.DeviceID], by UUID.
-func (s StaticToolkit) DeviceID(uuid string, _ int) (string, bool, error) {
+func (s StaticToolkit) DeviceID(uuid string, _, _ int) (string, bool, error) {
 	if !s[uuid] {
 		return "", false, nil
 	}

@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -60,5 +61,50 @@ func TestToolkitCommonEdits(t *testing.T) {
 	}
 	if _, ok, _ := (StaticToolkit{}).CommonEdits(); ok {
 		t.Error("an empty StaticToolkit has a spec")
+	}
+}
+
+// indexSpec names GPUs by NVML index, as nvidia-ctk cdi generate does by
+// default: device "0" is /dev/nvidia1 here (the spec was generated when
+// the GPU of minor 0 was off the bus, or the indexes changed since).
+const indexSpec = `cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia1
+- name: GPU-by-uuid
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia7
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidiactl
+`
+
+// A device named by index is the GPU's only if it gives the GPU's own
+// device node; a device named by UUID is the GPU's whatever its index.
+func TestToolkitIndexDeviceMustBeTheGPUsMinor(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "nvidia.yaml"), []byte(indexSpec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := NewToolkitSpecs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, ok, err := tk.DeviceID("GPU-a", 0, 1); err != nil || !ok || id != "nvidia.com/gpu=0" {
+		t.Errorf("index 0, minor 1: %q %v %v; want nvidia.com/gpu=0", id, ok, err)
+	}
+	_, ok, err := tk.DeviceID("GPU-b", 0, 0)
+	if ok || !errors.Is(err, ErrStaleIndexDevice) {
+		t.Errorf("index 0, minor 0 (the spec's device 0 is /dev/nvidia1): ok %v, err %v; want ErrStaleIndexDevice", ok, err)
+	}
+	if id, ok, err := tk.DeviceID("GPU-by-uuid", 3, 3); err != nil || !ok || id != "nvidia.com/gpu=GPU-by-uuid" {
+		t.Errorf("by UUID: %q %v %v", id, ok, err)
+	}
+	if _, ok, err := tk.DeviceID("GPU-c", 5, 5); ok || err != nil {
+		t.Errorf("no such device: ok %v, err %v", ok, err)
 	}
 }

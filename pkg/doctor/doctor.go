@@ -92,7 +92,7 @@ type Config struct {
 // ToolkitLookup finds a GPU's device in the NVIDIA container toolkit's CDI
 // spec; *cdi.ToolkitSpecs implements it.
 type ToolkitLookup interface {
-	DeviceID(uuid string, index int) (id string, ok bool, err error)
+	DeviceID(uuid string, index, minor int) (id string, ok bool, err error)
 }
 
 // Clock skew bounds: the API server's Date header has whole seconds, so
@@ -220,10 +220,13 @@ func (c Config) checkToolkitSpec(gpus []gpu.GPU, nvmlFailed bool) Result {
 	}
 	var missing, found []string
 	for _, g := range gpus {
-		id, ok, err := lookup.DeviceID(g.UUID, g.Index)
+		id, ok, err := lookup.DeviceID(g.UUID, g.Index, g.Minor)
 		if err != nil {
-			return Result{Check: check, Status: Fail, Message: fmt.Sprintf("looking up GPU %d (%s): %v", g.Index, g.UUID, err),
-				Fix: "Make the directories of kubeletPlugin.nvidiaCDISpecDirs readable by the plugin."}
+			fix := "Make the directories of kubeletPlugin.nvidiaCDISpecDirs readable by the plugin."
+			if errors.Is(err, cdi.ErrStaleIndexDevice) {
+				fix = "Generate the spec again on the node, by UUID: nvidia-ctk cdi generate --device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml."
+			}
+			return Result{Check: check, Status: Fail, Message: fmt.Sprintf("looking up GPU %d (%s): %v", g.Index, g.UUID, err), Fix: fix}
 		}
 		if !ok {
 			missing = append(missing, fmt.Sprintf("%d (%s)", g.Index, g.UUID))

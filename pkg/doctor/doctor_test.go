@@ -256,7 +256,7 @@ func TestToolkitSpec(t *testing.T) {
 
 type failingToolkit struct{}
 
-func (failingToolkit) DeviceID(string, int) (string, bool, error) {
+func (failingToolkit) DeviceID(string, int, int) (string, bool, error) {
 	return "", false, os.ErrPermission
 }
 

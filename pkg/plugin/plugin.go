@@ -46,7 +46,7 @@ type Specs interface {
 // Toolkit finds the NVIDIA container toolkit's CDI device of a GPU;
 // [cdi.ToolkitSpecs] is the real one, [cdi.StaticToolkit] a fake.
 type Toolkit interface {
-	DeviceID(uuid string, index int) (id string, ok bool, err error)
+	DeviceID(uuid string, index, minor int) (id string, ok bool, err error)
 	// CommonEdits are the spec's own edits (the driver's libraries and
 	// hooks), which MIG devices copy: the spec has no device for them.
 	// ok is false when there is no toolkit spec.

@@ -217,7 +217,7 @@ func (p *Plugin) containerEdits(claimUID types.UID, pl *plan) ([]specDevice, err
 		var ok bool
 		if p.opts.Toolkit != nil {
 			var err error
-			if id, ok, err = p.opts.Toolkit.DeviceID(d.gpu.UUID, d.gpu.Index); err != nil {
+			if id, ok, err = p.opts.Toolkit.DeviceID(d.gpu.UUID, d.gpu.Index, d.gpu.Minor); err != nil {
 				return "", deviceError(d.device, "look up NVIDIA container toolkit device: %v", err)
 			}
 		}

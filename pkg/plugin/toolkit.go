@@ -76,7 +76,7 @@ func (p *Plugin) inToolkitSpec(g gpu.GPU) (bool, error) {
 		_, ok, err := p.opts.Toolkit.CommonEdits()
 		return ok, err
 	default:
-		_, ok, err := p.opts.Toolkit.DeviceID(g.UUID, g.Index)
+		_, ok, err := p.opts.Toolkit.DeviceID(g.UUID, g.Index, g.Minor)
 		return ok, err
 	}
 }
