@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,6 +111,43 @@ func TestDeviceFieldsRoundTrip(t *testing.T) {
 	g, _ := mustOpen(t, path, bootA, osFS{})
 	if diff := cmp.Diff([]Claim{c}, g.List()); diff != "" {
 		t.Fatalf("after reopen (-put +got):\n%s", diff)
+	}
+}
+
+// TestPodsRoundTrip: a claim's reserving pods survive encode, decode and a
+// restart; a claim without them is written without the member, exactly as
+// a release before it wrote the claim, and reads back without pods (not
+// known), as the claims of testdata/v1.json do (TestV1FixtureAlwaysLoads).
+func TestPodsRoundTrip(t *testing.T) {
+	with := testClaim("a", PrepareCompleted)
+	with.Pods = []types.UID{"0b5a9c1e-77aa-4d0e-9a55-3f1c2d4e5f60", "1c6b0d2f-88bb-4e1f-0b66-4a2d3e5f6071"}
+	without := testClaim("b", PrepareCompleted)
+	data, err := encode(bootA, map[types.UID]Claim{"a": with, "b": without})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), `"pods": [`); n != 1 {
+		t.Errorf("encoded file has %d pods members, want 1 (claim a's):\n%s", n, data)
+	}
+	got, err := decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(with.Pods, got.Claims["a"].Pods); diff != "" {
+		t.Errorf("claim a's pods after decode (-put +got):\n%s", diff)
+	}
+	if p := got.Claims["b"].Pods; p != nil {
+		t.Errorf("claim b has pods %q after decode, want none", p)
+	}
+
+	path := filepath.Join(t.TempDir(), "checkpoint.json")
+	f, _ := mustOpen(t, path, bootA, osFS{})
+	if err := f.Put(with); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := mustOpen(t, path, bootA, osFS{})
+	if c, _ := g.Get("a"); !slices.Equal(c.Pods, with.Pods) {
+		t.Errorf("after reopen: pods %q, want %q", c.Pods, with.Pods)
 	}
 }
 

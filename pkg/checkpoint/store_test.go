@@ -26,17 +26,23 @@ func testStoreContract(t *testing.T, s Store) {
 
 	// Returned values and Put arguments are copies.
 	in := testClaim("d", PrepareCompleted)
+	in.Pods = []types.UID{"pod-1"}
 	if err := s.Put(in); err != nil {
 		t.Fatal(err)
 	}
 	in.Devices[0].CDIDeviceIDs[0] = "mutated"
 	in.Config[0] = ' '
+	in.Pods[0] = "mutated"
 	got, ok := s.Get("d")
 	if !ok {
 		t.Fatal("Get(d): missing")
 	}
-	if got.Devices[0].CDIDeviceIDs[0] == "mutated" || got.Config[0] != '{' {
+	if got.Devices[0].CDIDeviceIDs[0] == "mutated" || got.Config[0] != '{' || got.Pods[0] == "mutated" {
 		t.Errorf("store aliases the caller's claim")
+	}
+	got.Pods[0] = "mutated"
+	if again, _ := s.Get("d"); again.Pods[0] == "mutated" {
+		t.Errorf("Get returns the stored pods, not a copy")
 	}
 	got.Devices[0].Device = "mutated"
 	s.List()[0].Devices[0].Device = "mutated"

@@ -120,6 +120,14 @@ type Claim struct {
 	Name      string     `json:"name"`
 	State     ClaimState `json:"state"`
 	Devices   []Device   `json:"devices,omitempty"`
+	// Pods are the UIDs of the pods the claim was reserved for
+	// (status.reservedFor, resource "pods") when it was prepared, recorded
+	// only for a claim generated for one pod from a ResourceClaimTemplate:
+	// the kubelet prepares a claim once per node, so pods that start on a
+	// shared claim later never reach the plugin. Empty: not known (a shared
+	// claim, or a record of a release before this member). Older readers
+	// ignore the member (a v1 addition).
+	Pods []types.UID `json:"pods,omitempty"`
 	// Config is the merged GpuConfig as written by the plugin. The store keeps
 	// it as compact JSON (Put compacts it), so what Get returns is byte-equal
 	// before and after a restart; the plugin reads it back leniently.
@@ -216,6 +224,7 @@ func clone(c Claim) Claim {
 			out.Devices[i] = d
 		}
 	}
+	out.Pods = slices.Clone(c.Pods)
 	out.Config = bytes.Clone(c.Config)
 	return out
 }
