@@ -672,6 +672,17 @@ func (r *Refusal) Error() string {
 		r.Namespace, r.Budget, r.Resource, format(r.Resource, r.Used), format(r.Resource, r.Charge), format(r.Resource, r.Hard))
 }
 
+// Redacted is the refusal without the budget's figures (used, hard): what
+// a review whose sender is not verified gets. It names the budget, the
+// dimension and the claim's own charge, and how to read the rest.
+func (r *Refusal) Redacted() string {
+	if r.MissingClass != "" || r.Unknown != "" {
+		return r.Error() // no figure of the budget in them
+	}
+	return fmt.Sprintf("GPU budget %s/%s: %s: this claim (%s) would take the budget over spec.hard; its figures: kubectl get gpubudget -n %s %s -o yaml",
+		r.Namespace, r.Budget, r.Resource, format(r.Resource, r.Charge), r.Namespace, r.Budget)
+}
+
 // IsRefusal reports whether err is (or wraps) a *Refusal.
 func IsRefusal(err error) bool {
 	var r *Refusal

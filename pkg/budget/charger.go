@@ -16,8 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/webhook/caller"
 )
 
 // Path is where tessera-webhook serves the Charger's admission.
@@ -38,8 +41,26 @@ const MinTTL = 90 * time.Second
 
 // maxPending bounds status.pending (the CRD's maxItems): beyond it claims
 // get a Busy refusal (429, retry) until entries have expired and the
-// reconciler has dropped them.
+// reconciler has dropped them. Entries past their confirm window and not
+// confirmed are not counted: the next write evicts them.
 const maxPending = 1024
+
+// maxUnconfirmed bounds the entries of one budget that no claim has
+// confirmed yet and whose confirm window is still open: beyond it claims
+// get a Busy refusal. Real claims are confirmed within a reconciler pass
+// (about a second), so only a burst of forged reviews reaches it, and they
+// can never hold more than this share of maxPending.
+const maxUnconfirmed = 128
+
+// DefaultConfirmWindow is how long an admitted charge counts without a
+// claim that confirms it (see PendingCharge.ConfirmBy). It assumes that
+// the API server writes a claim within this long of its validating
+// admission (milliseconds in practice: the admission is the last step
+// before the etcd write). A write slower than that, or a reconciler that
+// has not confirmed the entry by then, lets the next claim be charged
+// without it: at worst one claim is admitted over the budget, and the late
+// claim counts in used as soon as the informer holds it.
+const DefaultConfirmWindow = 10 * time.Second
 
 // rollbackTimeout bounds the removal of charges a later budget's refusal
 // left behind; what it cannot remove expires with the TTL.
@@ -55,11 +76,23 @@ const rollbackTimeout = 5 * time.Second
 // or a reconciler's write) never both charge the same used. On a conflict
 // it reads the budget again and retries until the review's context ends.
 //
-// Within one process the charges of one budget are serialized (a mutex per
-// budget) and each starts from the object the last successful write
-// returned, so concurrent claims cost one write each instead of a round of
-// conflicts; replicas still race through the resourceVersion, and the
-// loser retries. A refusal is only given on an object read from the API
+// Each entry carries a confirm window (ConfirmWindow, seconds): the
+// reconciler marks it confirmed once a ResourceClaim of that namespace,
+// name and uid is seen (its informer, or a live read). An entry not
+// confirmed by the end of its window counts no more: the next charge reads
+// used without it and drops it (tessera_gpu_budget_unconfirmed_charges_total
+// counts it), so a review that no claim follows, such as one forged by a
+// pod that reaches the webhook's Service, blocks the namespace's real
+// claims for that window at most. Entries past their window are not
+// counted against maxPending, and at most maxUnconfirmed entries of a
+// budget may be unconfirmed at once.
+//
+// Within one process a budget's charges that find its lock free start from
+// the object the last successful write returned, so charges in a row cost
+// one write each; a charge that finds the lock taken does not wait for it
+// (no review waits on another while holding a review slot): it starts from
+// the cache and retries on conflicts, as replicas race through the
+// resourceVersion. A refusal is only given on an object read from the API
 // server in this admission (never on a cached one), so a stale cache does
 // not refuse a claim that fits.
 //
@@ -85,31 +118,28 @@ type Charger struct {
 	Now func() time.Time
 	// Metrics, when set, counts refusals.
 	Metrics *Metrics
-	// LockWait bounds the wait for a budget's lock in this process; zero
-	// means DefaultLockWait.
-	LockWait time.Duration
+	// ConfirmWindow is how long a charge counts before a claim confirms
+	// it; zero means DefaultConfirmWindow.
+	ConfirmWindow time.Duration
 
 	mu    sync.Mutex
 	locks map[string]*budgetLock
 }
 
-// budgetLock serializes one budget's charges in this process and keeps the
-// object the last write returned (last: read and written only while sem is
-// held).
+// budgetLock keeps, for one budget, the object the last write of this
+// process returned (last: read and written only while sem is held), so
+// that charges in a row cost one write each.
 type budgetLock struct {
 	sem  chan struct{}
 	last *configapi.GPUBudget
 }
 
-// DefaultLockWait bounds the wait for a budget's lock in this process:
-// well below the webhook's default timeoutSeconds (5s), which also covers
-// the wait for a review slot and the writes.
-const DefaultLockWait = time.Second
-
-// lock takes the lock of a budget, waiting at most LockWait (or until ctx
-// ends): a burst of claims on one budget then gets a clear Busy refusal
-// instead of the API server's timeout. unlock releases it.
-func (c *Charger) lock(ctx context.Context, namespace, name string) (l *budgetLock, unlock func(), err error) {
+// tryLock takes the lock of a budget if it is free, never waiting: a review
+// that finds it held goes on without it (unlock nil), reading the budget
+// from the cache and, on a conflict, from the API server, as a charge of
+// another replica does. No review waits on another while it holds one of
+// the server's review slots.
+func (c *Charger) tryLock(namespace, name string) (l *budgetLock, unlock func()) {
 	c.mu.Lock()
 	if c.locks == nil {
 		c.locks = map[string]*budgetLock{}
@@ -121,25 +151,11 @@ func (c *Charger) lock(ctx context.Context, namespace, name string) (l *budgetLo
 		c.locks[key] = l
 	}
 	c.mu.Unlock()
-	unlock = func() { <-l.sem }
 	select {
 	case l.sem <- struct{}{}:
-		return l, unlock, nil
+		return l, func() { <-l.sem }
 	default:
-	}
-	wait := c.LockWait
-	if wait <= 0 {
-		wait = DefaultLockWait
-	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case l.sem <- struct{}{}:
-		return l, unlock, nil
-	case <-timer.C:
-		return nil, nil, &Busy{Namespace: namespace, Budget: name, Why: fmt.Sprintf("is busy with other claims (waited %v)", wait)}
-	case <-ctx.Done():
-		return nil, nil, fmt.Errorf("GPU budget %s: %w", key, ctx.Err())
+		return nil, nil
 	}
 }
 
@@ -172,6 +188,13 @@ func (c *Charger) now() time.Time {
 	return time.Now()
 }
 
+func (c *Charger) confirmWindow() time.Duration {
+	if c.ConfirmWindow > 0 {
+		return c.ConfirmWindow
+	}
+	return DefaultConfirmWindow
+}
+
 func (c *Charger) ttl() time.Duration {
 	if c.TTL > 0 {
 		return c.TTL
@@ -180,7 +203,10 @@ func (c *Charger) ttl() time.Duration {
 }
 
 // Admit is the validating admission of a ResourceClaim CREATE (a
-// webhook.AdmitFunc). Anything else is allowed.
+// webhook.AdmitFunc). Anything else is allowed. A refusal names used and
+// hard only when the server verified that the review came from the API
+// server (caller.Verified); otherwise it names the budget and the
+// dimension, and where to read the figures (Refusal.Redacted).
 func (c *Charger) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	allow := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Operation != admissionv1.Create || req.Resource.Group != resourceapi.GroupName || req.Resource.Resource != "resourceclaims" {
@@ -204,7 +230,13 @@ func (c *Charger) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) 
 	var refusal *Refusal
 	if errors.As(err, &refusal) {
 		c.Metrics.refused(refusal)
-		return deny(req, http.StatusForbidden, metav1.StatusReasonForbidden, err.Error())
+		message := err.Error()
+		if _, verified := caller.Verified(ctx); !verified {
+			// The review may come from any pod that reaches the Service:
+			// no figure of the namespace's budget goes back to it.
+			message = refusal.Redacted()
+		}
+		return deny(req, http.StatusForbidden, metav1.StatusReasonForbidden, message)
 	}
 	var busy *Busy
 	if errors.As(err, &busy) {
@@ -279,19 +311,53 @@ func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	return nil
 }
 
+// ledger is a budget's status as a charge at now reads it: used without
+// the entries that no claim confirmed within their window (stale), which
+// count no more and which the next write drops, and the entries kept.
+type ledger struct {
+	used        Amount
+	kept        []configapi.PendingCharge
+	stale       int
+	unconfirmed int
+}
+
+// isStale reports whether p stopped counting at now: not confirmed by a
+// claim within its window.
+func isStale(p *configapi.PendingCharge, now time.Time) bool {
+	return !p.Confirmed && p.ConfirmBy != nil && !p.ConfirmBy.After(now)
+}
+
+func readLedger(b *configapi.GPUBudget, now time.Time) ledger {
+	l := ledger{used: amount(b.Status.Used)}
+	for i := range b.Status.Pending {
+		p := &b.Status.Pending[i]
+		if isStale(p, now) {
+			l.used = l.used.Sub(amount(p.Charge))
+			l.stale++
+			continue
+		}
+		if !p.Confirmed && p.ConfirmBy != nil {
+			l.unconfirmed++
+		}
+		var kept configapi.PendingCharge
+		p.DeepCopyInto(&kept)
+		l.kept = append(l.kept, kept)
+	}
+	return l
+}
+
 // charge charges one budget (see Charger).
 func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim, charge Charge, dryRun bool) error {
-	l, unlock, err := c.lock(ctx, cached.Namespace, cached.Name)
-	if err != nil {
-		return err
+	l, unlock := c.tryLock(cached.Namespace, cached.Name)
+	if unlock != nil {
+		defer unlock()
 	}
-	defer unlock()
 	gone := func() error {
 		c.Forget(cached.Namespace, cached.Name)
 		return nil
 	}
 	base := cached
-	if l.last != nil && l.last.UID == cached.UID {
+	if l != nil && l.last != nil && l.last.UID == cached.UID {
 		base = l.last
 	}
 	fresh := false
@@ -324,12 +390,22 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			}
 			return &Busy{Namespace: base.Namespace, Budget: base.Name, Why: "is being counted"}
 		}
-		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), amount(base.Status.Used), charge)
-		if refusal == nil && len(base.Status.Pending) >= maxPending {
+		now := c.now()
+		ledger := readLedger(base, now)
+		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), ledger.used, charge)
+		var busy *Busy
+		switch {
+		case refusal != nil:
+		case len(ledger.kept) >= maxPending:
 			// The pending list is full: its entries leave as they expire
 			// (the reconciler requeues the namespace at the earliest).
-			busy := &Busy{Namespace: base.Namespace, Budget: base.Name,
-				Why: fmt.Sprintf("has %d claims being admitted, the most it records", len(base.Status.Pending))}
+			busy = &Busy{Namespace: base.Namespace, Budget: base.Name, Why: "has as many claims being admitted as it records"}
+		case ledger.unconfirmed >= maxUnconfirmed:
+			// Unconfirmed entries leave (or are confirmed) within the
+			// confirm window.
+			busy = &Busy{Namespace: base.Namespace, Budget: base.Name, Why: "has as many admitted claims not seen yet as it records"}
+		}
+		if busy != nil {
 			if fresh {
 				return busy
 			}
@@ -351,16 +427,20 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			return nil
 		}
 		update := base.DeepCopy()
-		update.Status.Used = apiAmount(amount(update.Status.Used).Add(charge.Amount))
-		update.Status.Pending = append(update.Status.Pending, configapi.PendingCharge{
-			Claim:   claim.Name,
-			UID:     string(claim.UID),
-			Charge:  apiAmount(charge.Amount),
-			Expires: metav1.NewTime(c.now().Add(c.ttl()).Truncate(time.Second)),
+		update.Status.Used = apiAmount(ledger.used.Add(charge.Amount))
+		update.Status.Pending = append(ledger.kept, configapi.PendingCharge{
+			Claim:     claim.Name,
+			UID:       string(claim.UID),
+			Charge:    apiAmount(charge.Amount),
+			Expires:   metav1.NewTime(now.Add(c.ttl()).Truncate(time.Second)),
+			ConfirmBy: ptr.To(metav1.NewTime(now.Add(c.confirmWindow()).Truncate(time.Second))),
 		})
 		written, err := c.Store.UpdateStatus(ctx, update)
 		if err == nil {
-			l.last = written
+			c.Metrics.unconfirmed(base.Namespace, base.Name, ledger.stale)
+			if l != nil {
+				l.last = written
+			}
 			return nil
 		}
 		if apierrors.IsNotFound(err) {
@@ -391,12 +471,12 @@ func (c *Charger) rollback(ctx context.Context, claim *resourceapi.ResourceClaim
 }
 
 func (c *Charger) uncharge(ctx context.Context, cached *configapi.GPUBudget, claim *resourceapi.ResourceClaim) error {
-	l, unlock, err := c.lock(ctx, cached.Namespace, cached.Name)
-	if err != nil {
-		return err
+	l, unlock := c.tryLock(cached.Namespace, cached.Name)
+	var base *configapi.GPUBudget
+	if unlock != nil {
+		defer unlock()
+		base = l.last
 	}
-	defer unlock()
-	base := l.last
 	for {
 		if base == nil || base.UID != cached.UID {
 			got, err := c.Store.Get(ctx, cached.Namespace, cached.Name)
@@ -417,7 +497,9 @@ func (c *Charger) uncharge(ctx context.Context, cached *configapi.GPUBudget, cla
 		update.Status.Pending = slices.Delete(update.Status.Pending, i, i+1)
 		written, err := c.Store.UpdateStatus(ctx, update)
 		if err == nil {
-			l.last = written
+			if l != nil {
+				l.last = written
+			}
 			return nil
 		}
 		if !apierrors.IsConflict(err) {

@@ -17,9 +17,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/model/modelnames"
+	"github.com/tessera-dev/tessera/pkg/webhook/caller"
 )
 
 var clock = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+
+// apiServer is the context of a review whose sender the server verified
+// as the API server.
+func apiServer() context.Context {
+	return caller.WithVerified(context.Background(), "kube-apiserver")
+}
 
 func newCharger(f *fakeBudgets) *Charger {
 	return &Charger{Store: NewDynamicStore(f.client, 0), Pricer: pricer(twoModels()), TTL: time.Minute,
@@ -55,7 +62,7 @@ func review(t *testing.T, c *resourceapi.ResourceClaim, dryRun bool) *admissionv
 
 func TestAdmitChargesAndRefuses(t *testing.T) {
 	f, c := chargeGPU(t)
-	ctx := context.Background()
+	ctx := apiServer()
 	if resp := c.Admit(ctx, review(t, share("a", "30Gi"), false)); !resp.Allowed {
 		t.Fatalf("30Gi of 40Gi refused: %v", resp.Result)
 	}
@@ -148,7 +155,7 @@ func TestRefusesOnlyOnFreshObject(t *testing.T) {
 func TestLaterBudgetRefusalRollsBack(t *testing.T) {
 	f := newFakeBudgets(t, budget("a-memory", "", "40Gi", nil, nil), budget("b-cores", "", "", ptrInt(5), nil))
 	c := newCharger(f)
-	resp := c.Admit(context.Background(), review(t, share("x", "10Gi"), false))
+	resp := c.Admit(apiServer(), review(t, share("x", "10Gi"), false))
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "team-a/b-cores: cores: used 0 + this claim 10 > hard 5") {
 		t.Fatalf("want the cores budget's refusal, got %+v", resp.Result)
 	}
@@ -168,7 +175,7 @@ func TestConcurrentChargesNeverExceed(t *testing.T) {
 	admitted := 0
 	for i := range 100 {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(apiServer(), 10*time.Second)
 			defer cancel()
 			resp := replicas[i%2].Admit(ctx, review(t, share(fmt.Sprintf("c%d", i), "1Gi"), false))
 			if resp.Allowed {
@@ -223,27 +230,26 @@ func TestUnreconciledBudgetRefusesWithRetry(t *testing.T) {
 	}
 }
 
-// A claim that cannot get its budget's lock within LockWait (a burst on
-// that budget) is refused with a retry, well before the webhook's timeout.
-func TestBusyBudgetRefusesWithRetry(t *testing.T) {
-	_, c := chargeGPU(t)
-	c.LockWait = 20 * time.Millisecond
+// A review that finds its budget's lock held by another review does not
+// wait for it (it would hold a review slot meanwhile): it charges through
+// the compare-and-swap path at once.
+func TestHeldLockDoesNotWait(t *testing.T) {
+	f, c := chargeGPU(t)
 	ctx := context.Background()
-	_, unlock, err := c.lock(ctx, "team-a", "gpu")
-	if err != nil {
-		t.Fatal(err)
+	_, unlock := c.tryLock("team-a", "gpu")
+	if unlock == nil {
+		t.Fatal("the lock of an idle budget is taken")
 	}
+	defer unlock()
 	start := time.Now()
 	resp := c.Admit(ctx, review(t, share("a", "1Gi"), false))
-	if resp.Allowed || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "GPU budget team-a/gpu is busy with other claims") ||
-		!strings.Contains(resp.Result.Message, "retry in a few seconds") {
-		t.Errorf("lock held: %+v, want a busy refusal", resp.Result)
+	if !resp.Allowed {
+		t.Errorf("lock held by another review: %+v, want charged without waiting", resp.Result)
 	}
-	if waited := time.Since(start); waited > time.Second {
-		t.Errorf("waited %v for a 20ms LockWait", waited)
+	if waited := time.Since(start); waited > 500*time.Millisecond {
+		t.Errorf("waited %v with the lock held", waited)
 	}
-	unlock()
-	if resp := c.Admit(ctx, review(t, share("a", "1Gi"), false)); !resp.Allowed {
-		t.Errorf("lock free: %+v", resp.Result)
+	if got := amount(f.get(t, "gpu").Status.Used); got.Memory != gi(1) {
+		t.Errorf("used %v, want 1Gi", got)
 	}
 }

@@ -207,3 +207,23 @@ func budget(name, class string, memory string, cores, gpus *int64) *configapi.GP
 	}
 	return b
 }
+
+// confirmAll marks every pending entry of every budget confirmed, as a
+// reconciler pass that saw their claims does.
+func confirmAll(t *testing.T, f *fakeBudgets) {
+	t.Helper()
+	list, err := f.client.Tracker().List(configapi.GPUBudgetResourceVersion,
+		schema.GroupVersionKind{Group: configapi.GroupName, Version: configapi.Version, Kind: configapi.GPUBudgetKind}, "team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, item := range list.(*unstructured.UnstructuredList).Items {
+		b := f.get(t, item.GetName())
+		for i := range b.Status.Pending {
+			b.Status.Pending[i].Confirmed = true
+		}
+		if _, err := NewDynamicStore(f.client, 0).UpdateStatus(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

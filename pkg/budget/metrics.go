@@ -19,6 +19,8 @@ type Metrics struct {
 	hard     *prometheus.GaugeVec
 	refusals *prometheus.CounterVec
 	errors   *prometheus.CounterVec
+	// unconfirmedCharges counts entries dropped unconfirmed.
+	unconfirmedCharges *prometheus.CounterVec
 
 	mu sync.Mutex
 	// budgets with series, by namespace.
@@ -71,7 +73,10 @@ func NewMetrics() *Metrics {
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_errors_total",
 		Help: "Errors of the GPU budget reconciler, by reason (claim_read_forbidden: a live read of a ResourceClaim was refused, RBAC; claim_read: it failed otherwise)."},
 		[]string{"reason"})
-	m.registry.MustRegister(m.used, m.hard, m.refusals, m.errors)
+	m.unconfirmedCharges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_unconfirmed_charges_total",
+		Help: "Pending charges this replica dropped because no ResourceClaim of their name and uid was seen within the confirm window (a review no claim followed: a creation that failed after admission, or a forged review)."},
+		[]string{"namespace", "budget"})
+	m.registry.MustRegister(m.used, m.hard, m.refusals, m.errors, m.unconfirmedCharges)
 	return m
 }
 
@@ -86,6 +91,15 @@ func (m *Metrics) refused(r *Refusal) {
 	}
 	m.track(r.Namespace, r.Budget)
 	m.refusals.WithLabelValues(r.Namespace, r.Budget, string(r.Resource)).Inc()
+}
+
+// unconfirmed counts n pending charges of a budget dropped unconfirmed.
+func (m *Metrics) unconfirmed(namespace, name string, n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.track(namespace, name)
+	m.unconfirmedCharges.WithLabelValues(namespace, name).Add(float64(n))
 }
 
 // failed counts an error of the reconciler.
@@ -129,4 +143,5 @@ func (m *Metrics) forget(namespace, name string) {
 	m.used.DeletePartialMatch(budget)
 	m.hard.DeletePartialMatch(budget)
 	m.refusals.DeletePartialMatch(budget)
+	m.unconfirmedCharges.DeletePartialMatch(budget)
 }

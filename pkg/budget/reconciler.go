@@ -211,23 +211,39 @@ func (r *Reconciler) count(ctx context.Context, p *pass, b *configapi.GPUBudget)
 }
 
 // Status is the status of budget b given what the claims the informer
-// holds take (claims), the uids it holds (held) and the uids of expired
-// entries whose claim a live read found gone (gone), at now. Each pending
-// entry is
+// holds take (claims), the uids it holds (held) and what live reads found
+// for entries it does not hold (gone: uid → true when the claim is gone,
+// false when a claim of that uid exists), at now. It also returns how many
+// entries it dropped unconfirmed. Each pending entry is
 //
+//   - not confirmed yet (it has a ConfirmBy and not Confirmed): confirmed
+//     when its claim is held or was found; else, past ConfirmBy, dropped
+//     (no claim followed its admission in time: it counts no more); else
+//     kept and counted;
 //   - dropped once expired, when its claim is held or gone;
 //   - kept, not counted, while its claim is held (the claim is counted);
 //   - kept and counted otherwise.
-func Status(b *configapi.GPUBudget, claims Amount, held, gone map[string]bool, now time.Time) configapi.GPUBudgetStatus {
+func Status(b *configapi.GPUBudget, claims Amount, held, gone map[string]bool, now time.Time) (configapi.GPUBudgetStatus, int) {
 	used := claims
 	var pending []configapi.PendingCharge
+	dropped := 0
 	for _, p := range b.Status.Pending {
-		expired := !p.Expires.Time.After(now)
-		if expired && (held[p.UID] || gone[p.UID]) {
-			continue
-		}
+		isGone, read := gone[p.UID]
 		var kept configapi.PendingCharge
 		p.DeepCopyInto(&kept)
+		if !p.Confirmed && p.ConfirmBy != nil {
+			switch {
+			case held[p.UID] || (read && !isGone):
+				kept.Confirmed = true
+			case isStale(&p, now):
+				dropped++
+				continue
+			}
+		}
+		expired := !p.Expires.Time.After(now)
+		if expired && (held[p.UID] || (read && isGone)) {
+			continue
+		}
 		pending = append(pending, kept)
 		if !held[p.UID] {
 			used = used.Add(amount(p.Charge))
@@ -238,12 +254,15 @@ func Status(b *configapi.GPUBudget, claims Amount, held, gone map[string]bool, n
 		Pending:            pending,
 		ObservedGeneration: b.Generation,
 		LastReconciled:     b.Status.LastReconciled,
-	}
+		ClassSizes:         b.Status.ClassSizes,
+		Conditions:         b.Status.Conditions,
+	}, dropped
 }
 
-// gone reads, for each expired pending entry of b whose claim the informer
-// does not hold, whether the claim is gone: a live read finds none of its
-// name or one of another uid. An entry whose read fails is kept; the
+// gone reads, for each pending entry of b whose claim the informer does
+// not hold and that has expired or is past its confirm window, whether the
+// claim is gone (true: a live read finds none of its name, or one of
+// another uid) or exists (false). An entry whose read fails is kept; the
 // failure is counted (tessera_gpu_budget_errors_total, reason
 // claim_read_forbidden or claim_read) and logged once per pass and reason.
 // pass.checked holds the answers of earlier reads in this pass.
@@ -251,7 +270,7 @@ func (r *Reconciler) gone(ctx context.Context, pass *pass, b *configapi.GPUBudge
 	checked := pass.checked
 	out := map[string]bool{}
 	for _, p := range b.Status.Pending {
-		if held[p.UID] || p.Expires.Time.After(now) || r.Lookup == nil {
+		if held[p.UID] || r.Lookup == nil || (p.Expires.Time.After(now) && !isStale(&p, now)) {
 			continue
 		}
 		isGone, ok := checked[p.UID]
@@ -280,9 +299,7 @@ func (r *Reconciler) gone(ctx context.Context, pass *pass, b *configapi.GPUBudge
 			}
 			checked[p.UID] = isGone
 		}
-		if isGone {
-			out[p.UID] = true
-		}
+		out[p.UID] = isGone
 	}
 	return out
 }
@@ -318,7 +335,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		r.mu.Unlock()
 		forced := token != "" && (!known || seen != token)
 		now := r.now()
-		status := Status(b, claims, held, r.gone(ctx, p, b, held, now), now)
+		status, dropped := Status(b, claims, held, r.gone(ctx, p, b, held, now), now)
 		if len(unknown) > 0 {
 			used, was := amount(status.Used), amount(b.Status.Used)
 			for res := range unknown {
@@ -336,6 +353,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 		update.Status.LastReconciled = &metav1.Time{Time: now.Truncate(time.Second)}
 		written, err := r.Store.UpdateStatus(ctx, update)
 		if err == nil {
+			r.Metrics.unconfirmed(b.Namespace, b.Name, dropped)
 			logger.V(3).Info("Reconciled a GPU budget", "budget", klog.KObj(b), "used", amount(status.Used).String(), "pending", len(status.Pending), "forced", forced)
 			r.mu.Lock()
 			if r.forced == nil {
@@ -391,6 +409,11 @@ func (r *Reconciler) requeue(namespace string, pending []configapi.PendingCharge
 	for _, p := range pending {
 		if t := p.Expires.Time; t.After(now) && (next.IsZero() || t.Before(next)) {
 			next = t
+		}
+		if p.ConfirmBy != nil && !p.Confirmed {
+			if t := p.ConfirmBy.Time; t.After(now) && (next.IsZero() || t.Before(next)) {
+				next = t
+			}
 		}
 	}
 	if !next.IsZero() {

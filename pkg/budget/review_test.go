@@ -136,6 +136,7 @@ func chargeTwoSharesThenReconcile(t *testing.T, f *fakeBudgets) *Reconciler {
 			t.Fatal(resp.Result)
 		}
 	}
+	confirmAll(t, f)
 	now := clock.Add(time.Hour)
 	var held []*resourceapi.ResourceClaim
 	return newReconciler(f, &held, &now)

@@ -52,6 +52,26 @@ type GPUBudgetSpec struct {
 	// that DeviceClass. Unset: every request whose class can select devices
 	// of gpu.tessera.dev.
 	DeviceClassName string `json:"deviceClassName,omitempty"`
+	// ClassSizes declares the size of the devices of a DeviceClass, for
+	// pricing when none of them is published (a node pool scaled to zero):
+	// the webhook charges the largest of what is published, what it has
+	// seen (status.classSizes) and what is declared here.
+	ClassSizes []ClassSize `json:"classSizes,omitempty"`
+}
+
+// ClassSize is the size of the largest device of one type a DeviceClass
+// selects.
+type ClassSize struct {
+	// DeviceClassName is the class.
+	DeviceClassName string `json:"deviceClassName"`
+	// Type is the device type, as the gpu.tessera.dev/type attribute says:
+	// gpu (a whole GPU), shared or lent (a share of one: its GPU's memory is
+	// what a share that names no memory is charged), mig.
+	Type string `json:"type"`
+	// Memory is the device's memory capacity (a share's: its GPU's).
+	Memory resource.Quantity `json:"memory"`
+	// Cores is a MIG device's compute in percent of its GPU; unset: 100.
+	Cores *int64 `json:"cores,omitempty"`
 }
 
 // BudgetLimits are optional caps.
@@ -88,7 +108,29 @@ type GPUBudgetStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// LastReconciled is when the reconciler last wrote the status.
 	LastReconciled *metav1.Time `json:"lastReconciled,omitempty"`
+	// ClassSizes are the largest devices the webhook has seen each class
+	// of this namespace's claims (and spec.deviceClassName) select, kept
+	// when they are no longer published and never lowered, so that a
+	// restart with a node pool at zero prices claims as before.
+	ClassSizes []ClassSize `json:"classSizes,omitempty"`
+	// Conditions: Enforced (False with reason NotEnforced when the
+	// namespace is not one the budget webhook sees) and AllocationOverran
+	// (True when a claim was allocated more than it was charged at
+	// admission).
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// Condition types and reasons of a GPUBudget.
+const (
+	// BudgetEnforced is False when the budget webhook does not see the
+	// claims of the budget's namespace (its namespaceSelector).
+	BudgetEnforced = "Enforced"
+	// BudgetNotEnforced is the reason of Enforced False.
+	BudgetNotEnforced = "NotEnforced"
+	// BudgetAllocationOverran is True while some claim was allocated more
+	// than it was charged at admission (used counts the allocation).
+	BudgetAllocationOverran = "AllocationOverran"
+)
 
 // PendingCharge is one admitted claim that Used counts before the
 // reconciler has seen it.
@@ -99,4 +141,12 @@ type PendingCharge struct {
 	UID     string       `json:"uid"`
 	Charge  BudgetAmount `json:"charge"`
 	Expires metav1.Time  `json:"expires"`
+	// ConfirmBy is when the entry stops counting unless Confirmed: a real
+	// CREATE writes its claim within moments of its admission, so an entry
+	// whose claim nobody sees by then was most likely never to be created
+	// (a forged review). Unset (entries of older versions): confirmed.
+	ConfirmBy *metav1.Time `json:"confirmBy,omitempty"`
+	// Confirmed: a ResourceClaim of this namespace, name and uid was seen
+	// (by an informer or a live read).
+	Confirmed bool `json:"confirmed,omitempty"`
 }

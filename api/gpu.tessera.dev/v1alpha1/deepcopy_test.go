@@ -101,13 +101,16 @@ func fullBudget() *GPUBudget {
 		Spec: GPUBudgetSpec{
 			Hard:            BudgetLimits{Memory: ptr.To(resource.MustParse("40Gi")), Cores: ptr.To[int64](200), GPUs: ptr.To[int64](2)},
 			DeviceClassName: "shared.gpu.tessera.dev",
+			ClassSizes:      []ClassSize{{DeviceClassName: "mig.gpu.tessera.dev", Type: "mig", Memory: resource.MustParse("10Gi"), Cores: ptr.To[int64](14)}},
 		},
 		Status: GPUBudgetStatus{
 			Used: BudgetAmount{Memory: resource.MustParse("20Gi"), Cores: 50, GPUs: 1},
-			Pending: []PendingCharge{{Claim: "c", UID: "u", Expires: now,
+			Pending: []PendingCharge{{Claim: "c", UID: "u", Expires: now, ConfirmBy: &now,
 				Charge: BudgetAmount{Memory: resource.MustParse("1Gi"), Cores: 10}}},
 			ObservedGeneration: 3,
 			LastReconciled:     &now,
+			ClassSizes:         []ClassSize{{DeviceClassName: "gpu.tessera.dev", Type: "gpu", Memory: resource.MustParse("80Gi")}},
+			Conditions:         []metav1.Condition{{Type: BudgetEnforced, Status: metav1.ConditionTrue, Reason: "Selected", LastTransitionTime: now}},
 		},
 	}
 }
@@ -126,6 +129,12 @@ func TestGPUBudgetDeepCopyDoesNotAlias(t *testing.T) {
 	copied.Status.Pending[0].Charge.Memory.Add(resource.MustParse("1Gi"))
 	copied.Status.Pending[0].Claim = "other"
 	copied.Status.LastReconciled.Time = time.Time{}
+	copied.Status.Pending[0].ConfirmBy.Time = time.Time{}
+	copied.Spec.ClassSizes[0].Memory.Add(resource.MustParse("1Gi"))
+	*copied.Spec.ClassSizes[0].Cores = 1
+	copied.Status.ClassSizes[0].Memory.Add(resource.MustParse("1Gi"))
+	copied.Status.Conditions[0].LastTransitionTime.Time = time.Time{}
+	copied.Status.Conditions[0].Reason = "x"
 	if diff := cmp.Diff(fullBudget(), original); diff != "" {
 		t.Errorf("changing the copy changed the original (-want +got):\n%s", diff)
 	}

@@ -4,6 +4,7 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtime "k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -165,6 +166,23 @@ func (in *GPUBudgetList) DeepCopyObject() runtime.Object {
 func (in *GPUBudgetSpec) DeepCopyInto(out *GPUBudgetSpec) {
 	*out = *in
 	in.Hard.DeepCopyInto(&out.Hard)
+	if in.ClassSizes != nil {
+		in, out := &in.ClassSizes, &out.ClassSizes
+		*out = make([]ClassSize, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+}
+
+// DeepCopyInto copies the receiver into out. in must be non-nil.
+func (in *ClassSize) DeepCopyInto(out *ClassSize) {
+	*out = *in
+	out.Memory = in.Memory.DeepCopy()
+	if in.Cores != nil {
+		v := *in.Cores
+		out.Cores = &v
+	}
 }
 
 // DeepCopyInto copies the receiver into out. in must be non-nil.
@@ -204,6 +222,20 @@ func (in *GPUBudgetStatus) DeepCopyInto(out *GPUBudgetStatus) {
 	if in.LastReconciled != nil {
 		out.LastReconciled = in.LastReconciled.DeepCopy()
 	}
+	if in.ClassSizes != nil {
+		in, out := &in.ClassSizes, &out.ClassSizes
+		*out = make([]ClassSize, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+	if in.Conditions != nil {
+		in, out := &in.Conditions, &out.Conditions
+		*out = make([]metav1.Condition, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
 }
 
 // DeepCopyInto copies the receiver into out. in must be non-nil.
@@ -211,4 +243,7 @@ func (in *PendingCharge) DeepCopyInto(out *PendingCharge) {
 	*out = *in
 	in.Charge.DeepCopyInto(&out.Charge)
 	in.Expires.DeepCopyInto(&out.Expires)
+	if in.ConfirmBy != nil {
+		out.ConfirmBy = in.ConfirmBy.DeepCopy()
+	}
 }
