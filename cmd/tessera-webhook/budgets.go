@@ -23,6 +23,7 @@ const budgetQPS = 200
 type budgetFlags struct {
 	enabled        bool
 	ttl            time.Duration
+	confirmWindow  time.Duration
 	resync         time.Duration
 	webhookTimeout time.Duration
 	metricsAddress string
@@ -34,6 +35,9 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 	flags.DurationVar(&b.ttl, "budget-pending-ttl", budget.DefaultTTL,
 		"how long an admitted claim's charge stays pending at least (pkg/budget.Reconciler); at least "+budget.MinTTL.String()+
 			" (the API server's 60s request timeout and a margin) and above --budget-webhook-timeout and the watch lag")
+	flags.DurationVar(&b.confirmWindow, "budget-confirm-window", budget.DefaultConfirmWindow,
+		"how long an admitted claim's charge counts before a ResourceClaim of its name and uid is seen; a charge no claim confirms in time "+
+			"(a review no creation followed, or a forged one) counts no more, and tessera_gpu_budget_unconfirmed_charges_total counts it")
 	flags.DurationVar(&b.resync, "budget-resync", time.Minute, "how often every GPUBudget is recomputed from the claims without a change")
 	flags.DurationVar(&b.webhookTimeout, "budget-webhook-timeout", 5*time.Second,
 		"the budget webhook's timeoutSeconds in its ValidatingWebhookConfiguration (the chart passes it): --budget-pending-ttl must exceed it")
@@ -53,6 +57,9 @@ func (b *budgetFlags) validate() error {
 	}
 	if b.ttl <= b.webhookTimeout {
 		return fmt.Errorf("--budget-pending-ttl %v must be longer than --budget-webhook-timeout %v: a charge must outlive the admission that made it", b.ttl, b.webhookTimeout)
+	}
+	if b.confirmWindow < time.Second || b.confirmWindow >= b.ttl {
+		return fmt.Errorf("--budget-confirm-window %v must be at least 1s and below --budget-pending-ttl %v", b.confirmWindow, b.ttl)
 	}
 	if b.resync <= 0 {
 		return errors.New("--budget-resync must be positive")
@@ -86,10 +93,7 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	store := budget.NewDynamicStore(dyn, 0)
 	metrics := budget.NewMetrics()
 	controller := budget.NewController(kube, store, pricer, metrics, b.resync)
-	// The per-budget lock is waited for at most a fifth of the webhook's
-	// timeout (1s of the default 5s), leaving the rest for the slot, the
-	// reads and the write.
-	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, Metrics: metrics, LockWait: b.webhookTimeout / 5}
+	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, ConfirmWindow: b.confirmWindow, Metrics: metrics}
 	if err := charger.WatchDeletions(store.Informer()); err != nil {
 		return nil, nil, err
 	}
