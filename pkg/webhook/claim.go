@@ -27,20 +27,24 @@ import (
 // Each opaque config of the driver must decode (configapi.DecodeStrict), pass
 // GpuConfig.Validate and merge (configapi.ConfigForRequest) for every request
 // and subrequest. Then, for each request and each firstAvailable subrequest,
-// with the values the claim's own config sets for it (a claim config wins over
-// a class config field by field, so these are the values prepare uses):
+// with the values prepare uses for it: what the claim's own config sets, else
+// (ValidateDeviceClaimWithClasses, which reads the request's DeviceClass)
+// what the class's config sets, since a claim config wins over a class config
+// field by field:
 //
 //   - a share (class shared.gpu.tessera.dev) whose sharing.computeLimit is below
 //     its capacity.requests cores, or whose sharing.memoryLimit is above its
 //     capacity.requests memory (rounded up to whole MiB, as the scheduler
 //     allocates it), is refused: configapi.GpuConfig.ShareLimits decides, as at
 //     prepare;
-//   - a share with sharing.isolation MPS or HAMiCore must be the claim's only GPU: its
-//     request must ask for one device (count 1, not allocationMode All), and no
-//     other request may add a gpu.tessera.dev device, unless both are shares
-//     that a matchAttribute gpu.tessera.dev/uuid constraint puts on one GPU;
-//   - shares of different requests with different sharing.isolation are
-//     refused: a claim uses one isolation backend;
+//   - a share with sharing.isolation MPS, HAMiCore or DriverMemory, and a
+//     MIG device with MPS, must be the claim's only device: its request must
+//     ask for one device (count 1, not allocationMode All), and no other
+//     request may add a gpu.tessera.dev device (a whole GPU, a share, a MIG
+//     device), unless both are shares that a matchAttribute
+//     gpu.tessera.dev/uuid constraint puts on one GPU;
+//   - shares (and MPS MIG devices) of different requests with different
+//     sharing.isolation are refused: a claim uses one isolation backend;
 //   - topology.nvlink Required on a claim that may get more than one GPU (a
 //     request for several, allocationMode All, or several requests) needs
 //     matchAttribute gpu.tessera.dev/nvlinkDomain constraints that keep all of
@@ -63,9 +67,11 @@ import (
 // modelnames.SharedClassName, modelnames.LentClassName, modelnames.MIGClassName); requests of other classes
 // are not checked and add no device of this driver, except that
 // ValidateDeviceClaimWithClasses reads them for MIG selectors (selectsMIG). What the claim does not show cannot be checked here:
-// a DeviceClass config (spec.config) or the node's --default-isolation can
-// still make prepare refuse a claim this allows. ValidateDeviceClaimWithClasses
-// also reads the classes, for their sharing.allowedIsolations.
+// without the classes, a DeviceClass config (spec.config) can still make
+// prepare refuse a claim this allows, and the node's --default-isolation
+// always can. ValidateDeviceClaimWithClasses also reads the classes for
+// their sharing.allowedIsolations, and checks a claim without configs of
+// its own against its classes' configs.
 //
 // warnings are for what prepare accepts but users rarely mean: a share that
 // names no memory is allocated all of its GPU's memory (the shared device's
@@ -142,6 +148,10 @@ type claimChecker struct {
 	// decoded is the decoded config entry at each index of spec.devices.config;
 	// nil for entries of other drivers.
 	decoded []*configapi.GpuConfig
+	// classes reads the DeviceClasses the requests name (nil: none is read),
+	// and floors holds what was read of each, by name.
+	classes DeviceClassLookup
+	floors  map[string]*classFloor
 }
 
 // validateDeviceClaim is ValidateDeviceClaimWithClasses; inline says that the
@@ -156,14 +166,17 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 	c := &claimChecker{devices: devices, path: path}
 	c.collectUnits(inline)
 	if classes != nil {
-		// markMIG and checkFloor read the same classes: once each.
+		// markMIG, checkFloor and the class settings read the same
+		// classes: once each.
 		classes = memoize(classes)
+		c.classes = classes
 		c.markMIG(classes)
 	}
 	warnings := c.warnings()
 
 	errs, ours := c.decodeConfigs()
-	if len(errs) > 0 || len(ours) == 0 {
+	if len(errs) > 0 || (len(ours) == 0 && classes == nil) {
+		// Without configs of its own, a claim gets only its classes'.
 		return errs, warnings, ctx.Err()
 	}
 	// Units to which the same config entries apply merge to the same config:
@@ -394,8 +407,74 @@ func (c *claimChecker) isolationOf(u *unit) configapi.Isolation {
 	return c.decoded[u.isolation].Sharing.Isolation
 }
 
-func (c *claimChecker) nvlinkRequired(u *unit) bool {
-	return u.nvlink >= 0 && c.decoded[u.nvlink].Topology.NVLink == configapi.NVLinkRequired
+// setting is where a value that prepare uses for a unit is set: in a
+// config entry of the claim, or in the config of the unit's DeviceClass
+// (which applies when no claim config sets the field).
+type setting struct {
+	// path is the claim config's field, or the request's deviceClassName.
+	path *field.Path
+	// where names it in messages.
+	where string
+	// fromClass is set for the class's config.
+	fromClass bool
+}
+
+// valueIs begins a message about the value v of the setting at: nothing
+// for a claim config's field (the error's path names it), the class config
+// and its value for a class's.
+func (at setting) valueIs(v any) string {
+	if !at.fromClass {
+		return ""
+	}
+	return fmt.Sprintf("%s is %v, which ", at.where, v)
+}
+
+func (c *claimChecker) claimSetting(entry int, fields ...string) setting {
+	path := c.paramsPath(entry).Child(fields[0], fields[1:]...)
+	return setting{path: path, where: path.String()}
+}
+
+func (c *claimChecker) classSetting(u *unit, fields ...string) setting {
+	return setting{path: u.path.Child("deviceClassName"), where: fmt.Sprintf("%s of DeviceClass %s's config", strings.Join(fields, "."), u.class), fromClass: true}
+}
+
+// classOf is what the configs of u's DeviceClass set; nil when no classes
+// are read, or the class cannot be read or is invalid (checkFloor reports
+// both).
+func (c *claimChecker) classOf(u *unit) *classFloor {
+	if c.classes == nil || u.class == "" {
+		return nil
+	}
+	floor := c.readFloor(c.classes, u.class)
+	if floor.lookupErr != nil || floor.invalid != "" {
+		return nil
+	}
+	return floor
+}
+
+// isolationAt is the sharing.isolation prepare gives u from the configs
+// (the claim's, else its class's) and where it is set; "" when neither
+// sets it and the node's --default-isolation decides.
+func (c *claimChecker) isolationAt(u *unit) (configapi.Isolation, setting) {
+	if u.isolation >= 0 {
+		return c.decoded[u.isolation].Sharing.Isolation, c.claimSetting(u.isolation, "sharing", "isolation")
+	}
+	if class := c.classOf(u); class != nil && class.isolation != "" {
+		return class.isolation, c.classSetting(u, "sharing", "isolation")
+	}
+	return "", setting{}
+}
+
+// nvlinkAt is the topology.nvlink prepare applies to u (the claim's, else
+// its class's) and where it is set; "" when neither sets it.
+func (c *claimChecker) nvlinkAt(u *unit) (configapi.NVLinkPolicy, setting) {
+	if u.nvlink >= 0 {
+		return c.decoded[u.nvlink].Topology.NVLink, c.claimSetting(u.nvlink, "topology", "nvlink")
+	}
+	if class := c.classOf(u); class != nil && class.nvlink != "" {
+		return class.nvlink, c.classSetting(u, "topology", "nvlink")
+	}
+	return "", setting{}
 }
 
 // checkShareLimits refuses a share's computeLimit below the cores, and its
@@ -408,27 +487,42 @@ func (c *claimChecker) checkShareLimits() field.ErrorList {
 			continue
 		}
 		requests := u.path.Child("capacity", "requests")
-		if u.computeLimit >= 0 {
-			limit := c.decoded[u.computeLimit].Sharing.ComputeLimit
+		class := c.classOf(u)
+		var computeLimit *int32
+		var computeAt setting
+		switch {
+		case u.computeLimit >= 0:
+			computeLimit, computeAt = c.decoded[u.computeLimit].Sharing.ComputeLimit, c.claimSetting(u.computeLimit, "sharing", "computeLimit")
+		case class != nil && class.computeLimit != nil:
+			computeLimit, computeAt = class.computeLimit, c.classSetting(u, "sharing", "computeLimit")
+		}
+		if computeLimit != nil {
 			if cores, ok := allocatedCores(u.capacity); ok {
-				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{ComputeLimit: limit}}
+				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{ComputeLimit: computeLimit}}
 				if _, _, err := check.ShareLimits(0, cores); err != nil {
 					requested := u.capacity[modelnames.Cores]
-					errs = append(errs, field.Invalid(c.paramsPath(u.computeLimit).Child("sharing", "computeLimit"), *limit,
-						fmt.Sprintf("is below the %d cores request %q is allocated (%s: %s); the limit must be at least the guarantee, so prepare would refuse the claim",
-							cores, u.name, requests.Key(string(modelnames.Cores)), requested.String())))
+					errs = append(errs, field.Invalid(computeAt.path, *computeLimit,
+						fmt.Sprintf("%sis below the %d cores request %q is allocated (%s: %s); the limit must be at least the guarantee, so prepare would refuse the claim",
+							computeAt.valueIs(*computeLimit), cores, u.name, requests.Key(string(modelnames.Cores)), requested.String())))
 				}
 			}
 		}
-		if u.memoryLimit >= 0 {
-			limit := c.decoded[u.memoryLimit].Sharing.MemoryLimit
+		var memoryLimit *resource.Quantity
+		var memoryAt setting
+		switch {
+		case u.memoryLimit >= 0:
+			memoryLimit, memoryAt = c.decoded[u.memoryLimit].Sharing.MemoryLimit, c.claimSetting(u.memoryLimit, "sharing", "memoryLimit")
+		case class != nil && class.memoryLimit != nil:
+			memoryLimit, memoryAt = class.memoryLimit, c.classSetting(u, "sharing", "memoryLimit")
+		}
+		if memoryLimit != nil {
 			if memory, ok := allocatedMemory(u.capacity); ok {
-				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{MemoryLimit: limit}}
+				check := &configapi.GpuConfig{Sharing: &configapi.SharingConfig{MemoryLimit: memoryLimit}}
 				if _, _, err := check.ShareLimits(memory, 0); err != nil {
 					requested := u.capacity[modelnames.Memory]
-					errs = append(errs, field.Invalid(c.paramsPath(u.memoryLimit).Child("sharing", "memoryLimit"), limit.String(),
-						fmt.Sprintf("is above the %s of memory request %q is allocated (%s: %s); memory cannot be overcommitted, so prepare would refuse the claim",
-							resource.NewQuantity(memory, resource.BinarySI), u.name, requests.Key(string(modelnames.Memory)), requested.String())))
+					errs = append(errs, field.Invalid(memoryAt.path, memoryLimit.String(),
+						fmt.Sprintf("%sis above the %s of memory request %q is allocated (%s: %s); memory cannot be overcommitted, so prepare would refuse the claim",
+							memoryAt.valueIs(memoryLimit), resource.NewQuantity(memory, resource.BinarySI), u.name, requests.Key(string(modelnames.Memory)), requested.String())))
 				}
 			}
 		}
@@ -480,23 +574,38 @@ var oneShareOnly = map[configapi.Isolation]string{
 	configapi.IsolationDriverMemory: "the driver's memory limit variables are one value for the whole container",
 }
 
-// checkIsolation refuses an MPS, HAMiCore or DriverMemory share that is not the claim's
-// only GPU, and shares of different requests with different isolation
-// backends.
+// backendIsolation is the isolation backend prepare runs for u's devices,
+// from the claim's config, else its class's, and where it is set: a
+// share's isolation, or MPS inside a MIG device (Advisory there runs no
+// backend). "" for other units, and when no config sets it (the node's
+// --default-isolation decides).
+func (c *claimChecker) backendIsolation(u *unit) (configapi.Isolation, setting) {
+	switch {
+	case u.limited():
+		return c.isolationAt(u)
+	case u.mig && !u.adminAccess:
+		if isolation, at := c.isolationAt(u); isolation == configapi.IsolationMPS {
+			return isolation, at
+		}
+	}
+	return "", setting{}
+}
+
+// checkIsolation refuses an MPS, HAMiCore or DriverMemory share (or an MPS
+// MIG device) that is not the claim's only device, and shares of different
+// requests with different isolation backends. The isolation is the claim
+// config's, else the DeviceClass config's, as at prepare.
 func (c *claimChecker) checkIsolation() field.ErrorList {
 	var errs field.ErrorList
 	reportedRequest := map[int]bool{}
 	reportedPair := map[[2]int]bool{}
 	for k := range c.units {
 		u := &c.units[k]
-		if !u.limited() {
-			continue
-		}
-		isolation := c.isolationOf(u)
+		isolation, at := c.backendIsolation(u)
 		if isolation == "" {
 			continue
 		}
-		isolationPath := c.paramsPath(u.isolation).Child("sharing", "isolation")
+		isolationPath := at.where
 		if why, ok := oneShareOnly[isolation]; ok {
 			mps := fmt.Sprintf("request %q has isolation %s (%s) and may get %s; an %s claim must be exactly one share "+
 				"(%s), so prepare would refuse the claim",
@@ -509,7 +618,7 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 			}
 			reportedRequest[u.request] = true
 			for j := range c.devices.Requests {
-				if reportedRequest[j] || !c.requestIsOurs(j) || c.sameGPU(u, j) {
+				if reportedRequest[j] || !c.requestAddsDevice(j) || c.sameGPU(u, j) {
 					continue
 				}
 				reportedRequest[j] = true
@@ -522,18 +631,18 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 		// One backend per claim: compare with the shares of earlier requests.
 		for m := range k {
 			other := &c.units[m]
-			if other.request == u.request || !other.limited() {
+			if other.request == u.request {
 				continue
 			}
-			otherIsolation := c.isolationOf(other)
+			otherIsolation, otherAt := c.backendIsolation(other)
 			pair := [2]int{other.request, u.request}
 			if otherIsolation == "" || otherIsolation == isolation || reportedPair[pair] {
 				continue
 			}
 			reportedPair[pair] = true
-			errs = append(errs, field.Invalid(isolationPath, string(isolation), fmt.Sprintf(
+			errs = append(errs, field.Invalid(at.path, string(isolation), fmt.Sprintf(
 				"request %q would use isolation %s, but request %q uses %s (%s); a claim uses one isolation backend, so prepare would refuse the claim",
-				u.name, isolation, other.name, otherIsolation, c.paramsPath(other.isolation).Child("sharing", "isolation"))))
+				u.name, isolation, other.name, otherIsolation, otherAt.where)))
 		}
 	}
 	return errs
@@ -544,6 +653,18 @@ func (c *claimChecker) checkIsolation() field.ErrorList {
 func (c *claimChecker) requestIsOurs(j int) bool {
 	for _, k := range c.byRequest[j] {
 		if !c.units[k].ours() {
+			return false
+		}
+	}
+	return len(c.byRequest[j]) > 0
+}
+
+// requestAddsDevice reports whether request j surely adds a device of this
+// driver to the claim: each of its alternatives asks for a class of this
+// driver or for MIG devices.
+func (c *claimChecker) requestAddsDevice(j int) bool {
+	for _, k := range c.byRequest[j] {
+		if u := &c.units[k]; !u.ours() && !u.mig {
 			return false
 		}
 	}
@@ -607,10 +728,10 @@ func (c *claimChecker) checkNVLink() field.ErrorList {
 	constraints := c.path.Child("constraints")
 	for k := range c.units {
 		u := &c.units[k]
-		if !u.ours() || !c.nvlinkRequired(u) {
+		policy, at := c.nvlinkAt(u)
+		if !u.ours() || policy != configapi.NVLinkRequired {
 			continue
 		}
-		nvlinkPath := c.paramsPath(u.nvlink).Child("topology", "nvlink")
 		var problems []string
 		if u.multi() && !c.constrained(u, -1, modelnames.NVLinkDomainAttribute) {
 			problems = append(problems, fmt.Sprintf("request %q (%s) may get %s, and no matchAttribute %s constraint in %s covers it",
@@ -629,8 +750,11 @@ func (c *claimChecker) checkNVLink() field.ErrorList {
 		if len(problems) == 0 {
 			continue
 		}
-		errs = append(errs, field.Invalid(nvlinkPath, string(configapi.NVLinkRequired), strings.Join(problems, "; ")+
-			": the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim"))
+		detail := strings.Join(problems, "; ") + ": the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim"
+		if at.fromClass {
+			detail = fmt.Sprintf("%s is Required: %s", at.where, detail)
+		}
+		errs = append(errs, field.Invalid(at.path, string(configapi.NVLinkRequired), detail))
 	}
 	return errs
 }

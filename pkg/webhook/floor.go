@@ -8,6 +8,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -45,6 +46,12 @@ type classFloor struct {
 	// isolation is the sharing.isolation the class's configs set (the last
 	// one), "" when none does.
 	isolation configapi.Isolation
+	// computeLimit, memoryLimit and nvlink are what the class's configs set
+	// (the last one that sets each), nil or "" when none does: a claim
+	// whose own config leaves them unset gets them at prepare.
+	computeLimit *int32
+	memoryLimit  *resource.Quantity
+	nvlink       configapi.NVLinkPolicy
 	// allowedAt names the configs that set allowedIsolations, for messages:
 	// "spec.config[0]".
 	allowedAt []string
@@ -77,11 +84,20 @@ func readClassFloor(class *resourceapi.DeviceClass) *classFloor {
 			floor.invalid = fmt.Sprintf("%s.opaque.parameters: invalid GpuConfig: %v", at, errs.ToAggregate())
 			return floor
 		}
+		if cfg.Topology != nil && cfg.Topology.NVLink != "" {
+			floor.nvlink = cfg.Topology.NVLink
+		}
 		if cfg.Sharing == nil {
 			continue
 		}
 		if cfg.Sharing.Isolation != "" {
 			floor.isolation = cfg.Sharing.Isolation
+		}
+		if cfg.Sharing.ComputeLimit != nil {
+			floor.computeLimit = cfg.Sharing.ComputeLimit
+		}
+		if cfg.Sharing.MemoryLimit != nil {
+			floor.memoryLimit = cfg.Sharing.MemoryLimit
 		}
 		if allowed := cfg.Sharing.AllowedIsolations; allowed != nil {
 			floor.allowedAt = append(floor.allowedAt, at)
@@ -129,26 +145,13 @@ func (f *classFloor) allows(isolation configapi.Isolation) bool {
 func (c *claimChecker) checkFloor(classes DeviceClassLookup) (field.ErrorList, []string) {
 	var errs field.ErrorList
 	var warnings []string
-	floors := map[string]*classFloor{}
 	warned := map[string]bool{}
 	for k := range c.units {
 		u := &c.units[k]
 		if u.adminAccess || u.class == "" || u.class == modelnames.WholeClassName {
 			continue
 		}
-		floor, ok := floors[u.class]
-		if !ok {
-			class, err := classes(u.class)
-			switch {
-			case err != nil:
-				floor = &classFloor{lookupErr: err}
-			case class == nil:
-				floor = &classFloor{lookupErr: apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), u.class)}
-			default:
-				floor = readClassFloor(class)
-			}
-			floors[u.class] = floor
-		}
+		floor := c.readFloor(classes, u.class)
 		classPath := u.path.Child("deviceClassName")
 		if floor.lookupErr != nil {
 			if !warned[u.class] {
@@ -189,6 +192,28 @@ func (c *claimChecker) checkFloor(classes DeviceClassLookup) (field.ErrorList, [
 		}
 	}
 	return errs, warnings
+}
+
+// readFloor reads the configs of DeviceClass name once per claim.
+func (c *claimChecker) readFloor(classes DeviceClassLookup, name string) *classFloor {
+	if floor, ok := c.floors[name]; ok {
+		return floor
+	}
+	var floor *classFloor
+	class, err := classes(name)
+	switch {
+	case err != nil:
+		floor = &classFloor{lookupErr: err}
+	case class == nil:
+		floor = &classFloor{lookupErr: apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)}
+	default:
+		floor = readClassFloor(class)
+	}
+	if c.floors == nil {
+		c.floors = map[string]*classFloor{}
+	}
+	c.floors[name] = floor
+	return floor
 }
 
 // lookupWarning is the warning for a class that could not be read: the claim

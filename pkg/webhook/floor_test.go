@@ -214,8 +214,8 @@ config:
 }
 
 // TestValidateDeviceClaimFloorReadsEachClassOnce: a class is read once per
-// claim, whole-GPU requests read none, and without a lookup (the CLI) the
-// floor is left to prepare.
+// claim (the whole-GPU class too, for its topology.nvlink), and without a
+// lookup (the CLI) the floor is left to prepare.
 func TestValidateDeviceClaimFloorReadsEachClassOnce(t *testing.T) {
 	var devices resourceapi.DeviceClaim
 	if err := yaml.UnmarshalStrict([]byte(`
@@ -241,8 +241,8 @@ config:
 	if len(errs) != 2 {
 		t.Errorf("want one error per request of class pinned, got %v", errs)
 	}
-	if len(reads) != 1 || reads["pinned"] != 1 {
-		t.Errorf("classes read %v, want pinned once", reads)
+	if len(reads) != 2 || reads["pinned"] != 1 || reads[modelnames.WholeClassName] != 1 {
+		t.Errorf("classes read %v, want pinned and %s once each", reads, modelnames.WholeClassName)
 	}
 	if errs, warnings := ValidateDeviceClaim(&devices, field.NewPath("spec", "devices")); len(errs) != 0 || len(warnings) != 0 {
 		t.Errorf("without classes: errors %v, warnings %v; want none", errs, warnings)

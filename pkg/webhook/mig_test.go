@@ -52,6 +52,11 @@ config:
   opaque: {driver: gpu.tessera.dev, parameters: ` + cfg + fields + `}}`
 	}
 	isolation0 := "spec.devices.config[0].opaque.parameters.sharing.isolation"
+	secondDevice := func(second, request, isolation string) string {
+		return `spec.devices.requests[0]: request "` + second + `" adds a second gpu.tessera.dev device to a claim whose request "` + request + `" has isolation ` + isolation +
+			` (` + isolation0 + `); an ` + isolation + ` claim must be exactly one share, so prepare would refuse the claim ` +
+			`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`
+	}
 	hami := func(request, class string) string {
 		return isolation0 + `: Invalid value: "HAMiCore": request "` + request + `" is of DeviceClass ` + class + ` and gets a MIG device, which MIG isolates in hardware: ` +
 			`HAMiCore isolation does not apply to MIG devices (HAMi-core limits a process's share of a whole GPU by intercepting CUDA; ` +
@@ -96,17 +101,27 @@ config:
 			devices: mig(modelnames.MIGClassName) + config("mig", `lending: {lendWhenIdle: false}`),
 		},
 		{
-			name: "HAMiCore for a share beside a MIG request, the config naming the share",
+			name: "HAMiCore for a share beside a MIG request, the config naming the share: two devices, which HAMiCore cannot be",
 			devices: mig(modelnames.MIGClassName) + `
 - name: share
   exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "10"}}}` + config("share", `sharing: {isolation: HAMiCore}`),
+			wantErrors: []string{secondDevice("mig", "share", "HAMiCore")},
 		},
 		{
 			name: "a config for every request reaches the MIG request too",
 			devices: mig(modelnames.MIGClassName) + `
 - name: share
   exactly: {deviceClassName: shared.gpu.tessera.dev, capacity: {requests: {memory: 8Gi, cores: "10"}}}` + config("", `sharing: {isolation: HAMiCore}`),
-			wantErrors: []string{hami("mig", modelnames.MIGClassName)},
+			wantErrors: []string{secondDevice("mig", "share", "HAMiCore"), hami("mig", modelnames.MIGClassName)},
+		},
+		{
+			name: "MPS inside a MIG device beside a whole GPU: two devices, which MPS cannot be",
+			devices: mig(modelnames.MIGClassName) + `
+- name: whole
+  exactly: {deviceClassName: gpu.tessera.dev}` + config("mig", `sharing: {isolation: MPS}`),
+			wantErrors: []string{`spec.devices.requests[1]: request "whole" adds a second gpu.tessera.dev device to a claim whose request "mig" has isolation MPS ` +
+				`(spec.devices.config[0].opaque.parameters.sharing.isolation); an MPS claim must be exactly one share, so prepare would refuse the claim ` +
+				`(two shares are one GPU only when a matchAttribute gpu.tessera.dev/uuid constraint covers both requests)`},
 		},
 		{
 			name: "a MIG alternative of a firstAvailable request",
