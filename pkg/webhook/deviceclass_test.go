@@ -102,7 +102,7 @@ func TestLimitInFlight(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	running, most := 0, 0
-	h := newGate(2, 200*time.Millisecond, DefaultBodyTimeout, DefaultBodyBudget).serve(reviewerFunc(func(http.ResponseWriter, *http.Request, *admissionv1.AdmissionReview) {
+	h := newGate(2, 2, 200*time.Millisecond, DefaultBodyTimeout, DefaultBodyBudget).serve(reviewerFunc(func(http.ResponseWriter, *http.Request, *admissionv1.AdmissionReview) {
 		mu.Lock()
 		running++
 		most = max(most, running)

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"golang.org/x/sync/semaphore"
+
+	"github.com/tessera-dev/tessera/pkg/webhook/caller"
 )
 
 // Defaults of the gate in front of the handlers.
@@ -41,21 +44,25 @@ const (
 // first firstChunkBytes need none, the rest up to smallBodyBytes comes from
 // the small pool, the rest from the large one, taken (never queued for) as
 // the buffer grows with what arrived and held until the review ends. Then
-// the review takes one of the slots (maxInFlight at once), waiting at most
-// maxWait, or until its request ends, and gets 429 when none frees. A slow
-// or huge body therefore holds no slot, and a trickle of them cannot make
-// an ordinary review wait.
+// the review takes one of the slots (maxInFlight at once, perNamespace of
+// them at most for the reviews of one namespace), waiting at most maxWait,
+// or until its request ends, and gets 429 when none frees. A slow or huge
+// body therefore holds no slot, and a trickle of them cannot make an
+// ordinary review wait; nor can a burst of reviews in one namespace take
+// the slots of the others. With auth, the caller is checked before
+// anything is read.
 type gate struct {
-	slots       chan struct{}
+	slots       *fairSlots
 	maxWait     time.Duration
 	bodyTimeout time.Duration
 	small       *semaphore.Weighted
 	large       *semaphore.Weighted
+	auth        *clientAuth
 }
 
-func newGate(maxInFlight int, maxWait, bodyTimeout time.Duration, bodyBudget int64) *gate {
+func newGate(maxInFlight, perNamespace int, maxWait, bodyTimeout time.Duration, bodyBudget int64) *gate {
 	return &gate{
-		slots:       make(chan struct{}, maxInFlight),
+		slots:       newFairSlots(maxInFlight, perNamespace),
 		maxWait:     maxWait,
 		bodyTimeout: bodyTimeout,
 		small:       semaphore.NewWeighted(smallBodies * smallBodyBytes),
@@ -75,16 +82,34 @@ func (g *gate) serve(next reviewer) http.Handler {
 		if !checkRequest(w, r) {
 			return
 		}
+		verified := false
+		if g.auth != nil {
+			name, ok := g.auth.verified(r)
+			if !ok && g.auth.require {
+				refuseCaller(w, r)
+				return
+			}
+			if ok {
+				r = r.WithContext(caller.WithVerified(r.Context(), name))
+				verified = true
+			}
+		}
 		body, release, err := g.readBody(w, r)
 		defer release()
 		if err != nil {
 			bodyError(w, r, err)
 			return
 		}
-		if !g.acquireSlot(w, r) {
+		key := reviewNamespace(body)
+		if g.auth != nil && !verified {
+			// Anyone who reaches the port can name any namespace: the
+			// reviews of unverified callers share one namespace's slots.
+			key = unverifiedKey
+		}
+		if !g.acquireSlot(w, r, key) {
 			return
 		}
-		defer func() { <-g.slots }()
+		defer g.slots.release(key)
 		review, ok := decodeReview(w, body)
 		if !ok {
 			return
@@ -93,25 +118,100 @@ func (g *gate) serve(next reviewer) http.Handler {
 	})
 }
 
-// acquireSlot waits for a review slot, at most maxWait or until the request
-// ends; it answers 429 and returns false when it gets none.
-func (g *gate) acquireSlot(w http.ResponseWriter, r *http.Request) bool {
-	select {
-	case g.slots <- struct{}{}:
+// acquireSlot waits for a review slot of namespace key, at most maxWait or
+// until the request ends; it answers 429 and returns false when it gets
+// none.
+func (g *gate) acquireSlot(w http.ResponseWriter, r *http.Request, key string) bool {
+	ctx, cancel := context.WithTimeout(r.Context(), g.maxWait)
+	defer cancel()
+	if g.slots.acquire(ctx, key) {
 		return true
-	default:
 	}
-	timer := time.NewTimer(g.maxWait)
-	defer timer.Stop()
-	select {
-	case g.slots <- struct{}{}:
-		return true
-	case <-timer.C:
+	if r.Context().Err() == nil {
 		w.Header().Set("Retry-After", "1")
-		http.Error(w, fmt.Sprintf("more than %d reviews in flight", cap(g.slots)), http.StatusTooManyRequests)
-	case <-r.Context().Done():
+		http.Error(w, fmt.Sprintf("more than %d reviews in flight, or %d of this namespace", g.slots.total, g.slots.perKey),
+			http.StatusTooManyRequests)
 	}
 	return false
+}
+
+// unverifiedKey is the slot key of the reviews of unverified callers: no
+// namespace has this name (a namespace name is a DNS label).
+const unverifiedKey = "\x00unverified"
+
+// reviewNamespace is the request.namespace of an AdmissionReview body,
+// read without decoding the objects it holds; "" when the body names none
+// or is not one (the full decode refuses it then).
+func reviewNamespace(body []byte) string {
+	var peek struct {
+		Request *struct {
+			Namespace string `json:"namespace"`
+		} `json:"request"`
+	}
+	if err := json.Unmarshal(body, &peek); err != nil || peek.Request == nil {
+		return ""
+	}
+	return peek.Request.Namespace
+}
+
+// refuseCaller answers a review request whose caller is not verified.
+func refuseCaller(w http.ResponseWriter, r *http.Request) {
+	reason := "no client certificate"
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		reason = "the client certificate names no allowed client"
+	}
+	klog.FromContext(r.Context()).V(2).Info("Refused a review from an unverified caller",
+		"path", r.URL.Path, "remote", r.RemoteAddr, "reason", reason)
+	http.Error(w, "reviews are served only to a verified client certificate: "+reason, http.StatusForbidden)
+}
+
+// fairSlots are review slots, total at once and perKey at most for one
+// key (a namespace). A waiter is woken by every release and takes a slot
+// when both bounds allow: the slots a key cannot hold stay for the others.
+type fairSlots struct {
+	total, perKey int
+
+	mu      sync.Mutex
+	inUse   int
+	held    map[string]int
+	changed chan struct{} // closed and replaced by every release
+}
+
+func newFairSlots(total, perKey int) *fairSlots {
+	return &fairSlots{total: total, perKey: perKey, held: map[string]int{}, changed: make(chan struct{})}
+}
+
+// acquire takes a slot for key, waiting until ctx ends; it reports whether
+// it got one.
+func (f *fairSlots) acquire(ctx context.Context, key string) bool {
+	for {
+		f.mu.Lock()
+		if f.inUse < f.total && f.held[key] < f.perKey {
+			f.inUse++
+			f.held[key]++
+			f.mu.Unlock()
+			return true
+		}
+		changed := f.changed
+		f.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// release gives back a slot that acquire took for key.
+func (f *fairSlots) release(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inUse--
+	if f.held[key]--; f.held[key] <= 0 {
+		delete(f.held, key)
+	}
+	close(f.changed)
+	f.changed = make(chan struct{})
 }
 
 // errNoBudget is why a body was refused when the memory budget stayed

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,7 +158,7 @@ func TestLargeBodiesCannotStarveSmallOnes(t *testing.T) {
 // A body that cannot get budget before its deadline is refused with 429
 // (errNoBudget) instead of waiting on; one within the small pool is read.
 func TestReadBodyBudget(t *testing.T) {
-	g := newGate(1, time.Second, 300*time.Millisecond, 1<<20)
+	g := newGate(1, 1, time.Second, 300*time.Millisecond, 1<<20)
 	if err := g.large.Acquire(context.Background(), 1<<20); err != nil {
 		t.Fatal(err)
 	}
@@ -251,5 +252,122 @@ func TestStalledDeclaredBodiesHoldNoBudget(t *testing.T) {
 	}
 	if code != http.StatusOK || review.Response == nil || !review.Response.Allowed {
 		t.Fatalf("ordinary review beside %d stalled bodies: status %d, want 200 and allowed", len(stalled), code)
+	}
+}
+
+// reviewIn is testdata/claim-v1-valid.json with request.namespace set to
+// namespace.
+func reviewIn(t testing.TB, namespace string) []byte {
+	t.Helper()
+	valid, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var review map[string]any
+	if err := json.Unmarshal(valid, &review); err != nil {
+		t.Fatal(err)
+	}
+	review["request"].(map[string]any)["namespace"] = namespace
+	out, err := json.Marshal(review)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A burst of reviews in one namespace, more than every slot, does not make
+// a single review of another namespace wait: the burst holds at most its
+// namespace's share, and the other review is answered at once. (With one
+// pool of slots shared by every namespace, it got 429 after MaxWait.)
+func TestBurstInOneNamespaceLeavesOthersSlots(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Int32
+	s := &Server{MaxInFlight: 8, MaxWait: 2 * time.Second,
+		Admitters: map[string]AdmitFunc{"/hold": func(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+			if req.Namespace == "burst" {
+				held.Add(1)
+				<-release
+			}
+			return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+		}}}
+	var down atomic.Bool
+	mux, err := s.mux(&down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(body []byte) int {
+		r := httptest.NewRequest(http.MethodPost, "/hold", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w.Code
+	}
+	burst := reviewIn(t, "burst")
+	codes := make(chan int, 32)
+	for range 32 {
+		go func() { codes <- post(burst) }()
+	}
+	// The burst's share (a quarter of 8) is taken; the rest of it waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for held.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := held.Load(); n != 2 {
+		t.Errorf("the burst holds %d slots, want its share, 2", n)
+	}
+	start := time.Now()
+	if code := post(reviewIn(t, "quiet")); code != http.StatusOK {
+		t.Errorf("a review of another namespace during the burst: %d, want 200", code)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("a review of another namespace waited %v during the burst", waited)
+	}
+	close(release)
+	ok := 0
+	for range 32 {
+		if <-codes == http.StatusOK {
+			ok++
+		}
+	}
+	if ok == 0 {
+		t.Error("no review of the burst was answered")
+	}
+}
+
+// With client authentication, reviews whose caller is not verified share
+// one namespace's slots whatever namespace they name.
+func TestUnverifiedReviewsShareOneNamespace(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Int32
+	g := newGate(8, 2, 200*time.Millisecond, DefaultBodyTimeout, DefaultBodyBudget)
+	g.auth = &clientAuth{names: map[string]bool{}}
+	h := g.serve(reviewerFunc(func(http.ResponseWriter, *http.Request, *admissionv1.AdmissionReview) {
+		held.Add(1)
+		<-release
+	}))
+	post := func(namespace string) int {
+		r := httptest.NewRequest(http.MethodPost, ValidatePath, bytes.NewReader(reviewIn(t, namespace)))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	codes := make(chan int, 8)
+	for i := range 8 {
+		go func() { codes <- post(fmt.Sprintf("ns-%d", i)) }()
+	}
+	refused := 0
+	for range 6 {
+		if <-codes == http.StatusTooManyRequests {
+			refused++
+		}
+	}
+	close(release)
+	for range 2 {
+		<-codes
+	}
+	if refused != 6 || held.Load() != 2 {
+		t.Errorf("8 unverified reviews naming 8 namespaces: %d held a slot, %d refused; want 2 and 6", held.Load(), refused)
 	}
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -80,6 +81,15 @@ type Server struct {
 	// passes, then gets 429 (the API server applies the webhook's
 	// failurePolicy).
 	MaxInFlight int
+	// MaxInFlightPerNamespace caps the slots the reviews of one namespace
+	// (the review's request.namespace; cluster-scoped objects count as one
+	// namespace) hold at once (0: a quarter of MaxInFlight, at least 1;
+	// above MaxInFlight: MaxInFlight). Beyond it a review waits, as beyond
+	// MaxInFlight, for its own namespace's slot: a burst in one namespace
+	// leaves the other namespaces at least MaxInFlight minus this many
+	// slots. With ClientCAFile, reviews whose caller is not verified count
+	// as one namespace whatever they name.
+	MaxInFlightPerNamespace int
 	// MaxWait bounds the wait for a slot (0: DefaultMaxWait).
 	MaxWait time.Duration
 	// BodyTimeout bounds reading a request's body, which happens before the
@@ -95,6 +105,25 @@ type Server struct {
 	// first on a separate pool of 256 × 64 KiB, so large bodies cannot
 	// starve them.
 	BodyBudget int64
+	// ClientCAFile, when set, holds the CA certificates (PEM) that sign the
+	// API server's client certificate (the kubeconfig its admission
+	// configuration names for this webhook). The TLS handshake then asks for
+	// a client certificate and verifies one that is given (a certificate
+	// that does not verify fails the handshake); a review whose certificate
+	// verifies and names one of ClientNames runs with caller.WithVerified in
+	// its context. The file is read again when its modification time or
+	// size changes, so a rotated CA is used without a restart.
+	ClientCAFile string
+	// ClientNames are the client certificate names (subject common name or
+	// a DNS subject alternative name) whose reviews count as verified;
+	// empty: any certificate that ClientCAFile's CAs sign. Only with
+	// ClientCAFile.
+	ClientNames []string
+	// RequireClientCert refuses, with 403, review requests whose caller
+	// is not verified (no certificate, or one naming none of ClientNames).
+	// HealthzPath and ReadyzPath stay open: the kubelet's probes carry no
+	// certificate. Only with ClientCAFile.
+	RequireClientCert bool
 	// ReusePort sets SO_REUSEPORT on the listener: replicas in the host's
 	// network namespace of one node (running as the same user) can then all
 	// listen on Addr, the kernel spreads connections among them, and one
@@ -120,8 +149,42 @@ func (s *Server) Run(ctx context.Context) error {
 		return err
 	}
 
+	auth, err := s.clientAuth()
+	if err != nil {
+		return err
+	}
+	tlsConfig := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: certs.GetCertificate,
+	}
+	if auth != nil {
+		if _, err := auth.pool(); err != nil {
+			return err
+		}
+		// Each handshake gets the CA pool read last: a rotated client CA
+		// applies to new connections without a restart.
+		tlsConfig.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			pool, err := auth.pool()
+			if err != nil {
+				return nil, err
+			}
+			return &tls.Config{
+				MinVersion:     tls.VersionTLS12,
+				GetCertificate: certs.GetCertificate,
+				ClientCAs:      pool,
+				// Asked for, verified when given: the kubelet's probes
+				// send none, and RequireClientCert refuses reviews
+				// without one per request.
+				ClientAuth: tls.VerifyClientCertIfGiven,
+				// This config replaces the server's for the connection,
+				// so it names the protocols the server speaks.
+				NextProtos: []string{"h2", "http/1.1"},
+			}, nil
+		}
+	}
+
 	var shuttingDown atomic.Bool
-	mux, err := s.mux(&shuttingDown)
+	mux, err := s.muxWith(&shuttingDown, auth)
 	if err != nil {
 		return err
 	}
@@ -143,11 +206,8 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("webhook server: %w", err)
 	}
 	server := &http.Server{
-		Handler: mux,
-		TLSConfig: &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: certs.GetCertificate,
-		},
+		Handler:           mux,
+		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: 10 * time.Second,
 		// Bound the streams (requests) one HTTP/2 connection has open at
 		// once, as HTTP/1 bounds them to one; the API server opens more
@@ -161,7 +221,8 @@ func (s *Server) Run(ctx context.Context) error {
 		// during the drain.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
-	logger.Info("Serving", "address", listener.Addr().String(), "certificate", s.CertFile)
+	logger.Info("Serving", "address", listener.Addr().String(), "certificate", s.CertFile,
+		"clientCA", s.ClientCAFile, "clientNames", s.ClientNames, "requireClientCert", s.RequireClientCert)
 	if s.listening != nil {
 		s.listening <- listener.Addr()
 	}
@@ -200,14 +261,21 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// mux routes the Server's paths: ValidatePath, MutatePath and Admitters
+// mux is muxWith without client authentication.
+func (s *Server) mux(shuttingDown *atomic.Bool) (*http.ServeMux, error) {
+	return s.muxWith(shuttingDown, nil)
+}
+
+// muxWith routes the Server's paths: ValidatePath, MutatePath and Admitters
 // behind one gate; each Isolated path behind slots of its own (sharing the
 // body budget); HealthzPath and ReadyzPath (failing once shuttingDown).
-func (s *Server) mux(shuttingDown *atomic.Bool) (*http.ServeMux, error) {
+// auth, when not nil, checks the caller of every review path.
+func (s *Server) muxWith(shuttingDown *atomic.Bool, auth *clientAuth) (*http.ServeMux, error) {
 	mux := http.NewServeMux()
 	// One gate for the paths whose reviews are quick: the slots and the
 	// body budget bound the process.
 	g := s.gate()
+	g.auth = auth
 	mux.Handle(ValidatePath, g.serve(Handler{Classes: s.Classes}))
 	if s.Models != nil {
 		mux.Handle(MutatePath, g.serve(MutateHandler{Models: s.Models}))
@@ -235,7 +303,7 @@ func (s *Server) mux(shuttingDown *atomic.Bool) (*http.ServeMux, error) {
 		// take the other paths' slots. The body budget stays shared, so
 		// the process's memory bound is unchanged.
 		isolated := *g
-		isolated.slots = make(chan struct{}, cap(g.slots))
+		isolated.slots = newFairSlots(g.slots.total, g.slots.perKey)
 		mux.Handle(path, isolated.serve(admit))
 	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
@@ -264,9 +332,98 @@ func (s *Server) gate() *gate {
 	if bodyBudget <= 0 {
 		bodyBudget = DefaultBodyBudget
 	}
+	perNamespace := s.MaxInFlightPerNamespace
+	if perNamespace <= 0 {
+		perNamespace = max(maxInFlight/4, 1)
+	}
+	perNamespace = min(perNamespace, maxInFlight)
 	// The largest body must fit, or it would wait for budget that never comes.
 	bodyBudget = max(bodyBudget, maxReviewBytes+1)
-	return newGate(maxInFlight, maxWait, bodyTimeout, bodyBudget)
+	return newGate(maxInFlight, perNamespace, maxWait, bodyTimeout, bodyBudget)
+}
+
+// clientAuth is the Server's client authentication, nil without
+// ClientCAFile.
+func (s *Server) clientAuth() (*clientAuth, error) {
+	if s.ClientCAFile == "" {
+		if s.RequireClientCert || len(s.ClientNames) > 0 {
+			return nil, errors.New("webhook server: client names and requiring a client certificate need a client CA file")
+		}
+		return nil, nil
+	}
+	names := map[string]bool{}
+	for _, name := range s.ClientNames {
+		if name == "" {
+			return nil, errors.New("webhook server: an empty client name")
+		}
+		names[name] = true
+	}
+	return &clientAuth{caFile: s.ClientCAFile, names: names, require: s.RequireClientCert}, nil
+}
+
+// clientAuth verifies the callers of review paths against a CA file read
+// again when it changes, and the names their certificates carry.
+type clientAuth struct {
+	caFile  string
+	names   map[string]bool // empty: any name
+	require bool
+
+	mu      sync.Mutex
+	cas     *x509.CertPool
+	version string
+}
+
+// pool is the CA pool of caFile, read again when the file changed. A
+// failed reload keeps the last good pool; with none, it is the error.
+func (a *clientAuth) pool() (*x509.CertPool, error) {
+	version, err := fileVersion(a.caFile)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err == nil && version == a.version && a.cas != nil {
+		return a.cas, nil
+	}
+	pool, loadErr := loadCAs(a.caFile)
+	if loadErr != nil {
+		if a.cas != nil {
+			return a.cas, nil
+		}
+		return nil, fmt.Errorf("webhook server: load the client CA: %w", loadErr)
+	}
+	a.cas, a.version = pool, version
+	return pool, nil
+}
+
+// loadCAs reads a PEM file of CA certificates.
+func loadCAs(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// verified is the allowed name of r's verified client certificate, if it
+// has one: the handshake verified its chain against the CA pool (r.TLS's
+// VerifiedChains), and its subject common name or one of its DNS names is
+// allowed.
+func (a *clientAuth) verified(r *http.Request) (string, bool) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	leaf := r.TLS.VerifiedChains[0][0]
+	if len(a.names) == 0 || a.names[leaf.Subject.CommonName] {
+		return leaf.Subject.CommonName, true
+	}
+	for _, name := range leaf.DNSNames {
+		if a.names[name] {
+			return name, true
+		}
+	}
+	return "", false
 }
 
 // certificateFiles loads a key pair from files and loads it again when either

@@ -9,7 +9,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -23,6 +25,8 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+
+	"github.com/tessera-dev/tessera/pkg/webhook/caller"
 )
 
 // writeCert writes a self-signed serving certificate for 127.0.0.1 with the
@@ -315,5 +319,215 @@ func TestIsolatedPathHasOwnSlots(t *testing.T) {
 	}
 	if _, err := (&Server{Admitters: map[string]AdmitFunc{"/x": nil}, Isolated: map[string]AdmitFunc{"/x": nil}}).mux(&down); err == nil {
 		t.Error("a path both Admitter and Isolated accepted")
+	}
+}
+
+// testCA is a CA that signs client certificates in tests.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t testing.TB, cn string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign,
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// client is a TLS client certificate that ca signs for cn and dnsNames.
+func (ca *testCA) client(t testing.TB, cn string, dnsNames ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: cn},
+		DNSNames:     dnsNames,
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// whoAdmits answers every review with a warning naming the verified
+// caller, or "unverified".
+func whoAdmits(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	name, ok := caller.Verified(ctx)
+	if !ok {
+		name = "unverified"
+	}
+	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true, Warnings: []string{"caller " + name}}
+}
+
+// A client certificate that the client CA signs for an allowed name makes
+// the review's caller verified; with RequireClientCert every other review
+// gets 403 while the probes stay open; a certificate of another CA fails
+// the handshake; a rotated CA file applies to new connections.
+func TestClientCertificates(t *testing.T) {
+	review, err := os.ReadFile(filepath.Join("testdata", "claim-v1-valid.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, other := newTestCA(t, "webhook-client-ca"), newTestCA(t, "other-ca")
+	caFile := filepath.Join(t.TempDir(), "client-ca.crt")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	apiServer := ca.client(t, "kube-apiserver")
+	bySAN := ca.client(t, "someone", "kube-apiserver")
+	stranger := ca.client(t, "tenant")
+	forged := other.client(t, "kube-apiserver")
+
+	for _, require := range []bool{false, true} {
+		t.Run(fmt.Sprintf("require=%v", require), func(t *testing.T) {
+			s := &Server{ClientCAFile: caFile, ClientNames: []string{"kube-apiserver"}, RequireClientCert: require,
+				Isolated: map[string]AdmitFunc{"/who": whoAdmits}}
+			base, _, serving := startServer(t, s)
+			roots := x509.NewCertPool()
+			roots.AddCert(serving)
+			// The client sends its certificate whatever CAs the server
+			// names, as an attacker would.
+			clientWith := func(certs ...tls.Certificate) *http.Client {
+				config := &tls.Config{RootCAs: roots}
+				if len(certs) > 0 {
+					config.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &certs[0], nil }
+				}
+				c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: config, ForceAttemptHTTP2: true}}
+				t.Cleanup(c.CloseIdleConnections)
+				return c
+			}
+			// who posts a review and returns the status and the caller the
+			// admission saw ("" without an answer).
+			who := func(c *http.Client) (int, string, error) {
+				resp, err := c.Post(base+"/who", "application/json", bytes.NewReader(review))
+				if err != nil {
+					return 0, "", err
+				}
+				defer func() { _ = resp.Body.Close() }()
+				body, _ := io.ReadAll(resp.Body)
+				if resp.ProtoMajor != 2 {
+					t.Errorf("served over %s, want HTTP/2", resp.Proto)
+				}
+				if resp.StatusCode != http.StatusOK {
+					return resp.StatusCode, "", nil
+				}
+				var out admissionv1.AdmissionReview
+				if err := json.Unmarshal(body, &out); err != nil || out.Response == nil || len(out.Response.Warnings) != 1 {
+					return resp.StatusCode, "", fmt.Errorf("answer %s: %v", body, err)
+				}
+				return resp.StatusCode, strings.TrimPrefix(out.Response.Warnings[0], "caller "), nil
+			}
+			unverified := http.StatusOK
+			if require {
+				unverified = http.StatusForbidden
+			}
+			for _, tc := range []struct {
+				name   string
+				client *http.Client
+				code   int
+				caller string
+			}{
+				{"the API server's certificate", clientWith(apiServer), http.StatusOK, "kube-apiserver"},
+				{"an allowed DNS name", clientWith(bySAN), http.StatusOK, "kube-apiserver"},
+				{"no certificate", clientWith(), unverified, "unverified"},
+				{"a name not allowed", clientWith(stranger), unverified, "unverified"},
+			} {
+				code, name, err := who(tc.client)
+				if err != nil {
+					t.Errorf("%s: %v", tc.name, err)
+					continue
+				}
+				if code != tc.code || (code == http.StatusOK && name != tc.caller) {
+					t.Errorf("%s: %d, caller %q; want %d, caller %q", tc.name, code, name, tc.code, tc.caller)
+				}
+			}
+			if _, _, err := who(clientWith(forged)); err == nil {
+				t.Error("a certificate of another CA was accepted; want a failed handshake")
+			}
+			for _, path := range []string{HealthzPath, ReadyzPath} {
+				resp, err := clientWith().Get(base + path)
+				if err != nil {
+					t.Fatalf("GET %s without a certificate: %v", path, err)
+				}
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("GET %s without a certificate: %d, want 200", path, resp.StatusCode)
+				}
+			}
+			if !require {
+				return
+			}
+			// Rotation: the other CA replaces the first; new connections
+			// verify against it.
+			if err := os.WriteFile(caFile, other.pem, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			later := time.Now().Add(time.Minute)
+			if err := os.Chtimes(caFile, later, later); err != nil {
+				t.Fatal(err)
+			}
+			if code, name, err := who(clientWith(forged)); err != nil || code != http.StatusOK || name != "kube-apiserver" {
+				t.Errorf("after rotation, the new CA's certificate: %d, %q, %v; want 200, kube-apiserver", code, name, err)
+			}
+			if _, _, err := who(clientWith(apiServer)); err == nil {
+				t.Error("after rotation, the old CA's certificate was accepted")
+			}
+		})
+	}
+}
+
+// Client names and RequireClientCert without a CA, an unreadable CA file
+// and an empty name are refused at Run.
+func TestClientAuthConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	writeCert(t, dir, "c", time.Now())
+	bad := filepath.Join(dir, "bad.crt")
+	if err := os.WriteFile(bad, []byte("not PEM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]*Server{
+		"require without CA": {RequireClientCert: true},
+		"names without CA":   {ClientNames: []string{"kube-apiserver"}},
+		"CA file not PEM":    {ClientCAFile: bad},
+		"CA file missing":    {ClientCAFile: filepath.Join(dir, "missing.crt")},
+		"an empty name":      {ClientCAFile: filepath.Join(dir, "tls.crt"), ClientNames: []string{""}},
+	} {
+		s.Addr, s.CertFile, s.KeyFile = "127.0.0.1:0", filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+		// Run returns nil once ctx ends if it started.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.Run(ctx)
+		cancel()
+		if err == nil {
+			t.Errorf("%s: Run started", name)
+		}
 	}
 }
