@@ -80,6 +80,10 @@ func newCommand() *cobra.Command {
 			if err := budgets.validate(); err != nil {
 				return err
 			}
+			if server.ClientCAFile == "" && !cmd.Flags().Changed("client-names") {
+				// --client-names' default applies only with a client CA.
+				server.ClientNames = nil
+			}
 			config, err := webhookConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -145,6 +149,13 @@ func newCommand() *cobra.Command {
 		"bytes that request bodies beyond their first 64 KiB may hold at once, from reading to the end of their review; a body that gets none within --body-timeout gets 429")
 	flags.StringVar(&memoryLimit, "memory-limit", "",
 		"the container's memory limit (bytes or a quantity such as 256Mi; the chart passes limits.memory): the Go runtime's soft memory limit is set to 90% of it, unless GOMEMLIMIT is set; empty or 0: none")
+	flags.StringVar(&server.ClientCAFile, "client-ca-file", "",
+		"CA certificates (PEM) that sign the API server's client certificate (its admission configuration's kubeconfig for this webhook), reloaded when the file changes; "+
+			"a review whose certificate they sign for one of --client-names may see figures of its namespace's budget; empty: no client certificates are asked for")
+	flags.StringSliceVar(&server.ClientNames, "client-names", []string{"kube-apiserver"},
+		"client certificate names (subject common name or DNS name) that --client-ca-file's certificates must carry; empty: any name that CA signs")
+	flags.BoolVar(&server.RequireClientCert, "require-client-cert", false,
+		"refuse (403) reviews without a verified client certificate (needs --client-ca-file); "+webhook.HealthzPath+" and "+webhook.ReadyzPath+" stay open")
 	flags.BoolVar(&server.ReusePort, "reuse-port", false, "listen with SO_REUSEPORT, so that replicas in the host's network namespace of one node share --bind-address")
 	flags.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file for the API server; empty: the pod's service account (in-cluster)")
 	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
