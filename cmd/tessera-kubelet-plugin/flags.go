@@ -91,7 +91,7 @@ func (g *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.name, "node-name", os.Getenv("NODE_NAME"), "name of this node (env NODE_NAME)")
 	fs.StringVar(&g.driverRoot, "driver-root", "/", "root of the NVIDIA driver installation (libnvidia-ml.so.1, /dev/nvidia*)")
 	fs.StringVar(&g.hostDriverRoot, "host-driver-root", "", "the host path of --driver-root, written into CDI specs (device nodes' hostPath, the DriverMemory hook's --driver-root); default: --driver-root")
-	fs.StringVar(&g.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads the cgroups under <host-root>/sys/fs/cgroup and runs <host-root><nvidia-cdi-hook-path> --help")
+	fs.StringVar(&g.hostRoot, "host-root", "/", "where the host's / is mounted in the plugin: DriverMemory detection reads the cgroups under <host-root>/sys/fs/cgroup and runs <host-root><nvidia-cdi-hook-path> --help; a claim in the way of a prepare that the API server no longer has is released only when no cgroup of its pods remains under <host-root>/sys/fs/cgroup")
 	fs.DurationVar(&g.rediscoverEvery, "rediscover-interval", time.Minute, "how often to rediscover GPUs and republish when the inventory changed")
 	fs.StringVar(&g.expectedComputeMode, "expected-compute-mode", string(gpu.ComputeModeDefault), "compute mode every GPU is expected in (Default, ExclusiveProcess, Prohibited, or Any to accept every mode); a GPU in another is published tainted "+health.TaintKey+"=ComputeMode<mode>:NoSchedule. The plugin only reads compute modes, never sets them")
 	fs.StringVar(&g.procRoot, "proc-root", "/proc", "where /proc of the host's PID namespace is (NVML reports host PIDs; per-pod GPU memory reads <proc-root>/<pid>/cgroup)")

@@ -152,6 +152,7 @@ func (d *daemon) pluginOptions(ctx context.Context) (plugin.Options, error) {
 		lib := d.lib
 		opts.Processes = func(uuid string) (int, error) { return gpu.ComputeProcesses(lib, uuid) }
 	}
+	opts.PodCgroupRoot = filepath.Join(f.node.hostRoot, "sys/fs/cgroup")
 	return opts, nil
 }
 

@@ -28,8 +28,8 @@ const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 )
 
-// templatePrefix starts every template name.
-const templatePrefix = "tessera-legacy-"
+// TemplatePrefix starts the name of every template Translate makes.
+const TemplatePrefix = "tessera-legacy-"
 
 // TemplateName is the name of the template with this spec:
 // "tessera-legacy-" and 16 hex digits of the SHA-256 of the spec's JSON
@@ -41,7 +41,7 @@ func TemplateName(spec *resourceapi.ResourceClaimTemplateSpec) (string, error) {
 		return "", err
 	}
 	sum := sha256.Sum256(raw)
-	return templatePrefix + hex.EncodeToString(sum[:8]), nil
+	return TemplatePrefix + hex.EncodeToString(sum[:8]), nil
 }
 
 // template is the ResourceClaimTemplate for s, selectors on every request,

@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,9 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -332,40 +329,6 @@ func TestPrepareRewritesMissingSpec(t *testing.T) {
 	e.assertClean(p)
 }
 
-// TestForceDeletedHolderIsReleased: a claim in the way of a prepare that the
-// API server no longer has with its allocation (its pod was force-deleted
-// and the kubelet has not unprepared it yet) is released; one that still has
-// its allocation keeps the GPU.
-func TestForceDeletedHolderIsReleased(t *testing.T) {
-	e := newEnv(t)
-	old := newClaim("uid-old", []result{whole("gpu", "gpu-0")})
-	client := fake.NewClientset(old.DeepCopy())
-	p := e.start(func(o *Options) { o.Client = client })
-	mustPrepare(t, p.Plugin, old)
-
-	next := newClaim("uid-next", []result{whole("gpu", "gpu-0")})
-	if r := prepare(t, p.Plugin, next); r.Err == nil {
-		t.Fatal("gpu-0 given to a second claim while the first still has its allocation")
-	}
-	if err := client.ResourceV1().ResourceClaims("default").Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	mustPrepare(t, p.Plugin, next)
-	if _, ok := p.store.Get(types.UID("uid-old")); ok {
-		t.Error("the deleted claim is still prepared")
-	}
-	found := false
-	for _, ev := range e.events.List() {
-		found = found || strings.HasPrefix(ev, "Normal StaleClaimReleased: released claim default/claim-uid-old")
-	}
-	if !found {
-		t.Errorf("events %q, want StaleClaimReleased", e.events.List())
-	}
-	mustUnprepare(t, p.Plugin, "uid-old") // the kubelet's late unprepare is a no-op
-	mustUnprepare(t, p.Plugin, "uid-next")
-	e.assertClean(p)
-}
-
 // notDurableStore reports every Delete as written but not durable
 // (checkpoint.ErrNotDurable), as a failing directory sync does.
 type notDurableStore struct{ checkpoint.Store }
@@ -385,30 +348,6 @@ func TestNotDurableDeleteLeavesNoHold(t *testing.T) {
 	mustPrepare(t, p.Plugin, newClaim("uid-a", []result{whole("gpu", "gpu-0")}))
 	mustUnprepare(t, p.Plugin, "uid-a")
 	mustPrepare(t, p.Plugin, newClaim("uid-b", []result{whole("gpu", "gpu-0")}))
-}
-
-// TestGoneHolderWithProcessesIsKept: a gone claim whose GPU still runs
-// compute processes (its force-deleted pod's containers are still ending) is
-// not released: the next claim waits for the kubelet's unprepare.
-func TestGoneHolderWithProcessesIsKept(t *testing.T) {
-	e := newEnv(t)
-	client := fake.NewClientset() // the holder is gone from the API server
-	p := e.start(func(o *Options) {
-		o.Client = client
-		o.Processes = func(uuid string) (int, error) {
-			if uuid == publishtest.UUID(0) {
-				return 1, nil
-			}
-			return 0, nil
-		}
-	})
-	mustPrepare(t, p.Plugin, newClaim("uid-old", []result{whole("gpu", "gpu-0")}))
-	if r := prepare(t, p.Plugin, newClaim("uid-next", []result{whole("gpu", "gpu-0")})); r.Err == nil {
-		t.Fatal("gpu-0 given to a second claim while a process of the first runs on it")
-	}
-	if _, ok := p.store.Get("uid-old"); !ok {
-		t.Error("the holder was released while its process runs")
-	}
 }
 
 // TestUnsetIsolationFollowsTheClaim: a share request whose configs set no

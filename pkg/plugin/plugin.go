@@ -113,9 +113,16 @@ type Options struct {
 	// report; zero means DefaultHealthResend.
 	HealthResend time.Duration
 	// Processes counts the compute processes on a GPU (by UUID); a stale
-	// claim is released only while none run on its GPUs. nil: no GPU
-	// processes can be seen (mock nodes), so none are assumed.
+	// claim is released only while none run on its GPUs (besides its pods'
+	// cgroups being gone, see PodCgroupRoot). nil: no GPU processes can be
+	// seen (mock nodes), so none are assumed.
 	Processes func(uuid string) (int, error)
+	// PodCgroupRoot is where the host's cgroup filesystem is mounted in the
+	// plugin (read-only is enough): a stale claim, one in the way of a
+	// prepare that the API server no longer has, is released only when no
+	// cgroup of its pods remains under it. Empty: no stale claim is
+	// released; the kubelet unprepares it.
+	PodCgroupRoot string
 	// Metrics records prepare/unprepare latency and errors; nil records none.
 	Metrics *metrics.Metrics
 	// MIG creates, reads and destroys MIG instances (mig.NVML); nil: no

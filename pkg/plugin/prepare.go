@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
@@ -39,10 +40,16 @@ func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		start := time.Now()
 		devices, err := p.prepareClaim(ctx, claim)
 		var conflict *grantConflict
-		if errors.As(err, &conflict) && p.releaseStale(ctx, conflict.holders) > 0 {
-			// A claim in the way was gone (its pod force-deleted before the
-			// kubelet unprepared it): try once more without it.
-			devices, err = p.prepareClaim(ctx, claim)
+		if errors.As(err, &conflict) {
+			released, kept := p.releaseStale(ctx, conflict.holders)
+			if released > 0 {
+				// A claim in the way was gone, and its pods too (force-deleted
+				// before the kubelet unprepared it): try once more without it.
+				devices, err = p.prepareClaim(ctx, claim)
+			}
+			if len(kept) > 0 && errors.As(err, &conflict) {
+				err = fmt.Errorf("%w; %s", err, strings.Join(kept, "; "))
+			}
 		}
 		p.opts.Metrics.ObservePrepare(time.Since(start), err)
 		if err != nil {
@@ -183,6 +190,7 @@ func (p *Plugin) admitAndStart(claim *resourceapi.ResourceClaim, pl *plan) (reco
 		Name:      claim.Name,
 		State:     checkpoint.PrepareStarted,
 		Devices:   checkpointDevices(pl),
+		Pods:      reservingPods(claim),
 		Config:    pl.config,
 	}
 	if err := p.grants.reserve(claim.UID, record.String(), grantRequests(record), p.memoryOf); err != nil {
@@ -192,6 +200,26 @@ func (p *Plugin) admitAndStart(claim *resourceapi.ResourceClaim, pl *plan) (reco
 		return record, true, fmt.Errorf("record prepare start in checkpoint: %w", err)
 	}
 	return record, false, nil
+}
+
+// reservingPods returns the UIDs of the pods the claim is reserved for, if
+// it was generated for a pod (its controller is a Pod, as for a claim from a
+// ResourceClaimTemplate), else nil: the kubelet prepares a claim once per
+// node, so pods that start on a shared claim after this prepare are never
+// seen here, and a stale claim whose pods are not all known is not
+// released (releaseStale).
+func reservingPods(claim *resourceapi.ResourceClaim) []types.UID {
+	owner := metav1.GetControllerOf(claim)
+	if owner == nil || owner.APIVersion != "v1" || owner.Kind != "Pod" {
+		return nil
+	}
+	var pods []types.UID
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" && !slices.Contains(pods, r.UID) {
+			pods = append(pods, r.UID)
+		}
+	}
+	return pods
 }
 
 // specDevice is one planned device with its CDI edits and the toolkit
