@@ -62,9 +62,9 @@ func newCommand() *cobra.Command {
 			"On " + webhook.MutatePath + " it expands ResourceClaims annotated gpu.tessera.dev/fraction into a share of each GPU model " +
 			"the cluster's ResourceSlices publish (list, watch on resourceslices.resource.k8s.io).\n" +
 			"With --translate-legacy-pods, on " + legacypods.Path + " it translates pods written for HAMi, gpushare, Koordinator " +
-			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), creating the ResourceClaimTemplates they use " +
-			"(create, get, patch on resourceclaimtemplates.resource.k8s.io), and deletes those templates once no pod uses them " +
-			"(list, watch on pods and namespaces; list, watch, delete on resourceclaimtemplates).\n" +
+			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), writing nothing (get on resourceclaimtemplates.resource.k8s.io, " +
+			"get on namespaces); a controller beside it creates the ResourceClaimTemplates that translated pods in opted-in namespaces name, " +
+			"from the stored pods, and deletes them once no pod uses them (list, watch on pods and namespaces; list, watch, create, delete on resourceclaimtemplates).\n" +
 			"On " + budget.Path + " it allows every review unless --budgets is set; with --budgets it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
 			"(pkg/budget) and keeps their status up to date (get, list, watch on gpubudgets.gpu.tessera.dev, update on gpubudgets/status; " +
 			"get, list, watch on resourceclaims).",
@@ -124,13 +124,13 @@ func newCommand() *cobra.Command {
 					return fmt.Errorf("--gpushare-memory-unit %q: GiB or MiB", gpushareUnit)
 				}
 				client := classes.Client()
-				cleaner, err := legacypods.NewCleaner(client, templateGrace, nil)
+				controller, err := legacypods.NewController(client, legacypods.Options{Grace: templateGrace, Models: models, GPUShareUnit: unit})
 				if err != nil {
 					return err
 				}
-				translator := &legacypods.Translator{Client: client, Models: models, GPUShareUnit: unit, Grace: templateGrace}
+				translator := &legacypods.Translator{Client: client, Namespaces: controller, Models: models, GPUShareUnit: unit}
 				server.Admitters[legacypods.Path] = translator.Admit
-				background = append(background, task{cleaner.Run, "the cleaner of translated ResourceClaimTemplates"})
+				background = append(background, task{controller.Run, "the controller of translated ResourceClaimTemplates"})
 			}
 			return serveWith(ctx, server.Run, background...)
 		},
@@ -161,11 +161,11 @@ func newCommand() *cobra.Command {
 	flags.DurationVar(&classTimeout, "device-class-timeout", webhook.DefaultClassTimeout,
 		"bound on reading a DeviceClass from the API server when the cache does not hold it; keep it below the webhook's timeoutSeconds")
 	flags.BoolVar(&translateLegacy, "translate-legacy-pods", false,
-		"serve "+legacypods.Path+": translate pods' legacy GPU resources (HAMi, gpushare, Koordinator) into ResourceClaimTemplates at CREATE, and delete those templates once unused")
+		"serve "+legacypods.Path+": translate pods' legacy GPU resources (HAMi, gpushare, Koordinator) into references to ResourceClaimTemplates at CREATE; create those templates from the stored pods, and delete them once unused")
 	flags.StringVar(&gpushareUnit, "gpushare-memory-unit", string(legacy.GiB),
 		"the unit of aliyun.com/gpu-mem in this cluster (gpushare's device plugin --memory-unit): GiB or MiB")
 	flags.DurationVar(&templateGrace, "legacy-template-grace", legacypods.DefaultGrace,
-		"a translated ResourceClaimTemplate that no pod uses is deleted this long after it was made or last used by an admission (at least "+legacypods.MinGrace.String()+")")
+		"a translated ResourceClaimTemplate that no pod uses is deleted this long after it was made (at least "+legacypods.MinGrace.String()+")")
 	budgets.add(flags)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -14,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -28,59 +26,57 @@ const (
 	// Path is where the API server sends Pods to translate.
 	Path = "/mutate-pods"
 	// NamespaceLabel, set to "true" on a namespace, opts its pods in: the
-	// webhook configuration's namespaceSelector selects it. The Cleaner
-	// deletes templates only in namespaces that carry it.
+	// webhook configuration's namespaceSelector selects it, the Translator
+	// translates only there, and the Controller creates and deletes
+	// templates only there.
 	NamespaceLabel = "gpu.tessera.dev/translate-legacy"
-	// LabelAdmission, "true", is set on every template the webhook creates,
-	// beside legacy.LabelTranslated. Templates that `tessera convert` wrote
-	// carry legacy.LabelTranslated alone: the Cleaner never deletes them (a
+	// LabelAdmission, "true", is set on every template the Controller
+	// creates (and those earlier versions' webhook created), beside
+	// legacy.LabelTranslated. Templates that `tessera convert` wrote carry
+	// legacy.LabelTranslated alone: the Controller never deletes them (a
 	// CronJob's template between runs is referenced by no pod).
 	LabelAdmission = "gpu.tessera.dev/legacy-admission"
-	// AnnotationAdmitted is set on every template the webhook makes, and
-	// renewed when a later pod uses it: the time (RFC 3339) of the last
-	// admission that relied on it. The Cleaner counts its grace period from
-	// it.
+	// AnnotationAdmitted was set by earlier versions' webhook on the
+	// templates it created, and renewed when a later pod used one: the time
+	// (RFC 3339) of the last admission that relied on it. The Controller
+	// still counts its grace period from it on such templates.
 	AnnotationAdmitted = "gpu.tessera.dev/legacy-admitted"
-	// DefaultGrace is how long an unused template is kept after it was made
-	// or last used by an admission.
+	// AnnotationCreatedFor is set on every template the Controller creates:
+	// the pod it was created for, "<name> (uid <uid>)", in the template's
+	// namespace. Other pods of the same shape share it.
+	AnnotationCreatedFor = "gpu.tessera.dev/legacy-created-for"
+	// DefaultGrace is how long an unused template is kept after it was made.
 	DefaultGrace = 5 * time.Minute
-	// MinGrace bounds Grace from below: half of it must outlast an admission
-	// (the API server waits at most 30s for a webhook) and the Cleaner's
-	// view of the new pod arriving.
+	// MinGrace bounds Grace from below: a Deployment's pods replaced one by
+	// one keep their template rather than have it deleted and created again.
 	MinGrace = 2 * time.Minute
 )
 
-// Translator answers Pod CREATE with legacy.Translate's rewrite.
+// NamespaceReader says whether a namespace opted in to translation
+// (NamespaceLabel).
+type NamespaceReader interface {
+	OptedIn(ctx context.Context, namespace string) (bool, error)
+}
+
+// Translator answers Pod CREATE with legacy.Translate's rewrite. It writes
+// nothing to the API server: the templates the rewritten pod names are
+// created by the Controller once the pod exists, from the pod alone, so an
+// AdmissionReview sent by anyone but the API server changes nothing.
 type Translator struct {
-	// Client creates and reads the ResourceClaimTemplates (create, get and
-	// patch on resourceclaimtemplates.resource.k8s.io).
+	// Client reads ResourceClaimTemplates (get on
+	// resourceclaimtemplates.resource.k8s.io).
 	Client kubernetes.Interface
+	// Namespaces says which namespaces opted in (the Controller); a review
+	// for another namespace is allowed unchanged, as the webhook
+	// configuration's namespaceSelector would have it. Nil: every review's
+	// namespace is taken as opted in.
+	Namespaces NamespaceReader
 	// Models reads the GPU models the cluster publishes (legacy.Options'
 	// Models: only a HAMi percentage of memory with another percentage of
 	// cores needs them); nil reads none.
 	Models webhook.GPUModelReader
 	// GPUShareUnit is the installation's unit of aliyun.com/gpu-mem.
 	GPUShareUnit legacy.MemoryUnit
-	// Grace is the Cleaner's grace period (0: DefaultGrace). A template in
-	// use is marked again (AnnotationAdmitted) when its mark is older than
-	// half of it.
-	Grace time.Duration
-	// Now is the clock (nil: time.Now).
-	Now func() time.Time
-}
-
-func (t *Translator) now() time.Time {
-	if t.Now != nil {
-		return t.Now()
-	}
-	return time.Now()
-}
-
-func (t *Translator) grace() time.Duration {
-	if t.Grace > 0 {
-		return t.Grace
-	}
-	return DefaultGrace
 }
 
 var podKind = metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}
@@ -89,19 +85,20 @@ var podKind = metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}
 // legacy.Translate takes (errors name spec.containers[i]... and
 // metadata.annotations[...]) and
 //
-//   - leaves a pod with nothing to translate as it is (no patch);
+//   - leaves a pod with nothing to translate, or in a namespace that did not
+//     opt in, as it is (no patch);
 //   - refuses contradictory or unsupported input with Translate's field
 //     errors (422);
-//   - otherwise makes sure each template Translate returns exists in the
-//     pod's namespace (created, or already there with an equal spec and
-//     Tessera's label; on a dry run only read), and answers with the
-//     JSONPatch from the pod to Translate's rewrite. A template of that name
-//     that is not Tessera's, or differs, refuses the pod (403), naming it;
-//     one the API server stored without fields Translate set (a feature
-//     gate off) is deleted and refuses the pod (500), naming the fields.
+//   - refuses the pod (403), naming it, when a template of a name the
+//     translation uses exists that is not Tessera's or differs;
+//   - otherwise answers with the JSONPatch from the pod to Translate's
+//     rewrite, plus the label legacy.LabelTranslated=true and the
+//     annotation legacy.AnnotationSource (what was removed), from which the
+//     Controller creates the templates the pod names that do not exist.
 //
-// Other kinds, operations and subresources are allowed unchanged.
-// Translating a translated pod changes nothing, so a second call is a no-op.
+// It makes no write to the API server, dry run or not. Other kinds,
+// operations and subresources are allowed unchanged. Translating a
+// translated pod changes nothing, so a second call is a no-op.
 func (t *Translator) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 	if req.Kind != podKind || req.Operation != admissionv1.Create || req.SubResource != "" {
@@ -119,6 +116,16 @@ func (t *Translator) Admit(ctx context.Context, req *admissionv1.AdmissionReques
 	in := &corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec}
 	if !legacy.Applies(in) {
 		return resp
+	}
+	if t.Namespaces != nil {
+		optedIn, err := t.Namespaces.OptedIn(ctx, req.Namespace)
+		if err != nil {
+			return deny(&metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
+				Message: fmt.Sprintf("Pod %s: cannot read whether namespace %s opted in to translation (%s): %v", podName(req), req.Namespace, NamespaceLabel, err)})
+		}
+		if !optedIn {
+			return resp
+		}
 	}
 	opts := legacy.Options{GPUShareUnit: t.GPUShareUnit}
 	var modelsErr error
@@ -140,24 +147,38 @@ func (t *Translator) Admit(ctx context.Context, req *admissionv1.AdmissionReques
 			return deny(webhook.Denial(req, errs))
 		}
 	}
+	internal := func(what string, err error) *admissionv1.AdmissionResponse {
+		return deny(&metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
+			Message: fmt.Sprintf("Pod %s: %s: %v", podName(req), what, err)})
+	}
+	source, err := legacy.SourceOf(in, &out.Template).Encode()
+	if err != nil {
+		return internal("the translation cannot be recorded", err)
+	}
+	if out.Template.Labels == nil {
+		out.Template.Labels = map[string]string{}
+	}
+	out.Template.Labels[legacy.LabelTranslated] = "true"
+	if out.Template.Annotations == nil {
+		out.Template.Annotations = map[string]string{}
+	}
+	out.Template.Annotations[legacy.AnnotationSource] = source
 	patch, err := podPatch(&pod, &out.Template)
 	if err == nil {
 		err = checkPatch(req.Object.Raw, patch, &out.Template)
 	}
 	if err != nil {
-		return deny(&metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
-			Message: fmt.Sprintf("Pod %s: the translation cannot be written as a patch: %v", podName(req), err)})
+		return internal("the translation cannot be written as a patch", err)
 	}
-	dryRun := req.DryRun != nil && *req.DryRun
 	for i := range out.ClaimTemplates {
-		if status := t.ensure(ctx, req.Namespace, &out.ClaimTemplates[i], dryRun); status != nil {
+		if status := t.check(ctx, req.Namespace, &out.ClaimTemplates[i]); status != nil {
 			return deny(status)
 		}
 	}
 	pt := admissionv1.PatchTypeJSONPatch
 	resp.Patch, resp.PatchType = patch, &pt
 	klog.FromContext(ctx).V(4).Info("Translated legacy GPU resources", "namespace", req.Namespace, "name", podName(req),
-		"templates", len(out.ClaimTemplates), "dryRun", dryRun)
+		"templates", len(out.ClaimTemplates))
 	return resp
 }
 
@@ -222,108 +243,25 @@ func podName(req *admissionv1.AdmissionRequest) string {
 	return req.Namespace + "/" + meta.Metadata.GenerateName + "*"
 }
 
-// attempts bounds the read/create rounds for one template: a round fails
-// when another admission created the template, or the Cleaner deleted it,
-// between the read and the write.
-const attempts = 3
-
-// ensure makes sure want exists in namespace, Tessera's and equal, and
-// that its AnnotationAdmitted is recent enough that the Cleaner leaves it.
-// On a dry run it only reads. It returns the denial, or nil.
-func (t *Translator) ensure(ctx context.Context, namespace string, want *resourceapi.ResourceClaimTemplate, dryRun bool) *metav1.Status {
-	api := t.Client.ResourceV1().ResourceClaimTemplates(namespace)
-	now := t.now().UTC()
-	internal := func(what string, err error) *metav1.Status {
-		return &metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
-			Message: fmt.Sprintf("%s ResourceClaimTemplate %s/%s for the pod's legacy GPU resources: %v", what, namespace, want.Name, err)}
-	}
-	for range attempts {
-		// Read first: the pods of one workload share a template, and all
-		// but the first find it (no failing create each).
-		existing, err := api.Get(ctx, want.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			if dryRun {
-				return nil
-			}
-			tmpl := want.DeepCopy()
-			tmpl.Namespace = namespace
-			if tmpl.Labels == nil {
-				tmpl.Labels = map[string]string{}
-			}
-			tmpl.Labels[LabelAdmission] = "true"
-			tmpl.Annotations = map[string]string{AnnotationAdmitted: now.Format(time.RFC3339)}
-			created, err := api.Create(ctx, tmpl, metav1.CreateOptions{FieldManager: "tessera-webhook"})
-			if err == nil {
-				return t.checkCreated(ctx, namespace, created, want)
-			}
-			if !apierrors.IsAlreadyExists(err) {
-				return internal("create", err)
-			}
-			continue // created by another admission since the read: read it
-		}
-		if err != nil {
-			return internal("read", err)
-		}
-		if why := foreign(existing, want); why != "" {
-			return &metav1.Status{Status: metav1.StatusFailure, Code: 403, Reason: metav1.StatusReasonForbidden,
-				Details: &metav1.StatusDetails{Name: want.Name, Group: resourceapi.GroupName, Kind: "resourceclaimtemplates"},
-				Message: fmt.Sprintf("the pod's legacy GPU resources translate to ResourceClaimTemplate %s/%s, and a template of that name exists that %s: "+
-					"Tessera never uses a template it did not make; delete or rename that template (docs/migration.md)", namespace, want.Name, why)}
-		}
-		// A template the webhook did not make (`tessera convert`'s) is
-		// never deleted by the Cleaner: it needs no mark.
-		if dryRun || existing.Labels[LabelAdmission] != "true" || recent(existing, now, t.grace()/2) {
-			return nil
-		}
-		// Mark it used now, so the Cleaner keeps it until the pod is seen.
-		// The Cleaner deletes only the version it read (a precondition), so
-		// either it sees this mark or this patch finds it gone.
-		mark, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-			"annotations": map[string]string{AnnotationAdmitted: now.Format(time.RFC3339)},
-			// The patch applies only to the object just checked.
-			"uid": existing.UID, "resourceVersion": existing.ResourceVersion,
-		}})
-		_, err = api.Patch(ctx, want.Name, types.MergePatchType, mark, metav1.PatchOptions{FieldManager: "tessera-webhook"})
-		switch {
-		case err == nil:
-			return nil
-		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
-			continue // deleted or changed since the read: look again
-		default:
-			return internal("mark", err)
-		}
-	}
-	return internal("keep", fmt.Errorf("it was deleted or changed %d times while the pod was admitted", attempts))
-}
-
-// checkCreated compares the template the API server stored with want. An
-// API server drops the fields of a disabled feature gate silently; a pod
-// admitted with such a template would get a weaker claim (no capacity: a
-// whole GPU's worth of a share), and every later pod would be refused by
-// foreign. So a template that lost fields is deleted again (only the version
-// created) and the pod is refused, naming the fields. It returns the
-// denial, or nil.
-func (t *Translator) checkCreated(ctx context.Context, namespace string, created, want *resourceapi.ResourceClaimTemplate) *metav1.Status {
-	if equality.Semantic.DeepEqual(created.Spec, want.Spec) {
+// check reads the template of want's name in namespace: missing (the
+// Controller creates it once the pod exists) or Tessera's and equal is
+// fine; otherwise it returns the denial.
+func (t *Translator) check(ctx context.Context, namespace string, want *resourceapi.ResourceClaimTemplate) *metav1.Status {
+	existing, err := t.Client.ResourceV1().ResourceClaimTemplates(namespace).Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
 		return nil
+	case err != nil:
+		return &metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
+			Message: fmt.Sprintf("read ResourceClaimTemplate %s/%s for the pod's legacy GPU resources: %v", namespace, want.Name, err)}
 	}
-	lost := missingFields(want.Spec, created.Spec, field.NewPath("spec"))
-	what := "changed the spec"
-	if len(lost) > 0 {
-		what = "dropped " + strings.Join(lost, ", ")
+	if why := foreign(existing, want); why != "" {
+		return &metav1.Status{Status: metav1.StatusFailure, Code: 403, Reason: metav1.StatusReasonForbidden,
+			Details: &metav1.StatusDetails{Name: want.Name, Group: resourceapi.GroupName, Kind: "resourceclaimtemplates"},
+			Message: fmt.Sprintf("the pod's legacy GPU resources translate to ResourceClaimTemplate %s/%s, and a template of that name exists that %s: "+
+				"Tessera never uses a template it did not make; delete or rename that template (docs/migration.md)", namespace, want.Name, why)}
 	}
-	msg := fmt.Sprintf("the API server %s of ResourceClaimTemplate %s/%s when the webhook created it for the pod's legacy GPU resources: "+
-		"a feature gate the translation needs is probably off on the API server (assumed: capacity and distinctAttribute need "+
-		"DRAConsumableCapacity, firstAvailable DRAPrioritizedList); the pod is refused rather than given a weaker claim (docs/migration.md)",
-		what, namespace, want.Name)
-	err := t.Client.ResourceV1().ResourceClaimTemplates(namespace).Delete(ctx, created.Name, metav1.DeleteOptions{
-		Preconditions: &metav1.Preconditions{UID: &created.UID, ResourceVersion: &created.ResourceVersion},
-	})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		msg += fmt.Sprintf("; deleting the template failed (%v): the webhook's cleanup deletes it later", err)
-	}
-	return &metav1.Status{Status: metav1.StatusFailure, Code: 500, Reason: metav1.StatusReasonInternalError,
-		Details: &metav1.StatusDetails{Name: want.Name, Group: resourceapi.GroupName, Kind: "resourceclaimtemplates"}, Message: msg}
+	return nil
 }
 
 // missingFields lists the JSON paths under path that want sets and got
@@ -381,11 +319,6 @@ func foreign(existing, want *resourceapi.ResourceClaimTemplate) string {
 		return "has another spec"
 	}
 	return ""
-}
-
-// recent reports whether tmpl was made or marked within window before now.
-func recent(tmpl *resourceapi.ResourceClaimTemplate, now time.Time, window time.Duration) bool {
-	return now.Sub(lastUsed(tmpl)) < window
 }
 
 // lastUsed is the later of tmpl's creation and its AnnotationAdmitted.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,7 +16,6 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -123,15 +123,25 @@ func apply(t *testing.T, raw []byte, resp *admissionv1.AdmissionResponse) []byte
 	return out
 }
 
+// fixedOptIn is a NamespaceReader of a fixed answer for every namespace.
+type fixedOptIn bool
+
+func (o fixedOptIn) OptedIn(context.Context, string) (bool, error) { return bool(o), nil }
+
 func translator(objects ...runtime.Object) (*Translator, *fake.Clientset) {
 	client := fake.NewClientset(objects...)
-	return &Translator{Client: client, Models: h100, Now: func() time.Time { return clock }}, client
+	return &Translator{Client: client, Models: h100, Namespaces: fixedOptIn(true)}, client
 }
 
 // writes are the client's create, update, patch and delete calls.
 func writes(client *fake.Clientset) []string {
+	return writesOf(client.Actions())
+}
+
+// writesOf are the create, update, patch and delete calls of actions.
+func writesOf(actions []k8stesting.Action) []string {
 	var out []string
-	for _, a := range client.Actions() {
+	for _, a := range actions {
 		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
 			out = append(out, v+" "+a.GetResource().Resource)
 		}
@@ -139,10 +149,35 @@ func writes(client *fake.Clientset) []string {
 	return out
 }
 
+// translation is what the Translator makes of a pod: Translate's rewrite,
+// labelled as translated and annotated with its Source.
+func translation(t *testing.T, raw []byte, models []fraction.Model) (legacy.Translation, corev1.Pod) {
+	t.Helper()
+	var orig corev1.Pod
+	if err := json.Unmarshal(raw, &orig); err != nil {
+		t.Fatal(err)
+	}
+	in := &corev1.PodTemplateSpec{ObjectMeta: orig.ObjectMeta, Spec: orig.Spec}
+	want, errs := legacy.Translate(in, nil, legacy.Options{Models: models})
+	if len(errs) > 0 || !want.Changed {
+		t.Fatalf("Translate: %v, %+v", errs, want)
+	}
+	source, err := legacy.SourceOf(in, &want.Template).Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.Template.Labels == nil {
+		want.Template.Labels = map[string]string{}
+	}
+	want.Template.Labels[legacy.LabelTranslated] = "true"
+	want.Template.Annotations[legacy.AnnotationSource] = source
+	return want, orig
+}
+
 // TestTranslatesHAMiPod: the patch makes the pod exactly what
-// legacy.Translate returns, the template is created in the pod's namespace
-// with Tessera's labels and the admission mark, and admitting the patched
-// pod again changes and creates nothing.
+// legacy.Translate returns, labelled as translated and annotated with what
+// was removed; nothing is written to the API server (the Controller
+// creates the template); admitting the patched pod again changes nothing.
 func TestTranslatesHAMiPod(t *testing.T) {
 	tr, client := translator()
 	raw := podJSON(t, hamiPod)
@@ -150,16 +185,13 @@ func TestTranslatesHAMiPod(t *testing.T) {
 	if !resp.Allowed {
 		t.Fatalf("denied: %v", resp.Result)
 	}
-	var got, orig corev1.Pod
+	var got corev1.Pod
 	if err := json.Unmarshal(apply(t, raw, resp), &got); err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(raw, &orig); err != nil {
-		t.Fatal(err)
-	}
-	want, errs := legacy.Translate(&corev1.PodTemplateSpec{ObjectMeta: orig.ObjectMeta, Spec: orig.Spec}, nil, legacy.Options{Models: h100})
-	if len(errs) > 0 || !want.Changed || len(want.ClaimTemplates) != 1 {
-		t.Fatalf("Translate: %v, %+v", errs, want)
+	want, _ := translation(t, raw, h100)
+	if len(want.ClaimTemplates) != 1 {
+		t.Fatalf("%d templates, want 1", len(want.ClaimTemplates))
 	}
 	if diff := cmp.Diff(want.Template.ObjectMeta, got.ObjectMeta); diff != "" {
 		t.Errorf("metadata (-Translate +patched):\n%s", diff)
@@ -170,31 +202,62 @@ func TestTranslatesHAMiPod(t *testing.T) {
 	if got.Annotations["example.com/keep"] != "yes" || got.Spec.Containers[0].Resources.Limits.Cpu().String() != "1" {
 		t.Errorf("the pod's own annotation or cpu limit was lost: %+v", got.ObjectMeta.Annotations)
 	}
-	tmpl, err := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), want.ClaimTemplates[0].Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the template was not created: %v", err)
-	}
-	if diff := cmp.Diff(want.ClaimTemplates[0].Spec, tmpl.Spec); diff != "" {
-		t.Errorf("template spec (-Translate +created):\n%s", diff)
-	}
-	if tmpl.Labels[legacy.LabelTranslated] != "true" || tmpl.Labels[LabelAdmission] != "true" || tmpl.Annotations[AnnotationAdmitted] != clock.Format(time.RFC3339) {
-		t.Errorf("template labels %v, annotations %v", tmpl.Labels, tmpl.Annotations)
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("admission wrote %v", w)
 	}
 
-	// Re-admission of the translated pod: allowed, no patch, no write.
-	before := len(writes(client))
+	// Re-admission of the translated pod: allowed, no patch.
 	patched, _ := json.Marshal(got)
 	again := review(t, tr, patched, false)
 	if !again.Allowed || again.Patch != nil {
 		t.Errorf("re-admission: %+v, want allowed without a patch", again)
 	}
-	if w := writes(client)[before:]; len(w) != 0 {
-		t.Errorf("re-admission wrote %v", w)
+}
+
+// TestForgedReviewsWriteNothing: reviews anyone could send to the webhook's
+// Service — for a namespace that opted in, one that did not, one that does
+// not exist, dry runs or not, many of them — make no write to the API
+// server. Reviews for a namespace that did not opt in are allowed
+// unchanged, as the webhook configuration would not have sent them.
+func TestForgedReviewsWriteNothing(t *testing.T) {
+	client := fake.NewClientset(namespace("team", true), namespace("other", false))
+	c, err := NewController(client, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := c.start(ctx, ctx.Done()); err != nil {
+		t.Fatal(err)
+	}
+	tr := &Translator{Client: client, Models: h100, Namespaces: c}
+	for _, ns := range []string{"team", "other", "nowhere"} {
+		for i := range 20 {
+			raw := podJSON(t, strings.Replace(hamiPod, "gpumem: 3000", fmt.Sprintf("gpumem: %d", 1000+i), 1))
+			for _, dryRun := range []bool{false, true} {
+				req := &admissionv1.AdmissionRequest{UID: "u", Kind: podKind, Operation: admissionv1.Create, Namespace: ns,
+					Name: "forged", DryRun: &dryRun, Object: runtime.RawExtension{Raw: raw}}
+				resp := tr.Admit(ctx, req)
+				if !resp.Allowed {
+					t.Fatalf("namespace %s: denied %v", ns, resp.Result)
+				}
+				if translated := resp.Patch != nil; translated != (ns == "team") {
+					t.Errorf("namespace %s: patched %v, want a patch only where the namespace opted in", ns, translated)
+				}
+			}
+		}
+	}
+	if w := writes(client); len(w) != 0 {
+		t.Errorf("forged reviews wrote %v", w)
+	}
+	list, err := client.ResourceV1().ResourceClaimTemplates("").List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 0 {
+		t.Errorf("templates %v (%v), want none", list, err)
 	}
 }
 
-// TestDryRunCreatesNothing: a dry run answers the same patch and writes
-// nothing.
+// TestDryRunCreatesNothing: a dry run answers the same patch as a real
+// review, and neither writes anything.
 func TestDryRunCreatesNothing(t *testing.T) {
 	tr, client := translator()
 	resp := review(t, tr, podJSON(t, hamiPod), true)
@@ -260,25 +323,14 @@ func TestSquattedTemplate(t *testing.T) {
 	}
 }
 
-// TestExistingTemplateReused: a template Tessera made for an earlier pod is
-// used; when its mark is older than half the grace period it is renewed, so
-// the Cleaner keeps it. One that `tessera convert` wrote (no LabelAdmission)
-// is used and never marked: the Cleaner does not delete it.
+// TestExistingTemplateReused: a template Tessera made for an earlier pod,
+// or that `tessera convert` wrote, is used as it is: the pod is admitted
+// and nothing is written.
 func TestExistingTemplateReused(t *testing.T) {
-	for name, tc := range map[string]struct {
-		marked    time.Time
-		converted bool
-		wantWrite bool
-	}{
-		"marked just now":    {clock.Add(-time.Minute), false, false},
-		"marked long ago":    {clock.Add(-3 * time.Minute), false, true},
-		"by tessera convert": {clock.Add(-3 * time.Minute), true, false},
-	} {
+	for name, converted := range map[string]bool{"by the controller": false, "by tessera convert": true} {
 		t.Run(name, func(t *testing.T) {
 			existing := translatedTemplate(t)
-			existing.CreationTimestamp = metav1.NewTime(clock.Add(-time.Hour))
-			existing.Annotations = map[string]string{AnnotationAdmitted: tc.marked.Format(time.RFC3339)}
-			if !tc.converted {
+			if !converted {
 				existing.Labels[LabelAdmission] = "true"
 			}
 			tr, client := translator(&existing)
@@ -286,20 +338,8 @@ func TestExistingTemplateReused(t *testing.T) {
 			if !resp.Allowed || resp.Patch == nil {
 				t.Fatalf("%+v: want allowed with a patch", resp)
 			}
-			wantWrites := []string(nil) // read, not created again
-			if tc.wantWrite {
-				wantWrites = []string{"patch resourceclaimtemplates"}
-			}
-			if diff := cmp.Diff(wantWrites, writes(client)); diff != "" {
-				t.Errorf("writes (-want +got):\n%s", diff)
-			}
-			got, _ := client.ResourceV1().ResourceClaimTemplates("team").Get(context.Background(), existing.Name, metav1.GetOptions{})
-			want := tc.marked
-			if tc.wantWrite {
-				want = clock
-			}
-			if got.Annotations[AnnotationAdmitted] != want.Format(time.RFC3339) {
-				t.Errorf("mark %q, want %s", got.Annotations[AnnotationAdmitted], want.Format(time.RFC3339))
+			if w := writes(client); len(w) != 0 {
+				t.Errorf("wrote %v", w)
 			}
 		})
 	}
@@ -371,39 +411,6 @@ func TestPatchKeepsUnknownFields(t *testing.T) {
 	}
 }
 
-// TestDroppedFieldsRefused: an API server whose feature gate is off drops
-// the template's capacity when it stores it (a reactor does so here); the
-// webhook deletes that template and refuses the pod, naming the field,
-// instead of admitting it with a weaker claim.
-func TestDroppedFieldsRefused(t *testing.T) {
-	tr, client := translator()
-	client.PrependReactor("create", "resourceclaimtemplates", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		tmpl := action.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceClaimTemplate).DeepCopy()
-		tmpl.UID = "dropped"
-		for i := range tmpl.Spec.Spec.Devices.Requests {
-			if r := tmpl.Spec.Spec.Devices.Requests[i].Exactly; r != nil {
-				r.Capacity = nil
-			}
-		}
-		if err := client.Tracker().Create(resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates"), tmpl, tmpl.Namespace); err != nil {
-			return true, nil, err
-		}
-		return true, tmpl, nil
-	})
-	resp := review(t, tr, podJSON(t, hamiPod), false)
-	if resp.Allowed || resp.Patch != nil {
-		t.Fatalf("allowed with a template that lost its capacity: %+v", resp)
-	}
-	const lost = "spec.spec.devices.requests[0].exactly.capacity"
-	if !strings.Contains(resp.Result.Message, "dropped "+lost) || !strings.Contains(resp.Result.Message, "feature gate") {
-		t.Errorf("denial %q: want it to name %s and a feature gate", resp.Result.Message, lost)
-	}
-	list, err := client.ResourceV1().ResourceClaimTemplates("team").List(context.Background(), metav1.ListOptions{})
-	if err != nil || len(list.Items) != 0 {
-		t.Errorf("templates left %v (%v): want the weakened one deleted", list, err)
-	}
-}
-
 // TestMissingFields: the paths want sets and got lacks; defaults only got
 // has are not reported.
 func TestMissingFields(t *testing.T) {
@@ -411,38 +418,6 @@ func TestMissingFields(t *testing.T) {
 	got := map[string]any{"a": map[string]any{"c": []any{1}, "e": "default"}, "d": "x"}
 	if diff := cmp.Diff([]string{"spec.a.b", "spec.a.c[1]"}, missingFields(want, got, field.NewPath("spec"))); diff != "" {
 		t.Errorf("missingFields (-want +got):\n%s", diff)
-	}
-}
-
-// TestCreateRace: another admission creates the template between this
-// one's read and create; the create's AlreadyExists leads to a second read,
-// and the pod is admitted with that template.
-func TestCreateRace(t *testing.T) {
-	tr, client := translator()
-	other := translatedTemplate(t)
-	other.Labels[LabelAdmission] = "true"
-	other.Annotations = map[string]string{AnnotationAdmitted: clock.Format(time.RFC3339)}
-	gets := 0
-	client.PrependReactor("get", "resourceclaimtemplates", func(k8stesting.Action) (bool, runtime.Object, error) {
-		gets++
-		if gets == 1 {
-			// The first read misses; the other admission's create lands.
-			if err := client.Tracker().Create(resourceapi.SchemeGroupVersion.WithResource("resourceclaimtemplates"), &other, "team"); err != nil {
-				t.Error(err)
-			}
-			return true, nil, apierrors.NewNotFound(resourceapi.Resource("resourceclaimtemplates"), other.Name)
-		}
-		return false, nil, nil
-	})
-	resp := review(t, tr, podJSON(t, hamiPod), false)
-	if !resp.Allowed || resp.Patch == nil {
-		t.Fatalf("%+v: want allowed with a patch", resp)
-	}
-	if gets != 2 {
-		t.Errorf("%d reads, want 2 (before and after the refused create)", gets)
-	}
-	if diff := cmp.Diff([]string{"create resourceclaimtemplates"}, writes(client)); diff != "" {
-		t.Errorf("writes (-want +got):\n%s", diff)
 	}
 }
 

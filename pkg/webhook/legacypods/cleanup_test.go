@@ -51,7 +51,8 @@ func namespace(name string, optedIn bool) *corev1.Namespace {
 
 func podUsing(namespace, name, tmpl string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Annotations: map[string]string{"big": "dropped by the cache's transform"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: map[string]string{legacy.LabelTranslated: "true"},
+			Annotations: map[string]string{"big": "dropped by the cache's transform"}},
 		Spec: corev1.PodSpec{
 			Containers:     []corev1.Container{{Name: "c", Image: "x"}},
 			ResourceClaims: []corev1.PodResourceClaim{{Name: "tessera-gpu-0", ResourceClaimTemplateName: &tmpl}},
@@ -59,12 +60,12 @@ func podUsing(namespace, name, tmpl string) *corev1.Pod {
 	}
 }
 
-// startCleaner starts a Cleaner of client with a grace period of five
-// minutes and the given clock; it stops with the test, as does the context
-// it returns.
-func startCleaner(t *testing.T, client *fake.Clientset, now func() time.Time) (*Cleaner, context.Context) {
+// startCleaner starts the caches of a Controller of client with a grace
+// period of five minutes and the given clock (no worker: nothing is
+// created); it stops with the test, as does the context it returns.
+func startCleaner(t *testing.T, client *fake.Clientset, now func() time.Time) (*Controller, context.Context) {
 	t.Helper()
-	c, err := NewCleaner(client, 5*time.Minute, now)
+	c, err := NewController(client, Options{Grace: 5 * time.Minute, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestCleaner(t *testing.T) {
 
 // TestCleanerGraceFloor: a grace period below MinGrace is raised to it.
 func TestCleanerGraceFloor(t *testing.T) {
-	c, err := NewCleaner(fake.NewClientset(), time.Second, nil)
+	c, err := NewController(fake.NewClientset(), Options{Grace: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestCleanerSyncTimeout(t *testing.T) {
 	client.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(corev1.Resource("namespaces"), "", errors.New("test"))
 	})
-	c, err := NewCleaner(client, 0, nil)
+	c, err := NewController(client, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
