@@ -294,13 +294,75 @@ func TestMPSPodPolicy(t *testing.T) {
 				}), onA, "(spec.volumes: tls)"},
 				"env from a secret": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "KEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "tessera-webhook-tls"}, Key: "tls.key"}}}}
-				}), onA, "may not take env from Secrets"},
+				}), onA, "sets no environment variables, neither values nor from Secrets"},
 				"envFrom": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "tessera-webhook-tls"}}}}
-				}), onA, "may not take env from Secrets"},
+				}), onA, "sets no environment variables, neither values nor from Secrets"},
+				// The pinned binary and arguments do not bound a privileged,
+				// hostPID daemon whose dynamic loader runs the token
+				// holder's library: Config.Pod sets no environment at all.
+				"LD_PRELOAD": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/dev/shm/x.so"}}
+				}), onA, "sets no environment variables, neither values nor from Secrets, ConfigMaps or fields: the plugin sets none (spec.containers[].env: LD_PRELOAD; envFrom)"},
+				"LD_LIBRARY_PATH": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LD_LIBRARY_PATH", Value: "/dev/shm"}}
+				}), onA, "(spec.containers[].env: LD_LIBRARY_PATH; envFrom)"},
+				"runtimeClassName": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.RuntimeClassName = ptr.To("nvidia") }), onA,
+					"runs in the node's default runtime"},
+				"hostPort": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 10250, HostPort: 10250}}
+				}), onA, "opens no host port"},
+				"workingDir": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.Containers[0].WorkingDir = "/dev/shm" }), onA,
+					"keeps its image's working directory"},
+				"a second daemon container": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					c := *p.Spec.Containers[0].DeepCopy()
+					c.Name = "second"
+					p.Spec.Containers = append(p.Spec.Containers, c)
+				}), onA, "has exactly one container and no init or ephemeral containers"},
+				"the daemon as an init container": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					c := *p.Spec.Containers[0].DeepCopy()
+					c.Name, c.RestartPolicy = "sidecar", ptr.To(corev1.ContainerRestartPolicyAlways)
+					p.Spec.InitContainers = []corev1.Container{c}
+				}), onA, "has exactly one container and no init or ephemeral containers"},
+				"an ephemeral container": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: cfg.Image}}}
+				}), onA, "no init or ephemeral containers"},
+				"a container's resource claim": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+					p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("someone-elses")}}
+				}), onA, "opens no host port, resource claim or block device"},
+				"a pod resource claim": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("someone-elses")}}
+				}), onA, "claims no resources"},
+				"an added capability": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].SecurityContext.Capabilities = &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}
+				}), onA, "sets only the securityContext the plugin does"},
+				"seccomp unconfined": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+				}), onA, "sets only the securityContext the plugin does"},
+				"AppArmor unconfined": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].SecurityContext.AppArmorProfile = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
+				}), onA, "sets only the securityContext the plugin does"},
+				"another user": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext.RunAsUser = ptr.To[int64](1000) }), onA,
+					"sets only the securityContext the plugin does"},
+				"an unmasked /proc": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].SecurityContext.ProcMount = ptr.To(corev1.UnmaskedProcMount)
+				}), onA, "procMount other than Default"},
+				"a pod sysctl": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.SecurityContext = &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "kernel.core_pattern", Value: "|/dev/shm/x"}}}
+				}), onA, "sets no pod securityContext"},
+				"pod SELinux options": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.SecurityContext = &corev1.PodSecurityContext{SELinuxOptions: &corev1.SELinuxOptions{Type: "spc_t"}}
+				}), onA, "sets no pod securityContext"},
 				"another pull secret": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
 					p.Spec.ImagePullSecrets = append(p.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: "tessera-webhook-tls"})
 				}), onA, "only the chart's imagePullSecrets"},
+				// Mock GPUs need neither: their daemon pod is unprivileged.
+				"a mock daemon privileged": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) {
+					p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+				}), onA, "privileged on real nodes"},
+				"a mock daemon in the host's PID namespace": {admission.Create, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.HostPID = true }), onA,
+					"of mock GPUs may not use the host's PID namespace"},
 				"delete another node's daemon": {admission.Delete, withSpec(daemon(), func(p *corev1.Pod) { p.Spec.NodeName = "node-b" }), onA,
 					"may not delete MPS control daemon pods of node 'node-b'"},
 				"delete the webhook": {admission.Delete, &corev1.Pod{
@@ -308,6 +370,9 @@ func TestMPSPodPolicy(t *testing.T) {
 					Spec:       corev1.PodSpec{NodeName: "node-a"},
 				}, onA, "may delete only MPS control daemon pods (label app.kubernetes.io/component=mps-control-daemon), not pod tessera-webhook-7d9f"},
 			} {
+				if (what == "a mock daemon privileged" || what == "a mock daemon in the host's PID namespace") && !cfg.Mock {
+					continue
+				}
 				denied := admit(t, v, tc.op, tc.pod, tc.user)
 				if !strings.Contains(strings.Join(denied, "\n"), tc.denial) {
 					t.Errorf("%s: denials %q; want one with %q", what, denied, tc.denial)
