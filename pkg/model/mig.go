@@ -44,7 +44,7 @@ const TypeMIG = modelnames.TypeMIG
 // (another device plugin's pods, an admin's job); its value is
 // MIGInUseOutsideTessera. It goes when the instance is idle or a claim
 // holds it (WithMIGHeld).
-const MIGInUseTaintKey = DriverName + "/mig-in-use"
+const MIGInUseTaintKey = modelnames.MIGInUseTaintKey
 
 // MIGInUseOutsideTessera is MIGInUseTaintKey's value.
 const MIGInUseOutsideTessera = "InUseOutsideTessera"

@@ -92,7 +92,7 @@ const (
 	// NotLentTaintKey (effect NoSchedule) is on a lending device while its
 	// GPU is not lent: not held, held by an owner that does not lend, busy,
 	// or not idle long enough. The value says which.
-	NotLentTaintKey = DriverName + "/not-lent"
+	NotLentTaintKey = modelnames.NotLentTaintKey
 	// ReclaimTaintKey (effect NoExecute) is on a lending device whenever
 	// NotLentTaintKey is: kube-controller-manager evicts every pod of a
 	// borrower the GPU still has (after the claim's tolerationSeconds).

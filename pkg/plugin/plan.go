@@ -14,6 +14,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/checkpoint"
 	"github.com/tessera-dev/tessera/pkg/gpu"
 	"github.com/tessera-dev/tessera/pkg/model"
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // Capacity names in consumedCapacity (see the resource model).
@@ -172,6 +173,9 @@ func (p *Plugin) planDevice(claim *resourceapi.ResourceClaim, r resourceapi.Devi
 	if r.Pool != p.opts.NodeName {
 		return d, "", deviceError(r.Device, "in pool %q, but this is the plugin of node %q: the allocation is for another node", r.Pool, p.opts.NodeName)
 	}
+	if err := checkTolerations(r); err != nil {
+		return d, "", err
+	}
 	cfg, source := configs.byRequest[r.Request], configs.isolationFrom[r.Request]
 	if name, err := model.ParseMIGDevice(r.Device); err == nil {
 		g, ok := p.gpuByMinor(name.Minor)
@@ -217,6 +221,25 @@ func (p *Plugin) planDevice(claim *resourceapi.ResourceClaim, r resourceapi.Devi
 		nvlink = cfg.Topology.NVLink
 	}
 	return d, nvlink, nil
+}
+
+// checkTolerations refuses a device result whose request tolerates a taint
+// only the driver sets (modelnames.ToleratedInternalTaint): not-lent and
+// mig-in-use keep claims off a device for the driver's own reasons, and an
+// allocation that tolerated them may be on such a device. Results with
+// adminAccess reserve nothing and are not checked. The admission webhook
+// refuses the same tolerations when the claim is written.
+func checkTolerations(r resourceapi.DeviceRequestAllocationResult) error {
+	if r.AdminAccess != nil && *r.AdminAccess {
+		return nil
+	}
+	for _, t := range r.Tolerations {
+		if key := modelnames.ToleratedInternalTaint(t); key != "" {
+			return deviceError(r.Device, "request %q tolerates the taint %s (toleration key %q, operator %s), which only %s sets to keep claims off the device; "+
+				"refusing an allocation that may have ignored it: tolerate the taints you mean by their keys instead", r.Request, key, t.Key, t.Operator, model.DriverName)
+		}
+	}
+	return nil
 }
 
 // planShare computes a share's limits from its consumedCapacity and its

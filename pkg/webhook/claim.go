@@ -108,6 +108,7 @@ type unit struct {
 	all         bool  // allocationMode All
 	count       int64 // devices of an ExactCount request, at least 1
 	capacity    map[resourceapi.QualifiedName]resource.Quantity
+	tolerations []resourceapi.DeviceToleration
 	// mig: the unit's class selects MIG devices (modelnames.MIGClassName, or a class
 	// whose selector asks for type "mig"; see markMIG).
 	mig bool
@@ -175,6 +176,7 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 	warnings := c.warnings()
 
 	errs, ours := c.decodeConfigs()
+	errs = append(errs, c.checkTolerations()...)
 	if len(errs) > 0 || (len(ours) == 0 && classes == nil) {
 		// Without configs of its own, a claim gets only its classes'.
 		return errs, warnings, ctx.Err()
@@ -284,18 +286,20 @@ func (c *claimChecker) collectUnits(inline bool) {
 				if ex.Capacity != nil {
 					u.capacity = ex.Capacity.Requests
 				}
+				u.tolerations = ex.Tolerations
 			}
 			add(u)
 			continue
 		}
 		for j, sub := range r.FirstAvailable {
 			u := unit{
-				name:    r.Name + "/" + sub.Name,
-				request: i,
-				path:    rpath.Child("firstAvailable").Index(j),
-				class:   sub.DeviceClassName,
-				all:     sub.AllocationMode == resourceapi.DeviceAllocationModeAll,
-				count:   max(sub.Count, 1),
+				name:        r.Name + "/" + sub.Name,
+				request:     i,
+				path:        rpath.Child("firstAvailable").Index(j),
+				class:       sub.DeviceClassName,
+				all:         sub.AllocationMode == resourceapi.DeviceAllocationModeAll,
+				count:       max(sub.Count, 1),
+				tolerations: sub.Tolerations,
 			}
 			if sub.Capacity != nil {
 				u.capacity = sub.Capacity.Requests

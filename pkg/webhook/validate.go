@@ -183,6 +183,7 @@ type wireExact struct {
 	AllocationMode  resourceapi.DeviceAllocationMode `json:"allocationMode"`
 	Count           int64                            `json:"count"`
 	AdminAccess     *bool                            `json:"adminAccess"`
+	Tolerations     []resourceapi.DeviceToleration   `json:"tolerations"`
 	Capacity        *struct {
 		Requests map[resourceapi.QualifiedName]resource.Quantity `json:"requests"`
 	} `json:"capacity"`
@@ -241,6 +242,7 @@ func claimDevices(object runtime.RawExtension, template bool) (devices *resource
 				AllocationMode:  exact.AllocationMode,
 				Count:           exact.Count,
 				AdminAccess:     exact.AdminAccess,
+				Tolerations:     exact.Tolerations,
 				Capacity:        exact.capacity(),
 			}
 		}
@@ -250,6 +252,7 @@ func claimDevices(object runtime.RawExtension, template bool) (devices *resource
 				DeviceClassName: sub.DeviceClassName,
 				AllocationMode:  sub.AllocationMode,
 				Count:           sub.Count,
+				Tolerations:     sub.Tolerations,
 				Capacity:        sub.capacity(),
 			})
 		}

@@ -4,7 +4,10 @@
 // checks, charges and translates claims by them.
 package modelnames
 
-import resourceapi "k8s.io/api/resource/v1"
+import (
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+)
 
 // DriverName is the DRA driver name: the prefix of attribute names, the
 // driver in allocation results and the API group of the opaque GpuConfig.
@@ -63,3 +66,40 @@ const (
 	// (pkg/model.AttrNVLinkDomain).
 	NVLinkDomainAttribute resourceapi.FullyQualifiedName = DriverName + "/nvlinkDomain"
 )
+
+// Keys of device taints that only Tessera sets, to keep claims off a device
+// for the driver's own reasons: no claim may tolerate them (the admission
+// webhook refuses a request that does, and so does prepare).
+const (
+	// NotLentTaintKey (effect NoSchedule) is on a lending device while its
+	// GPU is not lent.
+	NotLentTaintKey = DriverName + "/not-lent"
+	// MIGInUseTaintKey (effect NoSchedule) is on a static MIG device whose
+	// instance runs processes no Tessera claim accounts for.
+	MIGInUseTaintKey = DriverName + "/mig-in-use"
+)
+
+// internalTaints are the taints of the keys above, with the effect the
+// driver sets them with.
+var internalTaints = []resourceapi.DeviceTaint{
+	{Key: NotLentTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+	{Key: MIGInUseTaintKey, Effect: resourceapi.DeviceTaintEffectNoSchedule},
+}
+
+// ToleratedInternalTaint returns the key of a taint that only Tessera sets
+// (NotLentTaintKey, MIGInUseTaintKey) which toleration tolerates, whatever
+// value the driver gives the taint; "" when it tolerates none. A toleration
+// without a key and with operator Exists tolerates them all, unless its
+// effect is another one (NoExecute).
+func ToleratedInternalTaint(toleration resourceapi.DeviceToleration) string {
+	for _, taint := range internalTaints {
+		if toleration.Key == taint.Key {
+			// The driver's values vary (the reason a GPU is not lent).
+			taint.Value = toleration.Value
+		}
+		if resourceclaim.ToleratesTaint(toleration, taint) {
+			return taint.Key
+		}
+	}
+	return ""
+}
