@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 
+	celgo "github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common"
 	celast "github.com/google/cel-go/common/ast"
 	"github.com/google/cel-go/common/operators"
@@ -17,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/utils/ptr"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 
@@ -230,6 +233,9 @@ type Pricer struct {
 	mu      sync.Mutex
 	version uint64
 	matched map[string]sizes
+	// MaxCost bounds the CEL cost of pricing one claim; zero means
+	// DefaultMaxCost.
+	MaxCost uint64
 	// largest are the largest sizes seen matched per class name, over every
 	// version (never lowered): what a request of a class that matches
 	// nothing now is charged.
@@ -244,6 +250,41 @@ type Devices func(ctx context.Context) ([]resourceapi.Device, uint64, error)
 // maxMatched bounds Pricer's cache of matched sizes.
 const maxMatched = 4096
 
+// DefaultMaxCost bounds the CEL cost (in CEL's cost units, as the
+// scheduler's library counts them) of pricing one claim: ten times what one
+// selector may cost on one device (resourceapi.CELSelectorExpressionMaxCost,
+// which also bounds each evaluation). Pricing stops there, and when its
+// context ends, and the claim is refused as too costly to price.
+const DefaultMaxCost = 10 * resourceapi.CELSelectorExpressionMaxCost
+
+// CostError is the error of a claim whose selectors cost more to evaluate
+// than pricing allows (one evaluation over the scheduler's limit, or the
+// claim's total over Pricer.MaxCost).
+type CostError struct {
+	Request string
+	Why     string
+}
+
+func (e *CostError) Error() string {
+	return fmt.Sprintf("its selectors are too costly to evaluate (%s); simplify them", e.Why)
+}
+
+// costLeft is what is left of one claim's CEL cost budget.
+type costLeft struct{ left uint64 }
+
+func (c *costLeft) spend(request string, details *celgo.EvalDetails) error {
+	if details == nil || details.ActualCost() == nil {
+		return nil
+	}
+	cost := *details.ActualCost()
+	if cost >= c.left {
+		c.left = 0
+		return &CostError{Request: request, Why: "the claim's selectors together exceed the cost pricing allows"}
+	}
+	c.left -= cost
+	return nil
+}
+
 // NewPricer returns a Pricer over devices and classes.
 func NewPricer(devices Devices, classes ClassLookup) *Pricer {
 	return &Pricer{devices: devices, classes: classes, cel: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}),
@@ -252,8 +293,15 @@ func NewPricer(devices Devices, classes ClassLookup) *Pricer {
 
 // Claim computes what each request of devices takes. An error means a
 // class could not be read (other than not found) or devices could not be
-// listed.
+// listed, ctx ended, or the selectors cost too much (a *CostError).
 func (p *Pricer) Claim(ctx context.Context, devices *resourceapi.DeviceClaim) (ClaimCharge, error) {
+	return p.Price(ctx, devices, nil)
+}
+
+// Price is Claim with known sizes of classes (the classSizes GPUBudgets
+// persist and declare): each request is charged at least those of its
+// class, as if such devices were published.
+func (p *Pricer) Price(ctx context.Context, devices *resourceapi.DeviceClaim, known []configapi.ClassSize) (ClaimCharge, error) {
 	if devices == nil || len(devices.Requests) == 0 {
 		return nil, nil
 	}
@@ -261,19 +309,24 @@ func (p *Pricer) Claim(ctx context.Context, devices *resourceapi.DeviceClaim) (C
 	if err != nil {
 		return nil, fmt.Errorf("list the devices of %s: %w", modelnames.DriverName, err)
 	}
+	limit := p.MaxCost
+	if limit == 0 {
+		limit = DefaultMaxCost
+	}
+	cost := &costLeft{left: limit}
 	out := make(ClaimCharge, 0, len(devices.Requests))
 	for _, r := range devices.Requests {
 		req := Request{Name: r.Name}
 		if r.Exactly != nil {
 			e := r.Exactly
-			a, err := p.alternative(ctx, published, version, r.Name, e.DeviceClassName, e.Selectors, e.AllocationMode, e.Count, e.Capacity)
+			a, err := p.alternative(ctx, cost, published, version, known, devices.Config, r.Name, e.DeviceClassName, e.Selectors, e.AllocationMode, e.Count, e.Capacity)
 			if err != nil {
 				return nil, err
 			}
 			req.Alternatives = append(req.Alternatives, a)
 		}
 		for _, s := range r.FirstAvailable {
-			a, err := p.alternative(ctx, published, version, r.Name+"/"+s.Name, s.DeviceClassName, s.Selectors, s.AllocationMode, s.Count, s.Capacity)
+			a, err := p.alternative(ctx, cost, published, version, known, devices.Config, r.Name+"/"+s.Name, s.DeviceClassName, s.Selectors, s.AllocationMode, s.Count, s.Capacity)
 			if err != nil {
 				return nil, err
 			}
@@ -296,7 +349,8 @@ type sizes struct {
 	shareMemoryPolicies, shareCoresPolicies []policy
 }
 
-func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device, version uint64, name, className string,
+func (p *Pricer) alternative(ctx context.Context, cost *costLeft, published []resourceapi.Device, version uint64, known []configapi.ClassSize,
+	configs []resourceapi.DeviceClaimConfiguration, name, className string,
 	selectors []resourceapi.DeviceSelector, mode resourceapi.DeviceAllocationMode, count int64,
 	capacity *resourceapi.CapacityRequirements) (Alternative, error) {
 	alt := Alternative{Name: name, Class: className}
@@ -322,7 +376,7 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 			exprs = append(exprs, s.CEL.Expression)
 		}
 	}
-	sz, err := p.match(ctx, published, version, className+"\x00"+class.ResourceVersion, exprs)
+	sz, err := p.match(ctx, cost, name, published, version, className+"\x00"+class.ResourceVersion, exprs)
 	if err != nil {
 		return alt, fmt.Errorf("request %q: %w", name, err)
 	}
@@ -335,6 +389,9 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 		// (plugin restart, node drained) and their claims still hold them.
 		sz = sz.merge(seen)
 	}
+	// What budgets persisted or declare for the class: a restart with its
+	// node pool at zero prices it as before.
+	sz = sz.merge(knownSizes(known, className))
 	n := max(count, 1)
 	if mode == resourceapi.DeviceAllocationModeAll {
 		n = resourceapi.AllocationResultsMaxSize
@@ -381,7 +438,7 @@ func (p *Pricer) alternative(ctx context.Context, published []resourceapi.Device
 		if ok {
 			cores = roundUpAll(sz.shareCoresPolicies, modelCoresPolicy, cores)
 		}
-		per.Cores = max(per.Cores, cores)
+		per.Cores = max(per.Cores, shareCoresUsable(cores, computeLimit(class, configs, name)))
 	}
 	if sz.mig {
 		if sz.migKnown {
@@ -499,6 +556,79 @@ func (s sizes) merge(o sizes) sizes {
 	return s
 }
 
+// knownSizes are the sizes known declares or persisted for class.
+func knownSizes(known []configapi.ClassSize, class string) sizes {
+	var sz sizes
+	for _, k := range known {
+		if k.DeviceClassName != class {
+			continue
+		}
+		memory := max(quantityValue(k.Memory), 0)
+		sz.any = true
+		switch k.Type {
+		case modelnames.TypeWhole:
+			sz.whole, sz.wholeMemory = true, max(sz.wholeMemory, memory)
+		case modelnames.TypeShared, modelnames.TypeLent:
+			sz.share, sz.shareMemoryKnown, sz.shareMemory = true, true, max(sz.shareMemory, memory)
+		default:
+			cores := int64(modelnames.CoresPerGPU)
+			if k.Cores != nil {
+				cores = *k.Cores
+			}
+			sz.mig, sz.migKnown = true, true
+			sz.migMemory, sz.migCores = max(sz.migMemory, memory), max(sz.migCores, cores)
+		}
+	}
+	return sz
+}
+
+// Seen are the largest sizes this Pricer has seen class match, as
+// classSizes entries (one per device type), for a GPUBudget's status.
+func (p *Pricer) Seen(class string) []configapi.ClassSize {
+	sz, ok := p.seen(class)
+	if !ok {
+		return nil
+	}
+	var out []configapi.ClassSize
+	add := func(typ string, memory int64, cores *int64) {
+		out = append(out, configapi.ClassSize{DeviceClassName: class, Type: typ, Memory: *resourceQuantity(memory), Cores: cores})
+	}
+	if sz.whole && sz.wholeMemory > 0 {
+		add(modelnames.TypeWhole, sz.wholeMemory, nil)
+	}
+	if sz.share && sz.shareMemoryKnown {
+		add(modelnames.TypeShared, sz.shareMemory, nil)
+	}
+	if sz.mig && sz.migKnown {
+		add(modelnames.TypeMIG, sz.migMemory, ptr.To(sz.migCores))
+	}
+	return out
+}
+
+// MergeClassSizes is a ∪ b, the largest of each (class, type), sorted.
+func MergeClassSizes(a, b []configapi.ClassSize) []configapi.ClassSize {
+	var out []configapi.ClassSize
+	for _, k := range append(slices.Clone(a), b...) {
+		i := slices.IndexFunc(out, func(o configapi.ClassSize) bool { return o.DeviceClassName == k.DeviceClassName && o.Type == k.Type })
+		if i < 0 {
+			var c configapi.ClassSize
+			k.DeepCopyInto(&c)
+			out = append(out, c)
+			continue
+		}
+		if k.Memory.Cmp(out[i].Memory) > 0 {
+			out[i].Memory = k.Memory.DeepCopy()
+		}
+		if k.Cores != nil && (out[i].Cores == nil || *k.Cores > *out[i].Cores) {
+			out[i].Cores = ptr.To(*k.Cores)
+		}
+	}
+	slices.SortFunc(out, func(x, y configapi.ClassSize) int {
+		return strings.Compare(x.DeviceClassName+"\x00"+x.Type, y.DeviceClassName+"\x00"+y.Type)
+	})
+	return out
+}
+
 // ownClassSizes is what a class of Tessera's own gives when none of its
 // devices is published: the device kind, sizes unknown.
 func ownClassSizes(className string) sizes {
@@ -585,10 +715,54 @@ func shareCores(requests map[resourceapi.QualifiedName]resource.Quantity) (int64
 	return max(quantityValue(q), 0), true
 }
 
+// shareCoresUsable is what a share may use of its GPU's compute, which is
+// what a budget charges: the config's sharing.computeLimit when one
+// applies (it is at least the guarantee), else the guarantee, or the whole
+// GPU for a share guaranteed none (ShareLimits: a best-effort share may use
+// the idle GPU).
+func shareCoresUsable(guaranteed int64, limit *int64) int64 {
+	if limit != nil {
+		return max(*limit, guaranteed)
+	}
+	if guaranteed == 0 {
+		return modelnames.CoresPerGPU
+	}
+	return guaranteed
+}
+
+// computeLimit is the sharing.computeLimit that applies to request name (or
+// request/subrequest): the last opaque config of this driver naming it (or
+// no request) in the claim, else in its class, as prepare merges them
+// (claim configs after class configs). A config that does not decode sets
+// none (the webhook refuses it; prepare fails).
+func computeLimit(class *resourceapi.DeviceClass, configs []resourceapi.DeviceClaimConfiguration, name string) *int64 {
+	var limit *int64
+	take := func(o *resourceapi.OpaqueDeviceConfiguration) {
+		if o == nil || o.Driver != modelnames.DriverName {
+			return
+		}
+		cfg, err := configapi.DecodeLenient(o.Parameters.Raw)
+		if err != nil || cfg == nil || cfg.Sharing == nil || cfg.Sharing.ComputeLimit == nil {
+			return
+		}
+		limit = ptr.To(int64(*cfg.Sharing.ComputeLimit))
+	}
+	for _, c := range class.Spec.Config {
+		take(c.Opaque)
+	}
+	parent, _, _ := strings.Cut(name, "/")
+	for _, c := range configs {
+		if len(c.Requests) == 0 || slices.Contains(c.Requests, name) || slices.Contains(c.Requests, parent) {
+			take(c.Opaque)
+		}
+	}
+	return limit
+}
+
 // match returns the sizes of the published devices that exprs match, from
 // the cache when the devices are of the same version (version 0 is never
 // cached).
-func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, version uint64, class string, exprs []string) (sizes, error) {
+func (p *Pricer) match(ctx context.Context, cost *costLeft, request string, published []resourceapi.Device, version uint64, class string, exprs []string) (sizes, error) {
 	key := class + "\x00" + strings.Join(exprs, "\x00")
 	var sz sizes
 	if version != 0 {
@@ -603,8 +777,11 @@ func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, vers
 		}
 	}
 	for i := range published {
+		if err := ctx.Err(); err != nil {
+			return sizes{}, err
+		}
 		d := &published[i]
-		ok, err := p.matches(ctx, exprs, d)
+		ok, err := p.matches(ctx, cost, request, exprs, d)
 		if err != nil {
 			return sizes{}, err
 		}
@@ -625,7 +802,7 @@ func (p *Pricer) match(ctx context.Context, published []resourceapi.Device, vers
 // matches evaluates exprs on d as the allocator does; an expression that
 // fails to compile or evaluate matches nothing, as the allocator then
 // allocates nothing.
-func (p *Pricer) matches(ctx context.Context, exprs []string, d *resourceapi.Device) (bool, error) {
+func (p *Pricer) matches(ctx context.Context, cost *costLeft, request string, exprs []string, d *resourceapi.Device) (bool, error) {
 	dev := cel.Device{Driver: modelnames.DriverName, AllowMultipleAllocations: d.AllowMultipleAllocations,
 		Attributes: d.Attributes, Capacity: d.Capacity}
 	for _, expr := range exprs {
@@ -633,10 +810,18 @@ func (p *Pricer) matches(ctx context.Context, exprs []string, d *resourceapi.Dev
 		if res.Error != nil {
 			return false, nil
 		}
-		ok, _, err := res.DeviceMatches(ctx, dev)
+		ok, details, err := res.DeviceMatches(ctx, dev)
+		if spendErr := cost.spend(request, details); spendErr != nil {
+			return false, spendErr
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
+			}
+			if strings.Contains(err.Error(), "cost limit exceeded") {
+				// The scheduler's per-evaluation limit: it cannot
+				// allocate such a claim either, and its size is not known.
+				return false, &CostError{Request: request, Why: err.Error()}
 			}
 			return false, nil
 		}
@@ -658,9 +843,15 @@ type Refusal struct {
 	// MissingClass, when set, is a DeviceClass the claim names that does
 	// not exist.
 	MissingClass, Request string
+	// TooCostly, when set, says why the claim's selectors cost too much to
+	// price.
+	TooCostly string
 }
 
 func (r *Refusal) Error() string {
+	if r.TooCostly != "" {
+		return fmt.Sprintf("GPU budget %s/%s cannot price this claim: %s", r.Namespace, r.Budget, r.TooCostly)
+	}
 	if r.MissingClass != "" {
 		return fmt.Sprintf("GPU budget %s/%s: request %q: DeviceClass %s not found: such a claim could not be allocated and its size cannot be known; create the DeviceClass first",
 			r.Namespace, r.Budget, r.Request, r.MissingClass)
@@ -676,7 +867,7 @@ func (r *Refusal) Error() string {
 // a review whose sender is not verified gets. It names the budget, the
 // dimension and the claim's own charge, and how to read the rest.
 func (r *Refusal) Redacted() string {
-	if r.MissingClass != "" || r.Unknown != "" {
+	if r.MissingClass != "" || r.Unknown != "" || r.TooCostly != "" {
 		return r.Error() // no figure of the budget in them
 	}
 	return fmt.Sprintf("GPU budget %s/%s: %s: this claim (%s) would take the budget over spec.hard; its figures: kubectl get gpubudget -n %s %s -o yaml",

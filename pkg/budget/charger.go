@@ -121,6 +121,11 @@ type Charger struct {
 	// ConfirmWindow is how long a charge counts before a claim confirms
 	// it; zero means DefaultConfirmWindow.
 	ConfirmWindow time.Duration
+	// Ready, when set, reports whether this process reconciles budgets
+	// (Controller.Synced): until then nothing here would confirm the
+	// charges it writes, so a claim a budget would charge gets a Busy
+	// refusal (retry: another replica may answer).
+	Ready func() bool
 
 	mu    sync.Mutex
 	locks map[string]*budgetLock
@@ -282,7 +287,11 @@ func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		}
 		return 0
 	})
-	cc, err := c.Pricer.Claim(ctx, &claim.Spec.Devices)
+	cc, err := c.Pricer.Price(ctx, &claim.Spec.Devices, classSizes(budgets))
+	var costly *CostError
+	if errors.As(err, &costly) {
+		return &Refusal{Namespace: budgets[0].Namespace, Budget: budgets[0].Name, TooCostly: costly.Error()}
+	}
 	if err != nil {
 		return fmt.Errorf("GPU budgets: claim %s/%s: %w", claim.Namespace, claim.Name, err)
 	}
@@ -298,6 +307,12 @@ func (c *Charger) ChargeClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		charge := cc.For(b.Spec.DeviceClassName)
 		if charge.IsZero() && len(charge.Unknown) == 0 {
 			continue
+		}
+		if c.Ready != nil && !c.Ready() {
+			if !dryRun {
+				c.rollback(ctx, claim, charged)
+			}
+			return &Busy{Namespace: b.Namespace, Budget: b.Name, Why: "cannot be checked by this webhook replica yet (it is still reading the cluster's claims)"}
 		}
 		if err := c.charge(ctx, b, claim, charge, dryRun); err != nil {
 			if !dryRun {
@@ -456,6 +471,15 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			return fmt.Errorf("GPU budget %s/%s: read after a conflict: %w", cached.Namespace, cached.Name, err)
 		}
 	}
+}
+
+// classSizes are the sizes budgets declare and persisted, merged.
+func classSizes(budgets []*configapi.GPUBudget) []configapi.ClassSize {
+	var out []configapi.ClassSize
+	for _, b := range budgets {
+		out = MergeClassSizes(out, MergeClassSizes(b.Spec.ClassSizes, b.Status.ClassSizes))
+	}
+	return out
 }
 
 // rollback removes the pending entries of claim from budgets, and their

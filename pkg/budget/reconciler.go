@@ -2,15 +2,19 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,6 +26,8 @@ import (
 	"k8s.io/klog/v2"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
+
+	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 )
 
 // Reconciler keeps each GPUBudget's status equal to what the claims of its
@@ -71,6 +77,14 @@ type Reconciler struct {
 	// Now is the clock; nil means time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
+	// Device, when set, finds a published device by pool and name: an
+	// allocated claim is then counted at what it was allocated (see
+	// count). nil: claims are counted at their price.
+	Device func(pool, name string) (*resourceapi.Device, bool)
+	// Enforced, when set, tells whether the budget webhook sees the claims
+	// of namespace (its namespaceSelector) and, when not, why: the
+	// budget's Enforced condition says it.
+	Enforced func(ctx context.Context, namespace string) (bool, string, error)
 	// Requeue, when set, asks for namespace to be reconciled again after
 	// a while: called after each budget's pass with the time until its
 	// earliest pending entry expires (plus a second), so that entries
@@ -155,7 +169,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 		return nil
 	}
 	r.pruneDeleted(r.now())
-	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}, logged: map[string]bool{}}
+	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}, logged: map[string]bool{},
+		known: classSizes(budgets), classes: map[string]bool{}}
+	if r.Enforced != nil {
+		ok, why, err := r.Enforced(ctx, namespace)
+		if err != nil {
+			return fmt.Errorf("GPU budgets of %s: is the namespace selected: %w", namespace, err)
+		}
+		pass.enforced, pass.notEnforced = &ok, why
+	}
 	var errs []error
 	for _, b := range budgets {
 		if err := r.reconcileBudget(ctx, pass, b); err != nil {
@@ -178,36 +200,150 @@ type pass struct {
 	checked   map[string]bool
 	// logged are the reasons of the read errors logged in this pass.
 	logged map[string]bool
+	// known are the class sizes the namespace's budgets declare and
+	// persisted; classes, the classes its claims name.
+	known   []configapi.ClassSize
+	classes map[string]bool
+	// enforced (nil: not known) and why not.
+	enforced    *bool
+	notEnforced string
 }
 
+// maxClassSizes bounds status.classSizes (the CRD's maxItems).
+const maxClassSizes = 64
+
+// maxOverrunsNamed bounds the claims an AllocationOverran message names.
+const maxOverrunsNamed = 5
+
 // count is what the claims the informer holds now take from budget b (as
-// b's spec says now): used, the uids held, and the dimensions in which some
-// claim's size is unknown.
-func (r *Reconciler) count(ctx context.Context, p *pass, b *configapi.GPUBudget) (Amount, map[string]bool, map[Resource]bool, error) {
+// b's spec says now): used, the uids held, the dimensions in which some
+// claim's size is unknown, and the claims allocated more than their price
+// (overran). A claim is counted at its price (the Pricer's, with the class
+// sizes the budgets know), or, once allocated and every device it got is
+// published (Device), at what it was allocated: a claim priced at a small
+// GPU and allocated a large one (a pool scaled up between) counts as the
+// large one, so later claims see it.
+func (r *Reconciler) count(ctx context.Context, p *pass, b *configapi.GPUBudget) (Amount, map[string]bool, map[Resource]bool, []string, error) {
 	claims, err := r.Claims(p.namespace)
 	if err != nil {
-		return Amount{}, nil, nil, fmt.Errorf("list the ResourceClaims of %s: %w", p.namespace, err)
+		return Amount{}, nil, nil, nil, fmt.Errorf("list the ResourceClaims of %s: %w", p.namespace, err)
 	}
 	var used Amount
 	held := map[string]bool{}
 	unknown := map[Resource]bool{}
+	var overran []string
 	for _, c := range claims {
+		held[string(c.UID)] = true
 		cc, ok := p.priced[c.UID]
 		if !ok {
-			cc, err = r.Pricer.Claim(ctx, &c.Spec.Devices)
+			cc, err = r.Pricer.Price(ctx, &c.Spec.Devices, p.known)
+			var costly *CostError
+			if errors.As(err, &costly) {
+				// Created before the budget, or before this bound: its
+				// size is unknown, used is not lowered for it.
+				for _, res := range Resources {
+					unknown[res] = true
+				}
+				continue
+			}
 			if err != nil {
-				return Amount{}, nil, nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
+				return Amount{}, nil, nil, nil, fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)
 			}
 			p.priced[c.UID] = cc
 		}
-		held[string(c.UID)] = true
+		for _, req := range cc {
+			for _, a := range req.Alternatives {
+				if a.Class != "" && len(p.classes) < maxClassSizes {
+					p.classes[a.Class] = true
+				}
+			}
+		}
 		charge := cc.For(b.Spec.DeviceClassName)
+		if alloc, ok := r.allocated(ctx, c, b.Spec.DeviceClassName); ok {
+			for _, res := range Resources {
+				if alloc.Get(res) > charge.Get(res) {
+					overran = append(overran, fmt.Sprintf("%s (%s %s, priced %s)", c.Name, res, format(res, alloc.Get(res)), format(res, charge.Get(res))))
+					break
+				}
+			}
+			charge = Charge{Amount: alloc}
+		}
 		used = used.Add(charge.Amount)
 		for res := range charge.Unknown {
 			unknown[res] = true
 		}
 	}
-	return used, held, unknown, nil
+	return used, held, unknown, overran, nil
+}
+
+// allocated is what claim c was allocated of the devices a budget of class
+// counts, false when it is not allocated or a device it got is not
+// published now (it is then counted at its price).
+func (r *Reconciler) allocated(ctx context.Context, c *resourceapi.ResourceClaim, class string) (Amount, bool) {
+	if r.Device == nil || c.Status.Allocation == nil {
+		return Amount{}, false
+	}
+	var out Amount
+	for _, res := range c.Status.Allocation.Devices.Results {
+		if res.Driver != modelnames.DriverName {
+			continue
+		}
+		reqClass := requestClass(&c.Spec.Devices, res.Request)
+		if class != "" && reqClass != class {
+			continue
+		}
+		d, ok := r.Device(res.Pool, res.Device)
+		if !ok {
+			return Amount{}, false
+		}
+		memory, _ := capacityValue(d, modelnames.Memory)
+		var a Amount
+		switch typeOf(d) {
+		case modelnames.TypeWhole:
+			a = Amount{Memory: memory, Cores: modelnames.CoresPerGPU, GPUs: 1}
+		case modelnames.TypeShared, modelnames.TypeLent:
+			if q, ok := res.ConsumedCapacity[modelnames.Memory]; ok {
+				memory = max(quantityValue(q), 0)
+			}
+			var cores int64
+			if q, ok := res.ConsumedCapacity[modelnames.Cores]; ok {
+				cores = max(quantityValue(q), 0)
+			}
+			var limit *int64
+			if cls, err := r.Pricer.classes(ctx, reqClass); err == nil {
+				limit = computeLimit(cls, c.Spec.Devices.Config, res.Request)
+			}
+			a = Amount{Memory: memory, Cores: shareCoresUsable(cores, limit)}
+		default:
+			cores, ok := capacityValue(d, modelnames.Cores)
+			if !ok {
+				cores = modelnames.CoresPerGPU
+			}
+			a = Amount{Memory: memory, Cores: cores}
+		}
+		out = out.Add(a)
+	}
+	return out, true
+}
+
+// requestClass is the DeviceClass of request name (request or
+// request/subrequest) of devices, "" when there is none.
+func requestClass(devices *resourceapi.DeviceClaim, name string) string {
+	parent, sub, hasSub := strings.Cut(name, "/")
+	for _, r := range devices.Requests {
+		if r.Name != parent {
+			continue
+		}
+		if !hasSub && r.Exactly != nil {
+			return r.Exactly.DeviceClassName
+		}
+		for _, s := range r.FirstAvailable {
+			if s.Name == sub {
+				return s.DeviceClassName
+			}
+		}
+	}
+	return ""
 }
 
 // Status is the status of budget b given what the claims the informer
@@ -325,7 +461,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 	logger := klog.FromContext(ctx)
 	key := b.Namespace + "/" + b.Name
 	for attempt := 1; ; attempt++ {
-		claims, held, unknown, err := r.count(ctx, p, b)
+		claims, held, unknown, overran, err := r.count(ctx, p, b)
 		if err != nil {
 			return err
 		}
@@ -343,6 +479,7 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 			}
 			status.Used = apiAmount(used)
 		}
+		r.annotate(p, b, &status, overran, now)
 		if !forced && sameStatus(status, b.Status) {
 			r.Metrics.observe(b)
 			r.requeue(b.Namespace, status.Pending, now)
@@ -387,13 +524,55 @@ func (r *Reconciler) reconcileBudget(ctx context.Context, p *pass, b *configapi.
 	}
 }
 
+// annotate sets status's classSizes (the largest seen for the classes of
+// the namespace's claims and of the budget, merged into those persisted:
+// never lowered) and its conditions: Enforced, and AllocationOverran while
+// some claim was allocated more than its price.
+func (r *Reconciler) annotate(p *pass, b *configapi.GPUBudget, status *configapi.GPUBudgetStatus, overran []string, now time.Time) {
+	sizes := status.ClassSizes
+	classes := slices.Sorted(maps.Keys(p.classes))
+	if b.Spec.DeviceClassName != "" {
+		classes = append(classes, b.Spec.DeviceClassName)
+	}
+	for _, class := range classes {
+		sizes = MergeClassSizes(sizes, r.Pricer.Seen(class))
+	}
+	if len(sizes) > maxClassSizes {
+		sizes = sizes[:maxClassSizes]
+	}
+	status.ClassSizes = sizes
+	conditions := slices.Clone(status.Conditions)
+	at := metav1.NewTime(now.Truncate(time.Second))
+	if p.enforced != nil {
+		c := metav1.Condition{Type: configapi.BudgetEnforced, Status: metav1.ConditionTrue, Reason: "Selected",
+			Message: "the budget webhook charges this namespace's claims", ObservedGeneration: b.Generation, LastTransitionTime: at}
+		if !*p.enforced {
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, configapi.BudgetNotEnforced, p.notEnforced
+		}
+		meta.SetStatusCondition(&conditions, c)
+	}
+	if len(overran) > 0 {
+		named := overran[:min(len(overran), maxOverrunsNamed)]
+		msg := fmt.Sprintf("%d claims were allocated more than they were priced at admission and count at their allocation: %s", len(overran), strings.Join(named, ", "))
+		meta.SetStatusCondition(&conditions, metav1.Condition{Type: configapi.BudgetAllocationOverran, Status: metav1.ConditionTrue,
+			Reason: "AllocatedLarger", Message: msg, ObservedGeneration: b.Generation, LastTransitionTime: at})
+	} else {
+		meta.RemoveStatusCondition(&conditions, configapi.BudgetAllocationOverran)
+	}
+	if len(conditions) == 0 {
+		conditions = nil
+	}
+	status.Conditions = conditions
+}
+
 // maxAttempts bounds the status writes of one budget in one pass: under
 // a stream of charges each write may conflict; the namespace is then
 // retried later (rate limited) instead of holding a worker.
 const maxAttempts = 5
 
-// DefaultSyncTimeout bounds the wait for the Controller's caches: missing
-// list or watch permission never lets them sync.
+// DefaultSyncTimeout is how long the Controller waits for its caches before
+// it logs that they have not synced (missing list or watch permission
+// never lets them), and again each time as long after.
 const DefaultSyncTimeout = 2 * time.Minute
 
 // Workers is how many namespaces a Controller reconciles at once; the
@@ -430,8 +609,8 @@ type Controller struct {
 	// Debounce is how long changes are gathered before a namespace is
 	// recomputed.
 	Debounce time.Duration
-	// SyncTimeout bounds the wait for the informers' first sync in Run
-	// (zero: DefaultSyncTimeout).
+	// SyncTimeout is how often Run logs while the informers' first sync
+	// has not happened (zero: DefaultSyncTimeout).
 	SyncTimeout time.Duration
 
 	budgets *DynamicStore
@@ -439,18 +618,28 @@ type Controller struct {
 	lister  resourcelisters.ResourceClaimLister
 	synced  cache.InformerSynced
 	queue   workqueue.TypedRateLimitingInterface[string]
+	ready   atomic.Bool
 }
+
+// Synced reports whether the Controller's caches have synced and it
+// reconciles: before, nothing confirms the charges this replica admits.
+func (c *Controller) Synced() bool { return c.ready.Load() }
 
 // NewController wires a Reconciler to informers over client's ResourceClaims
 // and store's GPUBudgets. It needs get, list and watch on resourceclaims.
 func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pricer, metrics *Metrics, resync time.Duration) *Controller {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	informer := factory.Resource().V1().ResourceClaims()
-	// Only what charges read: drop managed fields and the status.
+	// Only what charges read: drop managed fields, and of the status all
+	// but the devices allocated (what an allocated claim is counted at).
 	_ = informer.Informer().SetTransform(func(obj any) (any, error) {
 		if c, ok := obj.(*resourceapi.ResourceClaim); ok {
 			c.ManagedFields = nil
-			c.Status = resourceapi.ResourceClaimStatus{}
+			var allocation *resourceapi.AllocationResult
+			if a := c.Status.Allocation; a != nil {
+				allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: a.Devices.Results}}
+			}
+			c.Status = resourceapi.ResourceClaimStatus{Allocation: allocation}
 		}
 		return obj, nil
 	})
@@ -489,6 +678,13 @@ func NewController(client kubernetes.Interface, store *DynamicStore, pricer *Pri
 	}
 	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: later,
+		UpdateFunc: func(old, obj any) {
+			o, ok1 := old.(*resourceapi.ResourceClaim)
+			n, ok2 := obj.(*resourceapi.ResourceClaim)
+			if ok1 && ok2 && !equality.Semantic.DeepEqual(o.Status.Allocation, n.Status.Allocation) {
+				later(obj) // allocated (counted at its allocation) or deallocated
+			}
+		},
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
@@ -552,16 +748,21 @@ func (c *Controller) Run(ctx context.Context) error {
 	if timeout <= 0 {
 		timeout = DefaultSyncTimeout
 	}
-	syncCtx, cancel := context.WithTimeout(ctx, timeout)
-	synced := cache.WaitForCacheSync(syncCtx.Done(), c.synced, c.budgets.Informer().HasSynced)
-	cancel()
-	if !synced {
+	for {
+		syncCtx, cancel := context.WithTimeout(ctx, timeout)
+		synced := cache.WaitForCacheSync(syncCtx.Done(), c.synced, c.budgets.Informer().HasSynced)
+		cancel()
+		if synced {
+			break
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// Fail (the process exits non-zero) rather than wait unseen.
-		return fmt.Errorf("the caches of ResourceClaims and GPUBudgets did not sync within %v: may the service account list and watch resourceclaims and gpubudgets?", timeout)
+		// Keep waiting, and serving: until then the Charger answers
+		// budget reviews with a retry (Synced), the other paths as usual.
+		logger.Error(nil, "The caches of ResourceClaims and GPUBudgets have not synced yet; budget reviews get a retry until they have: may the service account list and watch resourceclaims and gpubudgets?", "waited", timeout)
 	}
+	c.ready.Store(true)
 	logger.Info("Reconciling GPU budgets", "resync", c.Resync)
 	go func() {
 		if c.Resync <= 0 {

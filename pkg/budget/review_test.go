@@ -2,6 +2,7 @@ package budget
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -228,20 +229,32 @@ func TestReconcilerConflictsBounded(t *testing.T) {
 }
 
 // Without list permission on resourceclaims the caches never sync: Run
-// fails after SyncTimeout instead of waiting unseen.
-func TestRunFailsWhenCachesDoNotSync(t *testing.T) {
+// keeps waiting (the process serves on) instead of failing, and until it
+// has synced the charger answers claims a budget would charge with a retry.
+func TestRunWaitsWhenCachesDoNotSync(t *testing.T) {
 	client := kubefake.NewClientset()
 	client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(resourceapi.Resource("resourceclaims"), "", fmt.Errorf("RBAC"))
 	})
-	f := newFakeBudgets(t)
+	f := newFakeBudgets(t, budget("gpu", "", "40Gi", nil, nil))
 	c := NewController(client, NewDynamicStore(f.client, 0), pricer(twoModels()), nil, time.Minute)
-	c.SyncTimeout = 300 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c.SyncTimeout = 100 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	err := c.Run(ctx)
-	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "did not sync") {
-		t.Errorf("Run: %v (context %v), want a sync failure before the context ends", err, ctx.Err())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	charger := newCharger(f)
+	charger.Ready = c.Synced
+	time.Sleep(300 * time.Millisecond)
+	resp := charger.Admit(context.Background(), review(t, share("a", "1Gi"), false))
+	if resp.Allowed || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "retry") {
+		t.Errorf("before the caches synced: %+v, want a retry refusal", resp.Result)
+	}
+	if err := <-done; ctx.Err() == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run: %v before its context ended, want it to wait until then", err)
+	}
+	if c.Synced() {
+		t.Error("Synced without the caches")
 	}
 }
 
