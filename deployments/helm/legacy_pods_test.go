@@ -50,7 +50,7 @@ func webhookGrants(t *testing.T, resource, verb string, args ...string) bool {
 
 // TestLegacyPodTranslation: off by default (no webhook entry, no flag, no
 // access to pods); on, the entry is what docs/migration.md says —
-// NoneOnDryRun, Fail, Never, the opt-in label, the Translator's path — and
+// sideEffects None, Fail, Never, the opt-in label, the Translator's path — and
 // the webhook gets its flags and RBAC.
 func TestLegacyPodTranslation(t *testing.T) {
 	if w := legacyPodsWebhook(t); w != nil {
@@ -64,7 +64,7 @@ func TestLegacyPodTranslation(t *testing.T) {
 	if w == nil {
 		t.Fatal("no legacy-pods webhook with webhook.legacyTranslation.enabled")
 	}
-	if *w.SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun || *w.FailurePolicy != admissionregistrationv1.Fail ||
+	if *w.SideEffects != admissionregistrationv1.SideEffectClassNone || *w.FailurePolicy != admissionregistrationv1.Fail ||
 		*w.ReinvocationPolicy != admissionregistrationv1.NeverReinvocationPolicy {
 		t.Errorf("sideEffects %s, failurePolicy %s, reinvocationPolicy %s", *w.SideEffects, *w.FailurePolicy, *w.ReinvocationPolicy)
 	}
@@ -86,16 +86,19 @@ func TestLegacyPodTranslation(t *testing.T) {
 		}
 	}
 	for _, g := range []struct{ resource, verb string }{
-		{"pods", "list"}, {"pods", "watch"}, {"namespaces", "list"}, {"namespaces", "watch"},
+		{"pods", "list"}, {"pods", "watch"}, {"namespaces", "get"}, {"namespaces", "list"}, {"namespaces", "watch"},
 		{"resourceclaimtemplates", "create"}, {"resourceclaimtemplates", "get"}, {"resourceclaimtemplates", "list"},
-		{"resourceclaimtemplates", "watch"}, {"resourceclaimtemplates", "patch"}, {"resourceclaimtemplates", "delete"},
+		{"resourceclaimtemplates", "watch"}, {"resourceclaimtemplates", "delete"},
 	} {
 		if !webhookGrants(t, g.resource, g.verb, on...) {
 			t.Errorf("the webhook may not %s %s", g.verb, g.resource)
 		}
 	}
-	if webhookGrants(t, "pods", "update", on...) || webhookGrants(t, "pods", "delete", on...) {
+	if webhookGrants(t, "pods", "update", on...) || webhookGrants(t, "pods", "delete", on...) || webhookGrants(t, "pods", "patch", on...) {
 		t.Error("the webhook may change pods")
+	}
+	if webhookGrants(t, "resourceclaimtemplates", "patch", on...) || webhookGrants(t, "resourceclaimtemplates", "update", on...) {
+		t.Error("the webhook may change templates it did not create")
 	}
 }
 
