@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tessera-dev/tessera/tests/e2e/framework"
 
@@ -26,16 +27,18 @@ import (
 	"github.com/tessera-dev/tessera/pkg/webhook/legacypods"
 )
 
-// TestLegacyTranslation is issue 24's end-to-end check of the translation at
-// Pod CREATE: with the release switched to webhook.legacyTranslation.enabled
+// TestLegacyTranslation is the end-to-end check of the translation at Pod
+// CREATE: with the release switched to webhook.legacyTranslation.enabled
 // and deviceClasses.nvidiaGPU.create (restored at the end), in namespaces
 // labelled gpu.tessera.dev/translate-legacy=true, pods written as HAMi,
 // gpushare, Koordinator and NVIDIA's device plugin document them run and see
 // the GPUs and limits their translation asks for; admitting a pod again
 // changes nothing; a Deployment's pods are translated; a translated request
 // beside the pod's own claim works; a contradictory request is refused
-// naming the field; and a ResourceQuota on requests.nvidia.com/gpu counts
-// device-plugin pods and refuses one over it.
+// naming the field; a template is made by the webhook's controller only
+// once the pod is stored (a dry run makes none), and the pod then starts;
+// and a ResourceQuota on requests.nvidia.com/gpu counts device-plugin pods
+// and refuses one over it.
 func TestLegacyTranslation(t *testing.T) {
 	c := needDriver(t, "gpu.tessera.dev", "shared.gpu.tessera.dev")
 	framework.HelmUpgradeValues(t, c, map[string]any{
@@ -53,6 +56,7 @@ func TestLegacyTranslation(t *testing.T) {
 	t.Run("DeploymentPodsTranslated", func(t *testing.T) { legacyDeployment(t, c, ns) })
 	t.Run("TranslatedBesideOwnClaim", func(t *testing.T) { legacyBesideOwnClaim(t, c, ns) })
 	t.Run("ContradictionRefused", func(t *testing.T) { legacyContradiction(t, c, ns) })
+	t.Run("TemplateMadeForStoredPod", func(t *testing.T) { legacyTemplateFromPod(t, c, ns) })
 	t.Run("QuotaCountsDevicePluginPods", func(t *testing.T) { legacyQuota(t, c) })
 }
 
@@ -366,6 +370,80 @@ func legacyContradiction(t *testing.T, c *framework.Cluster, ns string) {
 		t.Errorf("the refused pod changed the namespace's templates: %v before, %v after", before, after)
 	}
 	t.Logf("contradictory pod (gpumem 3000 + gpumem-percentage 50) refused: %v", err)
+}
+
+// legacyTemplateFromPod: a HAMi pod of a shape no other pod of the test
+// has (gpumem 1234, gpucores 12) dry-runs to a translated pod whose
+// template does not exist: admission made none. Created for real, the pod
+// carries the translation label and the record of what was removed; the
+// webhook's controller creates the template (labelled as its own, annotated
+// with the pod), the resourceclaim controller then the claim, and the pod
+// runs with its share. The delays from the pod's creation to its template
+// and to its running are logged.
+func legacyTemplateFromPod(t *testing.T, c *framework.Cluster, ns string) {
+	ctx := context.Background()
+	limits := map[string]string{legacy.NvidiaGPU: "1", legacy.HAMiMemory: "1234", legacy.HAMiCores: "12"}
+	dry, err := c.Client.CoreV1().Pods(ns).Create(ctx, legacyPod("fresh", limits, nil), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		t.Fatalf("dry run: %v", err)
+	}
+	if len(dry.Spec.ResourceClaims) != 1 || dry.Spec.ResourceClaims[0].ResourceClaimTemplateName == nil {
+		t.Fatalf("dry run: resourceClaims %+v, want one translated entry", dry.Spec.ResourceClaims)
+	}
+	name := *dry.Spec.ResourceClaims[0].ResourceClaimTemplateName
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("template %s after a dry run: %v, want NotFound (admission writes nothing)", name, err)
+	}
+
+	start := time.Now()
+	created := createPod(t, t, c, ns, legacyPod("fresh", limits, nil))
+	if created.Labels[legacy.LabelTranslated] != "true" || created.Annotations[legacy.AnnotationSource] == "" {
+		t.Errorf("pod fresh: labels %v, annotations %v; want %s=true and %s", created.Labels, created.Annotations, legacy.LabelTranslated, legacy.AnnotationSource)
+	}
+	var tmplAfter time.Duration
+	err = framework.Poll(ctx, "template "+name, framework.PodTimeout, func(ctx context.Context) (bool, error) {
+		tmpl, err := c.Client.ResourceV1().ResourceClaimTemplates(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, framework.Retry("%v", err)
+		}
+		tmplAfter = time.Since(start)
+		if tmpl.Labels[legacypods.LabelAdmission] != "true" || !strings.HasPrefix(tmpl.Annotations[legacypods.AnnotationCreatedFor], "fresh (uid "+string(created.UID)+")") {
+			t.Errorf("template %s: labels %v, annotations %v; want %s=true and made for pod fresh", name, tmpl.Labels, tmpl.Annotations, legacypods.LabelAdmission)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claimAfter time.Duration
+	err = framework.Poll(ctx, "the claim of pod fresh", framework.PodTimeout, func(ctx context.Context) (bool, error) {
+		pod, err := c.Client.CoreV1().Pods(ns).Get(ctx, "fresh", metav1.GetOptions{})
+		if err != nil {
+			return false, framework.Retry("%v", err)
+		}
+		for _, st := range pod.Status.ResourceClaimStatuses {
+			if st.ResourceClaimName != nil {
+				claimAfter = time.Since(start)
+				return true, nil
+			}
+		}
+		return false, framework.Retry("status.resourceClaimStatuses %+v", pod.Status.ResourceClaimStatuses)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := c.WaitForEnvPod(ctx, ns, "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runAfter := time.Since(start)
+	d := framework.ClaimOf(t, c, sp, legacy.ClaimName(false, 0))
+	framework.WantConsumed(t, "fresh", d, map[string]string{"memory": "1234Mi", "cores": "12"})
+	want := framework.ShareGPU(t, d, "1234Mi", 12)
+	framework.WantGPUs(t, "pod fresh", sp.Env, want)
+	t.Logf("pod fresh (%s): template %s seen %v after the pod's creation, its claim %v after, its env read %v after; the container saw %s",
+		describeLegacy(limits, nil), name, tmplAfter.Round(time.Millisecond), claimAfter.Round(time.Millisecond), runAfter.Round(time.Millisecond),
+		gpuEnvLine(sp.Env, want.Minor))
 }
 
 // legacyQuota: in a translating namespace under a ResourceQuota of
