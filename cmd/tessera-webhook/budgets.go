@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/spf13/pflag"
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -27,6 +32,9 @@ type budgetFlags struct {
 	resync         time.Duration
 	webhookTimeout time.Duration
 	metricsAddress string
+	// namespaceSelector is the budget webhook's namespaceSelector (a JSON
+	// LabelSelector), for the budgets' Enforced condition.
+	namespaceSelector string
 }
 
 func (b *budgetFlags) add(flags *pflag.FlagSet) {
@@ -41,6 +49,9 @@ func (b *budgetFlags) add(flags *pflag.FlagSet) {
 	flags.DurationVar(&b.resync, "budget-resync", time.Minute, "how often every GPUBudget is recomputed from the claims without a change")
 	flags.DurationVar(&b.webhookTimeout, "budget-webhook-timeout", 5*time.Second,
 		"the budget webhook's timeoutSeconds in its ValidatingWebhookConfiguration (the chart passes it): --budget-pending-ttl must exceed it")
+	flags.StringVar(&b.namespaceSelector, "budget-namespace-selector", "",
+		"the namespaceSelector of the budget webhook's entry in the ValidatingWebhookConfiguration, as JSON (the chart passes it): "+
+			"a GPUBudget in a namespace it does not select gets the condition Enforced False, reason NotEnforced (get on namespaces); empty: no such condition")
 	flags.StringVar(&b.metricsAddress, "budget-metrics-bind-address", "",
 		"serve the budgets' Prometheus metrics (tessera_gpu_budget_used, _hard, _refusals_total, _errors_total) over HTTPS on this address at /metrics, "+
 			"with --tls-cert-file's certificate, to bearer tokens whose user may get the non-resource URL /metrics "+
@@ -64,7 +75,43 @@ func (b *budgetFlags) validate() error {
 	if b.resync <= 0 {
 		return errors.New("--budget-resync must be positive")
 	}
+	if _, err := b.selector(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// selector parses --budget-namespace-selector; nil when unset.
+func (b *budgetFlags) selector() (labels.Selector, error) {
+	if b.namespaceSelector == "" {
+		return nil, nil
+	}
+	var ls metav1.LabelSelector
+	if err := json.Unmarshal([]byte(b.namespaceSelector), &ls); err != nil {
+		return nil, fmt.Errorf("--budget-namespace-selector %q: not a JSON LabelSelector: %w", b.namespaceSelector, err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&ls)
+	if err != nil {
+		return nil, fmt.Errorf("--budget-namespace-selector %q: %w", b.namespaceSelector, err)
+	}
+	return sel, nil
+}
+
+// enforced tells whether the budget webhook's namespaceSelector, sel,
+// selects namespace (read live: a label is a cluster admin's write, seen
+// on the next reconcile).
+func enforced(kube kubernetes.Interface, sel labels.Selector) func(ctx context.Context, namespace string) (bool, string, error) {
+	return func(ctx context.Context, namespace string) (bool, string, error) {
+		ns, err := kube.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
+		if err != nil {
+			return false, "", err
+		}
+		if sel.Matches(labels.Set(ns.Labels)) {
+			return true, "", nil
+		}
+		return false, fmt.Sprintf("namespace %s is not selected by the budget webhook's namespaceSelector (%s): its claims are not charged; "+
+			"a cluster admin labels it (budgets.namespaceSelector in the chart, by default gpu.tessera.dev/budgets=enforced) to enforce this budget", namespace, sel), nil
+	}
 }
 
 // start builds the charger and the reconciler; the tasks run the
@@ -93,7 +140,11 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	store := budget.NewDynamicStore(dyn, 0)
 	metrics := budget.NewMetrics()
 	controller := budget.NewController(kube, store, pricer, metrics, b.resync)
-	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, ConfirmWindow: b.confirmWindow, Metrics: metrics}
+	controller.Reconciler.Device = inventory.Device
+	if sel, _ := b.selector(); sel != nil {
+		controller.Reconciler.Enforced = enforced(kube, sel)
+	}
+	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, ConfirmWindow: b.confirmWindow, Metrics: metrics, Ready: controller.Synced}
 	if err := charger.WatchDeletions(store.Informer()); err != nil {
 		return nil, nil, err
 	}
@@ -119,4 +170,19 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 		tasks = append(tasks, task{srv.Run, "the GPU budget metrics server"})
 	}
 	return charger.Admit, tasks, nil
+}
+
+// notCharging is budget.Path's admission without --budgets: a replica that
+// does not charge budgets (one of a rollout that turns them on or off)
+// answers a ResourceClaim CREATE with a retry instead of admitting it
+// uncharged; the API server's next try may reach a replica that charges.
+// Only claims of the namespaces the budget webhook selects are sent here.
+// Anything else is allowed.
+func notCharging(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+	if req.Operation != admissionv1.Create || req.Resource.Resource != "resourceclaims" {
+		return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
+	}
+	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: false, Result: &metav1.Status{
+		Status: metav1.StatusFailure, Code: http.StatusTooManyRequests, Reason: metav1.StatusReasonTooManyRequests,
+		Message: "GPU budgets: this webhook replica does not charge GPU budgets (it runs without --budgets, as during a rollout that turns them on or off), retry in a few seconds"}}
 }

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -100,13 +99,12 @@ func newCommand() *cobra.Command {
 			models.Start(ctx)
 			server.Models = models
 			server.Admitters = map[string]webhook.AdmitFunc{}
-			// budget.Path is always served, behind review slots of its own
-			// (its reviews wait on per-budget locks): without --budgets it
-			// allows everything, so that replicas of a version or
-			// configuration without budgets answer a webhook configuration
-			// that already sends claims there (a helm upgrade that turns
-			// budgets on) instead of 404, which failurePolicy Fail turns
-			// into refusals.
+			// budget.Path is always served, behind review slots of its own:
+			// without --budgets it answers claims with a retry
+			// (notCharging), so that replicas of a version or
+			// configuration without budgets that a webhook configuration
+			// already sends claims to (a helm upgrade that turns budgets
+			// on) neither admit them uncharged nor answer 404.
 			var background []task
 			var charge webhook.AdmitFunc
 			if budgets.enabled {
@@ -175,17 +173,12 @@ func newCommand() *cobra.Command {
 }
 
 // isolated are the Server's Isolated paths: budget.Path with charge, or
-// allowAll when charge is nil (no --budgets).
+// notCharging when charge is nil (no --budgets).
 func isolated(charge webhook.AdmitFunc) map[string]webhook.AdmitFunc {
 	if charge == nil {
-		charge = allowAll
+		charge = notCharging
 	}
 	return map[string]webhook.AdmitFunc{budget.Path: charge}
-}
-
-// allowAll is budget.Path's admission without --budgets.
-func allowAll(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
-	return &admissionv1.AdmissionResponse{UID: req.UID, Allowed: true}
 }
 
 // task is a background task and what it is, for messages.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-dev/tessera/pkg/budget"
 )
@@ -164,16 +165,20 @@ func TestServeWithBackgroundFailure(t *testing.T) {
 	}
 }
 
-// TestBudgetPathAlwaysServed: without --budgets, budget.Path allows every
-// review (replicas without budgets answer a webhook configuration that
-// already sends claims there).
+// TestBudgetPathAlwaysServed: without --budgets, budget.Path answers a
+// claim's CREATE with a retry (a replica of a rollout that turns budgets on
+// must not admit claims uncharged) and allows anything else.
 func TestBudgetPathAlwaysServed(t *testing.T) {
 	admit, ok := isolated(nil)[budget.Path]
 	if !ok {
 		t.Fatalf("%s not served without --budgets", budget.Path)
 	}
-	resp := admit(context.Background(), &admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create})
-	if !resp.Allowed || resp.UID != "u" {
-		t.Errorf("without --budgets: %+v, want allowed", resp)
+	claims := metav1.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceclaims"}
+	resp := admit(context.Background(), &admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create, Resource: claims})
+	if resp.Allowed || resp.UID != "u" || resp.Result.Code != 429 || !strings.Contains(resp.Result.Message, "retry") {
+		t.Errorf("a claim without --budgets: %+v, want a retry refusal", resp)
+	}
+	if resp := admit(context.Background(), &admissionv1.AdmissionRequest{UID: "v", Operation: admissionv1.Delete, Resource: claims}); !resp.Allowed {
+		t.Errorf("a delete without --budgets: %+v, want allowed", resp)
 	}
 }

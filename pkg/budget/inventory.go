@@ -38,6 +38,31 @@ type Inventory struct {
 	mu          sync.Mutex
 	flat        []resourceapi.Device
 	flatVersion uint64
+	// byName indexes flat by pool and device name.
+	byName map[poolDevice]int
+}
+
+type poolDevice struct{ pool, device string }
+
+// slimSlice keeps of a ResourceSlice what pricing reads: the driver, the
+// pool and each device's name, attributes, capacity and whether it allows
+// multiple allocations (what a CEL selector may read). Managed fields,
+// taints, counters and node selectors go: a cluster's slices held whole
+// are most of a webhook replica's memory.
+func slimSlice(obj any) (any, error) {
+	s, ok := obj.(*resourceapi.ResourceSlice)
+	if !ok {
+		return obj, nil
+	}
+	s.ManagedFields = nil
+	s.Annotations = nil
+	s.Spec.SharedCounters = nil
+	s.Spec.NodeSelector = nil
+	for i := range s.Spec.Devices {
+		d := &s.Spec.Devices[i]
+		*d = resourceapi.Device{Name: d.Name, Attributes: d.Attributes, Capacity: d.Capacity, AllowMultipleAllocations: d.AllowMultipleAllocations}
+	}
+	return s, nil
 }
 
 var sliceDriverSelector = fields.OneTermEqualSelector("spec.driver", modelnames.DriverName).String()
@@ -47,6 +72,7 @@ func NewInventory(client kubernetes.Interface) *Inventory {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sliceDriverSelector }))
 	informer := factory.Resource().V1().ResourceSlices()
+	_ = informer.Informer().SetTransform(slimSlice)
 	inv := &Inventory{client: client, factory: factory, lister: informer.Lister(), synced: informer.Informer().HasSynced}
 	inv.version.Store(1)
 	bump := func(any) { inv.version.Add(1) }
@@ -89,13 +115,37 @@ func (inv *Inventory) Devices(ctx context.Context) ([]resourceapi.Device, uint64
 		// Version 0: not cached, the next call lists again.
 	}
 	out := []resourceapi.Device{}
+	byName := map[poolDevice]int{}
 	for _, s := range slices {
 		if s.Spec.Driver == modelnames.DriverName {
-			out = append(out, s.Spec.Devices...)
+			for _, d := range s.Spec.Devices {
+				byName[poolDevice{s.Spec.Pool.Name, d.Name}] = len(out)
+				out = append(out, d)
+			}
 		}
 	}
 	if version != 0 {
-		inv.flat, inv.flatVersion = out, version
+		inv.flat, inv.flatVersion, inv.byName = out, version, byName
 	}
 	return out, version, nil
+}
+
+// Device finds the published device name of pool, from the informer's
+// cache (false before it has synced, or when no slice publishes it): what
+// the Reconciler counts an allocated claim at.
+func (inv *Inventory) Device(pool, name string) (*resourceapi.Device, bool) {
+	if !inv.synced() {
+		return nil, false
+	}
+	if _, _, err := inv.Devices(context.Background()); err != nil {
+		return nil, false
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	i, ok := inv.byName[poolDevice{pool, name}]
+	if !ok {
+		return nil, false
+	}
+	d := inv.flat[i]
+	return &d, true
 }
