@@ -3,6 +3,8 @@ package webhook
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -69,6 +71,7 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 	}
 	mig := selectsMIG(selectors)
 	var errs field.ErrorList
+	var floor classConsistency
 	for i, entry := range class.Spec.Config {
 		if entry.Opaque == nil || entry.Opaque.Driver != configapi.GroupName {
 			continue
@@ -92,10 +95,71 @@ func reviewDeviceClass(req *admissionv1.AdmissionRequest) *admissionv1.Admission
 		if mig && len(valid) == 0 {
 			errs = append(errs, migClassConfigErrors(class.Metadata.Name, path, cfg)...)
 		}
+		if len(valid) == 0 {
+			errs = append(errs, floor.add(path, cfg)...)
+		}
 	}
+	errs = append(errs, floor.check()...)
 	if len(errs) > 0 {
 		resp.Allowed = false
 		resp.Result = denial(req, errs)
 	}
 	return resp
+}
+
+// classConsistency follows the sharing settings of a class's configs in
+// order, as prepare merges them (configapi.ConfigForRequest), to refuse a
+// class whose configs contradict each other or themselves: every share of
+// it would be refused at prepare, or its sharing.isolation, the default of
+// its shares, never allowed.
+type classConsistency struct {
+	// allowed holds the isolations every config so far allows (nil: no
+	// config sets sharing.allowedIsolations); allowedAt names them.
+	allowed   []configapi.Isolation
+	allowedAt []string
+	// isolation is the last sharing.isolation set, at isolationPath.
+	isolation     configapi.Isolation
+	isolationPath *field.Path
+}
+
+// add takes the next valid config of the class, at path (its
+// opaque.parameters), and refuses an allowedIsolations that leaves no
+// isolation in common with the earlier configs'.
+func (f *classConsistency) add(path *field.Path, cfg *configapi.GpuConfig) field.ErrorList {
+	if cfg.Sharing == nil {
+		return nil
+	}
+	if cfg.Sharing.Isolation != "" {
+		f.isolation, f.isolationPath = cfg.Sharing.Isolation, path.Child("sharing", "isolation")
+	}
+	allowed := cfg.Sharing.AllowedIsolations
+	if allowed == nil {
+		return nil
+	}
+	at := path.Child("sharing", "allowedIsolations")
+	if f.allowed == nil {
+		f.allowed, f.allowedAt = slices.Clone(allowed), []string{at.String()}
+		return nil
+	}
+	common := slices.DeleteFunc(slices.Clone(f.allowed), func(i configapi.Isolation) bool { return !slices.Contains(allowed, i) })
+	if len(common) == 0 {
+		return field.ErrorList{field.Invalid(at, configapi.FormatIsolations(allowed), fmt.Sprintf(
+			"has no isolation in common with %s (%s): a share must have an isolation every one of them allows, so prepare would refuse every share of the class",
+			strings.Join(f.allowedAt, ", "), configapi.FormatIsolations(f.allowed)))}
+	}
+	f.allowed, f.allowedAt = common, append(f.allowedAt, at.String())
+	return nil
+}
+
+// check refuses a class whose sharing.isolation (the last one set) is not
+// among the isolations its configs allow: prepare refuses every share of
+// the class that does not choose another isolation itself.
+func (f *classConsistency) check() field.ErrorList {
+	if f.isolation == "" || f.allowed == nil || slices.Contains(f.allowed, f.isolation) {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(f.isolationPath, string(f.isolation), fmt.Sprintf(
+		"is not among the isolations the class allows (%s, sharing.allowedIsolations at %s): prepare would refuse every share of the class "+
+			"that does not set another isolation itself; set sharing.isolation to one of them",
+		configapi.FormatIsolations(f.allowed), strings.Join(f.allowedAt, ", ")))}
 }

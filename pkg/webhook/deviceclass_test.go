@@ -56,6 +56,20 @@ func TestReviewDeviceClass(t *testing.T) {
 		{name: "control characters in a key are quoted", op: admissionv1.Create, version: "v1",
 			object: classWith(`{` + head + `,"x\u0007\n":1}`),
 			want:   `"x\a\n": unknown field`},
+		{name: "an isolation its own floor does not allow", op: admissionv1.Create, version: "v1",
+			object: classWith(`{` + head + `,"sharing":{"isolation":"Advisory","allowedIsolations":["MPS","HAMiCore"]}}`),
+			want: "spec.config[1].opaque.parameters.sharing.isolation: Invalid value: \"Advisory\": is not among the isolations the class allows (MPS, HAMiCore, " +
+				"sharing.allowedIsolations at spec.config[1].opaque.parameters.sharing.allowedIsolations): prepare would refuse every share of the class that does not set another isolation itself"},
+		{name: "floors of two configs without an isolation in common", op: admissionv1.Update, version: "v1",
+			object: `{"apiVersion":"resource.k8s.io/v1","kind":"DeviceClass","metadata":{"name":"c"},"spec":{"config":[` +
+				`{"opaque":{"driver":"gpu.tessera.dev","parameters":{` + head + `,"sharing":{"allowedIsolations":["MPS","HAMiCore"]}}}},` +
+				`{"opaque":{"driver":"gpu.tessera.dev","parameters":{` + head + `,"sharing":{"isolation":"DriverMemory","allowedIsolations":["DriverMemory"]}}}}]}}`,
+			want: "spec.config[1].opaque.parameters.sharing.allowedIsolations: Invalid value: \"DriverMemory\": has no isolation in common with " +
+				"spec.config[0].opaque.parameters.sharing.allowedIsolations (MPS, HAMiCore): a share must have an isolation every one of them allows, so prepare would refuse every share of the class"},
+		{name: "a later config narrows the floor to the class's isolation", op: admissionv1.Create, version: "v1",
+			object: `{"apiVersion":"resource.k8s.io/v1","kind":"DeviceClass","metadata":{"name":"c"},"spec":{"config":[` +
+				`{"opaque":{"driver":"gpu.tessera.dev","parameters":{` + head + `,"sharing":{"isolation":"MPS","allowedIsolations":["MPS","HAMiCore"]}}}},` +
+				`{"opaque":{"driver":"gpu.tessera.dev","parameters":{` + head + `,"sharing":{"allowedIsolations":["HAMiCore","MPS"]}}}}]}}`},
 		{name: "delete is not reviewed", op: admissionv1.Delete, version: "v1", object: classWith(`{"bad":1}`)},
 		{name: "no config of ours", op: admissionv1.Create, version: "v1",
 			object: `{"apiVersion":"resource.k8s.io/v1","kind":"DeviceClass","spec":{"selectors":[{"cel":{"expression":"true"}}]}}`},
