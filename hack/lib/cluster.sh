@@ -179,6 +179,59 @@ KUBECONFIG
   chmod 600 "$file"
 }
 
+# webhook_client_config DIR HOSTPORT...: the API server's identity towards
+# admission webhooks, written once: a CA of its own (DIR/webhook-client-ca.crt,
+# which a webhook trusts), a client certificate for CN kube-apiserver, a
+# kubeconfig whose users are named after each webhook HOSTPORT (the API server
+# picks the user by the webhook's host:port, or host for port 443:
+# k8s.io/apiserver's webhook authentication resolver) and the
+# AdmissionConfiguration naming it for validating and mutating webhooks
+# (DIR/admission.yaml, for --admission-control-config-file).
+webhook_client_config() {
+  local d=$1 hp
+  shift
+  mkdir -p "$d"
+  if [ ! -s "$d/webhook-client.crt" ]; then
+    (
+      cd "$d" || exit 1
+      openssl genrsa -out webhook-client-ca.key 2048 2>/dev/null
+      openssl req -x509 -new -key webhook-client-ca.key -sha256 -days 30 -subj "/CN=tessera-local-webhook-client-ca" \
+        -out webhook-client-ca.crt 2>/dev/null
+      openssl genrsa -out webhook-client.key 2048 2>/dev/null
+      openssl req -new -key webhook-client.key -subj "/CN=kube-apiserver" -out webhook-client.csr 2>/dev/null
+      echo "extendedKeyUsage=clientAuth" >webhook-client.ext
+      openssl x509 -req -in webhook-client.csr -CA webhook-client-ca.crt -CAkey webhook-client-ca.key -CAcreateserial \
+        -days 30 -sha256 -extfile webhook-client.ext -out webhook-client.crt 2>/dev/null
+      chmod 600 ./*.key
+    )
+  fi
+  {
+    echo "apiVersion: v1"
+    echo "kind: Config"
+    echo "users:"
+    for hp in "$@"; do
+      echo "- name: '$hp'"
+      echo "  user: {client-certificate: $d/webhook-client.crt, client-key: $d/webhook-client.key}"
+    done
+  } >"$d/webhook-client.kubeconfig"
+  chmod 600 "$d/webhook-client.kubeconfig"
+  cat >"$d/admission.yaml" <<ADMISSION
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $d/webhook-client.kubeconfig
+- name: MutatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: $d/webhook-client.kubeconfig
+ADMISSION
+}
+
 # ---------------------------------------------------------------------------
 # The control plane, on 127.0.0.1: what both clusters start alike. Each starter
 # takes the bin dir of the built binaries, then the flags only its caller passes.

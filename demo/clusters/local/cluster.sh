@@ -20,6 +20,8 @@
 #   TESSERA_REGISTRY_PORT    in-memory registry on 127.0.0.1 [5000]
 #   TESSERA_APISERVER_PORT   kube-apiserver on 127.0.0.1 [6443]
 #   TESSERA_ETCD_PORT        etcd client port on 127.0.0.1; peer port is +1 [2379]
+#   TESSERA_WEBHOOK_PORT     the webhook's port on 127.0.0.1 (install.sh's), which
+#                            the API server sends its webhook client certificate to [9443]
 #   TESSERA_POD_CIDR         bridge CNI subnet [10.244.0.0/24]
 #   TESSERA_UP_TIMEOUT       seconds to wait for each component [180]
 #
@@ -41,6 +43,7 @@ STATE=${TESSERA_STATE_DIR:-/tmp/tessera-local}
 REGISTRY_PORT=${TESSERA_REGISTRY_PORT:-5000}
 APISERVER_PORT=${TESSERA_APISERVER_PORT:-6443}
 ETCD_PORT=${TESSERA_ETCD_PORT:-2379}
+WEBHOOK_PORT=${TESSERA_WEBHOOK_PORT:-9443}
 ETCD_PEER_PORT=$((ETCD_PORT + 1))
 POD_CIDR=${TESSERA_POD_CIDR:-10.244.0.0/24}
 UP_TIMEOUT=${TESSERA_UP_TIMEOUT:-180}
@@ -311,7 +314,12 @@ cmd_up() {
 
   start_etcd "$BIN" local
   local p=$STATE/pki
+  # The API server sends webhooks a client certificate (CN kube-apiserver,
+  # signed by $p/webhook-client-ca.crt, which install.sh gives the webhook):
+  # to the chart's webhook by URL (overlay/values.yaml) and by Service.
+  webhook_client_config "$p" "127.0.0.1:$WEBHOOK_PORT" tessera-webhook.tessera.svc
   start_apiserver "$BIN" --enable-admission-plugins NodeRestriction --allow-privileged \
+    --admission-control-config-file "$p/admission.yaml" \
     --kubelet-client-certificate "$p/kubelet-client.crt" --kubelet-client-key "$p/kubelet-client.key" \
     --kubelet-preferred-address-types Hostname,InternalIP
 

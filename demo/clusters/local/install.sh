@@ -110,6 +110,11 @@ done
 kubectl delete --ignore-not-found validatingadmissionpolicybinding/tessera-resourceslices \
   validatingadmissionpolicy/tessera-resourceslices >/dev/null
 
+# The API server's webhook client certificate (cluster.sh up): the webhook
+# verifies it and refuses reviews without it (webhook.clientAuth).
+client_ca=$STATE/pki/webhook-client-ca.crt
+[ -s "$client_ca" ] || die "no $client_ca: the cluster was started by an older cluster.sh, restart it (cluster.sh down; cluster.sh up)"
+
 log "helm upgrade --install $RELEASE (mock profile $PROFILE)"
 # shellcheck disable=SC2086 # TESSERA_HELM_ARGS is word-split on purpose
 "$helm" upgrade --install "$RELEASE" "$CHART" --namespace "$NAMESPACE" \
@@ -119,6 +124,7 @@ log "helm upgrade --install $RELEASE (mock profile $PROFILE)"
   --set "kubeletPlugin.mockProfile=$PROFILE" \
   --set-string "kubeletPlugin.apiServer.port=$APISERVER_PORT" \
   --set "webhook.port=$WEBHOOK_PORT" --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT" \
+  --set webhook.clientAuth.enabled=true --set-file "webhook.clientAuth.caBundle=$client_ca" \
   ${TESSERA_HELM_ARGS:-} >&2
 
 diagnose() {
