@@ -282,7 +282,7 @@ func reviewIn(t testing.TB, namespace string) []byte {
 func TestBurstInOneNamespaceLeavesOthersSlots(t *testing.T) {
 	release := make(chan struct{})
 	var held atomic.Int32
-	s := &Server{MaxInFlight: 8, MaxWait: 2 * time.Second,
+	s := &Server{MaxInFlight: 16, MaxWait: 2 * time.Second,
 		Admitters: map[string]AdmitFunc{"/hold": func(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 			if req.Namespace == "burst" {
 				held.Add(1)
@@ -307,7 +307,7 @@ func TestBurstInOneNamespaceLeavesOthersSlots(t *testing.T) {
 	for range 32 {
 		go func() { codes <- post(burst) }()
 	}
-	// The burst's share (a quarter of 8) is taken; the rest of it waits.
+	// The burst's share (an eighth of 16) is taken; the rest of it waits.
 	deadline := time.Now().Add(10 * time.Second)
 	for held.Load() < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)

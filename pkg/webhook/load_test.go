@@ -46,7 +46,8 @@ func BenchmarkReviewAtLimits(b *testing.B) {
 //     100ms, again as soon as the server cuts it off;
 //   - huge: each sends 4 MiB at once but the last byte, and waits;
 //   - costly: each sends the review of the costliest claim the API allows
-//     (worstClaim at the limits), as fast as the server answers.
+//     (worstClaim at the limits, in namespace tenant-b), as fast as the
+//     server answers.
 //
 // Run it with
 //
@@ -56,8 +57,11 @@ func BenchmarkServeUnderAttack(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	worst, err := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: admissionTypeMeta, Request: worstClaim(32, 8, 32, 32, 10<<10)})
+	// The attackers' claims are in a namespace of their own: the ordinary
+	// review is another tenant's (team-a).
+	costly := worstClaim(32, 8, 32, 32, 10<<10)
+	costly.Namespace = "tenant-b"
+	worst, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: admissionTypeMeta, Request: costly})
 	if err != nil {
 		b.Fatal(err)
 	}

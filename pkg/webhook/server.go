@@ -83,12 +83,13 @@ type Server struct {
 	MaxInFlight int
 	// MaxInFlightPerNamespace caps the slots the reviews of one namespace
 	// (the review's request.namespace; cluster-scoped objects count as one
-	// namespace) hold at once (0: a quarter of MaxInFlight, at least 1;
+	// namespace) hold at once (0: an eighth of MaxInFlight, at least 1;
 	// above MaxInFlight: MaxInFlight). Beyond it a review waits, as beyond
 	// MaxInFlight, for its own namespace's slot: a burst in one namespace
 	// leaves the other namespaces at least MaxInFlight minus this many
-	// slots. With ClientCAFile, reviews whose caller is not verified count
-	// as one namespace whatever they name.
+	// slots, and the CPU that this many reviews at once leave
+	// (results/webhook-load.md). With ClientCAFile, reviews whose caller is
+	// not verified count as one namespace whatever they name.
 	MaxInFlightPerNamespace int
 	// MaxWait bounds the wait for a slot (0: DefaultMaxWait).
 	MaxWait time.Duration
@@ -334,7 +335,7 @@ func (s *Server) gate() *gate {
 	}
 	perNamespace := s.MaxInFlightPerNamespace
 	if perNamespace <= 0 {
-		perNamespace = max(maxInFlight/4, 1)
+		perNamespace = max(maxInFlight/8, 1)
 	}
 	perNamespace = min(perNamespace, maxInFlight)
 	// The largest body must fit, or it would wait for budget that never comes.
