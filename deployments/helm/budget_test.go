@@ -1,20 +1,27 @@
 package helm
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
 // TestBudgets: budgets.enabled installs the GPUBudget CRD (kept by helm),
-// the webhook's flags and RBAC, and a budgets entry that no claim can
-// avoid: every ResourceClaim CREATE, failurePolicy Fail, NoneOnDryRun, no
-// namespaceSelector, objectSelector or matchConditions, even when
-// webhook.namespaceSelector limits the other entries. Off, none of it.
+// the webhook's flags and RBAC, and a budgets entry that no claim of a
+// selected namespace can avoid: every ResourceClaim CREATE, failurePolicy
+// Fail, NoneOnDryRun, no objectSelector or matchConditions, and a
+// namespaceSelector of budgets.namespaceSelector (a Namespace label) that
+// never selects kube-system, kube-public, kube-node-lease or the release's
+// namespace, whatever webhook.namespaceSelector says; the webhook gets the
+// same selector for the budgets' Enforced condition. Off, none of it.
 func TestBudgets(t *testing.T) {
 	budgetsEntry := func(objs []*unstructured.Unstructured) *admissionregistrationv1.ValidatingWebhook {
 		cfg := find[admissionregistrationv1.ValidatingWebhookConfiguration](t, objs, "ValidatingWebhookConfiguration", "tessera-webhook")
@@ -62,9 +69,26 @@ func TestBudgets(t *testing.T) {
 			if w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {
 				t.Errorf("sideEffects %v, want NoneOnDryRun (the webhook writes the budget's status)", w.SideEffects)
 			}
-			if w.NamespaceSelector != nil || w.ObjectSelector != nil || len(w.MatchConditions) != 0 {
-				t.Errorf("namespaceSelector %+v, objectSelector %+v, matchConditions %+v: a claim could avoid its budget",
-					w.NamespaceSelector, w.ObjectSelector, w.MatchConditions)
+			if w.ObjectSelector != nil || len(w.MatchConditions) != 0 {
+				t.Errorf("objectSelector %+v, matchConditions %+v: a claim could avoid its budget", w.ObjectSelector, w.MatchConditions)
+			}
+			sel, err := metav1.LabelSelectorAsSelector(w.NamespaceSelector)
+			if err != nil || w.NamespaceSelector == nil {
+				t.Fatalf("namespaceSelector %+v: %v", w.NamespaceSelector, err)
+			}
+			for _, ns := range []struct {
+				name     string
+				labelled bool
+				want     bool
+			}{{"team-a", true, true}, {"team-a", false, false}, {"kube-system", true, false}, {"kube-public", true, false},
+				{"kube-node-lease", true, false}, {"tessera", true, false}} {
+				set := labels.Set{"kubernetes.io/metadata.name": ns.name, "team": "a"}
+				if ns.labelled {
+					set["gpu.tessera.dev/budgets"] = "enforced"
+				}
+				if got := sel.Matches(set); got != ns.want {
+					t.Errorf("namespaceSelector %v selects namespace %s (labelled %v): %v, want %v", sel, ns.name, ns.labelled, got, ns.want)
+				}
 			}
 			if w.TimeoutSeconds == nil || *w.TimeoutSeconds != 5 {
 				t.Errorf("timeoutSeconds %v, want webhook.timeoutSeconds 5", w.TimeoutSeconds)
@@ -90,11 +114,20 @@ func TestBudgets(t *testing.T) {
 			if !slices.Contains(c.Args, "--budgets") {
 				t.Errorf("no --budgets in %v", c.Args)
 			}
+			if got, ok := flagValue(c.Args, "budget-namespace-selector"); !ok {
+				t.Error("no --budget-namespace-selector")
+			} else {
+				var flagSel metav1.LabelSelector
+				if err := json.Unmarshal([]byte(got), &flagSel); err != nil || !equality.Semantic.DeepEqual(&flagSel, w.NamespaceSelector) {
+					t.Errorf("--budget-namespace-selector=%s (%v), want the entry's %+v", got, err, w.NamespaceSelector)
+				}
+			}
 			role := find[rbacv1.ClusterRole](t, objs, "ClusterRole", "tessera-webhook")
 			for _, g := range [][3]string{
 				{"gpu.tessera.dev", "gpubudgets", "get"}, {"gpu.tessera.dev", "gpubudgets", "list"}, {"gpu.tessera.dev", "gpubudgets", "watch"},
 				{"gpu.tessera.dev", "gpubudgets/status", "update"},
 				{"resource.k8s.io", "resourceclaims", "get"}, {"resource.k8s.io", "resourceclaims", "list"}, {"resource.k8s.io", "resourceclaims", "watch"},
+				{"", "namespaces", "get"},
 			} {
 				if !grants(role, g[0], g[1], g[2]) {
 					t.Errorf("the webhook may not %s %s.%s", g[2], g[1], g[0])
@@ -181,5 +214,26 @@ func TestBudgetDurations(t *testing.T) {
 	_, c := webhookDeployment(t, objects(t, render(t, "-f", "testdata/values-budgets.yaml", "--set", "budgets.pendingTTL=90s")))
 	if got, ok := flagValue(c.Args, "budget-pending-ttl"); !ok || got != "90s" {
 		t.Errorf("pendingTTL 90s: --budget-pending-ttl=%q", got)
+	}
+}
+
+// TestWebhookMemoryByClusterSize: webhook.expectedNodes sets the webhook's
+// memory request and limit by the formula values.yaml documents.
+func TestWebhookMemoryByClusterSize(t *testing.T) {
+	for _, tc := range []struct {
+		args           []string
+		limit, request string
+	}{
+		{nil, "256Mi", "32Mi"},
+		{[]string{"--set", "webhook.expectedNodes=1000"}, "506Mi", "253Mi"},
+		{[]string{"-f", "testdata/values-budgets.yaml", "--set", "webhook.expectedNodes=1000"}, "756Mi", "378Mi"},
+	} {
+		_, c := webhookDeployment(t, objects(t, render(t, tc.args...)))
+		if got := c.Resources.Limits.Memory().String(); got != tc.limit {
+			t.Errorf("%v: limits.memory %s, want %s", tc.args, got, tc.limit)
+		}
+		if got := c.Resources.Requests.Memory().String(); got != tc.request {
+			t.Errorf("%v: requests.memory %s, want %s", tc.args, got, tc.request)
+		}
 	}
 }

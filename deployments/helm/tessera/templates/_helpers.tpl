@@ -107,3 +107,20 @@ key: {{ $cert.Key | b64enc }}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The budget webhook's namespaceSelector: budgets.namespaceSelector, with the
+namespaces that must never wait on it excluded by name (kube-system,
+kube-public, kube-node-lease and the release's).
+*/}}
+{{- define "tessera.budgetNamespaceSelector" -}}
+{{- $b := .Values.budgets | default dict -}}
+{{- $sel := deepCopy ($b.namespaceSelector | default dict) -}}
+{{- if and (not $sel.matchLabels) (not $sel.matchExpressions) -}}
+{{- fail "budgets.namespaceSelector selects every namespace: give it matchLabels or matchExpressions (by default gpu.tessera.dev/budgets: enforced)" -}}
+{{- end -}}
+{{- $never := list "kube-system" "kube-public" "kube-node-lease" .Release.Namespace | uniq -}}
+{{- $exprs := append ($sel.matchExpressions | default list) (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $never) -}}
+{{- $_ := set $sel "matchExpressions" $exprs -}}
+{{- toYaml $sel -}}
+{{- end -}}
