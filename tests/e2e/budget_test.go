@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -53,6 +54,134 @@ func TestBudget(t *testing.T) {
 	t.Run("TranslatedPodCharged", func(t *testing.T) { budgetTranslatedPod(t, c) })
 	t.Run("SchedulerClaimCharged", func(t *testing.T) { budgetSchedulerClaim(t, c) })
 	t.Run("SchemaRejectsNegative", func(t *testing.T) { budgetSchemaRejects(t, c) })
+	t.Run("WebhookDownOutsideSelected", func(t *testing.T) { budgetWebhookDown(t, c) })
+}
+
+// budgetWebhookDown: a GPUBudget in a namespace without the label the
+// budget webhook selects by says it is not enforced; with both webhook
+// replicas down (the Deployment scaled to 0), a claim in that namespace is
+// still created, over its budget, and one in a selected namespace is
+// refused (failurePolicy Fail); the replicas come back.
+func budgetWebhookDown(t *testing.T, c *framework.Cluster) {
+	ctx := context.Background()
+	selected := budgetNamespace(t, c, "e2e-budget-down")
+	createBudget(t, c, selected, "40Gi")
+	waitForBudgets(t, c, selected, "50Gi")
+	other := c.Namespace(t, "e2e-budget-unselected")
+	createBudget(t, c, other, "1Gi")
+	err := framework.Poll(ctx, "the unselected namespace's budget to say it is not enforced", time.Minute, func(ctx context.Context) (bool, error) {
+		b, err := getBudget(ctx, c, other)
+		if err != nil {
+			return false, framework.Retry("%v", err)
+		}
+		cond := meta.FindStatusCondition(b.Status.Conditions, configapi.BudgetEnforced)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != configapi.BudgetNotEnforced {
+			return false, framework.Retry("conditions %+v", b.Status.Conditions)
+		}
+		t.Logf("not enforced: %s", cond.Message)
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	deployments := c.Client.AppsV1().Deployments(framework.InstallNamespace)
+	dep, err := deployments.Get(ctx, "tessera-webhook", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicas := ptr.Deref(dep.Spec.Replicas, 1)
+	selector, err := metav1.LabelSelectorAsSelector(dep.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scale := func(n int32) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, n)
+		if _, err := deployments.Patch(ctx, dep.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore := func() {
+		scale(replicas)
+		err := framework.Poll(ctx, "the webhook's replicas to be ready again", 2*time.Minute, func(ctx context.Context) (bool, error) {
+			d, err := deployments.Get(ctx, dep.Name, metav1.GetOptions{})
+			if err != nil || d.Status.ReadyReplicas < replicas || d.Status.UpdatedReplicas < replicas {
+				return false, framework.Retry("%v ready %d of %d", err, d.Status.ReadyReplicas, replicas)
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		// Ready replicas answer again: a dry run over the budget is refused.
+		waitForBudgets(t, c, selected, "50Gi")
+	}
+	start := time.Now()
+	scale(0)
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			restore()
+		}
+	})
+	err = framework.Poll(ctx, "the webhook's pods to be gone", time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := c.Client.CoreV1().Pods(framework.InstallNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector.String()})
+		if err != nil || len(pods.Items) > 0 {
+			return false, framework.Retry("%v, %d pods", err, len(pods.Items))
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := c.Client.ResourceV1().ResourceClaims
+	if _, err := claims(other).Create(ctx, shareClaim("outside", "2Gi"), metav1.CreateOptions{}); err != nil {
+		t.Errorf("webhook down, a claim in a namespace the budget webhook does not select: %v, want created", err)
+	}
+	_, err = claims(selected).Create(ctx, shareClaim("inside", "1Gi"), metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "budgets.gpu.tessera.dev") {
+		t.Errorf("webhook down, a claim in a selected namespace: %v, want refused by budgets.gpu.tessera.dev's failurePolicy Fail", err)
+	} else {
+		t.Logf("refused with the webhook down: %v", err)
+	}
+	restore()
+	restored = true
+	t.Logf("down and back in %v", time.Since(start).Round(time.Second))
+}
+
+// budgetNamespace is a new namespace whose claims the budget webhook
+// charges (labelled as budgets.namespaceSelector selects by default).
+func budgetNamespace(t *testing.T, c *framework.Cluster, prefix string) string {
+	t.Helper()
+	ns := c.Namespace(t, prefix)
+	enforceBudgets(t, c, ns)
+	return ns
+}
+
+// enforceBudgets labels ns gpu.tessera.dev/budgets=enforced.
+func enforceBudgets(t *testing.T, c *framework.Cluster, ns string) {
+	t.Helper()
+	patch := `{"metadata":{"labels":{"gpu.tessera.dev/budgets":"enforced"}}}`
+	if _, err := c.Client.CoreV1().Namespaces().Patch(context.Background(), ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refusal is a budget's refusal in either of the forms the webhook gives:
+// with used and hard (the review came from a verified API server) or
+// without them (the webhook does not verify its callers).
+type refusal [2]string
+
+func budgetRefusal(ns, resource, used, charge, hard string) refusal {
+	return refusal{
+		fmt.Sprintf("GPU budget %s/gpu: %s: used %s + this claim %s > hard %s", ns, resource, used, charge, hard),
+		fmt.Sprintf("GPU budget %s/gpu: %s: this claim (%s) would take the budget over spec.hard", ns, resource, charge),
+	}
+}
+
+func (r refusal) in(message string) bool {
+	return strings.Contains(message, r[0]) || strings.Contains(message, r[1])
 }
 
 // createBudget creates a GPUBudget "gpu" in ns capping memory, retrying
@@ -114,7 +243,7 @@ func waitForRefusal(t *testing.T, c *framework.Cluster, ns string, probe *resour
 	inARow := 0
 	err := framework.Poll(context.Background(), "the webhook to enforce GPU budgets", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		_, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err == nil || !strings.Contains(err.Error(), "GPU budget") || !strings.Contains(err.Error(), "> hard") {
+		if err == nil || !strings.Contains(err.Error(), "GPU budget") || (!strings.Contains(err.Error(), "> hard") && !strings.Contains(err.Error(), "over spec.hard")) {
 			inARow = 0
 			return false, framework.Retry("dry run of claim %s: %v", probe.Name, err)
 		}
@@ -130,7 +259,7 @@ func waitForRefusal(t *testing.T, c *framework.Cluster, ns string, probe *resour
 // with used and hard; a dry run charges nothing.
 func budgetOverRefused(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
-	ns := c.Namespace(t, "e2e-budget")
+	ns := budgetNamespace(t, c, "e2e-budget")
 	createBudget(t, c, ns, "40Gi")
 	waitForBudgets(t, c, ns, "50Gi")
 	claims := c.Client.ResourceV1().ResourceClaims(ns)
@@ -138,8 +267,8 @@ func budgetOverRefused(t *testing.T, c *framework.Cluster) {
 		t.Fatalf("30Gi of a 40Gi budget: %v", err)
 	}
 	_, err := claims.Create(ctx, shareClaim("b", "20Gi"), metav1.CreateOptions{})
-	want := fmt.Sprintf("GPU budget %s/gpu: memory: used 30Gi + this claim 20Gi > hard 40Gi", ns)
-	if err == nil || !strings.Contains(err.Error(), want) {
+	want := budgetRefusal(ns, "memory", "30Gi", "20Gi", "40Gi")
+	if err == nil || !want.in(err.Error()) {
 		t.Fatalf("20Gi more: %v, want refused with %q", err, want)
 	}
 	t.Logf("refused at creation: %v", err)
@@ -158,7 +287,7 @@ func budgetOverRefused(t *testing.T, c *framework.Cluster) {
 // up status.used equals them with nothing pending.
 func budgetConcurrent(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
-	ns := c.Namespace(t, "e2e-budget-race")
+	ns := budgetNamespace(t, c, "e2e-budget-race")
 	createBudget(t, c, ns, "37Gi")
 	waitForBudgets(t, c, ns, "38Gi")
 
@@ -206,7 +335,7 @@ func budgetConcurrent(t *testing.T, c *framework.Cluster) {
 			switch {
 			case err == nil:
 				admitted++
-			case strings.Contains(err.Error(), "> hard 37Gi"):
+			case strings.Contains(err.Error(), "> hard 37Gi") || strings.Contains(err.Error(), "over spec.hard"):
 				refused++
 			default:
 				others = append(others, err.Error())
@@ -269,6 +398,7 @@ func budgetConcurrent(t *testing.T, c *framework.Cluster) {
 func budgetTranslatedPod(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
 	ns := translatingNamespace(t, c, "e2e-budget-legacy")
+	enforceBudgets(t, c, ns)
 	createBudget(t, c, ns, "4000Mi")
 	waitForTranslation(t, c, ns)
 	waitForBudgets(t, c, ns, "5000Mi")
@@ -289,7 +419,7 @@ func budgetTranslatedPod(t *testing.T, c *framework.Cluster) {
 	}
 
 	createPod(t, t, c, ns, legacyPod("hami-2", hami.limits, hami.requests))
-	want := fmt.Sprintf("GPU budget %s/gpu: memory: used 3000Mi + this claim 3000Mi > hard 4000Mi", ns)
+	want := budgetRefusal(ns, "memory", "3000Mi", "3000Mi", "4000Mi")
 	var seen string
 	err = framework.Poll(ctx, "the second pod's event", framework.PodTimeout, func(ctx context.Context) (bool, error) {
 		events, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=hami-2"})
@@ -298,7 +428,7 @@ func budgetTranslatedPod(t *testing.T, c *framework.Cluster) {
 		}
 		var reasons []string
 		for _, e := range events.Items {
-			if strings.Contains(e.Message, want) {
+			if want.in(e.Message) {
 				seen = fmt.Sprintf("%s %s: %s", e.Type, e.Reason, e.Message)
 				return true, nil
 			}
@@ -347,12 +477,12 @@ func budgetMetricsURL() string {
 // metrics say the same.
 func budgetSchedulerClaim(t *testing.T, c *framework.Cluster) {
 	ctx := context.Background()
-	ns := c.Namespace(t, "e2e-budget-gpu")
+	ns := budgetNamespace(t, c, "e2e-budget-gpu")
 	createBudgetLimits(t, c, ns, configapi.BudgetLimits{GPUs: ptr.To[int64](0)})
 	waitForRefusal(t, c, ns, wholeGPUClaim("probe"))
 
 	createPod(t, t, c, ns, legacyPod("gpu", map[string]string{legacy.NvidiaGPU: "1"}, nil))
-	want := fmt.Sprintf("GPU budget %s/gpu: gpus: used 0 + this claim 1 > hard 0", ns)
+	want := budgetRefusal(ns, "gpus", "0", "1", "0")
 	var seen string
 	var messages []string
 	err := framework.Poll(ctx, "the budget's refusal in the pod's events", framework.PodTimeout, func(ctx context.Context) (bool, error) {
@@ -362,7 +492,7 @@ func budgetSchedulerClaim(t *testing.T, c *framework.Cluster) {
 		}
 		messages = messages[:0]
 		for _, e := range events.Items {
-			if strings.Contains(e.Message, want) {
+			if want.in(e.Message) {
 				seen = fmt.Sprintf("%s %s (%s%s): %s", e.Type, e.Reason, e.Source.Component, e.ReportingController, e.Message)
 				return true, nil
 			}
