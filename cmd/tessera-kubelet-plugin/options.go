@@ -186,6 +186,11 @@ func (d *daemon) isolationOptions(ctx context.Context, opts *plugin.Options) err
 	opts.DriverMemory = d.driverMemory
 	logger.Info("Driver-enforced memory limits (isolation DriverMemory)", "capable", opts.DriverMemory.Capable, "reason", opts.DriverMemory.Reason)
 	hami, err := hamiCore(ctx, f)
+	if !d.mock {
+		// Each claim's directory is a size-bounded tmpfs of its own: its
+		// containers write it, and must not fill the host's /run.
+		hami.Mounter = isolation.HostShm{}
+	}
 	opts.HAMiCore = hami
 	return err
 }

@@ -63,7 +63,8 @@ func newCommand() *cobra.Command {
 			"With --translate-legacy-pods, on " + legacypods.Path + " it translates pods written for HAMi, gpushare, Koordinator " +
 			"and NVIDIA's device plugin at CREATE (pkg/legacy, docs/migration.md), writing nothing (get on resourceclaimtemplates.resource.k8s.io, " +
 			"get on namespaces); a controller beside it creates the ResourceClaimTemplates that translated pods in opted-in namespaces name, " +
-			"from the stored pods, and deletes them once no pod uses them (list, watch on pods and namespaces; list, watch, create, delete on resourceclaimtemplates).\n" +
+			"from the stored pods, and deletes them once no pod uses them (list, watch on pods and namespaces; list, watch, create, delete on resourceclaimtemplates; " +
+			"create, patch on events: why a pod's template cannot be created).\n" +
 			"On " + budget.Path + " it allows every review unless --budgets is set; with --budgets it charges every ResourceClaim at CREATE against the GPUBudgets of its namespace " +
 			"(pkg/budget) and keeps their status up to date (get, list, watch on gpubudgets.gpu.tessera.dev, update on gpubudgets/status; " +
 			"get, list, watch on resourceclaims).",

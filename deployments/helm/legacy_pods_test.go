@@ -88,7 +88,7 @@ func TestLegacyPodTranslation(t *testing.T) {
 	for _, g := range []struct{ resource, verb string }{
 		{"pods", "list"}, {"pods", "watch"}, {"namespaces", "get"}, {"namespaces", "list"}, {"namespaces", "watch"},
 		{"resourceclaimtemplates", "create"}, {"resourceclaimtemplates", "get"}, {"resourceclaimtemplates", "list"},
-		{"resourceclaimtemplates", "watch"}, {"resourceclaimtemplates", "delete"},
+		{"resourceclaimtemplates", "watch"}, {"resourceclaimtemplates", "delete"}, {"events", "create"}, {"events", "patch"},
 	} {
 		if !webhookGrants(t, g.resource, g.verb, on...) {
 			t.Errorf("the webhook may not %s %s", g.verb, g.resource)

@@ -51,6 +51,29 @@ type HAMiCore struct {
 	// OldClaimRoots are claim roots of earlier releases: claims prepared
 	// there keep their directory, and unprepare removes it from there too.
 	OldClaimRoots []string
+	// Mounter, when set, gives each claim's directory under ClaimRoot a
+	// tmpfs of its own of ClaimDirSize bytes (nosuid, nodev, noexec), so
+	// that the claim's containers, which write it, cannot fill the file
+	// system under ClaimRoot (the host's /run, which the kubelet and the
+	// container runtime need). [HostShm] on real nodes, where the plugin
+	// is privileged and its ClaimRoot propagates to the host; nil: plain
+	// directories.
+	Mounter ShmMounter
+	// ClaimDirSize bounds each claim's tmpfs; zero:
+	// DefaultHAMiCoreClaimDirSize.
+	ClaimDirSize int64
+}
+
+// DefaultHAMiCoreClaimDirSize bounds one claim's HAMi-core directory:
+// HAMi-core's shared region (a fixed-size file with a slot per process,
+// a few MiB) and its lock file, with room to spare.
+const DefaultHAMiCoreClaimDirSize = 16 << 20
+
+func (h HAMiCore) claimDirSize() int64 {
+	if h.ClaimDirSize <= 0 {
+		return DefaultHAMiCoreClaimDirSize
+	}
+	return h.ClaimDirSize
 }
 
 // Check fails closed: it returns an error naming the path and the flag unless
@@ -175,6 +198,14 @@ func (h HAMiCore) EnsureClaimRoot() error {
 // CreateClaimDir creates the claim's directory (idempotent). It is world
 // writable (mode 1777, like /tmp) because the container's processes, of any
 // user, create the region file in it; only the claim's containers mount it.
+//
+// With a Mounter, a directory under ClaimRoot is a size-bounded tmpfs of its
+// own, mounted here before any spec names it; a call after a plugin restart
+// or a reboot (the kubelet's retry, or the rebuild of a prepared claim's
+// spec) mounts it again if it is not. One that exists unmounted and holds
+// files is left as it is: a claim prepared by a release without the tmpfs,
+// whose containers share the region in it, which a tmpfs over it would hide
+// from the claim's next containers.
 func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	dir := h.ClaimDir(claimUID)
 	if dir == "" {
@@ -192,6 +223,21 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 	if !isDir(dir) {
 		return fmt.Errorf("isolation HAMiCore: %s exists and is not a directory", dir)
 	}
+	if h.Mounter != nil && filepath.Dir(dir) == filepath.Clean(h.ClaimRoot) {
+		mounted, err := isMountPoint(dir)
+		if err != nil {
+			return fmt.Errorf("isolation HAMiCore: %w", err)
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("isolation HAMiCore: %w", err)
+		}
+		if !mounted && len(entries) == 0 {
+			if err := h.Mounter.Mount(dir, h.claimDirSize()); err != nil {
+				return fmt.Errorf("isolation HAMiCore: the claim's directory: %w", err)
+			}
+		}
+	}
 	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("isolation HAMiCore: chmod %s: %w", dir, err)
 	}
@@ -199,8 +245,10 @@ func (h HAMiCore) CreateClaimDir(claimUID types.UID) error {
 }
 
 // RemoveClaimDir removes the claim's directory and what HAMi-core left in it,
-// under ClaimRoot and every one of OldClaimRoots. A missing directory, or no
-// claim root, is not an error.
+// under ClaimRoot and every one of OldClaimRoots, unmounting its tmpfs first
+// (with a Mounter). A missing directory, or no claim root, is not an error;
+// a tmpfs that cannot be unmounted is, and the directory is kept for the
+// next try.
 func (h HAMiCore) RemoveClaimDir(claimUID types.UID) error {
 	if !namesDir(claimUID) {
 		return nil
@@ -211,6 +259,14 @@ func (h HAMiCore) RemoveClaimDir(claimUID types.UID) error {
 			continue
 		}
 		dir := filepath.Join(root, string(claimUID))
+		if h.Mounter != nil {
+			// The tmpfs first: what is in it goes with it, and the
+			// directory under it can then be removed.
+			if err := h.Mounter.Unmount(dir); err != nil {
+				errs = append(errs, fmt.Errorf("isolation HAMiCore: %w", err))
+				continue
+			}
+		}
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("isolation HAMiCore: remove %s: %w", dir, err))
 		}

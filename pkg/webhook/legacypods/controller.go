@@ -12,9 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
@@ -33,6 +36,10 @@ type Options struct {
 	GPUShareUnit legacy.MemoryUnit
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Events records, on a pod, why its template cannot be created (nil:
+	// Run records them through the API server, as component
+	// tessera-webhook).
+	Events record.EventRecorder
 }
 
 // Controller keeps the ResourceClaimTemplates of translated pods, in
@@ -56,7 +63,8 @@ type Options struct {
 // legacy.LabelTranslated, which the Translator sets), each reduced to what
 // it reads, the opted-in namespaces and its own templates. It needs list
 // and watch on pods, namespaces and resourceclaimtemplates, get on
-// namespaces, and create and delete on resourceclaimtemplates. Several
+// namespaces, create and delete on resourceclaimtemplates, and create and
+// patch on events (why a pod's template cannot be created). Several
 // replicas may run one each: a create of an existing template is
 // AlreadyExists, a delete is conditional on the version read.
 type Controller struct {
@@ -71,6 +79,7 @@ type Controller struct {
 	namespaces corelisters.NamespaceLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
+	events     record.EventRecorder
 }
 
 // translatedPods selects the pods the Translator rewrote.
@@ -92,7 +101,7 @@ func NewController(client kubernetes.Interface, opts Options) (*Controller, erro
 		now = time.Now
 	}
 	c := &Controller{
-		client: client, grace: grace, now: now, models: opts.Models, unit: opts.GPUShareUnit,
+		client: client, grace: grace, now: now, models: opts.Models, unit: opts.GPUShareUnit, events: opts.Events,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "legacy_templates"}),
 	}
@@ -243,6 +252,12 @@ func (c *Controller) run(ctx context.Context, syncTimeout time.Duration) error {
 	}
 	logger := klog.FromContext(ctx).WithName("legacy-templates")
 	ctx = klog.NewContext(ctx, logger)
+	if c.events == nil {
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer b.Shutdown()
+		c.events = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-webhook"})
+	}
 	for range workers {
 		go wait.UntilWithContext(ctx, c.work, time.Second)
 	}

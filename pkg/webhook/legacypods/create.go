@@ -20,8 +20,8 @@ import (
 // work syncs queued pods until the queue shuts down. A pod whose sync
 // failed for a reason that may pass (the API server, the GPU models) is
 // retried with the queue's backoff; one that can never succeed as it is
-// (its annotation does not translate to what it names) is logged and
-// dropped until it changes.
+// (its annotation does not translate to what it names) is logged,
+// recorded as a warning event on the pod, and dropped until it changes.
 func (c *Controller) work(ctx context.Context) {
 	for {
 		key, shutdown := c.queue.Get()
@@ -35,12 +35,29 @@ func (c *Controller) work(ctx context.Context) {
 			c.queue.Forget(key)
 		case errors.As(err, &permanent):
 			klog.FromContext(ctx).Error(err, "Cannot create the translated pod's ResourceClaimTemplates", "pod", key)
+			c.recordFailure(key, err)
 			c.queue.Forget(key)
 		default:
 			klog.FromContext(ctx).V(2).Info("Creating the translated pod's ResourceClaimTemplates failed, retrying", "pod", key, "err", err)
 			c.queue.AddRateLimited(key)
 		}
 		c.queue.Done(key)
+	}
+}
+
+// ReasonTemplateNotCreated is the reason of the warning event on a pod
+// whose template the Controller cannot create.
+const ReasonTemplateNotCreated = "TranslatedTemplateNotCreated"
+
+// recordFailure records err as a warning event on the cached pod key.
+func (c *Controller) recordFailure(key string, err error) {
+	if c.events == nil {
+		return
+	}
+	if obj, exists, _ := c.pods.GetByKey(key); exists {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			c.events.Event(pod, corev1.EventTypeWarning, ReasonTemplateNotCreated, err.Error())
+		}
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-dev/tessera/pkg/legacy"
 )
@@ -196,11 +198,13 @@ func TestControllerDroppedFields(t *testing.T) {
 // TestControllerRun: with the workers running, a pod stored in a namespace
 // that opted in gets its template; a template deleted while the pod names
 // it is made again; a pod in a namespace that opts in later gets its
-// template once the label is set.
+// template once the label is set; a pod whose template cannot be made gets
+// a warning event saying why.
 func TestControllerRun(t *testing.T) {
 	client := fake.NewClientset(namespace("team", true), namespace("later", false))
 	honourDryRun(client, nil)
-	c, err := NewController(client, Options{Models: h100})
+	events := record.NewFakeRecorder(10)
+	c, err := NewController(client, Options{Models: h100, Events: events})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,6 +248,22 @@ func TestControllerRun(t *testing.T) {
 	}
 	if err := eventually(ctx, exists("later")); err != nil {
 		t.Fatalf("the template once the namespace opted in: %v", err)
+	}
+
+	// A pod that names a template its record does not translate to.
+	edited := admittedPod(t, "team")
+	edited.Name = "edited"
+	edited.Spec.ResourceClaims[0].ResourceClaimTemplateName = ptr.To(legacy.TemplatePrefix + "0000000000000000")
+	if _, err := client.CoreV1().Pods("team").Create(ctx, edited, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-events.Events:
+		if !strings.HasPrefix(e, "Warning "+ReasonTemplateNotCreated) || !strings.Contains(e, "team/edited") {
+			t.Errorf("event %q, want a warning %s about team/edited", e, ReasonTemplateNotCreated)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no event within 10s for a pod whose template cannot be made")
 	}
 	cancel()
 	if err := <-done; err != nil {
