@@ -443,7 +443,8 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		}
 		update := base.DeepCopy()
 		update.Status.Used = apiAmount(ledger.used.Add(charge.Amount))
-		update.Status.Pending = append(ledger.kept, configapi.PendingCharge{
+		update.Status.Pending = ledger.kept
+		update.Status.Pending = append(update.Status.Pending, configapi.PendingCharge{
 			Claim:     claim.Name,
 			UID:       string(claim.UID),
 			Charge:    apiAmount(charge.Amount),
