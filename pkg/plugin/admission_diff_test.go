@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	v1 "k8s.io/api/core/v1"
@@ -321,12 +322,16 @@ func admit(t testing.TB, claim *resourceapi.ResourceClaim, classes []resourceapi
 // the claim does not fit (or the allocator refuses it as invalid).
 func (n *diffNode) allocate(t testing.TB, claim *resourceapi.ResourceClaim, classes []resourceapi.DeviceClass) *resourceapi.AllocationResult {
 	t.Helper()
-	alloc, err := structured.NewAllocator(context.Background(), model.SchedulerFeatures, model.NewAllocatedState(),
+	// kube-scheduler gives up on a node after its filter timeout; so does
+	// this, with a shorter one.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	alloc, err := structured.NewAllocator(ctx, model.SchedulerFeatures, model.NewAllocatedState(),
 		model.NewClassLister(classes), n.slices, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	results, err := alloc.Allocate(context.Background(), n.node, []*resourceapi.ResourceClaim{claim})
+	results, err := alloc.Allocate(ctx, n.node, []*resourceapi.ResourceClaim{claim})
 	if err != nil || len(results) == 0 {
 		return nil
 	}
@@ -356,6 +361,9 @@ func mayRefusal(cause metav1.StatusCause, alloc *resourceapi.AllocationResult) b
 }
 
 func checkAgreement(t *testing.T, c diffCase) {
+	// A case that hangs crashes the test, so that the fuzzer keeps it.
+	watchdog := time.AfterFunc(time.Minute, func() { panic(fmt.Sprintf("no verdict after a minute on %#v", c)) })
+	defer watchdog.Stop()
 	n := newDiffNode(t)
 	claim, classes, ok := c.build(n)
 	if !ok {
