@@ -96,7 +96,8 @@ func startController(t *testing.T, client *fake.Clientset) (*Controller, context
 // namespace that opted in, the Controller creates the template the pod
 // names, equal to Translate's, labelled as its own and annotated with the
 // pod; the same pod in a namespace that did not opt in gets nothing. A
-// second sync creates nothing more.
+// second sync creates nothing more; the sweep deletes the template once the
+// pod is gone.
 func TestControllerCreatesTemplates(t *testing.T) {
 	team, other := admittedPod(t, "team"), admittedPod(t, "other")
 	client := fake.NewClientset(namespace("team", true), namespace("other", false), team, other)
@@ -137,6 +138,21 @@ func TestControllerCreatesTemplates(t *testing.T) {
 	}
 	if w := writesOf(client.Actions()[before:]); len(w) != 0 {
 		t.Errorf("second sync wrote %v", w)
+	}
+
+	// The sweep keeps the template while its pod lives, and deletes it once
+	// the pod is gone (the fake stores no creation time: it is old).
+	if deleted, err := c.Sweep(ctx); err != nil || len(deleted) != 0 {
+		t.Errorf("sweep with the pod alive: deleted %v (%v)", deleted, err)
+	}
+	if err := client.CoreV1().Pods("team").Delete(ctx, "gpu-pod", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := eventually(ctx, func() bool {
+		deleted, err := c.Sweep(ctx)
+		return err == nil && slices.Equal(deleted, []string{"team/" + want.Name})
+	}); err != nil {
+		t.Errorf("the controller's template once its pod is gone: %v", err)
 	}
 }
 
