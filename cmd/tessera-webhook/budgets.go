@@ -144,7 +144,8 @@ func (b *budgetFlags) start(ctx context.Context, config *rest.Config, classes *w
 	if sel, _ := b.selector(); sel != nil {
 		controller.Reconciler.Enforced = enforced(kube, sel)
 	}
-	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, ConfirmWindow: b.confirmWindow, Metrics: metrics, Ready: controller.Synced}
+	charger := &budget.Charger{Store: store, Pricer: pricer, TTL: b.ttl, ConfirmWindow: b.confirmWindow, Metrics: metrics, Ready: controller.Synced,
+		Lookup: controller.Reconciler.Lookup}
 	if err := charger.WatchDeletions(store.Informer()); err != nil {
 		return nil, nil, err
 	}

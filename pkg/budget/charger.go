@@ -14,6 +14,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -51,6 +52,12 @@ const maxPending = 1024
 // (about a second), so only a burst of forged reviews reaches it, and they
 // can never hold more than this share of maxPending.
 const maxUnconfirmed = 128
+
+// maxStaleReads bounds the live reads of one charge for entries past their
+// window (Charger.Lookup); those beyond it are dropped unread, as forged
+// entries most likely are (the reconciler confirms real ones within a
+// second or two).
+const maxStaleReads = 32
 
 // DefaultConfirmWindow is how long an admitted charge counts without a
 // claim that confirms it (see PendingCharge.ConfirmBy). It assumes that
@@ -121,6 +128,12 @@ type Charger struct {
 	// ConfirmWindow is how long a charge counts before a claim confirms
 	// it; zero means DefaultConfirmWindow.
 	ConfirmWindow time.Duration
+	// Lookup, when set, reads a claim from the API server (its uid, or a
+	// NotFound error): a charge past its confirm window whose claim it
+	// finds keeps counting (and is confirmed), so that a reconciler that
+	// has fallen behind never lets a real claim's charge go. An entry whose
+	// read fails keeps counting. nil: such entries are dropped unread.
+	Lookup func(ctx context.Context, namespace, name string) (types.UID, error)
 	// Ready, when set, reports whether this process reconciles budgets
 	// (Controller.Synced): until then nothing here would confirm the
 	// charges it writes, so a claim a budget would charge gets a Busy
@@ -342,23 +355,57 @@ func isStale(p *configapi.PendingCharge, now time.Time) bool {
 	return !p.Confirmed && p.ConfirmBy != nil && !p.ConfirmBy.After(now)
 }
 
-func readLedger(b *configapi.GPUBudget, now time.Time) ledger {
+// readLedger reads b at now; found holds what live reads found for stale
+// entries (uid → the claim exists, or the read failed: it keeps counting).
+func readLedger(b *configapi.GPUBudget, now time.Time, found map[string]bool) ledger {
 	l := ledger{used: amount(b.Status.Used)}
 	for i := range b.Status.Pending {
 		p := &b.Status.Pending[i]
-		if isStale(p, now) {
-			l.used = l.used.Sub(amount(p.Charge))
-			l.stale++
-			continue
-		}
-		if !p.Confirmed && p.ConfirmBy != nil {
-			l.unconfirmed++
-		}
 		var kept configapi.PendingCharge
 		p.DeepCopyInto(&kept)
+		if isStale(p, now) {
+			if !found[p.UID] {
+				l.used = l.used.Sub(amount(p.Charge))
+				l.stale++
+				continue
+			}
+			kept.Confirmed = true
+		}
+		if !kept.Confirmed && kept.ConfirmBy != nil {
+			l.unconfirmed++
+		}
 		l.kept = append(l.kept, kept)
 	}
 	return l
+}
+
+// lookStale reads, for each entry of b past its window that found does not
+// answer yet, whether its claim exists (Lookup), into found.
+func (c *Charger) lookStale(ctx context.Context, b *configapi.GPUBudget, now time.Time, found map[string]bool) {
+	if c.Lookup == nil {
+		return
+	}
+	reads := 0
+	for i := range b.Status.Pending {
+		p := &b.Status.Pending[i]
+		if _, ok := found[p.UID]; ok || !isStale(p, now) {
+			continue
+		}
+		if reads >= maxStaleReads {
+			found[p.UID] = false // past the bound: dropped unread
+			continue
+		}
+		reads++
+		uid, err := c.Lookup(ctx, b.Namespace, p.Claim)
+		switch {
+		case apierrors.IsNotFound(err):
+			found[p.UID] = false
+		case err != nil:
+			found[p.UID] = true // unknown: keep counting it
+		default:
+			found[p.UID] = string(uid) == p.UID
+		}
+	}
 }
 
 // charge charges one budget (see Charger).
@@ -376,6 +423,7 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		base = l.last
 	}
 	fresh := false
+	found := map[string]bool{}
 	reread := func() error {
 		got, err := c.Store.Get(ctx, cached.Namespace, cached.Name)
 		if err != nil {
@@ -406,7 +454,8 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 			return &Busy{Namespace: base.Namespace, Budget: base.Name, Why: "is being counted"}
 		}
 		now := c.now()
-		ledger := readLedger(base, now)
+		c.lookStale(ctx, base, now, found)
+		ledger := readLedger(base, now, found)
 		refusal := Check(base.Namespace, base.Name, limits(base.Spec.Hard), ledger.used, charge)
 		var busy *Busy
 		switch {

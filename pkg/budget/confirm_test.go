@@ -193,3 +193,40 @@ func lookupOnly(name, found string) (types.UID, error) {
 	}
 	return "", apierrors.NewNotFound(resourceapi.Resource("resourceclaims"), name)
 }
+
+// A charge past its window whose claim exists (the reconciler fell behind)
+// keeps counting: the charger reads the claim before it drops the entry.
+func TestStaleEntryOfRealClaimKeepsCounting(t *testing.T) {
+	now := clock
+	f, c := chargerAt(t, "40Gi", &now)
+	if resp := c.Admit(context.Background(), review(t, share("real", "30Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	if resp := c.Admit(context.Background(), review(t, share("forged", "5Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	reads := 0
+	c.Lookup = func(_ context.Context, _, name string) (types.UID, error) {
+		reads++
+		return lookupOnly(name, "real")
+	}
+	now = now.Add(DefaultConfirmWindow + time.Second)
+	if resp := c.Admit(context.Background(), review(t, share("next", "20Gi"), false)); resp.Allowed {
+		t.Error("30Gi of a real claim + 20Gi > 40Gi allowed once the reconciler fell behind")
+	}
+	if resp := c.Admit(context.Background(), review(t, share("next", "10Gi"), false)); !resp.Allowed {
+		t.Errorf("30Gi + 10Gi (the forged 5Gi dropped): %v", resp.Result.Message)
+	}
+	b := f.get(t, "gpu")
+	if got := amount(b.Status.Used); got.Memory != gi(40) {
+		t.Errorf("used %v, want 40Gi", got)
+	}
+	for _, p := range b.Status.Pending {
+		if p.Claim == "forged" || (p.Claim == "real" && !p.Confirmed) {
+			t.Errorf("entry %+v after the charge", p)
+		}
+	}
+	if reads == 0 || reads > 4 {
+		t.Errorf("%d live reads, want one or two per stale entry", reads)
+	}
+}
