@@ -166,52 +166,104 @@ func refuseCaller(w http.ResponseWriter, r *http.Request) {
 }
 
 // fairSlots are review slots, total at once and perKey at most for one
-// key (a namespace). A waiter is woken by every release and takes a slot
-// when both bounds allow: the slots a key cannot hold stay for the others.
+// key (a namespace). A review that cannot take one waits in one queue of
+// all keys; a released slot goes to the first waiter that both bounds
+// allow. Waiters of a key at its bound are passed over, so the slots a
+// key cannot hold go to the others, and each key's waiters are served in
+// arrival order.
 type fairSlots struct {
 	total, perKey int
 
 	mu      sync.Mutex
 	inUse   int
 	held    map[string]int
-	changed chan struct{} // closed and replaced by every release
+	waiters []*slotWaiter
+}
+
+type slotWaiter struct {
+	key     string
+	granted chan struct{} // closed when the slot is the waiter's
 }
 
 func newFairSlots(total, perKey int) *fairSlots {
-	return &fairSlots{total: total, perKey: perKey, held: map[string]int{}, changed: make(chan struct{})}
+	return &fairSlots{total: total, perKey: perKey, held: map[string]int{}}
 }
 
 // acquire takes a slot for key, waiting until ctx ends; it reports whether
 // it got one.
 func (f *fairSlots) acquire(ctx context.Context, key string) bool {
-	for {
-		f.mu.Lock()
-		if f.inUse < f.total && f.held[key] < f.perKey {
-			f.inUse++
-			f.held[key]++
-			f.mu.Unlock()
-			return true
-		}
-		changed := f.changed
+	f.mu.Lock()
+	if f.fits(key) && !f.queued(key) {
+		f.take(key)
 		f.mu.Unlock()
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return false
+		return true
+	}
+	w := &slotWaiter{key: key, granted: make(chan struct{})}
+	f.waiters = append(f.waiters, w)
+	f.mu.Unlock()
+	select {
+	case <-w.granted:
+		return true
+	case <-ctx.Done():
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-w.granted:
+		// Granted as ctx ended: hand it on.
+		f.releaseLocked(key)
+	default:
+		for i, other := range f.waiters {
+			if other == w {
+				f.waiters = append(f.waiters[:i], f.waiters[i+1:]...)
+				break
+			}
 		}
 	}
+	return false
 }
 
 // release gives back a slot that acquire took for key.
 func (f *fairSlots) release(key string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.releaseLocked(key)
+}
+
+func (f *fairSlots) releaseLocked(key string) {
 	f.inUse--
 	if f.held[key]--; f.held[key] <= 0 {
 		delete(f.held, key)
 	}
-	close(f.changed)
-	f.changed = make(chan struct{})
+	// Grant the first waiters that fit, in arrival order.
+	for i := 0; i < len(f.waiters) && f.inUse < f.total; {
+		w := f.waiters[i]
+		if !f.fits(w.key) {
+			i++
+			continue
+		}
+		f.take(w.key)
+		f.waiters = append(f.waiters[:i], f.waiters[i+1:]...)
+		close(w.granted)
+	}
+}
+
+// fits reports whether both bounds allow key another slot.
+func (f *fairSlots) fits(key string) bool { return f.inUse < f.total && f.held[key] < f.perKey }
+
+// queued reports whether a review of key waits: a newcomer does not pass it.
+func (f *fairSlots) queued(key string) bool {
+	for _, w := range f.waiters {
+		if w.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fairSlots) take(key string) {
+	f.inUse++
+	f.held[key]++
 }
 
 // errNoBudget is why a body was refused when the memory budget stayed

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -369,5 +370,78 @@ func TestUnverifiedReviewsShareOneNamespace(t *testing.T) {
 	}
 	if refused != 6 || held.Load() != 2 {
 		t.Errorf("8 unverified reviews naming 8 namespaces: %d held a slot, %d refused; want 2 and 6", held.Load(), refused)
+	}
+}
+
+// fairSlots hands a released slot to the first waiter that both bounds
+// allow: a key at its bound is passed over, a key's waiters are served in
+// arrival order, and a waiter whose context ends leaves the queue.
+func TestFairSlotsOrder(t *testing.T) {
+	f := newFairSlots(2, 1)
+	ctx := context.Background()
+	got := make(chan string, 8)
+	wait := func(key, name string) {
+		go func() {
+			if f.acquire(ctx, key) {
+				got <- name
+			}
+		}()
+		// Queued before the next one.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			f.mu.Lock()
+			n := 0
+			for _, w := range f.waiters {
+				if w.key == key {
+					n++
+				}
+			}
+			f.mu.Unlock()
+			if n > 0 && strings.HasSuffix(name, fmt.Sprint(n)) || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	next := func(want string) {
+		t.Helper()
+		select {
+		case name := <-got:
+			if name != want {
+				t.Fatalf("granted %s, want %s", name, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("nothing granted, want %s", want)
+		}
+	}
+	if !f.acquire(ctx, "a") {
+		t.Fatal("a: no slot")
+	}
+	wait("a", "a1")
+	wait("a", "a2")
+	// b passes a's waiters: a holds its bound, the total has room.
+	if !f.acquire(ctx, "b") {
+		t.Fatal("b: no slot beside a's waiters")
+	}
+	wait("c", "c1")
+	cancelled, cancel := context.WithCancel(ctx)
+	gone := make(chan bool)
+	go func() { gone <- f.acquire(cancelled, "d") }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	if <-gone {
+		t.Fatal("d: a slot after its context ended")
+	}
+	f.release("b") // a1 and a2 cannot take it (a is at its bound): c1
+	next("c1")
+	f.release("a") // a1 before a2
+	next("a1")
+	f.release("c")
+	f.release("a")
+	next("a2")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.waiters) != 0 || f.inUse != 1 {
+		t.Errorf("%d waiters, %d in use; want 0 and 1 (a2)", len(f.waiters), f.inUse)
 	}
 }
