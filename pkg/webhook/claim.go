@@ -153,6 +153,8 @@ type claimChecker struct {
 	// and floors holds what was read of each, by name.
 	classes DeviceClassLookup
 	floors  map[string]*classFloor
+	// ownConfig is set when the claim has a config of this driver.
+	ownConfig bool
 }
 
 // validateDeviceClaim is ValidateDeviceClaimWithClasses; inline says that the
@@ -177,6 +179,7 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 
 	errs, ours := c.decodeConfigs()
 	errs = append(errs, c.checkTolerations()...)
+	c.ownConfig = len(ours) > 0
 	if len(errs) > 0 || (len(ours) == 0 && classes == nil) {
 		// Without configs of its own, a claim gets only its classes'.
 		return errs, warnings, ctx.Err()

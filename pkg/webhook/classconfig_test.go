@@ -105,3 +105,17 @@ config:
 			`the scheduler may pick GPUs of different NVLink domains, and prepare then refuses the claim`,
 	})
 }
+
+// TestValidateDeviceClaimOtherDriver: a claim of another driver's class,
+// without configs of this driver, gets neither errors nor warnings, also
+// when its class cannot be found.
+func TestValidateDeviceClaimOtherDriver(t *testing.T) {
+	devices := decodeDevices(t, `
+requests:
+- name: nic
+  exactly: {deviceClassName: nic.example.com}`)
+	errs, warnings := ValidateDeviceClaimWithClasses(devices, field.NewPath("spec", "devices"), DeviceClassMap(nil))
+	if len(errs) != 0 || len(warnings) != 0 {
+		t.Errorf("errors %v, warnings %v; want none", errs, warnings)
+	}
+}

@@ -151,6 +151,11 @@ func (c *claimChecker) checkFloor(classes DeviceClassLookup) (field.ErrorList, [
 		if u.adminAccess || u.class == "" || u.class == modelnames.WholeClassName {
 			continue
 		}
+		if !c.ownConfig && !c.mayGetOurDevices(u) {
+			// A claim without configs of this driver, for another
+			// driver's devices: nothing of it is this driver's.
+			continue
+		}
 		floor := c.readFloor(classes, u.class)
 		classPath := u.path.Child("deviceClassName")
 		if floor.lookupErr != nil {
