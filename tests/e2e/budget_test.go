@@ -54,7 +54,95 @@ func TestBudget(t *testing.T) {
 	t.Run("TranslatedPodCharged", func(t *testing.T) { budgetTranslatedPod(t, c) })
 	t.Run("SchedulerClaimCharged", func(t *testing.T) { budgetSchedulerClaim(t, c) })
 	t.Run("SchemaRejectsNegative", func(t *testing.T) { budgetSchemaRejects(t, c) })
+	t.Run("SizeChangesBeforeAllocation", func(t *testing.T) { budgetSizeChanges(t, c) })
 	t.Run("WebhookDownOutsideSelected", func(t *testing.T) { budgetWebhookDown(t, c) })
+}
+
+// budgetSizeChanges: the charged class's size changes between charge and
+// allocation. A claim of a DeviceClass that matches no published device is
+// charged the size the budget declares for it (spec.classSizes: 1Gi); the
+// class is then changed to select whole GPUs, the claim is allocated one,
+// and the budget counts it at the GPU's memory, refusing a later claim that
+// only fits beside the declared size.
+func budgetSizeChanges(t *testing.T, c *framework.Cluster) {
+	ctx := context.Background()
+	ns := budgetNamespace(t, c, "e2e-budget-size")
+	className := ns + ".e2e.gpu.tessera.dev"
+	selector := func(typ string) []resourceapi.DeviceSelector {
+		return []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf(`device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == %q`, typ)}}}
+	}
+	classes := c.Client.ResourceV1().DeviceClasses()
+	if _, err := classes.Create(ctx, &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: className},
+		Spec: resourceapi.DeviceClassSpec{Selectors: selector("e2e-none")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = classes.Delete(context.Background(), className, metav1.DeleteOptions{}) })
+	b := &configapi.GPUBudget{
+		TypeMeta:   metav1.TypeMeta{APIVersion: configapi.SchemeGroupVersion.String(), Kind: configapi.GPUBudgetKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu", Namespace: ns},
+		Spec: configapi.GPUBudgetSpec{Hard: configapi.BudgetLimits{Memory: ptr.To(resource.MustParse("1000Gi"))},
+			ClassSizes: []configapi.ClassSize{{DeviceClassName: className, Type: "gpu", Memory: resource.MustParse("1Gi")}}},
+	}
+	u, err := budget.ToUnstructured(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim := framework.Claim{Name: "late", Class: className, Labels: map[string]string{"tessera.dev/e2e": "true"}}
+	err = framework.Poll(ctx, "the claim to be admitted", time.Minute, func(ctx context.Context) (bool, error) {
+		if err := c.CreateClaim(ctx, ns, claim); err != nil {
+			return false, framework.Retry("%v", err) // the budget is being counted
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := getBudget(ctx, c, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Pending) != 1 || got.Status.Pending[0].Charge.Memory.Cmp(resource.MustParse("1Gi")) != 0 {
+		t.Fatalf("pending %+v, want the claim charged the declared 1Gi", got.Status.Pending)
+	}
+	dc, err := classes.Get(ctx, className, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc.Spec.Selectors = selector("gpu")
+	if _, err := classes.Update(ctx, dc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Apply(t, ns, framework.EnvPod("late", "late", false))
+	if _, err := c.WaitForPodRunning(ctx, ns, "late"); err != nil {
+		t.Fatal(err)
+	}
+	var used resource.Quantity
+	err = framework.Poll(ctx, "the budget to count the claim at its GPU's memory", time.Minute, func(ctx context.Context) (bool, error) {
+		got, err := getBudget(ctx, c, ns)
+		if err != nil {
+			return false, framework.Retry("%v", err)
+		}
+		used = got.Status.Used.Memory
+		if used.Cmp(resource.MustParse("2Gi")) < 0 {
+			return false, framework.Retry("used %s", used.String())
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("charged 1Gi at admission, counted %s once allocated a whole GPU", used.String())
+	// A budget with room for 2Gi beside the declared 1Gi, not beside the GPU.
+	hard := resource.MustParse("3Gi")
+	if _, err := c.Dynamic.Resource(configapi.GPUBudgetResourceVersion).Namespace(ns).Patch(ctx, "gpu", types.MergePatchType,
+		[]byte(fmt.Sprintf(`{"spec":{"hard":{"memory":%q}}}`, hard.String())), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitForRefusal(t, c, ns, shareClaim("beside", "2Gi"))
 }
 
 // budgetWebhookDown: a GPUBudget in a namespace without the label the
