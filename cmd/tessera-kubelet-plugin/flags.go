@@ -81,6 +81,8 @@ type nodeFlags struct {
 	// dynamicMIG is --dynamic-mig: the GPUs published with dynamic MIG.
 	dynamicMIG       []string
 	localityVerdicts bool
+	// allowEnvvar is --allow-visible-devices-envvar.
+	allowEnvvar bool
 
 	// Set by validate.
 	modes   gpu.ComputeModePolicy
@@ -96,6 +98,7 @@ func (g *nodeFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&g.expectedComputeMode, "expected-compute-mode", string(gpu.ComputeModeDefault), "compute mode every GPU is expected in (Default, ExclusiveProcess, Prohibited, or Any to accept every mode); a GPU in another is published tainted "+health.TaintKey+"=ComputeMode<mode>:NoSchedule. The plugin only reads compute modes, never sets them")
 	fs.StringVar(&g.procRoot, "proc-root", "/proc", "where /proc of the host's PID namespace is (NVML reports host PIDs; per-pod GPU memory reads <proc-root>/<pid>/cgroup)")
 	fs.StringSliceVar(&g.dynamicMIG, "dynamic-mig", nil, "GPUs published with dynamic MIG while they are in MIG mode, by NVML index or UUID, or \"all\": every placement of every MIG profile is a device, and prepare creates the instance (docs/mig.md). Other GPUs in MIG mode publish their existing instances (static MIG); a named GPU not in MIG mode is published as usual and reported (event DynamicMIGNotApplied)")
+	fs.BoolVar(&g.allowEnvvar, "allow-visible-devices-envvar", false, "publish the GPUs untainted even where the NVIDIA container toolkit's config.toml (under --host-root or <proc-root>/1/root: /etc/nvidia-container-runtime/config.toml, or the GPU Operator's /usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml) lets unprivileged containers ask for GPUs through NVIDIA_VISIBLE_DEVICES, its default: any pod without a claim then gets every GPU of the node. Without it such a node's GPUs are published tainted "+publish.UnclaimedAccessTaintKey+":NoSchedule (docs/security.md)")
 	fs.BoolVar(&g.localityVerdicts, "locality-verdicts", false, "publish the shared devices with the binding conditions of the locality controller (GpuConfig locality): every share then waits for its verdict before its pod binds; on without a running controller, shares wait until the scheduler's binding timeout and are allocated again")
 }
 

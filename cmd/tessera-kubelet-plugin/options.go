@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-dev/tessera/pkg/mpsdaemon"
 	"github.com/tessera-dev/tessera/pkg/plugin"
 	"github.com/tessera-dev/tessera/pkg/publish"
+	"github.com/tessera-dev/tessera/pkg/toolkitconfig"
 )
 
 // daemon is what run wires together, filled in step by step.
@@ -312,6 +313,10 @@ func (d *daemon) buildInventory(ctx context.Context) {
 		// Fail-closed toolkit requirement: say so at start, not only at
 		// the first prepare.
 		p.CheckToolkit(ctx)
+		// Pods without a claim must not reach the GPUs through the NVIDIA
+		// runtime; mock GPUs have no runtime to ask.
+		access := &publish.UnclaimedAccess{Places: toolkitconfig.Places("", d.f.node.hostRoot, d.f.node.procRoot), Allow: d.f.node.allowEnvvar, Events: d.events}
+		inv.NodeTaints = access.Taints
 	}
 	inv.Model = append(inv.Model, model.WithDriverMemoryLimits(d.driverMemory.Capable))
 	if d.f.node.localityVerdicts {

@@ -90,6 +90,10 @@ type Inventory struct {
 	// Taints, when set, returns the device taints by GPU UUID (the health
 	// tracker's Taints); they go on both devices of the GPU.
 	Taints func() map[string][]resourceapi.DeviceTaint
+	// NodeTaints, when set, returns taints that every GPU of the node gets
+	// on all of its devices (UnclaimedAccess.Taints); it is called before
+	// each publication, with Taints.
+	NodeTaints func(context.Context) []resourceapi.DeviceTaint
 	// DeviceTaints, when set, returns taints by device name for the GPUs
 	// being published, whose dynamic-MIG ones dynamic names (the health
 	// tracker's MIGTaints: XIDs that name one MIG device); they are added
@@ -210,6 +214,10 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 	if i.Taints != nil {
 		healthTaints = i.Taints()
 	}
+	var nodeTaints []resourceapi.DeviceTaint
+	if i.NodeTaints != nil {
+		nodeTaints = i.NodeTaints(ctx)
+	}
 	d, discoverErr := i.discover()
 	var gpus []gpu.GPU
 	if discoverErr != nil {
@@ -227,7 +235,7 @@ func (i *Inventory) Sync(ctx context.Context) (changed bool, err error) {
 		gpus, i.failed = i.withFailed(d)
 		i.conditions = gpu.Conditions(d.GPUs, i.ComputeModes)
 	}
-	taints := withConditionTaints(withDiscoveryTaints(healthTaints, i.failed), i.conditions)
+	taints := withNodeTaints(withConditionTaints(withDiscoveryTaints(healthTaints, i.failed), i.conditions), gpus, nodeTaints)
 	i.report(ctx, d, discoverErr, countPublished(gpus))
 	opts := append(slices.Clone(i.Model), model.WithTaints(taints))
 	var lent map[string]model.Lent
@@ -421,6 +429,21 @@ func withConditionTaints(taints map[string][]resourceapi.DeviceTaint, conds []gp
 		taints[c.UUID] = append(slices.Clone(taints[c.UUID]), conditionTaint(c))
 	}
 	return taints
+}
+
+// withNodeTaints adds nodeTaints to the taints of every GPU of gpus.
+func withNodeTaints(taints map[string][]resourceapi.DeviceTaint, gpus []gpu.GPU, nodeTaints []resourceapi.DeviceTaint) map[string][]resourceapi.DeviceTaint {
+	if len(nodeTaints) == 0 {
+		return taints
+	}
+	out := maps.Clone(taints)
+	if out == nil {
+		out = map[string][]resourceapi.DeviceTaint{}
+	}
+	for _, g := range gpus {
+		out[g.UUID] = append(slices.Clone(out[g.UUID]), nodeTaints...)
+	}
+	return out
 }
 
 // conditionTaint is the device taint of a condition: NoSchedule, like
