@@ -71,7 +71,7 @@ func NewMetrics() *Metrics {
 			Help: "ResourceClaims refused at admission because a GPUBudget would be exceeded, by the dimension that refused them."}, labels),
 	}
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_errors_total",
-		Help: "Errors of the GPU budget reconciler, by reason (claim_read_forbidden: a live read of a ResourceClaim was refused, RBAC; claim_read: it failed otherwise)."},
+		Help: "Errors of the GPU budget reconciler, by reason (claim_read_forbidden: a live read of a ResourceClaim was refused, RBAC; claim_read: it failed otherwise; namespace_read: a read of a budget's Namespace failed)."},
 		[]string{"reason"})
 	m.unconfirmedCharges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_gpu_budget_unconfirmed_charges_total",
 		Help: "Pending charges this replica dropped because no ResourceClaim of their name and uid was seen within the confirm window (a review no claim followed: a creation that failed after admission, or a forged review)."},

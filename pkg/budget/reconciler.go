@@ -172,11 +172,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, namespace string) (err error
 	pass := &pass{namespace: namespace, priced: map[types.UID]ClaimCharge{}, checked: map[string]bool{}, logged: map[string]bool{},
 		known: classSizes(budgets), classes: map[string]bool{}}
 	if r.Enforced != nil {
+		// A failed read leaves the condition as it is: counting goes on.
 		ok, why, err := r.Enforced(ctx, namespace)
 		if err != nil {
-			return fmt.Errorf("GPU budgets of %s: is the namespace selected: %w", namespace, err)
+			r.Metrics.failed("namespace_read")
+			klog.FromContext(ctx).Error(err, "Cannot tell whether the budget webhook selects a namespace; its budgets' Enforced condition stays as it is", "namespace", namespace)
+		} else {
+			pass.enforced, pass.notEnforced = &ok, why
 		}
-		pass.enforced, pass.notEnforced = &ok, why
 	}
 	var errs []error
 	for _, b := range budgets {
