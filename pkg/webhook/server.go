@@ -180,6 +180,9 @@ func (s *Server) Run(ctx context.Context) error {
 				// This config replaces the server's for the connection,
 				// so it names the protocols the server speaks.
 				NextProtos: []string{"h2", "http/1.1"},
+				// No resumption: a resumed session would keep a chain
+				// verified against a CA since rotated away.
+				SessionTicketsDisabled: true,
 			}, nil
 		}
 	}
