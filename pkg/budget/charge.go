@@ -197,7 +197,9 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 //     devices of their published requestPolicy (pkg/model: at least 1Gi,
 //     then 1Mi steps; those constants when none is published), else the
 //     device's full memory (a share that names none is allocated all of
-//     it); the cores it names, rounded likewise, else 100; no GPU;
+//     it); the cores it may use: its GpuConfig's sharing.computeLimit when
+//     one applies, else the cores it names, rounded likewise, else (none
+//     named, or 0: best effort) 100; no GPU;
 //   - a MIG device (type mig): its memory and cores capacity as pkg/model
 //     publishes them (cores: 100 × its compute slices / the GPU's, rounded
 //     down; 100 when the device publishes none); no GPU.
@@ -208,9 +210,11 @@ type ClassLookup func(ctx context.Context, name string) (*resourceapi.DeviceClas
 // other (the quota evaluator charges them too).
 //
 // Every request is charged at least the largest sizes this Pricer has seen
-// its class match (kept per class name, never lowered), also when the
-// devices published now are smaller or none (a node pool scaled to zero,
-// the plugin restarting). A class it never saw match anything:
+// its class match (kept per class name, never lowered) and the sizes Price
+// is given for its class (GPUBudgets' classSizes, persisted and declared),
+// also when the devices published now are smaller or none (a node pool
+// scaled to zero, the plugin restarting). Pricing one claim is bounded in
+// CEL cost (MaxCost) and stops when ctx ends. A class of no known size:
 //
 //   - Tessera's own classes (gpu.tessera.dev, shared., lent., mig.,
 //     nvidia-gpu.gpu.tessera.dev): a share takes what its capacity.requests

@@ -39,8 +39,10 @@ import (
 // and writes the status with UpdateStatus under the resourceVersion it
 // computed from; on a conflict it reads the budget again and recomputes.
 //
-// A pending entry is never dropped merely because this replica's informer
-// holds its claim: another replica, whose informer has not seen the claim
+// A pending entry whose claim the informer holds, or a live read finds, is
+// marked confirmed; one not confirmed by its ConfirmBy is dropped (no claim
+// followed its admission: see Charger). A confirmed pending entry is never
+// dropped merely because this replica's informer holds its claim: another replica, whose informer has not seen the claim
 // yet, reads this write and must still count it. An entry leaves only once
 // it has expired (TTL, at least MinTTL: past the API server's request
 // timeout, so the claim's CREATE has ended one way or the other) and either
