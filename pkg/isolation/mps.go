@@ -2,6 +2,7 @@ package isolation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -194,6 +195,96 @@ func ValidateDomain(domain string) error {
 	return nil
 }
 
+// MPSLimits are the limits every client of one MPS control daemon is held
+// to: the daemon sets them as its defaults (set_default_device_pinned_mem_limit,
+// set_default_active_thread_percentage) before it accepts a client, so that
+// every MPS server it starts has them, and a client's own environment can
+// only lower them (NVIDIA's MPS documentation: the client's variables
+// "further constrain" the control daemon's setting), never lift them. The
+// zero value sets none.
+type MPSLimits struct {
+	// PinnedMemoryMiB is each client's pinned device memory limit, MiB.
+	PinnedMemoryMiB int64 `json:"pinnedDeviceMemoryMiB"`
+	// ActiveThreadPercentage is each client's share of the GPU's threads.
+	ActiveThreadPercentage int64 `json:"activeThreadPercentage"`
+}
+
+// IsZero reports whether l sets no limit.
+func (l MPSLimits) IsZero() bool { return l == MPSLimits{} }
+
+func (l MPSLimits) String() string {
+	return fmt.Sprintf("pinned device memory %d MiB, active threads %d%%", l.PinnedMemoryMiB, l.ActiveThreadPercentage)
+}
+
+// MPSLimitsFile is the file in a daemon's log directory that holds its
+// MPSLimits (JSON), written by the plugin before the daemon starts and read
+// by the daemon (pkg/mpsdaemon) at each start, before it accepts clients.
+// The log directory is mounted into the daemon's pod only, never into a
+// client.
+const MPSLimitsFile = "tessera-limits.json"
+
+// MPSClientLimits are the limits of the MPS clients of share g served by
+// daemon d: its memory limit less the server's own context, and its cores.
+// The client's variables (mpsEdits) and the daemon's defaults come from here.
+func MPSClientLimits(g GPU, d Daemon) (MPSLimits, error) {
+	pinned := g.MemoryLimit - d.ServerReserve
+	if d.ServerReserve > 0 && pinned < 1<<20 {
+		return MPSLimits{}, fmt.Errorf("isolation MPS: the share's memory (%d MiB, capacity memory or sharing.memoryLimit) leaves nothing beside the %d MiB its MPS server's CUDA context holds; request more memory",
+			g.MemoryLimit>>20, d.ServerReserve>>20)
+	}
+	return MPSLimits{PinnedMemoryMiB: pinned >> 20, ActiveThreadPercentage: g.CoresLimit}, nil
+}
+
+// readLimits reads a daemon's MPSLimitsFile; ok is false when there is none.
+func readLimits(d Daemon) (l MPSLimits, ok bool, err error) {
+	data, err := os.ReadFile(filepath.Join(d.LogDir, MPSLimitsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return MPSLimits{}, false, nil
+	}
+	if err != nil {
+		return MPSLimits{}, false, err
+	}
+	if err := json.Unmarshal(data, &l); err != nil {
+		return MPSLimits{}, false, fmt.Errorf("%s: %w", filepath.Join(d.LogDir, MPSLimitsFile), err)
+	}
+	return l, true, nil
+}
+
+// writeLimits writes a daemon's MPSLimitsFile atomically, creating its log
+// directory.
+func writeLimits(d Daemon, l MPSLimits) error {
+	if err := os.MkdirAll(d.LogDir, 0o755); err != nil {
+		return err
+	}
+	data, _ := json.Marshal(l) // two numbers always encode
+	path := filepath.Join(d.LogDir, MPSLimitsFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ErrMPSLimitsDiffer is AcquireLimited's error for a share whose limits are
+// not those of the daemon its domain already runs on the GPU.
+var ErrMPSLimitsDiffer = errors.New("MPS shares of one namespace on one GPU must have the same limits")
+
+// AcquireLimited is [MPS.Acquire] for a share whose clients are held to
+// limits: the first holder of a per-domain daemon writes them into the
+// daemon's MPSLimitsFile before the daemon starts, so the daemon sets them
+// as its defaults before any client connects. The control daemon of a
+// (GPU, domain) runs one MPS server at a time (the uid of the first client;
+// a client of another uid waits until that server's clients are done) and
+// its defaults are per daemon, so every client of the domain on the GPU gets
+// the same limits: a later share whose limits differ is refused
+// (ErrMPSLimitsDiffer, naming both), since its clients would either be held
+// to another share's limits or could lift their own. A daemon with no
+// limits file (started by a release before it, and kept while its clients
+// run) holds none; its later shares are admitted as before and logged.
+func (m *MPS) AcquireLimited(ctx context.Context, uuid, domain string, claim types.UID, limits MPSLimits) (Daemon, error) {
+	return m.acquire(ctx, uuid, domain, claim, limits)
+}
+
 // Acquire records claim as a holder of the daemon of (uuid, domain) and
 // returns once the daemon is ready: the first holder mounts its shared
 // memory and starts it (or adopts a running one), later holders make sure it
@@ -201,6 +292,10 @@ func ValidateDomain(domain string) error {
 // ready, the claim is not a holder afterwards. New claims always name a
 // domain; only [MPS.Restore] brings back the GPU-wide daemon.
 func (m *MPS) Acquire(ctx context.Context, uuid, domain string, claim types.UID) (Daemon, error) {
+	return m.acquire(ctx, uuid, domain, claim, MPSLimits{})
+}
+
+func (m *MPS) acquire(ctx context.Context, uuid, domain string, claim types.UID, limits MPSLimits) (Daemon, error) {
 	if uuid == "" || claim == "" {
 		return Daemon{}, errors.New("mps: empty GPU uuid or claim uid")
 	}
@@ -217,6 +312,11 @@ func (m *MPS) Acquire(ctx context.Context, uuid, domain string, claim types.UID)
 	}
 	if err := m.mountShm(d); err != nil {
 		return Daemon{}, fmt.Errorf("mps: control daemon for GPU %s, domain %s: %w", uuid, domain, err)
+	}
+	if !limits.IsZero() {
+		if err := m.holdLimits(ctx, d, len(set) > 0 || m.incomplete, limits); err != nil {
+			return Daemon{}, fmt.Errorf("mps: control daemon for GPU %s, domain %s: %w", uuid, domain, err)
+		}
 	}
 	if err := m.runner.Start(ctx, d, len(set) > 0 || m.incomplete); err != nil {
 		if len(set) == 0 && !m.incomplete {
@@ -235,6 +335,31 @@ func (m *MPS) Acquire(ctx context.Context, uuid, domain string, claim types.UID)
 	}
 	set[claim] = struct{}{}
 	return d, nil
+}
+
+// holdLimits makes sure the daemon's clients are held to limits: a daemon
+// nobody holds gets them written before it starts; one in use must already
+// have them.
+func (m *MPS) holdLimits(ctx context.Context, d Daemon, inUse bool, limits MPSLimits) error {
+	if !inUse {
+		if err := writeLimits(d, limits); err != nil {
+			return fmt.Errorf("write the clients' limits: %w", err)
+		}
+		return nil
+	}
+	have, ok, err := readLimits(d)
+	if err != nil {
+		return fmt.Errorf("read the clients' limits: %w", err)
+	}
+	if !ok {
+		klog.FromContext(ctx).Info("MPS control daemon started without client limits (by an earlier release): its clients' limits are their own environment's until its last share goes", "gpu", d.UUID, "domain", d.Domain)
+		return nil
+	}
+	if have != limits {
+		return fmt.Errorf("%w: this share's clients would get %s, the daemon of namespace %s on this GPU holds its clients to %s (one MPS server serves them all); "+
+			"give the namespace's MPS shares on a GPU the same memory and cores, or wait until the other shares are gone", ErrMPSLimitsDiffer, limits, d.Domain, have)
+	}
+	return nil
 }
 
 // mountShm gives a per-domain daemon its tmpfs before the daemon or any
@@ -443,8 +568,9 @@ func (m *MPS) removeOrphanDirs(ctx context.Context) error {
 // daemon's log directory is never mounted: logs and the server's files stay
 // out of clients' reach. Both limits are per client process, not per claim
 // (a container with N CUDA processes may pin N times the memory limit, and
-// each may use the thread percentage at once), and read from the client's
-// own environment (see docs/mps.md for what that means).
+// each may use the thread percentage at once). The daemon holds its
+// clients to the same limits as its defaults (MPSLimits, [MPS.AcquireLimited]),
+// so a client that unsets or raises the variables gets no more.
 //
 // Every trust domain on a GPU has its own MPS server, and each server holds a
 // CUDA context of its own (d.ServerReserve) outside any client's pinned
@@ -456,16 +582,15 @@ func mpsEdits(g GPU, d Daemon) (cdispec.ContainerEdits, error) {
 	if d.PipeDir == "" || d.ShmDir == "" {
 		return cdispec.ContainerEdits{}, errors.New("isolation MPS: no MPS daemon for the share")
 	}
-	pinned := g.MemoryLimit - d.ServerReserve
-	if d.ServerReserve > 0 && pinned < 1<<20 {
-		return cdispec.ContainerEdits{}, fmt.Errorf("isolation MPS: the share's memory (%d MiB, capacity memory or sharing.memoryLimit) leaves nothing beside the %d MiB its MPS server's CUDA context holds; request more memory",
-			g.MemoryLimit>>20, d.ServerReserve>>20)
+	limits, err := MPSClientLimits(g, d)
+	if err != nil {
+		return cdispec.ContainerEdits{}, err
 	}
 	return cdispec.ContainerEdits{
 		Env: []string{
 			"CUDA_MPS_PIPE_DIRECTORY=" + MPSPipeContainerDir,
-			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=" + itoa(pinned>>20) + "M",
-			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + itoa(g.CoresLimit),
+			"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=" + itoa(limits.PinnedMemoryMiB) + "M",
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + itoa(limits.ActiveThreadPercentage),
 		},
 		// connect(2) on a unix socket needs no write access to the mount,
 		// so clients reach the daemon through a read-only pipe directory

@@ -3,6 +3,7 @@ package mpsdaemon
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tessera-dev/tessera/pkg/isolation"
 )
 
 // Options configure [Run], the program in a daemon pod.
@@ -321,6 +324,20 @@ func runReal(ctx context.Context, o Options, pipe string) error {
 		_ = daemon.Process.Kill()
 		return err
 	}
+	// The defaults before the first client: every server gets them.
+	if cmds, err := limitCommands(LogDir); err != nil {
+		_ = daemon.Process.Kill()
+		return err
+	} else if cmds != "" {
+		set := command()
+		set.Stdin = strings.NewReader(cmds)
+		set.Stdout, set.Stderr = o.Log, o.Log
+		if err := set.Run(); err != nil {
+			_ = daemon.Process.Kill()
+			return fmt.Errorf("set the clients' limits (%s| %s): %w", strings.ReplaceAll(cmds, "\n", "; "), bin, err)
+		}
+		fmt.Fprintf(o.Log, "MPS clients' limits set: %s\n", strings.TrimSpace(strings.ReplaceAll(cmds, "\n", "; ")))
+	}
 	if err := writeReady(o.ReadyFile, filepath.Join(pipe, ControlSocket)); err != nil {
 		_ = daemon.Process.Kill()
 		return err
@@ -407,6 +424,14 @@ func runFake(ctx context.Context, o Options, pipe, logDir string) error {
 		}
 		fmt.Fprintln(o.Log, msg)
 	}
+	// The fake has no servers: it records the defaults a real daemon sets.
+	cmds, err := limitCommands(logDir)
+	if err != nil {
+		return err
+	}
+	for line := range strings.Lines(cmds) {
+		logLine("control: " + strings.TrimSpace(line))
+	}
 	if err := writeReady(o.ReadyFile, socket); err != nil {
 		return err
 	}
@@ -415,6 +440,31 @@ func runFake(ctx context.Context, o Options, pipe, logDir string) error {
 	<-ctx.Done()
 	logLine(fmt.Sprintf("fake MPS control daemon for GPU %s stopped", o.GPU))
 	return nil
+}
+
+// limitCommands are the control daemon's commands that make the limits in
+// logDir's isolation.MPSLimitsFile the defaults of every MPS server it
+// starts (device 0: CUDA_VISIBLE_DEVICES names the daemon's one GPU); ""
+// without the file (a daemon the plugin of an earlier release started). A
+// file that cannot be read or parsed is an error: the daemon must not serve
+// clients without the limits the plugin asked for.
+func limitCommands(logDir string) (string, error) {
+	path := filepath.Join(logDir, isolation.MPSLimitsFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the clients' limits: %w", err)
+	}
+	var l isolation.MPSLimits
+	if err := json.Unmarshal(data, &l); err != nil {
+		return "", fmt.Errorf("the clients' limits %s: %w", path, err)
+	}
+	if l.PinnedMemoryMiB <= 0 || l.ActiveThreadPercentage <= 0 || l.ActiveThreadPercentage > 100 {
+		return "", fmt.Errorf("the clients' limits %s: %s: want memory > 0 and threads in 1..100", path, l)
+	}
+	return fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM\nset_default_active_thread_percentage %d\n", l.PinnedMemoryMiB, l.ActiveThreadPercentage), nil
 }
 
 func waitForSocket(ctx context.Context, socket string, timeout time.Duration, exited <-chan error) error {

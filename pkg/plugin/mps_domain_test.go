@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
@@ -130,4 +132,38 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 	}
 	mustUnprepare(t, b.Plugin, "uid-old")
 	e.assertClean(b)
+}
+
+// TestMPSNamespaceSharesOfOneSize: the MPS daemon of a (GPU, namespace)
+// holds every client to its first share's limits (its defaults, which a
+// client's environment cannot lift), so a share of another size in the same
+// namespace on the GPU fails to prepare, naming both, and leaves nothing
+// behind; the same size joins, another size in another namespace or on
+// another GPU is prepared, and a restarted plugin refuses the same.
+func TestMPSNamespaceSharesOfOneSize(t *testing.T) {
+	e := newEnv(t)
+	a := e.start(nil)
+	mps := claimConfig(isolationConfig(configapi.IsolationMPS))
+	claim := func(uid, ns, device, counter, memory, cores string) *resourceapi.ResourceClaim {
+		c := newClaim(uid, []result{share("gpu", device, counter, memory, cores)}, mps)
+		c.Namespace = ns
+		return c
+	}
+	mustPrepare(t, a.Plugin, claim("uid-a", "team-a", "gpu-1-shared", "s-1", "8Gi", "20"))
+	mustPrepare(t, a.Plugin, claim("uid-b", "team-a", "gpu-1-shared", "s-2", "8Gi", "20"))
+	r := prepare(t, a.Plugin, claim("uid-c", "team-a", "gpu-1-shared", "s-3", "16Gi", "40"))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "MPS shares of one namespace on one GPU must have the same limits") ||
+		!strings.Contains(r.Err.Error(), "active threads 40%") || !strings.Contains(r.Err.Error(), "active threads 20%") {
+		t.Fatalf("a 16Gi share beside 8Gi ones of its namespace on gpu-1: %v, want the refusal naming both", r.Err)
+	}
+	if _, ok := a.store.Get("uid-c"); ok {
+		t.Error("the refused claim is in the checkpoint")
+	}
+	mustPrepare(t, a.Plugin, claim("uid-d", "team-b", "gpu-1-shared", "s-4", "16Gi", "40"))
+	mustPrepare(t, a.Plugin, claim("uid-e", "team-a", "gpu-2-shared", "s-5", "16Gi", "40"))
+
+	b := e.start(nil)
+	if r := prepare(t, b.Plugin, claim("uid-c", "team-a", "gpu-1-shared", "s-3", "16Gi", "40")); r.Err == nil {
+		t.Error("after a restart the 16Gi share beside the 8Gi ones is prepared")
+	}
 }

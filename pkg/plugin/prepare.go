@@ -407,8 +407,18 @@ func mpsGPU(d plannedDevice) string {
 // may have done part of the work; the caller rolls back.
 func (p *Plugin) applyEffects(ctx context.Context, record *checkpoint.Claim, pl *plan, devs []specDevice) error {
 	if pl.isolation == configapi.IsolationMPS {
-		if _, err := p.opts.MPS.Acquire(ctx, mpsGPU(pl.devices[0]), pl.devices[0].mpsDomain, record.UID); err != nil {
-			return deviceError(pl.devices[0].device, "%v", err)
+		// Its clients' limits are the daemon's defaults too, which their
+		// own environment cannot lift.
+		d := pl.devices[0]
+		var limits isolation.MPSLimits
+		if g := isolationGPU(d); g.Shared {
+			var err error
+			if limits, err = isolation.MPSClientLimits(g, p.opts.MPS.Daemon(mpsGPU(d), d.mpsDomain)); err != nil {
+				return deviceError(d.device, "%v", err)
+			}
+		}
+		if _, err := p.opts.MPS.AcquireLimited(ctx, mpsGPU(d), d.mpsDomain, record.UID, limits); err != nil {
+			return deviceError(d.device, "%v", err)
 		}
 	}
 	if pl.isolation == configapi.IsolationHAMiCore {
