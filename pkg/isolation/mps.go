@@ -509,6 +509,9 @@ func (m *MPS) Restore(ctx context.Context, holders map[DaemonKey][]types.UID, st
 	if err != nil {
 		errs = append(errs, fmt.Errorf("mps: list running control daemons: %w", err))
 	}
+	// A daemon whose stop failed may still run, with clients that map its
+	// shared memory: its directories stay until a later Restore stops it.
+	stillRunning := map[DaemonKey]bool{}
 	for _, key := range running {
 		if _, held := m.holders[key]; held {
 			continue
@@ -516,20 +519,22 @@ func (m *MPS) Restore(ctx context.Context, holders map[DaemonKey][]types.UID, st
 		d := m.Daemon(key.GPU, key.Domain)
 		if err := m.runner.Stop(ctx, d); err != nil {
 			errs = append(errs, fmt.Errorf("mps: stop orphaned control daemon %s: %w", key, err))
+			stillRunning[key] = true
 			continue
 		}
 		klog.FromContext(ctx).Info("Stopped orphaned MPS control daemon", "gpu", key.GPU, "domain", key.Domain)
 	}
 	if err == nil {
-		errs = append(errs, m.removeOrphanDirs(ctx))
+		errs = append(errs, m.removeOrphanDirs(ctx, stillRunning))
 	}
 	return errors.Join(errs...)
 }
 
 // removeOrphanDirs unmounts and removes the directories of per-domain
 // daemons that nobody holds: left by a plugin that stopped a daemon and
-// crashed before cleaning up after it.
-func (m *MPS) removeOrphanDirs(ctx context.Context) error {
+// crashed before cleaning up after it. Those of daemons in skip (still
+// running) are kept.
+func (m *MPS) removeOrphanDirs(ctx context.Context, skip map[DaemonKey]bool) error {
 	gpus, err := os.ReadDir(m.root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -545,7 +550,7 @@ func (m *MPS) removeOrphanDirs(ctx context.Context) error {
 		}
 		for _, dom := range domains {
 			key := DaemonKey{GPU: g.Name(), Domain: dom.Name()}
-			if _, held := m.holders[key]; held || ValidateDomain(key.Domain) != nil {
+			if _, held := m.holders[key]; held || skip[key] || ValidateDomain(key.Domain) != nil {
 				continue
 			}
 			if err := m.cleanup(m.Daemon(key.GPU, key.Domain)); err != nil {
