@@ -46,6 +46,12 @@ type Options struct {
 	// root disk's plain directory). The container's restart then binds it
 	// again.
 	ShmTmpfs bool
+	// LogLimit is the size past which a log in the log directory is cut
+	// (boundLogs); zero: DefaultLogLimit.
+	LogLimit int64
+	// LogCheckInterval is how often the logs are looked at; zero:
+	// DefaultLogCheckInterval.
+	LogCheckInterval time.Duration
 }
 
 // statfsType returns the filesystem type (f_type) of path; a seam for tests.
@@ -343,6 +349,9 @@ func runReal(ctx context.Context, o Options, pipe string) error {
 		return err
 	}
 	fmt.Fprintf(o.Log, "MPS control daemon for GPU %s ready\n", o.GPU)
+	logsCtx, stopLogs := context.WithCancel(ctx)
+	defer stopLogs()
+	go watchLogs(logsCtx, LogDir, o.LogLimit, o.LogCheckInterval, o.Log)
 	select {
 	case err := <-exited:
 		_ = os.Remove(o.ReadyFile)
@@ -437,6 +446,7 @@ func runFake(ctx context.Context, o Options, pipe, logDir string) error {
 	}
 	defer os.Remove(o.ReadyFile)
 	logLine(fmt.Sprintf("fake MPS control daemon for GPU %s ready (pid %d)", o.GPU, os.Getpid()))
+	go watchLogs(ctx, logDir, o.LogLimit, o.LogCheckInterval, o.Log)
 	<-ctx.Done()
 	logLine(fmt.Sprintf("fake MPS control daemon for GPU %s stopped", o.GPU))
 	return nil
