@@ -281,7 +281,7 @@ func TestBuildFraction(t *testing.T) {
 // HAMiCore refused with the webhook's message; share and NVLink flags are
 // refused.
 func TestBuildMIG(t *testing.T) {
-	tmpl := mustBuild(t, Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", GPUs: 2, Isolation: "MPS"})
+	tmpl := mustBuild(t, Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", GPUs: 2})
 	d := tmpl.Spec.Spec.Devices
 	ex := d.Requests[0].Exactly
 	if ex == nil || ex.DeviceClassName != model.MIGClassName || ex.Count != 2 || ex.Capacity != nil ||
@@ -291,8 +291,14 @@ func TestBuildMIG(t *testing.T) {
 	if len(d.Constraints) != 0 {
 		t.Errorf("constraints %+v, want none (two MIG devices may share a GPU)", d.Constraints)
 	}
-	if cfg := decodeConfig(t, d.Config[0].Opaque.Parameters.Raw); cfg.Sharing.Isolation != configapi.IsolationMPS {
+	mps := mustBuild(t, Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", Isolation: "MPS"}).Spec.Spec.Devices
+	if cfg := decodeConfig(t, mps.Config[0].Opaque.Parameters.Raw); cfg.Sharing.Isolation != configapi.IsolationMPS {
 		t.Errorf("config %+v, want MPS", cfg.Sharing)
+	}
+	// An MPS daemon serves one MIG device: prepare refuses two.
+	if _, _, err := Build(Options{Name: "m", MIG: true, MIGProfile: "3g.40gb", GPUs: 2, Isolation: "MPS"}); err == nil ||
+		!strings.Contains(err.Error(), "an MPS claim must be exactly one share") {
+		t.Errorf("two MIG devices with MPS: %v, want the webhook's refusal", err)
 	}
 
 	anyProfile := mustBuild(t, Options{Name: "m", MIG: true}).Spec.Spec.Devices.Requests[0].Exactly
