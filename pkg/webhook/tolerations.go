@@ -35,7 +35,7 @@ func (c *claimChecker) checkTolerations() field.ErrorList {
 			}
 			what := "tolerates the taint " + key
 			if t.Key == "" {
-				what = "tolerates every taint, " + key + " included"
+				what += " (a toleration without a key and with operator Exists tolerates every taint)"
 			}
 			errs = append(errs, field.Forbidden(u.path.Child("tolerations").Index(i), fmt.Sprintf(
 				"request %q %s, which only %s sets: %s; tolerate the taints you mean by their keys instead",

@@ -64,8 +64,8 @@ requests:
     deviceClassName: shared.gpu.tessera.dev
     capacity: {requests: {memory: 1Gi}}
     tolerations: [{operator: Exists}]`,
-			wantErrors: []string{`spec.devices.requests[0].exactly.tolerations[0]: Forbidden: request "share" tolerates every taint, gpu.tessera.dev/not-lent included, ` +
-				`which only gpu.tessera.dev sets: it keeps borrowers off a GPU whose owner does not lend it now; tolerate the taints you mean by their keys instead`},
+			wantErrors: []string{`spec.devices.requests[0].exactly.tolerations[0]: Forbidden: request "share" tolerates the taint gpu.tessera.dev/not-lent ` +
+				`(a toleration without a key and with operator Exists tolerates every taint), which only gpu.tessera.dev sets: it keeps borrowers off a GPU whose owner does not lend it now; tolerate the taints you mean by their keys instead`},
 		},
 		{
 			name: "every NoExecute taint, the health taint, the reclaim taint: allowed",
