@@ -280,7 +280,8 @@ var ErrMPSLimitsDiffer = errors.New("MPS shares of one namespace on one GPU must
 // (ErrMPSLimitsDiffer, naming both), since its clients would either be held
 // to another share's limits or could lift their own. A daemon with no
 // limits file (started by a release before it, and kept while its clients
-// run) holds none; its later shares are admitted as before and logged.
+// run) holds none until its next start; the first share after the upgrade
+// writes its limits, and later shares are checked against them.
 func (m *MPS) AcquireLimited(ctx context.Context, uuid, domain string, claim types.UID, limits MPSLimits) (Daemon, error) {
 	return m.acquire(ctx, uuid, domain, claim, limits)
 }
@@ -337,27 +338,30 @@ func (m *MPS) acquire(ctx context.Context, uuid, domain string, claim types.UID,
 	return d, nil
 }
 
-// holdLimits makes sure the daemon's clients are held to limits: a daemon
-// nobody holds gets them written before it starts; one in use must already
-// have them.
+// holdLimits makes sure the daemon's clients are held to limits. A daemon
+// that may be in use (it has holders, or the holders are not all known)
+// must already hold its clients to the same limits; one nobody holds gets
+// them written before it starts. A daemon without a limits file (started by
+// an earlier release, which wrote none) gets this share's: it sets them at
+// its next start, and until then the shares beside it are checked against
+// them.
 func (m *MPS) holdLimits(ctx context.Context, d Daemon, inUse bool, limits MPSLimits) error {
-	if !inUse {
-		if err := writeLimits(d, limits); err != nil {
-			return fmt.Errorf("write the clients' limits: %w", err)
-		}
-		return nil
-	}
 	have, ok, err := readLimits(d)
 	if err != nil {
 		return fmt.Errorf("read the clients' limits: %w", err)
 	}
-	if !ok {
-		klog.FromContext(ctx).Info("MPS control daemon started without client limits (by an earlier release): its clients' limits are their own environment's until its last share goes", "gpu", d.UUID, "domain", d.Domain)
+	if ok && inUse {
+		if have != limits {
+			return fmt.Errorf("%w: this share's clients would get %s, the daemon of namespace %s on this GPU holds its clients to %s (one MPS server serves them all); "+
+				"give the namespace's MPS shares on a GPU the same memory and cores, or wait until the other shares are gone", ErrMPSLimitsDiffer, limits, d.Domain, have)
+		}
 		return nil
 	}
-	if have != limits {
-		return fmt.Errorf("%w: this share's clients would get %s, the daemon of namespace %s on this GPU holds its clients to %s (one MPS server serves them all); "+
-			"give the namespace's MPS shares on a GPU the same memory and cores, or wait until the other shares are gone", ErrMPSLimitsDiffer, limits, d.Domain, have)
+	if !ok && inUse {
+		klog.FromContext(ctx).Info("MPS control daemon without client limits (started by an earlier release): they take effect at its next start", "gpu", d.UUID, "domain", d.Domain, "limits", limits.String())
+	}
+	if err := writeLimits(d, limits); err != nil {
+		return fmt.Errorf("write the clients' limits: %w", err)
 	}
 	return nil
 }

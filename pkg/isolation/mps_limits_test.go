@@ -89,7 +89,8 @@ func TestMPSAcquireLimited(t *testing.T) {
 	}
 
 	// A daemon that an earlier release started (no limits file), restored
-	// with its holders: later shares are admitted as before.
+	// with its holders: the first share after it writes its limits (the
+	// daemon sets them at its next start), the next is checked against them.
 	old := m.Daemon(gpu, "team-c")
 	if err := m.Restore(ctx, map[DaemonKey][]types.UID{old.Key(): {"e"}, d.Key(): {"d"}, {GPU: gpu, Domain: "team-b"}: {"c"}}, true); err != nil {
 		t.Fatal(err)
@@ -97,8 +98,11 @@ func TestMPSAcquireLimited(t *testing.T) {
 	if _, err := m.AcquireLimited(ctx, gpu, "team-c", types.UID("f"), limitsOf(small, "team-c")); err != nil {
 		t.Errorf("a share on a daemon without limits: %v", err)
 	}
-	if _, ok, _ := readLimits(old); ok {
-		t.Error("a limits file was written for a running daemon that never read it")
+	if have, ok, _ := readLimits(old); !ok || have != limitsOf(small, "team-c") {
+		t.Errorf("limits of the earlier release's daemon after a share: %v %v", have, ok)
+	}
+	if _, err := m.AcquireLimited(ctx, gpu, "team-c", types.UID("h"), limitsOf(big, "team-c")); !errors.Is(err, ErrMPSLimitsDiffer) {
+		t.Errorf("a bigger share beside it: %v, want ErrMPSLimitsDiffer", err)
 	}
 	// A restart keeps the refusal: the file is on the host.
 	if _, err := m.AcquireLimited(ctx, gpu, "team-a", types.UID("g"), limitsOf(small, "team-a")); !errors.Is(err, ErrMPSLimitsDiffer) {
