@@ -102,14 +102,15 @@ func TestFloorRefusesWeakerIsolationAtAdmission(t *testing.T) {
 
 // TestFloorRefusesAtPrepare: the kubelet plugin enforces the floor too, on
 // what admission does not see. A claim with no config of its own is not sent
-// to the webhook; its class sets isolation Advisory outside its own
-// allowedIsolations [MPS], so prepare refuses the share and writes why into
-// the claim's status (Ready=False), naming the isolation, who chose it and
-// the class's list. The pod does not start.
+// to the webhook; its class allows only MPS and sets no isolation, so the
+// node's --default-isolation (Advisory) applies, outside the class's
+// allowedIsolations: prepare refuses the share and writes why into the
+// claim's status (Ready=False), naming the isolation, who chose it and the
+// class's list. The pod does not start.
 func TestFloorRefusesAtPrepare(t *testing.T) {
 	c := needDriver(t, "shared.gpu.tessera.dev")
 	const class = "e2e-broken-floor.gpu.tessera.dev"
-	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"isolation":"Advisory","allowedIsolations":["MPS"]}}`)
+	floorClass(t, c, class, `{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GpuConfig","sharing":{"allowedIsolations":["MPS"]}}`)
 	ctx := context.Background()
 	ns := c.Namespace(t, "e2e-floor-prepare")
 
@@ -118,7 +119,7 @@ func TestFloorRefusesAtPrepare(t *testing.T) {
 	}
 	c.Apply(t, ns, framework.EnvPod("weak", "weak", false))
 
-	const want = `isolation Advisory (set by the device class's config) is not allowed by the device class's config (allowed: MPS)`
+	const want = `isolation Advisory (the node's --default-isolation, as neither the claim's nor the class's config sets one) is not allowed by the device class's config (allowed: MPS)`
 	c.WantPrepareFailed(ctx, t, ns, "weak", "weak", want)
 	c.WantNoContainerRunning(ctx, t, ns, "weak")
 }
