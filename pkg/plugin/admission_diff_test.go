@@ -111,6 +111,11 @@ var diffSeeds = []diffCase{
 //     different NVLink domains, which this allocation happened not to, or
 //     a firstAvailable alternative the allocator did not pick).
 //
+// The webhook's verdict is webhook.Review's, for every claim: the chart's
+// matchConditions send it only claims with a gpu.tessera.dev config, so in
+// a cluster a claim without one (the cases with claimConfig "-") is checked
+// at prepare alone.
+//
 // A claim the allocator cannot allocate is left out: its pod stays Pending
 // with the scheduler's reason, never stuck in ContainerCreating. Prepare runs
 // on a fresh node where every backend is available (MPS, HAMi-core,
