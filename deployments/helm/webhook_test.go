@@ -77,7 +77,7 @@ func TestWebhookMemoryLimit(t *testing.T) {
 	}
 }
 
-// TestWebhookNetworkPolicy: on by default, admitting any address to the
+// TestWebhookNetworkPolicy: on by default, admitting any source to the
 // webhook's port only; with podCIDRs any address but those; with
 // apiServerCIDRs only those; none with the host network (where it would do
 // nothing), and an error when CIDRs are given there; the budget metrics
@@ -125,7 +125,7 @@ func TestWebhookNetworkPolicy(t *testing.T) {
 		args []string
 		want []string
 	}{
-		"default": {nil, []string{"0.0.0.0/0", "::/0"}},
+		"default": {nil, []string{}}, // from anywhere: no peer
 		"pod CIDRs": {[]string{"--set", "webhook.networkPolicy.podCIDRs={10.244.0.0/16,fd00:10:244::/56}"},
 			[]string{"0.0.0.0/0 except 10.244.0.0/16", "::/0 except fd00:10:244::/56"}},
 		"API server CIDRs": {[]string{"--set", "webhook.networkPolicy.apiServerCIDRs={10.0.0.10/32,192.168.1.0/24}",
