@@ -419,7 +419,10 @@ func (c *Charger) charge(ctx context.Context, cached *configapi.GPUBudget, claim
 		return nil
 	}
 	base := cached
-	if l != nil && l.last != nil && l.last.UID == cached.UID {
+	if l != nil && l.last != nil && l.last.UID == cached.UID && !dryRun {
+		// A write from a stale object fails (its resourceVersion) and the
+		// budget is read again; a dry run writes nothing, so it starts
+		// from the cache, which another writer's change reaches.
 		base = l.last
 	}
 	fresh := false

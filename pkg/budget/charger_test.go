@@ -11,10 +11,13 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	configapi "github.com/tessera-dev/tessera/api/gpu.tessera.dev/v1alpha1"
 
 	"github.com/tessera-dev/tessera/pkg/model/modelnames"
 	"github.com/tessera-dev/tessera/pkg/webhook/caller"
@@ -251,5 +254,31 @@ func TestHeldLockDoesNotWait(t *testing.T) {
 	}
 	if got := amount(f.get(t, "gpu").Status.Used); got.Memory != gi(1) {
 		t.Errorf("used %v, want 1Gi", got)
+	}
+}
+
+// A dry run after another writer changed the budget (here its hard, and
+// the reconciler its used) is checked against the changed budget, not the
+// object this process last wrote.
+func TestDryRunAfterOtherWriterSeesTheirChange(t *testing.T) {
+	f, c := chargeGPU(t)
+	ctx := context.Background()
+	if resp := c.Admit(ctx, review(t, share("a", "1Gi"), false)); !resp.Allowed {
+		t.Fatal(resp.Result)
+	}
+	b := f.get(t, "gpu")
+	b.Spec.Hard.Memory = ptr.To(resource.MustParse("2Gi"))
+	b.Generation++
+	b.Status.ObservedGeneration = b.Generation
+	b.Status.Used = apiAmount(Amount{Memory: gi(1)})
+	u, err := ToUnstructured(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.client.Resource(configapi.GPUBudgetResourceVersion).Namespace("team-a").Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if resp := c.Admit(ctx, review(t, share("b", "5Gi"), true)); resp.Allowed {
+		t.Error("dry run of 1Gi used + 5Gi against a hard lowered to 2Gi allowed")
 	}
 }
