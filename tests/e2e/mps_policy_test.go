@@ -117,6 +117,16 @@ func TestPluginTokenMPSPods(t *testing.T) {
 		p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "etc", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}})
 	}), dryRun)
 	refused("create a daemon pod with hostPath /etc", err, "(spec.volumes: etc hostPath /etc)")
+	// A privileged, hostPID daemon whose loader runs the token holder's
+	// library, or that opens a port on the node.
+	_, err = pods.Create(ctx, daemon(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/dev/shm/x.so"}}
+	}), dryRun)
+	refused("create a daemon pod with LD_PRELOAD", err, "sets no environment variables, neither values nor from Secrets, ConfigMaps or fields: the plugin sets none (spec.containers[].env: LD_PRELOAD; envFrom)")
+	_, err = pods.Create(ctx, daemon(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 10250, HostPort: 10250}}
+	}), dryRun)
+	refused("create a daemon pod with a hostPort", err, "opens no host port")
 
 	// Delete: the plugin's own pod is in the namespace and on its node, but
 	// is not a daemon pod.
