@@ -175,7 +175,7 @@ func validateDeviceClaim(ctx context.Context, devices *resourceapi.DeviceClaim, 
 		c.classes = classes
 		c.markMIG(classes)
 	}
-	warnings := c.warnings()
+	warnings := append(c.warnings(), c.migAdminWarnings()...)
 
 	errs, ours := c.decodeConfigs()
 	errs = append(errs, c.checkTolerations()...)

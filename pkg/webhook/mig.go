@@ -107,6 +107,24 @@ func (c *claimChecker) checkMIG() field.ErrorList {
 	return errs
 }
 
+// migAdminWarnings warns about each request for MIG devices with
+// adminAccess: the scheduler may allocate it a dynamic MIG placement (a
+// device of a GPU published with --dynamic-mig), which is no instance yet,
+// and prepare refuses admin access to it. Whether a node publishes dynamic
+// placements is not known here.
+func (c *claimChecker) migAdminWarnings() []string {
+	var warnings []string
+	for k := range c.units {
+		u := &c.units[k]
+		if !u.mig || !u.adminAccess {
+			continue
+		}
+		warnings = append(warnings, fmt.Sprintf("%s: admin access to MIG devices: if the scheduler picks a dynamic MIG placement (no instance yet), "+
+			"prepare refuses request %q; admin access observes existing instances", u.path.Child("adminAccess"), u.name))
+	}
+	return warnings
+}
+
 // migClassConfigErrors refuses, in the configs of a DeviceClass that
 // selects MIG devices, what prepare would refuse for every claim of the
 // class: a sharing.isolation of HAMiCore or DriverMemory, lendWhenIdle true.

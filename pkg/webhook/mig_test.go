@@ -269,3 +269,17 @@ func TestSelectsMIG(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateDeviceClaimMIGAdminAccess: admin access to MIG devices is
+// allowed with a warning: the scheduler may pick a dynamic MIG placement,
+// which prepare refuses to admin access.
+func TestValidateDeviceClaimMIGAdminAccess(t *testing.T) {
+	devices := decodeDevices(t, `
+requests:
+- name: observe
+  exactly: {deviceClassName: mig.gpu.tessera.dev, adminAccess: true}`)
+	errs, warnings := ValidateDeviceClaimWithClasses(devices, field.NewPath("spec", "devices"), migClasses())
+	checkErrors(t, errs, nil)
+	checkWarnings(t, warnings, []string{`spec.devices.requests[0].exactly.adminAccess: admin access to MIG devices: if the scheduler picks a dynamic MIG placement (no instance yet), ` +
+		`prepare refuses request "observe"; admin access observes existing instances`})
+}
