@@ -198,12 +198,12 @@ func forgeReviews(t *testing.T, c *framework.Cluster, refused bool) {
 	}
 }
 
-// fractionClaim is a claim annotated with a GPU fraction.
+// fractionClaim is a claim of the shared class annotated with a GPU
+// fraction, which /mutate expands over the GPU models published.
 func fractionClaim(name string) runtime.Object {
-	claim := shareClaim(name, "1Gi")
 	// A quarter: the share's memory is no figure of victim's budget.
-	claim.Annotations = map[string]string{"gpu.tessera.dev/fraction": "0.25"}
-	return claim
+	return framework.Claim{Name: name, Request: "share", Class: framework.SharedClass,
+		Annotations: map[string]string{"gpu.tessera.dev/fraction": "0.25"}}.ResourceClaim()
 }
 
 // forgedLegacyPod is a pod asking for a GPU through the device plugin's resource.
