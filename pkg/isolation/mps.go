@@ -265,23 +265,36 @@ func writeLimits(d Daemon, l MPSLimits) error {
 	return os.Rename(tmp, path)
 }
 
-// ErrMPSLimitsDiffer is AcquireLimited's error for a share whose limits are
-// not those of the daemon its domain already runs on the GPU.
-var ErrMPSLimitsDiffer = errors.New("MPS shares of one namespace on one GPU must have the same limits")
+// ErrMPSLimitsDiffer is AcquireLimited's error for a share whose memory
+// limit is not that of the daemon its domain already runs on the GPU.
+var ErrMPSLimitsDiffer = errors.New("MPS shares of one namespace on one GPU must have the same memory limit")
 
 // AcquireLimited is [MPS.Acquire] for a share whose clients are held to
 // limits: the first holder of a per-domain daemon writes them into the
 // daemon's MPSLimitsFile before the daemon starts, so the daemon sets them
-// as its defaults before any client connects. The control daemon of a
-// (GPU, domain) runs one MPS server at a time (the uid of the first client;
-// a client of another uid waits until that server's clients are done) and
-// its defaults are per daemon, so every client of the domain on the GPU gets
-// the same limits: a later share whose limits differ is refused
-// (ErrMPSLimitsDiffer, naming both), since its clients would either be held
-// to another share's limits or could lift their own. A daemon with no
-// limits file (started by a release before it, and kept while its clients
-// run) holds none until its next start; the first share after the upgrade
-// writes its limits, and later shares are checked against them.
+// as its defaults before any client connects. A client's own variables can
+// only lower the daemon's defaults (NVIDIA's documentation: they "further
+// constrain" them).
+//
+// The control daemon of a (GPU, domain) runs one MPS server at a time (the
+// uid of the first client; a client of another uid waits until that
+// server's clients are done) and its defaults are per daemon, so every
+// client of the domain on the GPU gets the same defaults:
+//
+//   - memory is the daemon's share's pinned memory limit, and a later share
+//     whose memory limit differs is refused (ErrMPSLimitsDiffer, naming
+//     both): memory is what one domain could take from the others on the
+//     GPU, so no client may lift its own, nor be held to another share's;
+//   - the active thread percentage default is 100: a client's variable sets
+//     its own share's, and one that lifts it takes threads only from the
+//     clients of its own server (its own namespace), never from another
+//     domain, whose server runs in time slices of its own. Shares of one
+//     namespace with the same memory and different cores therefore join.
+//
+// A daemon with no limits file (started by a release before it, and kept
+// while its clients run) holds none until its next start; the first share
+// after the upgrade writes its limits, and later shares are checked against
+// them.
 func (m *MPS) AcquireLimited(ctx context.Context, uuid, domain string, claim types.UID, limits MPSLimits) (Daemon, error) {
 	return m.acquire(ctx, uuid, domain, claim, limits)
 }
@@ -315,7 +328,8 @@ func (m *MPS) acquire(ctx context.Context, uuid, domain string, claim types.UID,
 		return Daemon{}, fmt.Errorf("mps: control daemon for GPU %s, domain %s: %w", uuid, domain, err)
 	}
 	if !limits.IsZero() {
-		if err := m.holdLimits(ctx, d, len(set) > 0 || m.incomplete, limits); err != nil {
+		daemonLimits := MPSLimits{PinnedMemoryMiB: limits.PinnedMemoryMiB, ActiveThreadPercentage: 100}
+		if err := m.holdLimits(ctx, d, len(set) > 0 || m.incomplete, daemonLimits); err != nil {
 			return Daemon{}, fmt.Errorf("mps: control daemon for GPU %s, domain %s: %w", uuid, domain, err)
 		}
 	}
@@ -351,9 +365,9 @@ func (m *MPS) holdLimits(ctx context.Context, d Daemon, inUse bool, limits MPSLi
 		return fmt.Errorf("read the clients' limits: %w", err)
 	}
 	if ok && inUse {
-		if have != limits {
-			return fmt.Errorf("%w: this share's clients would get %s, the daemon of namespace %s on this GPU holds its clients to %s (one MPS server serves them all); "+
-				"give the namespace's MPS shares on a GPU the same memory and cores, or wait until the other shares are gone", ErrMPSLimitsDiffer, limits, d.Domain, have)
+		if have.PinnedMemoryMiB != limits.PinnedMemoryMiB {
+			return fmt.Errorf("%w: this share's clients would get pinned device memory %d MiB, the daemon of namespace %s on this GPU holds its clients to %d MiB (one MPS server serves them all); "+
+				"give the namespace's MPS shares on a GPU the same memory, or wait until the other shares are gone", ErrMPSLimitsDiffer, limits.PinnedMemoryMiB, d.Domain, have.PinnedMemoryMiB)
 		}
 		return nil
 	}

@@ -12,12 +12,12 @@ import (
 )
 
 // TestMPSAcquireLimited: the first share of a (GPU, namespace) writes its
-// clients' limits into the daemon's log directory before the daemon starts
-// (the daemon makes them its defaults); another share of the same size
-// joins; one of another size in the same namespace on the GPU is refused
-// with both sizes named, while the same size elsewhere, or once the
-// daemon's last share is gone, is not. The limits are those the client's
-// variables carry.
+// clients' memory limit into the daemon's log directory before the daemon
+// starts (the daemon makes it its default, with 100 % of the threads);
+// another share of the same memory joins, whatever its cores; one of
+// another memory in the same namespace on the GPU is refused with both
+// sizes named, while the same size elsewhere, or once the daemon's last
+// share is gone, is not. The limits are those the client's variables carry.
 func TestMPSAcquireLimited(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
@@ -52,12 +52,23 @@ func TestMPSAcquireLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	daemonOf := func(l MPSLimits) MPSLimits {
+		return MPSLimits{PinnedMemoryMiB: l.PinnedMemoryMiB, ActiveThreadPercentage: 100}
+	}
 	have, ok, err := readLimits(d)
-	if err != nil || !ok || have != limitsOf(small, "team-a") {
-		t.Fatalf("daemon's limits file: %v %v %v, want %v", have, ok, err, limitsOf(small, "team-a"))
+	if err != nil || !ok || have != daemonOf(limitsOf(small, "team-a")) {
+		t.Fatalf("daemon's limits file: %v %v %v, want %v", have, ok, err, daemonOf(limitsOf(small, "team-a")))
 	}
 	if _, err := m.AcquireLimited(ctx, gpu, "team-a", types.UID("b"), limitsOf(small, "team-a")); err != nil {
 		t.Errorf("a second share of the same size: %v", err)
+	}
+	moreCores := small
+	moreCores.CoresLimit = 70
+	if _, err := m.AcquireLimited(ctx, gpu, "team-a", types.UID("b2"), limitsOf(moreCores, "team-a")); err != nil {
+		t.Errorf("a share of the same memory and more cores: %v", err)
+	}
+	if err := m.Release(ctx, gpu, "team-a", "b2"); err != nil {
+		t.Fatal(err)
 	}
 	_, err = m.AcquireLimited(ctx, gpu, "team-a", types.UID("c"), limitsOf(big, "team-a"))
 	if !errors.Is(err, ErrMPSLimitsDiffer) || !strings.Contains(err.Error(), "7680 MiB") || !strings.Contains(err.Error(), "3584 MiB") {
@@ -84,8 +95,8 @@ func TestMPSAcquireLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if have, _, _ := readLimits(d); have != limitsOf(big, "team-a") {
-		t.Errorf("the next daemon's limits: %v, want %v", have, limitsOf(big, "team-a"))
+	if have, _, _ := readLimits(d); have != daemonOf(limitsOf(big, "team-a")) {
+		t.Errorf("the next daemon's limits: %v, want %v", have, daemonOf(limitsOf(big, "team-a")))
 	}
 
 	// A daemon that an earlier release started (no limits file), restored
@@ -98,7 +109,7 @@ func TestMPSAcquireLimited(t *testing.T) {
 	if _, err := m.AcquireLimited(ctx, gpu, "team-c", types.UID("f"), limitsOf(small, "team-c")); err != nil {
 		t.Errorf("a share on a daemon without limits: %v", err)
 	}
-	if have, ok, _ := readLimits(old); !ok || have != limitsOf(small, "team-c") {
+	if have, ok, _ := readLimits(old); !ok || have != daemonOf(limitsOf(small, "team-c")) {
 		t.Errorf("limits of the earlier release's daemon after a share: %v %v", have, ok)
 	}
 	if _, err := m.AcquireLimited(ctx, gpu, "team-c", types.UID("h"), limitsOf(big, "team-c")); !errors.Is(err, ErrMPSLimitsDiffer) {

@@ -135,11 +135,12 @@ func TestMPSRecordWithoutDomain(t *testing.T) {
 }
 
 // TestMPSNamespaceSharesOfOneSize: the MPS daemon of a (GPU, namespace)
-// holds every client to its first share's limits (its defaults, which a
-// client's environment cannot lift), so a share of another size in the same
-// namespace on the GPU fails to prepare, naming both, and leaves nothing
-// behind; the same size joins, another size in another namespace or on
-// another GPU is prepared, and a restarted plugin refuses the same.
+// holds every client to its first share's memory limit (its default, which
+// a client's environment cannot lift), so a share of another memory in the
+// same namespace on the GPU fails to prepare, naming both, and leaves
+// nothing behind; the same memory joins whatever its cores, another size in
+// another namespace or on another GPU is prepared, and a restarted plugin
+// refuses the same.
 func TestMPSNamespaceSharesOfOneSize(t *testing.T) {
 	e := newEnv(t)
 	a := e.start(nil)
@@ -150,10 +151,10 @@ func TestMPSNamespaceSharesOfOneSize(t *testing.T) {
 		return c
 	}
 	mustPrepare(t, a.Plugin, claim("uid-a", "team-a", "gpu-1-shared", "s-1", "8Gi", "20"))
-	mustPrepare(t, a.Plugin, claim("uid-b", "team-a", "gpu-1-shared", "s-2", "8Gi", "20"))
-	r := prepare(t, a.Plugin, claim("uid-c", "team-a", "gpu-1-shared", "s-3", "16Gi", "40"))
-	if r.Err == nil || !strings.Contains(r.Err.Error(), "MPS shares of one namespace on one GPU must have the same limits") ||
-		!strings.Contains(r.Err.Error(), "active threads 40%") || !strings.Contains(r.Err.Error(), "active threads 20%") {
+	mustPrepare(t, a.Plugin, claim("uid-b", "team-a", "gpu-1-shared", "s-2", "8Gi", "30"))
+	r := prepare(t, a.Plugin, claim("uid-c", "team-a", "gpu-1-shared", "s-3", "16Gi", "20"))
+	if r.Err == nil || !strings.Contains(r.Err.Error(), "MPS shares of one namespace on one GPU must have the same memory limit") ||
+		!strings.Contains(r.Err.Error(), "pinned device memory 16") || !strings.Contains(r.Err.Error(), "holds its clients to 8192 MiB") {
 		t.Fatalf("a 16Gi share beside 8Gi ones of its namespace on gpu-1: %v, want the refusal naming both", r.Err)
 	}
 	if _, ok := a.store.Get("uid-c"); ok {
